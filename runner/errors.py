@@ -1,0 +1,56 @@
+"""runner's exceptions, and the one table that maps them to exit codes.
+
+The library raises these; only the CLI turns them into one line on stderr and an exit code.
+"""
+
+from __future__ import annotations
+
+
+class RunnerError(Exception):
+    """Base of every error runner reports to a user."""
+
+
+class UsageError(RunnerError):
+    """Bad usage or bad input: the user can fix it by changing the command."""
+
+
+class InvalidSetting(UsageError):
+    """A flag or setting out of its allowed range."""
+
+
+class ModelNotFound(UsageError):
+    """MODEL names no file, alias or repository that runner can find."""
+
+
+class InvalidModelFile(UsageError):
+    """A file that is not GGUF, or a GGUF that is truncated or corrupt."""
+
+
+class PromptTooLong(UsageError):
+    """The prompt does not fit the context window (never truncated silently)."""
+
+
+class DownloadError(RunnerError):
+    """A model could not be fetched from any source."""
+
+
+class IntegrityError(DownloadError):
+    """A downloaded file's size or hash does not match what its source declares."""
+
+
+class EngineError(RunnerError):
+    """llama.cpp failed to load a model or to evaluate tokens."""
+
+
+# Ordered: the first matching class wins, so subclasses come before their bases.
+EXIT_CODES: tuple[tuple[type[BaseException], int], ...] = (
+    (UsageError, 2),
+    (RunnerError, 1),
+)
+
+
+def exit_code_for(exc: BaseException) -> int:
+    for cls, code in EXIT_CODES:
+        if isinstance(exc, cls):
+            return code
+    return 1
