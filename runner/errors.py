@@ -18,6 +18,10 @@ class InvalidSetting(UsageError):
     """A flag or setting out of its allowed range."""
 
 
+class CatalogError(UsageError):
+    """A models.toml that runner cannot read."""
+
+
 class ModelNotFound(UsageError):
     """MODEL names no file, alias or repository that runner can find."""
 

@@ -1,0 +1,428 @@
+"""Load a model and run the one generation loop every command shares.
+
+Layers, each a generator over the one below (as mlx-lm's generate.py):
+  Engine.generate_step   token ids: prefill the prompt, then sample and decode one token at a time
+  Engine.stream          Chunk(text, ...): UTF-8-safe detokenization, stop strings, limits, timings
+  Engine.generate        the whole answer as one Result
+
+Everything runs on llama.cpp's low-level API through llama-cpp-python's ctypes bindings: sampling in
+llama.cpp's native sampler chain, one token piece converted per step (no re-detokenizing of earlier
+tokens), and a KV cache that keeps the prompt prefix a later request shares (chat turns).
+"""
+
+from __future__ import annotations
+
+import codecs
+import ctypes
+import os
+import time
+from collections import deque
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from runner.errors import EngineError, PromptTooLong
+from runner.sampling import SamplingConfig
+
+DEFAULT_CTX = 4096  # llama-cli's usual cap; the memory planner will choose per machine
+CTX_STEP = 256  # a suggested --ctx is rounded up to this
+
+FINISH_STOP = "stop"  # end-of-generation token or a stop string
+FINISH_LENGTH = "length"  # --max-tokens reached, or the context is full
+
+
+@dataclass(frozen=True)
+class Timings:
+    load_s: float = 0.0
+    prompt_tokens: int = 0  # tokens in the prompt
+    prefill_tokens: int = 0  # of those, tokens evaluated (the rest came from the KV cache)
+    prefill_s: float = 0.0
+    ttft_s: float = 0.0  # start of the request to the first generated token
+    completion_tokens: int = 0
+    decode_s: float = 0.0  # after the first token, to the last
+    total_s: float = 0.0
+
+    @property
+    def prefill_tokens_per_s(self) -> float:
+        return self.prefill_tokens / self.prefill_s if self.prefill_s > 0 else 0.0
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        steps = self.completion_tokens - 1
+        return steps / self.decode_s if steps > 0 and self.decode_s > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """A piece of the answer; finish_reason and timings are set on the last one only."""
+
+    text: str
+    finish_reason: str | None = None
+    timings: Timings | None = None
+    context_full: bool = False
+
+
+@dataclass(frozen=True)
+class Result:
+    text: str
+    finish_reason: str
+    timings: Timings
+    context_full: bool = False
+
+
+class _LlamaLog:
+    """llama.cpp's log: silenced (kept in a short ring for error messages) unless echo is on."""
+
+    def __init__(self) -> None:
+        self.echo = False
+        self.recent: deque[str] = deque(maxlen=32)
+        self.listeners: list[Any] = []  # callables(level, text), e.g. the memory benchmark
+        self.callback: Any = None
+
+    def __call__(self, level: int, text: bytes, _user_data: Any) -> None:
+        message = text.decode("utf-8", errors="replace")
+        self.recent.append(message)
+        for listener in self.listeners:
+            listener(level, message)
+        if self.echo:
+            os.write(2, text)
+
+    def last_error(self) -> str:
+        lines = [line.strip() for line in "".join(self.recent).splitlines() if line.strip()]
+        errors = [line for line in lines if "error" in line.lower() or "failed" in line.lower()]
+        return (errors or lines or [""])[-1]
+
+
+LLAMA_LOG = _LlamaLog()
+
+
+def llama() -> Any:
+    """The llama_cpp module, imported on first use (it loads a shared library) with logging routed."""
+    import llama_cpp
+
+    if LLAMA_LOG.callback is None:
+        LLAMA_LOG.callback = llama_cpp.llama_log_callback(LLAMA_LOG)
+        llama_cpp.llama_log_set(LLAMA_LOG.callback, ctypes.c_void_p(0))
+        llama_cpp.llama_backend_init()
+    return llama_cpp
+
+
+def supports_gpu_offload() -> bool:
+    return bool(llama().llama_supports_gpu_offload())
+
+
+def default_threads() -> int:
+    """Physical cores, as llama.cpp picks: decode speed is bound by memory, not by hyperthreads."""
+    import psutil
+
+    return max(1, psutil.cpu_count(logical=False) or os.cpu_count() or 1)
+
+
+class Engine:
+    """One loaded model and its context."""
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        n_ctx: int | None = None,
+        n_threads: int | None = None,
+        n_gpu_layers: int | None = None,
+        debug: bool = False,
+    ) -> None:
+        lib = llama()
+        LLAMA_LOG.echo = debug
+        self.path = Path(path)
+        start = time.perf_counter()
+
+        mparams = lib.llama_model_default_params()
+        if n_gpu_layers is None:  # all layers on the GPU when the build can offload, until the planner lands
+            n_gpu_layers = -1 if supports_gpu_offload() else 0
+        mparams.n_gpu_layers = self.n_gpu_layers = n_gpu_layers
+        self._model = lib.llama_model_load_from_file(os.fsencode(self.path), mparams)
+        if not self._model:
+            raise EngineError(f"llama.cpp could not load {self.path}: {LLAMA_LOG.last_error()}")
+        self.n_ctx_train = int(lib.llama_model_n_ctx_train(self._model))
+        self._vocab = lib.llama_model_get_vocab(self._model)
+
+        cparams = lib.llama_context_default_params()
+        cparams.n_ctx = n_ctx or min(DEFAULT_CTX, self.n_ctx_train or DEFAULT_CTX)
+        threads = n_threads or default_threads()
+        cparams.n_threads = cparams.n_threads_batch = threads
+        cparams.no_perf = True
+        self._ctx = lib.llama_init_from_model(self._model, cparams)
+        if not self._ctx:
+            lib.llama_model_free(self._model)
+            raise EngineError(
+                f"llama.cpp could not create a context of {cparams.n_ctx} tokens: {LLAMA_LOG.last_error()}"
+            )
+        self.n_ctx = int(lib.llama_n_ctx(self._ctx))
+        self.n_batch = int(lib.llama_n_batch(self._ctx))
+        self.n_threads = threads
+        self.n_vocab = int(lib.llama_vocab_n_tokens(self._vocab))
+        self._memory = lib.llama_get_memory(self._ctx)
+        self._cached: list[int] = []  # the tokens whose keys and values are in the KV cache
+        self.last_prefill_tokens = 0  # prompt tokens the last prefill evaluated (the rest were cached)
+        self._piece = ctypes.create_string_buffer(256)
+        self.load_s = time.perf_counter() - start
+
+    # -- tokens ---------------------------------------------------------------------------------
+
+    def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        lib = llama()
+        data = text.encode("utf-8")
+        capacity = len(data) + 8
+        tokens = (lib.llama_token * capacity)()
+        n = lib.llama_tokenize(self._vocab, data, len(data), tokens, capacity, add_special, parse_special)
+        if n < 0:  # never happens with one token per byte plus specials, but the API allows it
+            capacity = -n
+            tokens = (lib.llama_token * capacity)()
+            n = lib.llama_tokenize(self._vocab, data, len(data), tokens, capacity, add_special, parse_special)
+        return list(tokens[:n])
+
+    def token_bytes(self, token: int) -> bytes:
+        lib = llama()
+        n = lib.llama_token_to_piece(self._vocab, token, self._piece, len(self._piece), 0, False)
+        if n < 0:
+            self._piece = ctypes.create_string_buffer(-n)
+            n = lib.llama_token_to_piece(self._vocab, token, self._piece, len(self._piece), 0, False)
+        return self._piece.raw[:n]
+
+    def token_text(self, token: int) -> str:
+        """The vocabulary's own text for a token, special ones included (e.g. '<|im_start|>')."""
+        return bytes(llama().llama_vocab_get_text(self._vocab, token) or b"").decode("utf-8", "replace")
+
+    @property
+    def bos_text(self) -> str:
+        lib = llama()
+        bos = lib.llama_vocab_bos(self._vocab)
+        return self.token_text(bos) if bos >= 0 else ""
+
+    @property
+    def eos_text(self) -> str:
+        lib = llama()
+        eos = lib.llama_vocab_eos(self._vocab)
+        return self.token_text(eos) if eos >= 0 else ""
+
+    @property
+    def adds_bos(self) -> bool:
+        return bool(llama().llama_vocab_get_add_bos(self._vocab))
+
+    def check_fits(self, prompt_tokens: Sequence[int], max_tokens: int | None = None) -> None:
+        """Refuse a prompt that leaves no room to answer; never truncate silently."""
+        n = len(prompt_tokens)
+        if n < self.n_ctx:
+            return
+        needed = n + (max_tokens or CTX_STEP)
+        suggest = -(-needed // CTX_STEP) * CTX_STEP
+        if self.n_ctx_train and suggest > self.n_ctx_train:
+            raise PromptTooLong(
+                f"the prompt is {n:,} tokens, more than this model's trained context of {self.n_ctx_train:,} "
+                "allows with room for an answer; shorten it"
+            )
+        raise PromptTooLong(
+            f"the prompt is {n:,} tokens but the context is {self.n_ctx:,}; use --ctx {suggest} or more"
+        )
+
+    # -- the loop -------------------------------------------------------------------------------
+
+    def _sampler(self, cfg: SamplingConfig) -> Any:
+        lib = llama()
+        chain = lib.llama_sampler_chain_init(lib.llama_sampler_chain_default_params())
+        add = lib.llama_sampler_chain_add
+        if cfg.penalties:
+            last_n = cfg.repeat_last_n if cfg.repeat_last_n > 0 else self.n_ctx
+            add(
+                chain,
+                lib.llama_sampler_init_penalties(
+                    self.n_vocab, last_n, cfg.repeat_penalty, cfg.frequency_penalty, cfg.presence_penalty
+                ),
+            )
+        if cfg.greedy:
+            add(chain, lib.llama_sampler_init_greedy())
+            return chain
+        if cfg.top_k > 0:
+            add(chain, lib.llama_sampler_init_top_k(cfg.top_k))
+        add(chain, lib.llama_sampler_init_top_p(cfg.top_p, 1))
+        add(chain, lib.llama_sampler_init_min_p(cfg.min_p, 1))
+        add(chain, lib.llama_sampler_init_temp(cfg.temperature))
+        seed = lib.LLAMA_DEFAULT_SEED if cfg.seed is None else cfg.seed
+        add(chain, lib.llama_sampler_init_dist(seed))
+        return chain
+
+    def _decode(self, tokens: Sequence[int]) -> None:
+        lib = llama()
+        array = (lib.llama_token * len(tokens))(*tokens)
+        rc = lib.llama_decode(self._ctx, lib.llama_batch_get_one(array, len(tokens)))
+        if rc != 0:
+            self._cached.clear()
+            lib.llama_memory_clear(self._memory, True)
+            raise EngineError(f"llama_decode failed ({rc}): {LLAMA_LOG.last_error() or 'no log'}")
+        self._cached.extend(tokens)
+
+    def prefill(self, tokens: Sequence[int]) -> int:
+        """Evaluate the prompt, reusing the prefix already in the KV cache; returns tokens evaluated."""
+        lib = llama()
+        keep = 0
+        for a, b in zip(self._cached, tokens, strict=False):
+            if a != b:
+                break
+            keep += 1
+        keep = min(keep, len(tokens) - 1)  # the last prompt token is always evaluated, for its logits
+        if keep < len(self._cached) and not lib.llama_memory_seq_rm(self._memory, -1, keep, -1):
+            keep = 0  # e.g. recurrent memory cannot drop a suffix: start over
+            lib.llama_memory_clear(self._memory, True)
+        del self._cached[keep:]
+        for start in range(keep, len(tokens), self.n_batch):
+            self._decode(tokens[start : start + self.n_batch])
+        self.last_prefill_tokens = len(tokens) - keep
+        return self.last_prefill_tokens
+
+    def generate_step(self, prompt_tokens: Sequence[int], sampling: SamplingConfig) -> Iterator[int]:
+        """Token ids, forever: the caller stops at an end-of-generation token or its limits."""
+        lib = llama()
+        sampler = self._sampler(sampling)
+        try:
+            if sampling.penalties:  # penalties look back over the prompt too, as llama-cli does
+                for token in prompt_tokens[-sampling.repeat_last_n :]:
+                    lib.llama_sampler_accept(sampler, token)
+            self.prefill(prompt_tokens)
+            token_array = (lib.llama_token * 1)()
+            batch = lib.llama_batch_get_one(token_array, 1)
+            while True:
+                token = lib.llama_sampler_sample(sampler, self._ctx, -1)  # also accepts it into the chain
+                yield token
+                # decode_one_token: the caller resumes us only when it wants the next one
+                token_array[0] = token
+                rc = lib.llama_decode(self._ctx, batch)
+                if rc != 0:
+                    self._cached.clear()
+                    lib.llama_memory_clear(self._memory, True)
+                    raise EngineError(f"llama_decode failed ({rc}): {LLAMA_LOG.last_error() or 'no log'}")
+                self._cached.append(token)
+        finally:
+            lib.llama_sampler_free(sampler)
+
+    def is_end(self, token: int) -> bool:
+        return bool(llama().llama_vocab_is_eog(self._vocab, token))
+
+    def stream(
+        self,
+        prompt_tokens: Sequence[int],
+        sampling: SamplingConfig,
+        *,
+        max_tokens: int | None = None,
+        stop: Sequence[str] = (),
+    ) -> Iterator[Chunk]:
+        """The answer as text pieces, UTF-8 safe, with stop strings held back until they cannot match."""
+        self.check_fits(prompt_tokens)
+        start = time.perf_counter()
+        evaluated = 0
+        text = _TextAssembler(stop)
+        finish, context_full = FINISH_LENGTH, False
+        n_out, first_at = 0, None
+        steps = self.generate_step(prompt_tokens, sampling)
+        try:
+            for token in steps:
+                if first_at is None:
+                    first_at = time.perf_counter()
+                    evaluated = self.last_prefill_tokens
+                if self.is_end(token):
+                    finish = FINISH_STOP
+                    break
+                n_out += 1
+                piece, stopped = text.push(self.token_bytes(token))
+                if piece:
+                    yield Chunk(piece)
+                if stopped:
+                    finish = FINISH_STOP
+                    break
+                if max_tokens is not None and n_out >= max_tokens:
+                    break
+                if len(prompt_tokens) + n_out >= self.n_ctx:
+                    context_full = True
+                    break
+        finally:
+            steps.close()
+        tail = "" if text.stopped else text.flush()
+        end = time.perf_counter()
+        first = first_at or end
+        timings = Timings(
+            load_s=self.load_s,
+            prompt_tokens=len(prompt_tokens),
+            prefill_tokens=evaluated,
+            prefill_s=first - start,
+            ttft_s=first - start,
+            completion_tokens=n_out,
+            decode_s=end - first,
+            total_s=end - start,
+        )
+        yield Chunk(tail, finish_reason=finish, timings=timings, context_full=context_full)
+
+    def generate(self, prompt_tokens: Sequence[int], sampling: SamplingConfig, **kwargs: Any) -> Result:
+        parts: list[str] = []
+        for chunk in self.stream(prompt_tokens, sampling, **kwargs):
+            parts.append(chunk.text)
+            last = chunk
+        assert last.finish_reason is not None and last.timings is not None
+        return Result("".join(parts), last.finish_reason, last.timings, last.context_full)
+
+    def reset(self) -> None:
+        """Forget the KV cache (a new conversation; benchmarks that measure a cold prefill)."""
+        llama().llama_memory_clear(self._memory, True)
+        self._cached.clear()
+
+    def close(self) -> None:
+        lib = llama()
+        if getattr(self, "_ctx", None):
+            lib.llama_free(self._ctx)
+            self._ctx = None
+        if getattr(self, "_model", None):
+            lib.llama_model_free(self._model)
+            self._model = None
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+
+@dataclass
+class _TextAssembler:
+    """Bytes in, text out: holds a split UTF-8 character and any tail that may begin a stop string."""
+
+    stop: Sequence[str]
+    pending: str = ""
+    stopped: bool = False
+    _decoder: Any = field(default_factory=lambda: codecs.getincrementaldecoder("utf-8")(errors="replace"))
+
+    def push(self, data: bytes) -> tuple[str, bool]:
+        self.pending += self._decoder.decode(data)
+        if not self.stop:
+            out, self.pending = self.pending, ""
+            return out, False
+        hits = [i for i in (self.pending.find(s) for s in self.stop if s) if i >= 0]
+        if hits:
+            self.stopped = True
+            out, self.pending = self.pending[: min(hits)], ""
+            return out, True
+        hold = max((_overlap(self.pending, s) for s in self.stop), default=0)
+        cut = len(self.pending) - hold
+        out, self.pending = self.pending[:cut], self.pending[cut:]
+        return out, False
+
+    def flush(self) -> str:
+        """What is held back; bytes of a character the model never finished are dropped, not mangled."""
+        out, self.pending = self.pending, ""
+        self._decoder.reset()
+        return out
+
+
+def _overlap(text: str, stop: str) -> int:
+    """Length of the longest suffix of text that is a proper prefix of stop."""
+    for n in range(min(len(text), len(stop) - 1), 0, -1):
+        if text.endswith(stop[:n]):
+            return n
+    return 0

@@ -1,0 +1,98 @@
+"""Option types shared by every command (defined once, as huggingface_hub's CLI does)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+
+SAMPLING = "Sampling (defaults: the model's GGUF sampling keys, else llama.cpp's)"
+LIMITS = "Context and limits"
+OUTPUT = "Output"
+
+ModelArg = Annotated[
+    str,
+    typer.Argument(
+        help="An alias from models.toml (smollm2), a .gguf path, or a Hub repo (user/repo:Q4_K_M).",
+        show_default=False,
+    ),
+]
+PromptArg = Annotated[
+    Optional[str],
+    typer.Argument(help="The prompt. Piped stdin comes first, then this.", show_default=False),
+]
+System = Annotated[Optional[str], typer.Option("--system", "-s", help="System message.", show_default=False)]
+Raw = Annotated[bool, typer.Option("--raw", help="Send the prompt as is, without the chat template.")]
+
+Temperature = Annotated[
+    Optional[float],
+    typer.Option(help="0 = greedy, up to 2 [default: 0.8]", rich_help_panel=SAMPLING, show_default=False),
+]
+TopK = Annotated[
+    Optional[int], typer.Option(help="0 = off [default: 40]", rich_help_panel=SAMPLING, show_default=False)
+]
+TopP = Annotated[
+    Optional[float],
+    typer.Option(help="(0, 1], 1 = off [default: 0.95]", rich_help_panel=SAMPLING, show_default=False),
+]
+MinP = Annotated[
+    Optional[float],
+    typer.Option(help="[0, 1], 0 = off [default: 0.05]", rich_help_panel=SAMPLING, show_default=False),
+]
+RepeatPenalty = Annotated[
+    Optional[float],
+    typer.Option(help="(0, 10], 1 = off [default: 1.0]", rich_help_panel=SAMPLING, show_default=False),
+]
+PresencePenalty = Annotated[
+    Optional[float], typer.Option(help="[-2, 2] [default: 0]", rich_help_panel=SAMPLING, show_default=False)
+]
+FrequencyPenalty = Annotated[
+    Optional[float], typer.Option(help="[-2, 2] [default: 0]", rich_help_panel=SAMPLING, show_default=False)
+]
+Seed = Annotated[
+    Optional[int],
+    typer.Option(
+        help="Same seed, same command: same text [default: random]",
+        rich_help_panel=SAMPLING,
+        show_default=False,
+    ),
+]
+
+MaxTokens = Annotated[
+    Optional[int],
+    typer.Option(
+        help="Stop after N tokens [default: until the model ends or the context is full]",
+        rich_help_panel=LIMITS,
+        show_default=False,
+    ),
+]
+Stop = Annotated[
+    Optional[list[str]],
+    typer.Option(help="Stop before this text (repeatable).", rich_help_panel=LIMITS, show_default=False),
+]
+Ctx = Annotated[
+    Optional[int],
+    typer.Option(
+        help="Context window in tokens [default: the trained context, at most 4096]",
+        rich_help_panel=LIMITS,
+        show_default=False,
+    ),
+]
+Threads = Annotated[
+    Optional[int],
+    typer.Option(help="CPU threads [default: physical cores]", rich_help_panel=LIMITS, show_default=False),
+]
+Offline = Annotated[
+    bool, typer.Option("--offline", help="Use only models already in the cache (as HF_HUB_OFFLINE=1).")
+]
+
+Json = Annotated[
+    bool,
+    typer.Option("--json", help="Print one JSON object instead of streamed text.", rich_help_panel=OUTPUT),
+]
+Verbose = Annotated[
+    bool, typer.Option("--verbose", "-v", help="Timings and settings on stderr.", rich_help_panel=OUTPUT)
+]
+Debug = Annotated[
+    bool, typer.Option("--debug", help="Show llama.cpp's log and tracebacks.", rich_help_panel=OUTPUT)
+]

@@ -1,0 +1,88 @@
+"""Chat templates from GGUF metadata, rendered in a sandbox.
+
+A chat template is untrusted input (CVE-2024-34359 was a template that ran code through an unsandboxed
+Jinja environment), so it only ever renders in jinja2's ImmutableSandboxedEnvironment, with the few
+helpers Hugging Face templates expect (raise_exception, strftime_now, a tojson that keeps Unicode).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import datetime
+from functools import lru_cache
+from typing import Any
+
+from runner.errors import InvalidModelFile
+
+TEMPLATE_KEY = "tokenizer.chat_template"
+
+
+@dataclass(frozen=True)
+class Message:
+    role: str
+    content: str
+
+    def as_dict(self) -> dict[str, str]:
+        return {"role": self.role, "content": self.content}
+
+
+def build_messages(prompt: str, system: str | None = None) -> list[Message]:
+    messages = [Message("system", system)] if system is not None else []
+    messages.append(Message("user", prompt))
+    return messages
+
+
+class _TemplateError(Exception):
+    pass
+
+
+def _raise_exception(message: str) -> None:
+    raise _TemplateError(message)
+
+
+def _tojson(value: Any, indent: int | None = None, **kwargs: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, indent=indent, sort_keys=kwargs.get("sort_keys", False))
+
+
+def _strftime_now(fmt: str) -> str:
+    return datetime.now().strftime(fmt)
+
+
+@lru_cache(maxsize=8)
+def _compile(source: str) -> Any:
+    from jinja2.ext import loopcontrols
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = _strftime_now
+    return env.from_string(source)
+
+
+def render(
+    source: str,
+    messages: list[Message],
+    *,
+    bos_token: str = "",
+    eos_token: str = "",
+    add_generation_prompt: bool = True,
+) -> str:
+    """Render messages with the model's template; any failure is the model file's fault."""
+    import jinja2
+
+    try:
+        template = _compile(source)
+        return str(
+            template.render(
+                messages=[m.as_dict() for m in messages],
+                bos_token=bos_token,
+                eos_token=eos_token,
+                add_generation_prompt=add_generation_prompt,
+            )
+        )
+    except jinja2.exceptions.SecurityError as exc:
+        raise InvalidModelFile(f"the model's chat template tried an unsafe operation: {exc}") from exc
+    except (jinja2.TemplateError, _TemplateError, TypeError, ValueError) as exc:
+        raise InvalidModelFile(f"the model's chat template failed to render: {exc}") from exc

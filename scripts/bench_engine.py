@@ -1,0 +1,216 @@
+"""Engine benchmark: runner's generation loop against the engine's limit and llama-cpp-python's API.
+
+Measures, in one process, on one model, thread count and prompt:
+  (a) raw     a bare llama_decode loop with a greedy sampler through the low-level bindings: the limit
+  (b) hl-api  llama-cpp-python's high-level Llama.create_completion(stream=True)
+  (c) runner  runner.engine.Engine.stream
+and, as processes: (d) `runner run` end to end (--json timings and wall time) and `runner --help`.
+Rounds interleave (a), (b), (c) so machine noise hits all alike; medians are reported with ratios to (a).
+
+    python scripts/bench_engine.py [--model PATH] [--threads 2] [--rounds 5] [--tokens 128]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+CTX = 2048
+PROMPT_TOKENS = 512
+
+
+def default_model() -> Path:
+    from runner.catalog import load_catalog
+    from runner.hub import locate
+    from runner.refs import from_entry
+
+    return locate(from_entry(load_catalog().default_entry))
+
+
+def counting_prompt(tokenize, n_tokens: int) -> str:
+    """Raw text a model keeps continuing ("1, 2, 3, ...") with about n_tokens tokens."""
+    k = 1
+    while len(tokenize(", ".join(str(i) for i in range(1, k + 1)) + ",")) < n_tokens:
+        k += 1
+    return ", ".join(str(i) for i in range(1, k + 1)) + ","
+
+
+class Raw:
+    """(a): what llama-bench's pp and tg measure, with a greedy sampler and nothing else."""
+
+    def __init__(self, path: Path, threads: int) -> None:
+        from runner.engine import llama
+
+        self.lib = lib = llama()
+        mp = lib.llama_model_default_params()
+        mp.n_gpu_layers = -1 if lib.llama_supports_gpu_offload() else 0
+        self.model = lib.llama_model_load_from_file(os.fsencode(path), mp)
+        cp = lib.llama_context_default_params()
+        cp.n_ctx, cp.n_threads, cp.n_threads_batch = CTX, threads, threads
+        self.ctx = lib.llama_init_from_model(self.model, cp)
+        self.vocab = lib.llama_model_get_vocab(self.model)
+        self.sampler = lib.llama_sampler_chain_init(lib.llama_sampler_chain_default_params())
+        lib.llama_sampler_chain_add(self.sampler, lib.llama_sampler_init_greedy())
+
+    def tokenize(self, text: str) -> list[int]:
+        lib, data = self.lib, text.encode()
+        buf = (lib.llama_token * (len(data) + 8))()
+        n = lib.llama_tokenize(self.vocab, data, len(data), buf, len(buf), True, True)
+        return list(buf[:n])
+
+    def run(self, tokens: list[int], n_gen: int) -> tuple[float, float, float]:
+        lib = self.lib
+        lib.llama_memory_clear(lib.llama_get_memory(self.ctx), True)
+        t0 = time.perf_counter()
+        arr = (lib.llama_token * len(tokens))(*tokens)
+        assert lib.llama_decode(self.ctx, lib.llama_batch_get_one(arr, len(tokens))) == 0
+        one = (lib.llama_token * 1)()
+        batch = lib.llama_batch_get_one(one, 1)
+        one[0] = lib.llama_sampler_sample(self.sampler, self.ctx, -1)
+        t1 = time.perf_counter()
+        for _ in range(n_gen - 1):
+            assert lib.llama_decode(self.ctx, batch) == 0
+            one[0] = lib.llama_sampler_sample(self.sampler, self.ctx, -1)
+        t2 = time.perf_counter()
+        return len(tokens) / (t1 - t0), (n_gen - 1) / (t2 - t1), t1 - t0
+
+
+class HighLevel:
+    """(b): llama-cpp-python's Llama.create_completion, streaming, greedy."""
+
+    def __init__(self, path: Path, threads: int) -> None:
+        import llama_cpp
+
+        self.llm = llama_cpp.Llama(
+            str(path), n_ctx=CTX, n_threads=threads, n_threads_batch=threads, verbose=False
+        )
+
+    def run(self, prompt: str, n_gen: int) -> tuple[float, float, float]:
+        self.llm.reset()
+        n_prompt = len(self.llm.tokenize(prompt.encode()))
+        t0 = time.perf_counter()
+        stream = self.llm.create_completion(prompt, max_tokens=n_gen, temperature=0.0, stream=True)
+        count, t1 = 0, 0.0
+        for _ in stream:
+            count += 1
+            if count == 1:
+                t1 = time.perf_counter()
+        t2 = time.perf_counter()
+        return n_prompt / (t1 - t0), (count - 1) / (t2 - t1), t1 - t0
+
+
+class Runner:
+    """(c): runner's engine, greedy, no stop strings."""
+
+    def __init__(self, path: Path, threads: int) -> None:
+        from runner.engine import Engine
+        from runner.sampling import SamplingConfig
+
+        self.engine = Engine(path, n_ctx=CTX, n_threads=threads)
+        self.sampling = SamplingConfig(temperature=0)
+
+    def run(self, tokens: list[int], n_gen: int) -> tuple[float, float, float]:
+        self.engine.reset()
+        result = self.engine.generate(tokens, self.sampling, max_tokens=n_gen)
+        t = result.timings
+        assert t.completion_tokens == n_gen, f"stopped early after {t.completion_tokens}"
+        return t.prefill_tokens_per_s, t.decode_tokens_per_s, t.ttft_s
+
+
+def wall(cmd: list[str], repeat: int) -> float:
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        subprocess.run(cmd, capture_output=True, check=True)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--model", type=Path)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--tokens", type=int, default=128)
+    args = parser.parse_args()
+    path = args.model or default_model()
+
+    raw = Raw(path, args.threads)
+    prompt = counting_prompt(raw.tokenize, PROMPT_TOKENS)
+    tokens = raw.tokenize(prompt)
+    contenders = {
+        "raw": (raw, tokens),
+        "hl-api": (HighLevel(path, args.threads), prompt),
+        "runner": (Runner(path, args.threads), tokens),
+    }
+    results: dict[str, list[tuple[float, float, float]]] = {name: [] for name in contenders}
+    for impl, inp in contenders.values():  # warm-up
+        impl.run(inp, 16)
+    for _ in range(args.rounds):
+        for name, (impl, inp) in contenders.items():
+            results[name].append(impl.run(inp, args.tokens))
+
+    runner_cmd = [sys.executable, "-m", "runner"]
+    help_s = wall([*runner_cmd, "--help"], 7)
+    run_help_s = wall([*runner_cmd, "run", "--help"], 7)
+    t0 = time.perf_counter()
+    done = subprocess.run(
+        [
+            *runner_cmd,
+            "run",
+            str(path),
+            "Why is the sky blue? Answer in one sentence.",
+            "--seed",
+            "1",
+            "--json",
+            "--threads",
+            str(args.threads),
+        ],
+        capture_output=True,
+        check=True,
+        text=True,
+    )
+    e2e_s = time.perf_counter() - t0
+    report = json.loads(done.stdout)
+
+    print(
+        f"model {path.name} · threads {args.threads} · prompt {len(tokens)} tokens · "
+        f"{args.tokens} generated · {args.rounds} rounds (medians)"
+    )
+    print(
+        f"machine: {os.cpu_count()} CPUs, Python {sys.version.split()[0]}, "
+        f"llama-cpp-python {__import__('llama_cpp').__version__}"
+    )
+    print()
+    print("| | decode tok/s | vs raw | prefill tok/s | vs raw | TTFT s |")
+    print("|---|---|---|---|---|---|")
+    base_decode = statistics.median(r[1] for r in results["raw"])
+    base_prefill = statistics.median(r[0] for r in results["raw"])
+    for name, runs in results.items():
+        prefill = statistics.median(r[0] for r in runs)
+        decode = statistics.median(r[1] for r in runs)
+        ttft = statistics.median(r[2] for r in runs)
+        print(
+            f"| {name} | {decode:.1f} | {decode / base_decode:.3f} | {prefill:.1f} | "
+            f"{prefill / base_prefill:.3f} | {ttft:.3f} |"
+        )
+    t = report["timings"]
+    print()
+    print(
+        f"runner run (process, one-sentence answer, {report['usage']['completion_tokens']} tokens): "
+        f"{e2e_s:.2f} s wall · load {t['load_s']:.2f} s · ttft {t['ttft_s']:.3f} s · "
+        f"decode {t['decode_tokens_per_s']:.1f} tok/s"
+    )
+    print(f"runner --help: {help_s:.3f} s wall · runner run --help: {run_help_s:.3f} s wall (median of 7)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,321 @@
+"""`runner run` as a user meets it: real processes, stdout and stderr apart, exit codes."""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import run_cli
+
+FIXED = ["--seed", "42", "--max-tokens", "30"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _model(smollm2_path: Path) -> Path:
+    return smollm2_path  # fetched once before any CLI test runs
+
+
+def test_help_for_every_command_is_fast_and_lists_run() -> None:
+    for args in (["--help"], ["run", "--help"]):
+        done = run_cli(*args)
+        assert done.returncode == 0, done.stderr
+        assert b"Usage: runner" in done.stdout
+    assert b"run" in run_cli("--help").stdout
+
+
+def test_help_does_not_import_heavy_modules() -> None:
+    heavy = ("llama_cpp", "huggingface_hub", "rich")
+    code = f"import sys, runner.cli; print(sorted(m for m in {heavy!r} if m in sys.modules))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"
+
+
+def test_fixed_seed_prints_the_same_answer_every_time() -> None:
+    first = run_cli("run", "smollm2", "Write a haiku about rain.", *FIXED)
+    second = run_cli("run", "smollm2", "Write a haiku about rain.", *FIXED)
+    assert first.returncode == 0, first.stderr
+    assert first.stdout == second.stdout
+    assert len(first.stdout.strip()) > 20
+
+
+def test_stdout_holds_only_the_answer_and_llama_logs_are_silent() -> None:
+    done = run_cli("run", "smollm2", "Say hello.", *FIXED)
+    assert done.returncode == 0
+    assert done.stderr == b""  # no llama.cpp log, no progress, nothing
+    assert b"llama" not in done.stdout and b"runner:" not in done.stdout
+    debug = run_cli("run", "smollm2", "Say hello.", *FIXED, "--debug")
+    assert b"llama_model_loader" in debug.stderr or b"load_tensors" in debug.stderr
+    assert debug.stdout == done.stdout  # --debug adds to stderr only
+
+
+def test_json_has_the_documented_fields() -> None:
+    done = run_cli("run", "smollm2", "What is 2+2?", "--json", *FIXED)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert set(report) == {"model", "text", "finish_reason", "usage", "timings"}
+    assert report["model"] == "smollm2"
+    assert report["finish_reason"] in {"stop", "length"}
+    assert set(report["usage"]) == {"prompt_tokens", "completion_tokens"}
+    assert report["usage"]["prompt_tokens"] > 10 and 0 < report["usage"]["completion_tokens"] <= 30
+    assert set(report["timings"]) == {
+        "load_s",
+        "ttft_s",
+        "prefill_tokens_per_s",
+        "decode_tokens_per_s",
+        "total_s",
+    }
+    assert all(v > 0 for v in report["timings"].values())
+    assert report["text"].strip()
+    # the streamed text is the JSON text
+    plain = run_cli("run", "smollm2", "What is 2+2?", *FIXED)
+    assert plain.stdout.decode().rstrip("\n") == report["text"].rstrip("\n")
+
+
+def test_stdin_comes_first_then_the_argument() -> None:
+    piped = b"The secret word is PINEAPPLE.\n"
+    both = run_cli(
+        "run",
+        "smollm2",
+        "What is the secret word? Answer with one word.",
+        "--temperature",
+        "0",
+        "--max-tokens",
+        "10",
+        "--json",
+        input=piped,
+    )
+    assert both.returncode == 0, both.stderr
+    assert "pineapple" in json.loads(both.stdout)["text"].lower()
+    only_stdin = run_cli(
+        "run",
+        "smollm2",
+        "--temperature",
+        "0",
+        "--max-tokens",
+        "5",
+        "--json",
+        input=b"Reply with the word OK.",
+    )
+    assert only_stdin.returncode == 0
+    # raw mode shows exactly what was sent: stdin, a blank line, then the argument
+    raw = run_cli(
+        "run",
+        "smollm2",
+        "B",
+        "--raw",
+        "--temperature",
+        "0",
+        "--max-tokens",
+        "1",
+        "--json",
+        "--verbose",
+        input=b"A\n",
+    )
+    assert json.loads(raw.stdout)["usage"]["prompt_tokens"] == 4  # 'A', '\n', '\n', 'B'
+
+
+def test_stop_and_max_tokens_flags() -> None:
+    full = json.loads(
+        run_cli(
+            "run", "smollm2", "List five fruits.", "--temperature", "0", "--max-tokens", "40", "--json"
+        ).stdout
+    )
+    cut_at = full["text"].index("\n3.")
+    stopped = json.loads(
+        run_cli(
+            "run",
+            "smollm2",
+            "List five fruits.",
+            "--temperature",
+            "0",
+            "--max-tokens",
+            "40",
+            "--json",
+            "--stop",
+            "\n3.",
+            "--stop",
+            "zzz",
+        ).stdout
+    )
+    assert stopped["text"] == full["text"][:cut_at]
+    assert stopped["finish_reason"] == "stop"
+    short = json.loads(
+        run_cli("run", "smollm2", "Tell me a story.", "--max-tokens", "3", "--json", "--seed", "1").stdout
+    )
+    assert short["usage"]["completion_tokens"] == 3
+    assert short["finish_reason"] == "length"
+
+
+def test_verbose_reports_timings_on_stderr() -> None:
+    done = run_cli("run", "smollm2", "Hi", *FIXED, "--verbose")
+    assert done.returncode == 0
+    err = done.stderr.decode()
+    for word in ("load", "prompt", "ttft", "prefill", "tok/s", "generated", "decode", "finish"):
+        assert word in err
+    assert "tok/s" not in done.stdout.decode()
+
+
+def test_system_message_reaches_the_model() -> None:
+    done = run_cli(
+        "run",
+        "smollm2",
+        "What is your name?",
+        "-s",
+        "Your name is Zorblax. Always say it.",
+        "--temperature",
+        "0",
+        "--max-tokens",
+        "20",
+        "--json",
+    )
+    assert "zorblax" in json.loads(done.stdout)["text"].lower()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--temperature", "5"], "--temperature must be between 0 and 2 (got 5)"),
+        (["--top-p", "0"], "--top-p must be in (0, 1] (got 0)"),
+        (["--top-k", "-1"], "--top-k must be at least 0 (got -1)"),
+        (["--min-p", "1.5"], "--min-p must be between 0 and 1 (got 1.5)"),
+        (["--repeat-penalty", "0"], "--repeat-penalty must be in (0, 10] (got 0)"),
+        (["--presence-penalty", "3"], "--presence-penalty must be between -2 and 2 (got 3)"),
+        (["--frequency-penalty", "-9"], "--frequency-penalty must be between -2 and 2 (got -9)"),
+        (["--seed", "-4"], "--seed must be between 0 and 4294967294 (got -4)"),
+        (["--max-tokens", "0"], "--max-tokens must be at least 1 (got 0)"),
+        (["--ctx", "8"], "--ctx must be at least 32 (got 8)"),
+        (["--threads", "0"], "--threads must be between 1 and 1024 (got 0)"),
+        (["--stop", ""], "--stop needs a non-empty string"),
+        (["--raw", "-s", "x"], "--system needs the chat template"),
+    ],
+)
+def test_out_of_range_flags_get_one_line_and_exit_2(args: list[str], message: str) -> None:
+    done = run_cli("run", "smollm2", "Hi", *args)
+    assert done.returncode == 2
+    err = done.stderr.decode()
+    assert message in err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert done.stdout == b""
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    done = run_cli("run", str(tmp_path / "nope.gguf"), "Hi")
+    assert done.returncode == 2
+    assert f"no such file: {tmp_path / 'nope.gguf'}" in done.stderr.decode()
+
+
+def test_file_that_is_not_gguf(tmp_path: Path) -> None:
+    fake = tmp_path / "notes.gguf"
+    fake.write_text("just some text, not a model\n")
+    done = run_cli("run", str(fake), "Hi")
+    assert done.returncode == 2
+    assert "not a GGUF file" in done.stderr.decode()
+    assert "Traceback" not in done.stderr.decode()
+
+
+def test_truncated_gguf(tmp_path: Path, smollm2_path: Path) -> None:
+    cut = tmp_path / "cut.gguf"
+    with smollm2_path.open("rb") as src:
+        cut.write_bytes(src.read(20_000_000))
+    done = run_cli("run", str(cut), "Hi")
+    assert done.returncode == 2
+    err = done.stderr.decode()
+    assert "truncated" in err and "98,362,432" in err.replace(" ", "") or "truncated" in err
+    assert err.count("\n") == 1
+
+
+def test_corrupt_gguf_header(tmp_path: Path, smollm2_path: Path) -> None:
+    bad = tmp_path / "bad.gguf"
+    data = bytearray(smollm2_path.read_bytes()[:4_000_000])
+    data[8:16] = (2**62).to_bytes(8, "little")  # the tensor count: absurd
+    bad.write_bytes(bytes(data))
+    done = run_cli("run", str(bad), "Hi")
+    assert done.returncode == 2
+    assert "corrupt" in done.stderr.decode() or "limit" in done.stderr.decode()
+    assert "Traceback" not in done.stderr.decode()
+
+
+def test_unknown_alias_suggests_the_closest() -> None:
+    done = run_cli("run", "smolm2", "Hi")
+    assert done.returncode == 2
+    assert "unknown model 'smolm2'; did you mean smollm2?" in done.stderr.decode()
+
+
+def test_prompt_longer_than_the_context() -> None:
+    done = run_cli("run", "smollm2", "--ctx", "256", input=b"word " * 400)
+    assert done.returncode == 2
+    err = done.stderr.decode()
+    assert "the prompt is" in err and "tokens but the context is 256" in err and "--ctx 768" in err
+    assert done.stdout == b""
+
+
+def test_no_prompt_on_a_terminal_is_a_usage_error_not_a_wait() -> None:
+    leader, follower = pty.openpty()
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "runner", "run", "smollm2"],
+            stdin=follower,
+            capture_output=True,
+            timeout=60,
+        )
+    finally:
+        os.close(leader)
+        os.close(follower)
+    assert done.returncode == 2
+    assert "no prompt" in done.stderr.decode()
+
+
+def test_closed_pipe_ends_quietly() -> None:
+    story = "'Tell me a long story.' --seed 3 --max-tokens 400"
+    shell = f"{sys.executable} -m runner run smollm2 {story} | head -c 20"
+    done = subprocess.run(
+        ["bash", "-c", f"set -o pipefail; {shell}"], capture_output=True, timeout=120, env=os.environ
+    )
+    assert len(done.stdout) == 20
+    assert done.stderr == b""
+    assert done.returncode == 141
+
+
+def test_ctrl_c_stops_generation_keeps_output_and_exits_130() -> None:
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "runner",
+            "run",
+            "smollm2",
+            "1, 2, 3, 4,",
+            "--raw",
+            "--temperature",
+            "0",
+            "--ctx",
+            "2048",
+        ],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stdout is not None
+    got = b""
+    deadline = time.monotonic() + 60
+    while len(got) < 20 and time.monotonic() < deadline:
+        got += os.read(proc.stdout.fileno(), 64)
+    proc.send_signal(signal.SIGINT)
+    rest, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130
+    assert b"Traceback" not in err
+    assert (got + rest).startswith(b" 5, 6, 7")
+    assert len(got + rest) < 5000  # stopped well before the context filled
+
+
+def test_python_dash_m_runner_works() -> None:
+    done = subprocess.run([sys.executable, "-m", "runner", "--help"], capture_output=True)
+    assert done.returncode == 0 and b"run" in done.stdout

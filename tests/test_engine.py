@@ -1,0 +1,159 @@
+"""The generation loop on the real model: determinism, limits, stop strings, UTF-8, the KV cache."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from runner.engine import FINISH_LENGTH, FINISH_STOP, Engine, _TextAssembler
+from runner.errors import PromptTooLong
+from runner.sampling import SamplingConfig
+from runner.template import build_messages, render
+
+GREEDY = SamplingConfig(temperature=0)
+
+
+def chat(engine: Engine, text: str) -> list[int]:
+    template = (
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+        "<|im_start|>assistant\n"
+    )
+    return engine.tokenize(render(template, build_messages(text)))
+
+
+def test_fixed_seed_is_deterministic_and_seeds_differ(engine: Engine) -> None:
+    prompt = chat(engine, "Write a short poem about the sea.")
+    runs = [engine.generate(prompt, SamplingConfig(seed=seed), max_tokens=40).text for seed in (7, 7, 8)]
+    assert runs[0] == runs[1]
+    assert runs[0] != runs[2]
+    assert len(runs[0]) > 20
+
+
+def test_max_tokens_counts_tokens_and_reports_length(engine: Engine) -> None:
+    result = engine.generate(chat(engine, "Count from one to a hundred in words."), GREEDY, max_tokens=12)
+    assert result.finish_reason == FINISH_LENGTH
+    assert result.timings.completion_tokens == 12
+    assert not result.context_full
+
+
+def test_end_of_generation_token_finishes_with_stop(engine: Engine) -> None:
+    result = engine.generate(chat(engine, "Say only the word yes."), GREEDY, max_tokens=50)
+    assert result.finish_reason == FINISH_STOP
+    assert result.timings.completion_tokens < 50
+    assert "<|im_end|>" not in result.text
+
+
+def test_stop_string_cuts_before_it_even_across_tokens(engine: Engine) -> None:
+    prompt = chat(engine, "Why is the sky blue? Explain in two sentences.")
+    full = engine.generate(prompt, GREEDY, max_tokens=60).text
+    # a stop string made of the end of one word and the start of the next spans a token boundary
+    words = full.split(" ")
+    stop = words[4][-2:] + " " + words[5][:2]
+    assert stop in full
+    cut = engine.generate(prompt, GREEDY, max_tokens=60, stop=[stop, "never-appears"])
+    assert cut.finish_reason == FINISH_STOP
+    assert cut.text == full[: full.index(stop)]
+
+
+def test_streamed_pieces_join_to_the_full_text(engine: Engine) -> None:
+    prompt = chat(engine, "Name three colours.")
+    pieces = [c.text for c in engine.stream(prompt, GREEDY, max_tokens=30)]
+    assert len([p for p in pieces if p]) > 5  # really streamed, not one blob at the end
+    assert "".join(pieces) == engine.generate(prompt, GREEDY, max_tokens=30).text
+
+
+def test_utf8_split_across_tokens_is_neither_broken_nor_dropped(engine: Engine) -> None:
+    prompt = engine.tokenize(
+        "<|im_start|>user\nRepeat exactly: こんにちは 😀 café<|im_end|>\n<|im_start|>assistant\n"
+    )
+    tokens = list(itertools.islice(engine.generate_step(prompt, GREEDY), 12))
+    pieces = [engine.token_bytes(t) for t in tokens]
+    split = [p for p in pieces if _invalid_alone(p)]
+    assert split, "the test needs tokens that each carry part of a character"
+    whole = b"".join(pieces)
+    complete = whole[: len(whole) - _incomplete_tail(whole)].decode("utf-8")
+    text = _TextAssembler(stop=())
+    out = "".join(text.push(p)[0] for p in pieces) + text.flush()
+    assert out == complete
+    assert "\ufffd" not in out
+    assert "こんにちは" in out
+
+
+def _invalid_alone(data: bytes) -> bool:
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return True
+    return False
+
+
+def _incomplete_tail(data: bytes) -> int:
+    for n in range(1, 4):
+        try:
+            data[: len(data) - n].decode("utf-8")
+            return n if _invalid_alone(data) else 0
+        except UnicodeDecodeError:
+            continue
+    return 0
+
+
+@pytest.mark.parametrize(
+    ("pieces", "stop", "expected_out", "stopped"),
+    [
+        ([b"Hel", b"lo wor", b"ld"], ["wor"], "Hello ", True),
+        ([b"a", b"b", b"c"], ["bd"], "abc", False),  # 'b' held back, then released
+        ([b"\xe2\x82", b"\xac and"], [], "\u20ac and", False),  # euro sign split in two
+        ([b"x", b"ST", b"OP y"], ["STOP"], "x", True),
+    ],
+)
+def test_text_assembler_hand_picked(
+    pieces: list[bytes], stop: list[str], expected_out: str, stopped: bool
+) -> None:
+    text = _TextAssembler(stop=stop)
+    out = ""
+    hit = False
+    for piece in pieces:
+        part, hit = text.push(piece)
+        out += part
+        if hit:
+            break
+    if not hit:
+        out += text.flush()
+    assert (out, hit) == (expected_out, stopped)
+
+
+def test_held_back_text_is_released_before_it_could_match() -> None:
+    text = _TextAssembler(stop=["</answer>"])
+    assert text.push(b"42 <") == ("42 ", False)
+    assert text.push(b"/ans") == ("", False)
+    assert text.push(b"wer!") == ("</answer!", False)  # cannot be the stop string any more
+
+
+def test_kv_cache_reuse_gives_the_same_answer(engine: Engine) -> None:
+    prompt = chat(engine, "What is the capital of Italy?")
+    first = engine.generate(prompt, GREEDY, max_tokens=20)
+    again = engine.generate(prompt, GREEDY, max_tokens=20)
+    assert again.text == first.text
+    assert again.timings.prefill_tokens == 1  # all but the last prompt token came from the cache
+    longer = chat(engine, "What is the capital of Italy? And of France?")
+    other = engine.generate(longer, GREEDY, max_tokens=20)
+    assert other.timings.prefill_tokens < len(longer)
+
+
+def test_prompt_longer_than_the_context_is_refused_with_a_size_that_fits(engine: Engine) -> None:
+    long_prompt = engine.tokenize("word " * 3000)
+    with pytest.raises(PromptTooLong) as err:
+        engine.generate(long_prompt, GREEDY, max_tokens=5)
+    message = str(err.value)
+    assert f"{len(long_prompt):,} tokens" in message
+    assert "--ctx 3328" in message  # 3000+ tokens, plus room to answer, rounded up to 256
+
+
+def test_context_full_stops_with_length(smollm2_path) -> None:
+    with Engine(smollm2_path, n_ctx=64, n_threads=2) as small:
+        prompt = small.tokenize("1, 2, 3, 4, 5, 6, 7, 8,")  # raw text a model continues for ever
+        result = small.generate(prompt, GREEDY)
+    assert result.finish_reason == FINISH_LENGTH
+    assert result.context_full
+    assert len(prompt) + result.timings.completion_tokens == small.n_ctx  # llama.cpp rounds 64 up
