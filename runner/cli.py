@@ -140,6 +140,31 @@ def run(
     run_once(request, stdin=stdin, out=sys.stdout)
 
 
+@app.command(no_args_is_help=True)
+@edge
+def pull(
+    model: o.ModelArg,
+    list_: o.ListQuants = False,
+    quiet: o.Quiet = False,
+    offline: o.Offline = False,
+    debug: o.Debug = False,
+) -> None:
+    """Download a model (every shard, verified) and print each file's size and path.
+
+    \b
+    Examples:
+      runner pull smollm2
+      runner pull bartowski/Llama-3.2-1B-Instruct-GGUF:Q4_K_M
+      runner pull bartowski/Llama-3.2-1B-Instruct-GGUF --list    # quants and sizes, nothing downloaded
+    """
+    from runner.pull import list_quants, pull_model
+
+    if list_:
+        list_quants(model, out=sys.stdout)
+    else:
+        pull_model(model, out=sys.stdout, quiet=quiet, offline=offline)
+
+
 def main() -> None:
     """Entry point of the console script and `python -m runner`."""
     app(prog_name="runner")

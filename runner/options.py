@@ -86,6 +86,11 @@ Offline = Annotated[
     bool, typer.Option("--offline", help="Use only models already in the cache (as HF_HUB_OFFLINE=1).")
 ]
 
+Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")]
+ListQuants = Annotated[
+    bool, typer.Option("--list", help="List the repo's quants and sizes; download nothing.")
+]
+
 Json = Annotated[
     bool,
     typer.Option("--json", help="Print one JSON object instead of streamed text.", rich_help_panel=OUTPUT),

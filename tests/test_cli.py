@@ -23,12 +23,19 @@ def _model(smollm2_path: Path) -> Path:
     return smollm2_path  # fetched once before any CLI test runs
 
 
-def test_help_for_every_command_is_fast_and_lists_run() -> None:
-    for args in (["--help"], ["run", "--help"]):
-        done = run_cli(*args)
+COMMANDS = ["run", "pull"]
+
+
+def test_help_for_every_command() -> None:
+    top = run_cli("--help")
+    assert top.returncode == 0
+    for command in COMMANDS:
+        assert f"  {command} ".encode() in top.stdout
+        done = run_cli(command, "--help")
         assert done.returncode == 0, done.stderr
-        assert b"Usage: runner" in done.stdout
-    assert b"run" in run_cli("--help").stdout
+        assert f"Usage: runner {command}".encode() in done.stdout
+        assert b"Examples:" in done.stdout
+        assert b"An alias from models.toml" in done.stdout  # arguments keep their help text
 
 
 def test_help_does_not_import_heavy_modules() -> None:

@@ -1,0 +1,46 @@
+"""`runner pull`: fetch a model ahead of use, or list what a repo offers."""
+
+from __future__ import annotations
+
+from typing import TextIO
+
+from runner import hub, ui
+from runner.catalog import load_catalog
+from runner.errors import UsageError
+from runner.quants import offer
+from runner.refs import HubRef, LocalRef, resolve
+
+
+def pull_model(model: str, *, out: TextIO, quiet: bool = False, offline: bool = False) -> None:
+    """Download (or find cached) every file MODEL needs; one line per file on stdout: size and path."""
+    ref = resolve(model, load_catalog())
+    if isinstance(ref, LocalRef):
+        raise UsageError(f"{model} is a local file; pull takes an alias or a Hub repo")
+    if ref.entry is not None and ref.entry.mirror is not None and (offline or hub.hub_unreachable()):
+        path = hub.locate(ref, offline=offline)  # pinned bytes: the cache or the mirror will do
+        out.write(f"{ui.human_bytes(path.stat().st_size)}\t{path}\n")
+        return
+    if offline:
+        path = hub.locate(ref, offline=True)
+        out.write(f"{ui.human_bytes(path.stat().st_size)}\t{path}\n")
+        return
+    pulled = hub.pull(ref, quiet=quiet)
+    ui.info(f"{ref.display}: {pulled.choice.quant or pulled.choice.primary.path} at {pulled.commit[:12]}")
+    for file, path in zip(pulled.choice.files, pulled.paths, strict=True):
+        out.write(f"{ui.human_bytes(file.size or path.stat().st_size)}\t{path}\n")
+
+
+def list_quants(model: str, *, out: TextIO) -> None:
+    """The repo's models (one row each, shards counted once) without downloading anything."""
+    ref = resolve(model, load_catalog())
+    if not isinstance(ref, HubRef):
+        raise UsageError(f"{model} is a local file; --list takes a Hub repo")
+    commit, files = hub.remote_listing(HubRef(ref.repo, revision=ref.revision))
+    choices = offer(files)
+    width = max([len(c.quant or "?") for c in choices] + [5])
+    for choice in choices:
+        size = ui.human_bytes(choice.size) if choice.size is not None else "?"
+        shards = f" (+{len(choice.files) - 1} shards)" if len(choice.files) > 1 else ""
+        out.write(f"{(choice.quant or '?'):<{width}}  {size:>9}  {choice.primary.path}{shards}\n")
+    if not choices:
+        ui.warn(f"{ref.repo} at {commit[:12]} has no GGUF model files")
