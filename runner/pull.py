@@ -40,7 +40,7 @@ def list_quants(model: str, *, out: TextIO) -> None:
     width = max([len(c.quant or "?") for c in choices] + [5])
     for choice in choices:
         size = ui.human_bytes(choice.size) if choice.size is not None else "?"
-        shards = f" (+{len(choice.files) - 1} shards)" if len(choice.files) > 1 else ""
+        shards = f" ({len(choice.files)} shards)" if len(choice.files) > 1 else ""
         out.write(f"{(choice.quant or '?'):<{width}}  {size:>9}  {choice.primary.path}{shards}\n")
     if not choices:
         ui.warn(f"{ref.repo} at {commit[:12]} has no GGUF model files")

@@ -14,6 +14,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from runner.errors import ModelNotFound
+from runner.ui import human_bytes
 
 DEFAULT_TAGS = ("Q4_K_M", "Q8_0")
 NOT_MODELS = ("mmproj", "imatrix", "mtp-", "eagle3-", "dflash-", "dspark-", "draft")
@@ -145,6 +146,6 @@ def describe_offer(files: Sequence[RepoFile]) -> str:
         return "it offers no GGUF model files"
     parts = []
     for c in choices:
-        size = f" {c.size / 1e9:.2f} GB" if c.size else ""
+        size = f" {human_bytes(c.size)}" if c.size else ""
         parts.append(f"{c.quant or c.primary.path}{size}")
     return "it offers: " + ", ".join(parts)

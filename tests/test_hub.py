@@ -86,7 +86,7 @@ def test_split_models_fetch_every_shard_and_load_from_the_first(fake_hub: FakeHu
 
 def test_a_quant_that_matches_nothing_lists_the_offer(fake_hub: FakeHub) -> None:
     fake_hub.add_repo("user/tiny-GGUF", QUANTS)
-    with pytest.raises(ModelNotFound, match=r"has no Q5_K_M file; it offers: Q2_K 0.00 GB, Q4_K_M"):
+    with pytest.raises(ModelNotFound, match=r"has no Q5_K_M file; it offers: Q2_K 200.0 KB, Q4_K_M"):
         pull(ref("user/tiny-GGUF:Q5_K_M"))
 
 
@@ -239,3 +239,33 @@ def test_catalog_entry_pins_its_bytes(fake_hub: FakeHub, tmp_path: Path, monkeyp
     with pytest.raises(IntegrityError, match="not the file models.toml pins"):
         locate(ref("tiny"))
     os.environ.pop("RUNNER_HOME", None)
+
+
+def _cli(fake_hub: FakeHub, *args: str) -> subprocess.CompletedProcess[bytes]:
+    from huggingface_hub import constants
+
+    env = hf_env(fake_hub.endpoint, constants.HF_HUB_CACHE)
+    return subprocess.run([sys.executable, "-m", "runner", *args], env=env, capture_output=True, timeout=120)
+
+
+def test_pull_prints_size_and_path_per_file_and_list_downloads_nothing(fake_hub: FakeHub) -> None:
+    shards = {f"Q8_0/big-Q8_0-0000{i}-of-00002.gguf": blob(f"p{i}") for i in (1, 2)}
+    fake_hub.add_repo("user/big-GGUF", {**shards, "big-Q4_K_M.gguf": blob("p4"), "mmproj-big-f16.gguf": blob("m")})
+    listed = _cli(fake_hub, "pull", "user/big-GGUF", "--list")
+    assert listed.returncode == 0, listed.stderr
+    assert listed.stdout.decode().splitlines() == [
+        "Q8_0     400.0 KB  Q8_0/big-Q8_0-00001-of-00002.gguf (2 shards)",
+        "Q4_K_M   200.0 KB  big-Q4_K_M.gguf",
+    ]
+    assert fake_hub.count("cdn-lfs") == 0
+    done = _cli(fake_hub, "pull", "hf.co/user/big-GGUF:q8_0")
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.decode().splitlines()
+    assert [line.split("\t")[0] for line in lines] == ["200.0 KB", "200.0 KB"]
+    assert [Path(line.split("\t")[1]).name for line in lines] == [Path(p).name for p in shards]
+    assert b"Q8_0 at" in done.stderr
+    missing = _cli(fake_hub, "pull", "user/big-GGUF:Q3_K_S")
+    assert missing.returncode == 2
+    assert missing.stderr.decode().strip() == (
+        "runner: error: user/big-GGUF has no Q3_K_S file; it offers: Q8_0 400.0 KB, Q4_K_M 200.0 KB"
+    )

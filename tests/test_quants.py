@@ -51,7 +51,7 @@ def test_tag_matches_case_insensitively(tag: str, expected: str) -> None:
 
 
 def test_tag_needs_a_boundary_so_q4_k_is_not_q4_k_m() -> None:
-    with pytest.raises(ModelNotFound, match="has no Q4_K file; it offers: Q2_K 3.00 GB, Q4_K_S 4.00 GB"):
+    with pytest.raises(ModelNotFound, match="has no Q4_K file; it offers: Q2_K 3.0 GB, Q4_K_S 4.0 GB"):
         choose(LISTING, "u/r", quant="Q4_K")
 
 
@@ -112,4 +112,4 @@ def test_split_info() -> None:
 
 
 def test_describe_offer_counts_a_split_model_once() -> None:
-    assert describe_offer(SPLIT) == "it offers: Q8_0 5.00 GB, Q4_K_M 3.00 GB"
+    assert describe_offer(SPLIT) == "it offers: Q8_0 5.0 GB, Q4_K_M 3.0 GB"
