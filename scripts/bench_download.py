@@ -1,0 +1,120 @@
+"""Download benchmark: runner's pull against a bare hf_hub_download of the same file, same server, same run.
+
+Serves the SmolLM2 test model (98 MB) from the loopback Hub in tests/hubserver.py, then, in rounds that
+alternate, downloads it into a fresh Hugging Face cache with (a) huggingface_hub.hf_hub_download and
+(b) runner.hub.pull (which also checks the sha256 as the bytes arrive), and once (c) `runner pull` as a
+process, beside (d) huggingface_hub's own `hf download` process. Then the resume test: the connection is cut at random offsets and the bytes sent more than
+once are counted, for runner and for huggingface_hub.
+
+    python scripts/bench_download.py [--rounds 3] [--drops 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+REPO = "bench/SmolLM2-GGUF"
+FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def model_path() -> Path:
+    from runner.catalog import load_catalog
+    from runner.hub import locate
+    from runner.refs import from_entry
+
+    return locate(from_entry(load_catalog().default_entry))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--drops", type=int, default=5)
+    args = parser.parse_args()
+    source = model_path()
+    size = source.stat().st_size
+
+    from huggingface_hub import hf_hub_download
+
+    from runner import download
+    from runner.hub import pull
+    from runner.refs import HubRef
+    from tests.hubserver import FakeHub, hf_env, instant_backoff, pointed_at
+
+    work = Path(tempfile.mkdtemp(prefix="bench-download-"))
+    timings: dict[str, list[float]] = {"hf_hub_download": [], "runner (in process)": []}
+    with FakeHub() as hub:
+        hub.add_repo(REPO, {FILE: source})
+        for i in range(args.rounds):
+            for name in timings:
+                cache = work / f"{name[:6]}-{i}"
+                with pointed_at(hub.endpoint, cache):
+                    t0 = time.perf_counter()
+                    if name == "hf_hub_download":
+                        hf_hub_download(REPO, FILE)
+                    else:
+                        pull(HubRef(REPO, file=FILE), quiet=True)
+                    timings[name].append(time.perf_counter() - t0)
+                shutil.rmtree(cache)
+        processes = {
+            "runner pull (process)": [sys.executable, "-m", "runner", "pull", f"{REPO}:{FILE}", "-q"],
+            "hf download (process)": [str(Path(sys.executable).with_name("hf")), "download", REPO, FILE],
+        }
+        process_s = {}
+        for name, cmd in processes.items():
+            cache = work / "process"
+            t0 = time.perf_counter()
+            subprocess.run(cmd, check=True, env=hf_env(hub.endpoint, cache), capture_output=True)
+            process_s[name] = time.perf_counter() - t0
+            shutil.rmtree(cache)
+
+        rng = random.Random(7)
+        twice = {}
+        for name in ("hf_hub_download", "runner"):
+            cache = work / f"drop-{name}"
+            hub.reset_counters()
+            hub.add_fault("cdn-lfs", "drop", drop_after=lambda n: rng.randrange(1, n), times=args.drops)
+            with pointed_at(hub.endpoint, cache), instant_backoff():
+                saved, download.sleep = download.sleep, lambda _s: None
+                try:
+                    if name == "hf_hub_download":
+                        hf_hub_download(REPO, FILE)
+                    else:
+                        pull(HubRef(REPO, file=FILE), quiet=True)
+                finally:
+                    download.sleep = saved
+            hub.clear_faults()
+            twice[name] = hub.sent("cdn-lfs") - size
+            shutil.rmtree(cache)
+    shutil.rmtree(work)
+
+    base = statistics.median(timings["hf_hub_download"])
+    print(f"file {FILE}: {size:,} bytes over loopback · {args.rounds} rounds (medians)")
+    print()
+    print("| | MB/s | vs hf_hub_download |")
+    print("|---|---|---|")
+    for name, runs in timings.items():
+        t = statistics.median(runs)
+        print(f"| {name} | {size / t / 1e6:.0f} | {base / t:.2f} |")
+    for name, t in process_s.items():
+        print(f"| {name}, start-up included | {size / t / 1e6:.0f} | {base / t:.2f} |")
+    print()
+    print(
+        f"resume after {args.drops} drops at random offsets: bytes sent twice — "
+        + " · ".join(f"{name} {n:,}" for name, n in twice.items())
+    )
+
+
+if __name__ == "__main__":
+    main()
