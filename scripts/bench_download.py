@@ -2,9 +2,9 @@
 
 Serves the SmolLM2 test model (98 MB) from the loopback Hub in tests/hubserver.py, then, in rounds that
 alternate, downloads it into a fresh Hugging Face cache with (a) huggingface_hub.hf_hub_download and
-(b) runner.hub.pull (which also checks the sha256 as the bytes arrive), and once (c) `runner pull` as a
-process, beside (d) huggingface_hub's own `hf download` process. Then the resume test: the connection is cut at random offsets and the bytes sent more than
-once are counted, for runner and for huggingface_hub.
+(b) runner.hub.pull (which also checks the sha256 as the bytes arrive); once each as processes,
+(c) `runner pull` and (d) huggingface_hub's own `hf download`. Then the resume test: the connection is
+cut at random offsets and the bytes sent more than once are counted, for runner and huggingface_hub.
 
     python scripts/bench_download.py [--rounds 3] [--drops 5]
 """
