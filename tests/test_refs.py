@@ -67,7 +67,7 @@ def test_a_local_path_always_wins(catalog, tmp_path: Path, monkeypatch: pytest.M
     [
         ("./missing.gguf", "no such file: ./missing.gguf"),
         ("model.gguf", "no such file: model.gguf"),
-        ("smolm2", "did you mean smollm2?"),
+        ("smolm2", "did you mean smollm2 or smollm3?"),
         ("", "MODEL is empty"),
         ("u/r@a:Q4@b", "give the revision once"),
     ],
@@ -91,3 +91,15 @@ def test_user_catalog_adds_aliases_and_bad_ones_are_named(
     catalog_module._load.cache_clear()  # the catalog is read once per process
     with pytest.raises(CatalogError, match=r"\[models.broken\] needs a repo"):
         load_catalog()
+
+
+def test_every_shipped_alias_names_a_repo_and_resolves_to_it(catalog) -> None:
+    import re
+
+    assert len(catalog.entries) >= 15
+    families = {"qwen", "llama", "gemma", "phi", "mistral", "smollm"}
+    assert families <= {f for f in families for name in catalog.entries if name.startswith(f)}
+    for name, entry in catalog.entries.items():
+        assert re.fullmatch(r"[\w.-]+/[\w.-]+", entry.repo), name
+        ref = resolve(name, catalog)
+        assert isinstance(ref, HubRef) and ref.repo == entry.repo and ref.entry is entry
