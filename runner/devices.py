@@ -1,0 +1,132 @@
+"""What this machine has: RAM, GPUs and their free memory, and whether the llama.cpp build can offload.
+
+NVIDIA GPUs come from NVML (the optional `runner[nvidia]` extra, nvidia-ml-py) or, without it, from
+`nvidia-smi`; Apple Silicon shares its RAM with the GPU (Metal may use about 3/4 of it by default).
+None of this imports llama_cpp unless asked whether the build can offload.
+"""
+
+from __future__ import annotations
+
+import platform
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass, field
+
+NVIDIA_SMI_TIMEOUT_S = 5.0
+APPLE_GPU_SHARE = 0.75  # Metal's recommendedMaxWorkingSetSize is about 3/4 of RAM on Apple Silicon
+LLAMA_CPP_PIN = "llama-cpp-python==0.3.36"
+
+
+@dataclass(frozen=True)
+class Gpu:
+    index: int
+    name: str
+    total_bytes: int
+    free_bytes: int
+    backend: str  # "cuda" or "metal"
+    source: str  # where the numbers came from: "nvml", "nvidia-smi", "unified memory"
+
+
+@dataclass(frozen=True)
+class Machine:
+    ram_total_bytes: int
+    ram_available_bytes: int
+    gpus: tuple[Gpu, ...] = field(default_factory=tuple)
+    can_offload: bool = False  # the installed llama.cpp build has a GPU backend
+
+    @property
+    def usable_gpus(self) -> tuple[Gpu, ...]:
+        return self.gpus if self.can_offload else ()
+
+    def reinstall_hint(self) -> str | None:
+        """The exact command that gives a GPU build, when a GPU is here but the build is CPU-only."""
+        if self.can_offload or not self.gpus:
+            return None
+        flag = "-DGGML_METAL=on" if self.gpus[0].backend == "metal" else "-DGGML_CUDA=on"
+        return f'CMAKE_ARGS="{flag}" pip install --force-reinstall --no-cache-dir {LLAMA_CPP_PIN}'
+
+
+def ram() -> tuple[int, int]:
+    import psutil
+
+    memory = psutil.virtual_memory()
+    return int(memory.total), int(memory.available)
+
+
+def nvidia_gpus() -> list[Gpu]:
+    return _from_nvml() or _from_nvidia_smi()
+
+
+def _from_nvml() -> list[Gpu]:
+    try:
+        import pynvml  # type: ignore[import-not-found]
+    except ImportError:
+        return []
+    try:
+        pynvml.nvmlInit()
+    except Exception:  # no driver, no device: NVML raises its own error classes
+        return []
+    try:
+        gpus = []
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(i)
+            info = pynvml.nvmlDeviceGetMemoryInfo(handle)
+            name = pynvml.nvmlDeviceGetName(handle)
+            name = name.decode() if isinstance(name, bytes) else str(name)
+            gpus.append(Gpu(i, name, int(info.total), int(info.free), "cuda", "nvml"))
+        return gpus
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def parse_nvidia_smi(text: str) -> list[Gpu]:
+    """Rows of `index, name, memory.total, memory.free` in MiB, as nvidia-smi's CSV prints them."""
+    gpus = []
+    for line in text.strip().splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) != 4 or not parts[0].isdigit():
+            continue
+        try:
+            total, free = int(float(parts[2])) << 20, int(float(parts[3])) << 20
+        except ValueError:
+            continue
+        gpus.append(Gpu(int(parts[0]), parts[1], total, free, "cuda", "nvidia-smi"))
+    return gpus
+
+
+def _from_nvidia_smi() -> list[Gpu]:
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return []
+    query = "--query-gpu=index,name,memory.total,memory.free"
+    try:
+        done = subprocess.run(
+            [exe, query, "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=NVIDIA_SMI_TIMEOUT_S,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    return parse_nvidia_smi(done.stdout) if done.returncode == 0 else []
+
+
+def apple_gpu(ram_total: int, ram_available: int) -> list[Gpu]:
+    if sys.platform != "darwin" or platform.machine() != "arm64":
+        return []
+    total = int(ram_total * APPLE_GPU_SHARE)
+    return [Gpu(0, "Apple GPU (Metal)", total, min(total, ram_available), "metal", "unified memory")]
+
+
+def can_offload() -> bool:
+    from runner.engine import supports_gpu_offload
+
+    return supports_gpu_offload()
+
+
+def probe(*, check_build: bool = True) -> Machine:
+    total, available = ram()
+    gpus = nvidia_gpus() or apple_gpu(total, available)
+    return Machine(total, available, tuple(gpus), can_offload() if check_build else False)
