@@ -1,0 +1,491 @@
+"""How much memory llama.cpp will allocate for a model, before it loads it.
+
+estimate() answers for exactly the context runner's engine creates:
+llama_model_default_params() with n_gpu_layers, and llama_context_default_params() with
+n_ctx, threads and (when asked) type_k/type_v/n_seq_max. Each figure is the size of a
+buffer llama.cpp allocates, computed the way the pinned llama.cpp computes it (file:line
+references are to vendor/llama.cpp of llama-cpp-python 0.3.36; see /tmp/memory_notes.md):
+
+- weights: the mmap'd range of the CPU tensors ("CPU_Mapped model buffer"), the CPU
+  weights that are repacked for faster matmuls ("CPU_REPACK", CPU-only builds), and the
+  offloaded layers ("CUDA0 model buffer");
+- KV cache: per layer, row(type_k, n_embd_k_gqa(il)) + row(type_v, n_embd_v_gqa(il)) per
+  cell, n_ctx rounded up to 256 cells; sliding-window layers are full size too, because
+  the default swa_full is true; recurrent layers keep one state per sequence instead;
+- compute: the worst-case graph llama_context reserves (n_ubatch tokens, n_ubatch logits),
+  built as llama.cpp builds it (memory_build.py) and placed by a replay of ggml-alloc
+  (memory_graph.py): to the byte on CPU;
+- output: the host buffer for one row of logits per sequence (n_vocab * n_seq * 4).
+
+Deciding whether it fits: on a GPU, device("gpu").total_bytes against the free VRAM (GPU
+buffers are committed when allocated); in RAM, host_rss_bytes against the available memory
+(a CPU compute buffer is only backed where batches write, and the engine writes one logits
+row per batch, not n_ubatch). Estimate.exact is False where this module approximates: an
+architecture without its own graph builder, or a CUDA device (compute buffers not measured).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from runner.gguf import GGML_TYPES
+from runner.memory_arch import Hparams, hparams_from_header
+from runner.memory_build import GraphParams, build_graph, rotation_sizes
+from runner.memory_graph import compute_buffer_size, pad, row_size
+
+# -- llama.cpp's defaults, as runner's engine leaves them (llama-context.cpp:3754-3796) --------
+N_BATCH = 2048  # llama_context_default_params().n_batch
+N_UBATCH = 512  # .n_ubatch
+SWA_FULL = True  # .swa_full: sliding-window layers get a full-size cache
+KV_UNIFIED = False  # .kv_unified: one KV stream per sequence
+OFFLOAD_KQV = True  # .offload_kqv: a layer's KV cache lives with the layer
+N_CTX_PAD = 256  # llama-context.cpp:290: n_ctx = GGML_PAD(n_ctx, 256)
+CPU_ALIGNMENT = 32  # TENSOR_ALIGNMENT, ggml-impl.h:44
+GPU_ALIGNMENT = 128  # CUDA buffer alignment
+CUDA_ROW_PADDING = 512  # MATRIX_ROW_PADDING: quantized rows are padded in CUDA buffers
+# ggml-cpu/repack.cpp:4925: types repacked into CPU_REPACK on x86-64 with AVX2 (Q2_K needs AVX-512)
+REPACK_TYPES = frozenset({"Q4_0", "Q4_K", "IQ4_NL", "MXFP4"})
+# not in any buffer, but host memory the process needs (fitted to RSS measured here, see
+# host_overhead): a fixed part, per vocabulary entry, per tokenizer string (token or merge)
+HOST_OVERHEAD = 5 << 20
+HOST_PER_TOKEN = 48
+HOST_PER_STRING = 160
+HOST_PER_CELL = 160  # llama_kv_cells: pos, shift, a 256-bit sequence set, and std::set nodes once used
+GPU_OVERHEAD = 512 << 20  # CUDA context + cuBLAS workspace: a typical figure, not measured here
+CUDA_FA_HEAD_DIMS = frozenset({40, 64, 72, 80, 96, 112, 128, 192, 256, 512, 576})
+KV_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl")
+
+
+@dataclass(frozen=True)
+class Buffer:
+    """One buffer llama.cpp allocates and logs, e.g. ("CPU_Mapped", "model", "cpu", n)."""
+
+    name: str  # the buffer type name in llama.cpp's log: CPU, CPU_Mapped, CPU_REPACK, CUDA0, CUDA_Host
+    kind: str  # model, KV, RS, compute, output
+    device: str  # cpu or gpu
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class DeviceUsage:
+    """What one device must hold. On "cpu", weights are the tensors read from the mapping and
+    the repacked copies; output is host memory even when the output layer is offloaded."""
+
+    device: str  # "cpu" or "gpu"
+    weights_bytes: int
+    kv_bytes: int  # KV cache and recurrent state
+    compute_bytes: int
+    output_bytes: int
+    overhead_bytes: int = 0  # in no buffer: vocabulary, work buffer, CUDA context
+
+    @property
+    def total_bytes(self) -> int:
+        return (
+            self.weights_bytes + self.kv_bytes + self.compute_bytes + self.output_bytes + self.overhead_bytes
+        )
+
+
+@dataclass(frozen=True)
+class Estimate:
+    weights_bytes: int
+    kv_bytes: int  # KV cache and recurrent state
+    compute_bytes: int
+    output_bytes: int
+    overhead_bytes: int
+    devices: tuple[DeviceUsage, ...]
+    n_ctx: int  # the context llama.cpp will really have (padded to 256)
+    n_gpu_layers: int  # layers on the GPU, the output layer counting as one
+    n_layers: int  # repeating layers + 1 for the output layer: what n_gpu_layers counts up to
+    buffers: tuple[Buffer, ...] = ()
+    exact: bool = True  # False: an architecture or device this estimator only approximates
+    # what the process's resident memory grows by: every host buffer, the mapped range whole
+    # (mmap populates it), but of a CPU compute buffer only the pages the engine's batches
+    # write (one logits row, not n_ubatch): on CPU, compare this with the RAM available
+    host_rss_bytes: int = 0
+
+    @property
+    def total_bytes(self) -> int:
+        return (
+            self.weights_bytes + self.kv_bytes + self.compute_bytes + self.output_bytes + self.overhead_bytes
+        )
+
+    def device(self, name: str) -> DeviceUsage | None:
+        return next((d for d in self.devices if d.device == name), None)
+
+
+@dataclass(frozen=True)
+class ContextSize:
+    """What llama_context's constructor makes of the asked sizes (llama-context.cpp:128-320)."""
+
+    n_ctx: int
+    n_ctx_seq: int  # cells per KV stream
+    n_batch: int
+    n_ubatch: int
+    n_seq: int
+    n_stream: int
+
+
+def context_size(
+    hp: Hparams, n_ctx: int, *, n_seq: int = 1, n_batch: int = N_BATCH, n_ubatch: int = N_UBATCH
+) -> ContextSize:
+    n_seq = max(1, n_seq)
+    n_ctx = n_ctx or hp.n_ctx_train
+    n_batch = min(n_ctx, n_batch)  # before padding: llama-context.cpp:246
+    n_ubatch = min(n_batch, n_ubatch or n_batch)
+    n_ctx = pad(n_ctx, N_CTX_PAD)
+    if KV_UNIFIED:
+        return ContextSize(n_ctx, n_ctx, n_batch, n_ubatch, n_seq, 1)
+    n_ctx_seq = pad(n_ctx // n_seq, N_CTX_PAD)
+    return ContextSize(n_ctx_seq * n_seq, n_ctx_seq, n_batch, n_ubatch, n_seq, n_seq)
+
+
+def _check_kv_type(name: str) -> str:
+    t = name.lower()
+    if t not in KV_TYPES:
+        raise ValueError(f"unsupported KV cache type {name!r}: one of {', '.join(KV_TYPES)}")
+    return t
+
+
+def swa_cells(hp: Hparams, cs: ContextSize, swa_full: bool = SWA_FULL) -> int:
+    """Cells of the sliding-window cache (llama-kv-cache-iswa.cpp:71-79)."""
+    if swa_full or not hp.swa_any:
+        return cs.n_ctx_seq
+    streams = cs.n_seq if KV_UNIFIED else 1
+    return pad(min(cs.n_ctx_seq, hp.n_swa * streams + cs.n_ubatch), 256)
+
+
+def kv_layer_bytes(
+    hp: Hparams, il: int, cells: int, *, type_k: str = "f16", type_v: str = "f16", v_trans: bool = False
+) -> int:
+    """One layer's K and V tensors for `cells` cells (all streams): llama-kv-cache.cpp:224-242."""
+    n_v = max(hp.n_embd_v_gqa(i) for i in range(hp.n_layer)) if v_trans else hp.n_embd_v_gqa(il)
+    k = pad(row_size(_check_kv_type(type_k), hp.n_embd_k_gqa(il)) * cells, CPU_ALIGNMENT)
+    v = pad(row_size(_check_kv_type(type_v), n_v) * cells, CPU_ALIGNMENT) if not hp.is_mla else 0
+    return k + v
+
+
+def recurrent_layer_bytes(hp: Hparams, n_seq: int = 1) -> int:
+    """One recurrent layer's state: r and s rows, f32, one per sequence (llama-memory-recurrent.cpp)."""
+    rows = max(1, n_seq)
+    return pad(hp.n_embd_r * 4 * rows, CPU_ALIGNMENT) + pad(hp.n_embd_s * 4 * rows, CPU_ALIGNMENT)
+
+
+def kv_per_layer(
+    hp: Hparams,
+    cs: ContextSize,
+    *,
+    type_k: str = "f16",
+    type_v: str = "f16",
+    v_trans: bool = False,
+    swa_full: bool = SWA_FULL,
+) -> list[tuple[int, str, int]]:
+    """(layer, cache, bytes) for every layer that keeps state: cache is "KV", "KV_SWA" (the
+    sliding-window layers, a cache of their own) or "RS" (recurrent state)."""
+    entries = []
+    swa = swa_cells(hp, cs, swa_full)
+    for il in hp.attn_layers():
+        cells = (swa if hp.is_swa[il] else cs.n_ctx_seq) * cs.n_stream
+        nbytes = kv_layer_bytes(hp, il, cells, type_k=type_k, type_v=type_v, v_trans=v_trans)
+        entries.append((il, "KV_SWA" if hp.is_swa[il] else "KV", nbytes))
+    entries += [(il, "RS", recurrent_layer_bytes(hp, cs.n_seq)) for il, r in enumerate(hp.recurrent) if r]
+    return entries
+
+
+def kv_cache_bytes(
+    header: Any,
+    *,
+    n_ctx: int,
+    n_seq: int = 1,
+    type_k: str = "f16",
+    type_v: str = "f16",
+    swa_full: bool = SWA_FULL,
+) -> int:
+    """Bytes llama.cpp allocates for the KV cache (and recurrent state) of this context."""
+    hp = hparams_from_header(header)
+    cs = context_size(hp, n_ctx, n_seq=n_seq)
+    return sum(b for _, _, b in kv_per_layer(hp, cs, type_k=type_k, type_v=type_v, swa_full=swa_full))
+
+
+# -- weights ------------------------------------------------------------------------------------
+
+
+def tensor_layer(name: str, n_layer: int) -> int:
+    """The "layer" llama.cpp assigns a tensor to: -1 input (always CPU), n_layer for the output."""
+    if name.startswith("blk."):
+        return int(name.split(".")[1])
+    if name.startswith(("output", "cls", "enc.output", "dec.output")):
+        return n_layer
+    if name.startswith("rope_"):
+        return 0
+    return -1
+
+
+def gpu_start(n_layer: int, n_gpu_layers: int) -> int:
+    """The first layer on the GPU (llama-model.cpp:1589: i_gpu_start); n_layer is the output."""
+    n_gpu = n_layer + 1 if n_gpu_layers < 0 else min(n_gpu_layers, n_layer + 1)
+    return n_layer + 1 - n_gpu
+
+
+def _repacked(t: Any, layer: int, types: frozenset[str]) -> bool:
+    """A CPU weight that CPU_REPACK takes: a matmul weight of a repackable type (repack.cpp:4974)."""
+    if layer < 0 or t.type_name not in types or not t.name.endswith(".weight"):
+        return False
+    return len(t.shape) in (2, 3) and t.shape[1] % 8 == 0 and "norm" not in t.name
+
+
+def _cuda_size(t: Any) -> int:
+    """ggml_backend_cuda_buffer_type_get_alloc_size(): quantized rows padded to 512 elements."""
+    size = t.nbytes
+    name, block, type_size = GGML_TYPES[t.ggml_type]
+    if name not in ("F32", "F16", "BF16") and t.shape[0] % CUDA_ROW_PADDING:
+        size += (CUDA_ROW_PADDING - t.shape[0] % CUDA_ROW_PADDING) // block * type_size
+    return pad(size, GPU_ALIGNMENT)
+
+
+def weight_buffers(
+    header: Any, hp: Hparams, start: int, gpu: bool, repack_types: frozenset[str] = REPACK_TYPES
+) -> tuple[list[Buffer], dict[str, int]]:
+    """The model buffers llama_model::load_tensors() logs (llama-model.cpp:1930), and the weight
+    bytes each device must hold: of CPU_Mapped only the tensors read from the mapping, since
+    its range also spans the repacked and offloaded tensors, pages the kernel can drop.
+
+    start is the first layer on the GPU (hp.n_layer + 1: none). With a GPU device, CPU
+    weights are never repacked: the host buffer type comes first in the CPU list and becomes
+    plain CPU memory under mmap (llama-model.cpp:1093-1107, llama-model-loader.cpp:1270).
+    """
+    mapped: list[Any] = []
+    repack, on_gpu = 0, 0
+    tied = header.tensor("output.weight") is None
+    for t in header.tensors:
+        layer = tensor_layer(t.name, hp.n_layer)
+        if layer >= start:
+            on_gpu += _cuda_size(t)
+        elif not gpu and _repacked(t, layer, repack_types):
+            repack += pad(t.nbytes, CPU_ALIGNMENT)
+        else:
+            mapped.append(t)
+        if tied and t.name == "token_embd.weight":  # the output layer uses a duplicate of it
+            if start <= hp.n_layer:
+                on_gpu += _cuda_size(t)
+            elif not gpu and _repacked(t, hp.n_layer, repack_types):
+                repack += pad(t.nbytes, CPU_ALIGNMENT)
+    buffers = []
+    if mapped:
+        first = min(t.offset for t in mapped)
+        last = max(t.offset + t.nbytes for t in mapped)
+        buffers.append(Buffer("CPU_Mapped", "model", "cpu", last - first))
+    if repack:
+        buffers.append(Buffer("CPU_REPACK", "model", "cpu", repack))
+    if on_gpu:
+        buffers.append(Buffer("CUDA0", "model", "gpu", on_gpu))
+    resident = {"cpu": sum(t.nbytes for t in mapped) + repack, "gpu": on_gpu}
+    return buffers, resident
+
+
+# -- compute ------------------------------------------------------------------------------------
+
+
+def graph_params(hp: Hparams, cs: ContextSize, n_tokens: int, n_outputs: int, **kw: Any) -> GraphParams:
+    """The ubatch graph_reserve() builds: n_tokens rounded up to a multiple of n_seq
+    (llama-context.cpp:2527), cells per stream, and the Hadamard sizes for quantized K/V."""
+    rot_k, rot_v = rotation_sizes(hp, kw["type_k"], kw["type_v"])
+    n_kv_swa = swa_cells(hp, cs, kw.pop("swa_full", SWA_FULL))
+    return GraphParams(
+        pad(n_tokens, cs.n_seq),
+        cs.n_seq,
+        n_outputs,
+        cs.n_ctx_seq,
+        n_kv_swa,
+        cs.n_stream,
+        rot_k=rot_k,
+        rot_v=rot_v,
+        **kw,
+    )
+
+
+def compute_bytes(
+    hp: Hparams,
+    cs: ContextSize,
+    *,
+    flash_attn: bool,
+    v_trans: bool,
+    type_k: str = "f16",
+    type_v: str = "f16",
+    alignment: int = CPU_ALIGNMENT,
+    touched: bool = False,
+) -> int:
+    """The compute buffer llama_context::sched_reserve() allocates (llama-context.cpp:612-760).
+
+    The prompt-processing graph (n_ubatch tokens, all of them output: n_outputs_max defaults
+    to n_batch) and the one-token graph are reserved into the same buffer, which keeps the
+    larger size. touched: the part the engine's batches really write (one output per batch,
+    the last token's), which is what a CPU buffer costs in resident memory: malloc'd pages
+    that nothing writes are never backed.
+    """
+    n_pp = min(cs.n_ctx, cs.n_ubatch)
+    sizes = []
+    for n_tokens, n_out in ((n_pp, cs.n_seq if touched else min(n_pp, cs.n_batch)), (cs.n_seq, cs.n_seq)):
+        gp = graph_params(
+            hp, cs, n_tokens, n_out, flash_attn=flash_attn, v_trans=v_trans, type_k=type_k, type_v=type_v
+        )
+        sizes.append(compute_buffer_size(build_graph(hp, gp), alignment))
+    return max(sizes)
+
+
+def host_inputs_bytes(hp: Hparams, cs: ContextSize, *, flash_attn: bool, v_trans: bool) -> int:
+    """The graph inputs and the token embeddings, which stay in host memory when layers are offloaded."""
+    t = min(cs.n_ctx, cs.n_ubatch)
+    n_masks = 2 if hp.swa_any else 1
+    v_rows = t * max(hp.n_embd_v_gqa(il) for il in range(hp.n_layer)) if v_trans else t
+    # tokens, positions, embeddings (the input and the lookup), out_ids, then masks and indices
+    sizes = [t * 4, t * 4, hp.n_embd * t * 4 * 2, t * 4]
+    sizes += [cs.n_ctx_seq * t * (2 if flash_attn else 4), t * 8, v_rows * 8] * n_masks
+    return sum(pad(s, CPU_ALIGNMENT) for s in sizes)
+
+
+# -- the estimate -------------------------------------------------------------------------------
+
+
+def auto_flash_attn(hp: Hparams, gpu: bool) -> bool:
+    """What flash_attn_type "auto" resolves to (llama-context.cpp:506, resolve_fused_ops)."""
+    if not gpu:
+        return True  # the CPU backend supports FLASH_ATTN_EXT for every head size
+    heads = {hp.head_k, hp.head_v, hp.head_k_swa, hp.head_v_swa}
+    return heads <= CUDA_FA_HEAD_DIMS
+
+
+def estimate(
+    header: Any,
+    *,
+    n_ctx: int,
+    n_gpu_layers: int = 0,
+    n_seq: int = 1,
+    type_k: str = "f16",
+    type_v: str = "f16",
+    n_ubatch: int = N_UBATCH,
+    n_batch: int = N_BATCH,
+    flash_attn: bool | None = None,
+    gpu: bool | None = None,
+    repack_types: frozenset[str] = REPACK_TYPES,
+) -> Estimate:
+    """Memory llama.cpp allocates to load this model and create a context of n_ctx tokens.
+
+    n_gpu_layers counts the output layer as the last one (n_layers in all); -1 is all of them.
+    gpu says whether llama.cpp has a GPU device (default: n_gpu_layers != 0). flash_attn None
+    is llama.cpp's "auto"; False disables it explicitly (the V cache is then transposed).
+    repack_types: the weight types the CPU backend repacks on this machine (REPACK_TYPES:
+    x86-64 with AVX2; add "Q2_K" with AVX-512).
+    """
+    hp = hparams_from_header(header)
+    cs = context_size(hp, n_ctx, n_seq=n_seq, n_batch=n_batch, n_ubatch=n_ubatch)
+    type_k, type_v = _check_kv_type(type_k), _check_kv_type(type_v)
+    gpu = n_gpu_layers != 0 if gpu is None else gpu
+    start = gpu_start(hp.n_layer, n_gpu_layers) if gpu else hp.n_layer + 1
+    fa = auto_flash_attn(hp, gpu) if flash_attn is None else flash_attn
+    v_trans = flash_attn is False  # the cache is made before "auto" is resolved (llama-context.cpp:230)
+    if type_v not in ("f32", "f16", "bf16") and not fa:
+        raise ValueError("a quantized V cache needs flash attention (llama-context.cpp:466)")
+
+    buffers, resident = weight_buffers(header, hp, start, gpu, repack_types)
+    buffers += state_buffers(hp, cs, start, type_k=type_k, type_v=type_v, v_trans=v_trans)
+    # output_reserve(n_seq_max) at creation (llama-context.cpp:377, 2116): host memory, pinned
+    # when the output layer is offloaded
+    out_on_gpu = start <= hp.n_layer
+    buffers.append(Buffer("CUDA_Host" if out_on_gpu else "CPU", "output", "cpu", hp.n_vocab * cs.n_seq * 4))
+    kw: dict[str, Any] = dict(flash_attn=fa, v_trans=v_trans, type_k=type_k, type_v=type_v)
+    if gpu:
+        buffers += _gpu_compute(header, hp, cs, start, **kw)
+        touched = sum(b.nbytes for b in buffers if b.kind == "compute" and b.device == "cpu")
+    else:
+        buffers.append(Buffer("CPU", "compute", "cpu", compute_bytes(hp, cs, **kw)))
+        touched = compute_bytes(hp, cs, touched=True, **kw)
+
+    def total(device: str, *kinds: str) -> int:
+        return sum(b.nbytes for b in buffers if b.device == device and b.kind in kinds)
+
+    def usage(device: str, overhead: int) -> DeviceUsage:
+        state, compute, out = total(device, "KV", "RS"), total(device, "compute"), total(device, "output")
+        return DeviceUsage(device, resident[device], state, compute, out, overhead)
+
+    host_extra = host_overhead(hp, cs, flash_attn=fa, type_v=type_v)
+    devices = [usage("cpu", host_extra)] + ([usage("gpu", GPU_OVERHEAD)] if gpu else [])
+    return Estimate(
+        weights_bytes=sum(d.weights_bytes for d in devices),
+        kv_bytes=sum(d.kv_bytes for d in devices),
+        compute_bytes=sum(d.compute_bytes for d in devices),
+        output_bytes=sum(d.output_bytes for d in devices),
+        overhead_bytes=sum(d.overhead_bytes for d in devices),
+        devices=tuple(devices),
+        n_ctx=cs.n_ctx,
+        n_gpu_layers=hp.n_layer + 1 - start if gpu else 0,
+        n_layers=hp.n_layer + 1,
+        buffers=tuple(buffers),
+        exact=hp.exact_graph and not gpu,
+        host_rss_bytes=total("cpu", "model", "KV", "RS", "output") + touched + host_extra,
+    )
+
+
+def state_buffers(
+    hp: Hparams, cs: ContextSize, start: int, *, type_k: str, type_v: str, v_trans: bool
+) -> list[Buffer]:
+    """The KV cache and recurrent state buffers, one per cache and device as llama.cpp logs them:
+    a layer's state lives with the layer (offload_kqv), layers from start on the GPU."""
+    entries = kv_per_layer(hp, cs, type_k=type_k, type_v=type_v, v_trans=v_trans)
+    buffers = []
+    for cache in ("KV", "KV_SWA", "RS"):
+        for name, device in (("CPU", "cpu"), ("CUDA0", "gpu")):
+            sizes = [
+                b
+                for il, c, b in entries
+                if c == cache and ((il >= start and OFFLOAD_KQV) == (device == "gpu"))
+            ]
+            if sizes:
+                buffers.append(Buffer(name, cache[:2], device, sum(sizes)))
+    return buffers
+
+
+def host_overhead(hp: Hparams, cs: ContextSize, *, flash_attn: bool = True, type_v: str = "f16") -> int:
+    """Host memory in no llama.cpp buffer: tensor metadata, the vocabulary (ids, strings, merge
+    ranks, piece cache), the KV cells' bookkeeping, and the CPU backend's work buffer
+    (ggml_graph_plan, ggml-cpu.c): a matmul's input converted to the weight's dot-product type,
+    for the widest input of a ubatch, or without flash attention the softmaxed KQ converted
+    to f16 for the multiplication by V. Fitted to the RSS of SmolLM2 and the synthetic
+    models at full contexts (scripts/bench_memory.py)."""
+    n_tokens = min(cs.n_ctx, cs.n_ubatch)
+    widest = max([hp.n_embd, *hp.n_ff, hp.n_ff_exp * max(hp.n_expert_used, 1)])
+    work = int(widest * n_tokens * hp.dot_bytes)
+    if not flash_attn and type_v != "f32" and hp.attn_layers():
+        work = max(work, cs.n_ctx_seq * n_tokens * max(hp.n_head) * 2)
+    n_caches = (1 if hp.attn_layers() else 0) + (1 if hp.swa_any else 0)
+    cells = n_caches * cs.n_ctx * HOST_PER_CELL  # a full context: every cell in use
+    return HOST_OVERHEAD + work + cells + hp.n_vocab * HOST_PER_TOKEN + hp.vocab_strings * HOST_PER_STRING
+
+
+def _gpu_compute(header: Any, hp: Hparams, cs: ContextSize, start: int, **kw: Any) -> list[Buffer]:
+    """Compute buffers with a CUDA device: an approximation, not checked against a GPU.
+
+    The layers on the GPU run there, the graph inputs and the token embeddings stay in
+    pinned host memory (CUDA_Host) and are copied over. With op_offload (default on) a
+    ubatch of 32 tokens or more also runs the matmuls of CPU layers on the GPU, copying
+    their weights into the GPU compute buffer: the largest such weight is added to it.
+    """
+    host = host_inputs_bytes(hp, cs, flash_attn=kw["flash_attn"], v_trans=kw["v_trans"])
+    full = compute_bytes(hp, cs, alignment=GPU_ALIGNMENT, **kw)
+    buffers = []
+    if start <= hp.n_layer:
+        gpu = full
+        cpu_weights = [t.nbytes for t in header.tensors if 0 <= tensor_layer(t.name, hp.n_layer) < start]
+        if cpu_weights and min(cs.n_ctx, cs.n_ubatch) >= 32:
+            gpu += max(cpu_weights)
+        buffers.append(Buffer("CUDA0", "compute", "gpu", gpu))
+        if start > 0:  # CPU layers: their activations on the host
+            host += full - hp.n_vocab_out * min(cs.n_ctx, cs.n_ubatch) * 4
+    else:  # the output layer and every repeating layer on the CPU
+        host = full
+        out = header.tensor("output.weight") or header.tensor("token_embd.weight")
+        if min(cs.n_ctx, cs.n_ubatch) >= 32 and out is not None:
+            n_out = min(cs.n_ctx, cs.n_ubatch)
+            buffers.append(Buffer("CUDA0", "compute", "gpu", _cuda_size(out) + hp.n_vocab_out * n_out * 4))
+    buffers.append(Buffer("CUDA_Host", "compute", "cpu", host))
+    return buffers

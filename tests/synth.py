@@ -1,0 +1,277 @@
+"""Small synthetic GGUF models that the pinned llama.cpp really loads (random weights).
+
+Each one exercises a shape the memory estimator must get right: per-layer KV heads (deci),
+sliding-window layers (gemma3), a large vocabulary, experts (qwen3moe), biases (qwen2),
+a recurrent state (mamba), a tied Q4_0 embedding that CPU_REPACK copies. The vocabulary is
+llama.cpp's "none" tokenizer with {arch}.vocab_size dummy tokens: enough to evaluate token
+ids, no tokenizer needed.
+
+    python tests/synth.py /tmp/synth      # writes every model in SPECS
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from gguf import GGMLQuantizationType, GGUFWriter
+from gguf.quants import quantize
+
+QTYPES = {
+    "f32": GGMLQuantizationType.F32,
+    "f16": GGMLQuantizationType.F16,
+    "q8_0": GGMLQuantizationType.Q8_0,
+    "q4_0": GGMLQuantizationType.Q4_0,
+}
+
+
+@dataclass(frozen=True)
+class Spec:
+    arch: str
+    n_layer: int = 4
+    n_embd: int = 256
+    n_head: int | list[int] = 4
+    n_head_kv: int | list[int] = 2
+    n_ff: int | list[int] = 512
+    n_vocab: int = 4096
+    n_ctx_train: int = 32768
+    head_dim: int | None = None
+    tied: bool = False
+    dtype: str = "f16"  # of the matmul weights
+    n_expert: int = 0
+    n_expert_used: int = 0
+    n_ff_exp: int = 0
+    swa: int = 0  # sliding window (gemma3)
+    swa_pattern: int = 0
+    extra: dict[str, object] = field(default_factory=dict)
+
+
+SPECS: dict[str, Spec] = {
+    # per-layer KV heads, one layer without attention and one without FFN (Nemotron-51B style)
+    "deci": Spec(
+        "deci",
+        n_layer=6,
+        n_head=[8, 8, 0, 8, 8, 8],
+        n_head_kv=[8, 2, 0, 1, 4, 2],
+        n_ff=[1024, 512, 768, 0, 512, 1024],
+    ),
+    # 5 sliding-window layers out of 6, window 512
+    "gemma3": Spec(
+        "gemma3",
+        n_layer=6,
+        n_embd=320,
+        n_head=4,
+        n_head_kv=1,
+        head_dim=128,
+        n_ff=1024,
+        n_vocab=8192,
+        swa=512,
+        swa_pattern=6,
+        tied=True,
+    ),
+    # a 200k vocabulary: logits dominate the compute buffer
+    "bigvocab": Spec(
+        "llama", n_layer=2, n_embd=128, n_head=2, n_head_kv=1, n_ff=256, n_vocab=200_000, dtype="q8_0"
+    ),
+    "qwen3moe": Spec(
+        "qwen3moe",
+        n_layer=3,
+        n_embd=256,
+        n_head=4,
+        n_head_kv=2,
+        head_dim=64,
+        n_ff=512,
+        n_expert=16,
+        n_expert_used=4,
+        n_ff_exp=256,
+    ),
+    # experts plus a gated shared expert, qkv biases
+    "qwen2moe": Spec(
+        "qwen2moe",
+        n_layer=3,
+        n_embd=256,
+        n_head=4,
+        n_head_kv=2,
+        n_ff=512,
+        n_expert=8,
+        n_expert_used=2,
+        n_ff_exp=256,
+        extra={"qwen2moe.expert_shared_feed_forward_length": 384},
+    ),
+    "qwen2": Spec("qwen2", n_layer=3, n_embd=256, n_head=4, n_head_kv=2, n_ff=768, n_vocab=6000),
+    # tied Q4_0 embedding: token_embd stays mapped, its duplicate as output goes to CPU_REPACK
+    "q4tied": Spec(
+        "llama", n_layer=3, n_embd=256, n_head=4, n_head_kv=4, n_ff=512, n_vocab=8192, dtype="q4_0", tied=True
+    ),
+    # hybrid: 3 mamba layers and 1 attention layer: a KV cache for one layer, states for three
+    "jamba": Spec("jamba", n_layer=4, n_embd=256, n_head=4, n_head_kv=[0, 0, 2, 0], n_ff=512, n_vocab=4096),
+    "mamba": Spec("mamba", n_layer=3, n_embd=256, n_head=0, n_head_kv=0, n_ff=0, n_vocab=4096),
+}
+
+
+def _per_layer(v: int | list[int], il: int) -> int:
+    return v[il] if isinstance(v, list) else v
+
+
+class _Writer:
+    def __init__(self, path: Path, spec: Spec, seed: int) -> None:
+        self.spec = spec
+        self.w = GGUFWriter(str(path), spec.arch)
+        self.rng = np.random.default_rng(seed)
+
+    def tensor(self, name: str, *ne: int, dtype: str | None = None) -> None:
+        """A tensor of ggml shape ne (ne[0] is a row), small random values."""
+        dtype = dtype or ("f32" if len(ne) == 1 else self.spec.dtype)
+        data = (self.rng.standard_normal(tuple(reversed(ne)), dtype=np.float32) * 0.02).astype(np.float32)
+        if "norm" in name:
+            data = np.ones_like(data)
+        if dtype == "f32":
+            self.w.add_tensor(name, data)
+        elif dtype == "f16":
+            self.w.add_tensor(name, data.astype(np.float16))
+        else:
+            qt = QTYPES[dtype]
+            self.w.add_tensor(name, quantize(data, qt), raw_dtype=qt)
+
+
+def write_model(path: str | Path, spec: Spec, seed: int = 0) -> Path:
+    path = Path(path)
+    s, x = spec, _Writer(path, spec, seed)
+    w, a = x.w, spec.arch
+    w.add_block_count(s.n_layer)
+    w.add_context_length(s.n_ctx_train)
+    w.add_embedding_length(s.n_embd)
+    w.add_uint32(f"{a}.vocab_size", s.n_vocab)
+    w.add_tokenizer_model("none")
+    if a == "mamba":
+        return _write_mamba(path, x)
+    w.add_feed_forward_length(s.n_ff)
+    w.add_head_count(s.n_head)
+    w.add_head_count_kv(s.n_head_kv)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_rope_freq_base(10000.0)
+    n_head0 = _per_layer(s.n_head, 0)
+    hd = s.head_dim or s.n_embd // n_head0
+    if s.head_dim:
+        w.add_key_length(hd)
+        w.add_value_length(hd)
+    if s.n_expert:
+        w.add_expert_count(s.n_expert)
+        w.add_expert_used_count(s.n_expert_used)
+        w.add_expert_feed_forward_length(s.n_ff_exp)
+    if a == "jamba":
+        _ssm_keys(x)
+    if s.swa:
+        w.add_sliding_window(s.swa)
+        w.add_uint32(f"{a}.attention.sliding_window_pattern", s.swa_pattern)
+    for k, v in s.extra.items():
+        w.add_uint32(k, v) if isinstance(v, int) else w.add_float32(k, v)  # type: ignore[arg-type]
+
+    x.tensor("token_embd.weight", s.n_embd, s.n_vocab)
+    for il in range(s.n_layer):
+        b = f"blk.{il}"
+        n_head, n_head_kv, n_ff = (_per_layer(v, il) for v in (s.n_head, s.n_head_kv, s.n_ff))
+        if a == "jamba" and n_head_kv == 0:
+            x.tensor(f"{b}.attn_norm.weight", s.n_embd)
+            _ssm_tensors(x, b, norms=True)
+        elif n_head:
+            x.tensor(f"{b}.attn_norm.weight", s.n_embd)
+            x.tensor(f"{b}.attn_q.weight", s.n_embd, hd * n_head)
+            x.tensor(f"{b}.attn_k.weight", s.n_embd, hd * n_head_kv)
+            x.tensor(f"{b}.attn_v.weight", s.n_embd, hd * n_head_kv)
+            x.tensor(f"{b}.attn_output.weight", hd * n_head, s.n_embd)
+            if a in ("qwen2", "qwen2moe"):
+                for n, rows in (("q", hd * n_head), ("k", hd * n_head_kv), ("v", hd * n_head_kv)):
+                    x.tensor(f"{b}.attn_{n}.bias", rows)
+            if a in ("gemma3", "qwen3moe"):
+                x.tensor(f"{b}.attn_q_norm.weight", hd)
+                x.tensor(f"{b}.attn_k_norm.weight", hd)
+            if a == "gemma3":
+                x.tensor(f"{b}.post_attention_norm.weight", s.n_embd)
+        if s.n_expert:
+            x.tensor(f"{b}.ffn_norm.weight", s.n_embd)
+            x.tensor(f"{b}.ffn_gate_inp.weight", s.n_embd, s.n_expert, dtype="f32")
+            x.tensor(f"{b}.ffn_gate_exps.weight", s.n_embd, s.n_ff_exp, s.n_expert)
+            x.tensor(f"{b}.ffn_up_exps.weight", s.n_embd, s.n_ff_exp, s.n_expert)
+            x.tensor(f"{b}.ffn_down_exps.weight", s.n_ff_exp, s.n_embd, s.n_expert)
+            n_sh = int(s.extra.get(f"{a}.expert_shared_feed_forward_length", 0))
+            if n_sh:
+                x.tensor(f"{b}.ffn_gate_inp_shexp.weight", s.n_embd, dtype="f32")
+                x.tensor(f"{b}.ffn_gate_shexp.weight", s.n_embd, n_sh)
+                x.tensor(f"{b}.ffn_up_shexp.weight", s.n_embd, n_sh)
+                x.tensor(f"{b}.ffn_down_shexp.weight", n_sh, s.n_embd)
+        elif n_ff:
+            x.tensor(f"{b}.ffn_norm.weight", s.n_embd)
+            x.tensor(f"{b}.ffn_gate.weight", s.n_embd, n_ff)
+            x.tensor(f"{b}.ffn_up.weight", s.n_embd, n_ff)
+            x.tensor(f"{b}.ffn_down.weight", n_ff, s.n_embd)
+            if a == "gemma3":
+                x.tensor(f"{b}.post_ffw_norm.weight", s.n_embd)
+    x.tensor("output_norm.weight", s.n_embd)
+    if not s.tied:
+        x.tensor("output.weight", s.n_embd, s.n_vocab)
+    return _finish(w, path)
+
+
+SSM = {"d_conv": 4, "d_state": 16}  # mamba's d_inner is 2 * n_embd, dt_rank n_embd / 16
+
+
+def _ssm_keys(x: _Writer) -> None:
+    w, n_embd = x.w, x.spec.n_embd
+    w.add_ssm_conv_kernel(SSM["d_conv"])
+    w.add_ssm_inner_size(2 * n_embd)
+    w.add_ssm_state_size(SSM["d_state"])
+    w.add_ssm_time_step_rank(n_embd // 16)
+
+
+def _ssm_tensors(x: _Writer, b: str, norms: bool = False) -> None:
+    """One mamba mixer (jamba's also normalizes dt, B and C)."""
+    n_embd = x.spec.n_embd
+    d_inner, d_state, d_conv, dt_rank = 2 * n_embd, SSM["d_state"], SSM["d_conv"], n_embd // 16
+    x.tensor(f"{b}.ssm_in.weight", n_embd, 2 * d_inner)
+    x.tensor(f"{b}.ssm_conv1d.weight", d_conv, d_inner, dtype="f32")
+    x.tensor(f"{b}.ssm_conv1d.bias", d_inner, dtype="f32")
+    x.tensor(f"{b}.ssm_x.weight", d_inner, dt_rank + 2 * d_state)
+    x.tensor(f"{b}.ssm_dt.weight", dt_rank, d_inner)
+    x.tensor(f"{b}.ssm_dt.bias", d_inner, dtype="f32")
+    if norms:
+        x.tensor(f"{b}.ssm_dt_norm.weight", dt_rank)
+        x.tensor(f"{b}.ssm_b_norm.weight", d_state)
+        x.tensor(f"{b}.ssm_c_norm.weight", d_state)
+    x.tensor(f"{b}.ssm_a", d_state, d_inner, dtype="f32")
+    x.tensor(f"{b}.ssm_d", d_inner, dtype="f32")
+    x.tensor(f"{b}.ssm_out.weight", d_inner, n_embd)
+
+
+def _write_mamba(path: Path, x: _Writer) -> Path:
+    s, w = x.spec, x.w
+    _ssm_keys(x)
+    w.add_layer_norm_rms_eps(1e-5)
+    x.tensor("token_embd.weight", s.n_embd, s.n_vocab)
+    for il in range(s.n_layer):
+        x.tensor(f"blk.{il}.attn_norm.weight", s.n_embd)
+        _ssm_tensors(x, f"blk.{il}")
+    x.tensor("output_norm.weight", s.n_embd)
+    x.tensor("output.weight", s.n_embd, s.n_vocab)
+    return _finish(w, path)
+
+
+def _finish(w: GGUFWriter, path: Path) -> Path:
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def write_all(folder: str | Path, names: list[str] | None = None) -> dict[str, Path]:
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    return {n: write_model(folder / f"{n}.gguf", SPECS[n]) for n in (names or list(SPECS))}
+
+
+if __name__ == "__main__":
+    for name, p in write_all(sys.argv[1] if len(sys.argv) > 1 else "/tmp/synth").items():
+        print(name, p, p.stat().st_size)
