@@ -102,7 +102,8 @@ def _models(files: Iterable[RepoFile]) -> list[RepoFile]:
     return out
 
 
-def _matches(tag: str, path: str) -> bool:
+def matches(tag: str, path: str) -> bool:
+    """Whether user/repo:TAG names this path: TAG, case-insensitively, then '.' or '-' (llama.cpp's rule)."""
     return re.search(re.escape(tag) + r"[.-]", path, re.IGNORECASE) is not None
 
 
@@ -119,7 +120,7 @@ def choose(
     if not models:
         raise ModelNotFound(f"{repo} has no GGUF model files")
     if quant is not None:
-        hits = [f for f in models if _matches(quant, f.path)]
+        hits = [f for f in models if matches(quant, f.path)]
         if len(hits) == 1:
             return Choice(shards_of(files, hits[0]), quant_of(hits[0].path) or quant.upper())
         if not hits:
@@ -129,7 +130,7 @@ def choose(
             f"{quant} matches several files in {repo} ({names}); name one with {repo}:FILE.gguf"
         )
     for tag in DEFAULT_TAGS:
-        hits = [f for f in models if _matches(tag, f.path)]
+        hits = [f for f in models if matches(tag, f.path)]
         if hits:
             return Choice(shards_of(files, hits[0]), tag)
     return Choice(shards_of(files, models[0]), quant_of(models[0].path))

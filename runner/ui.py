@@ -1,15 +1,17 @@
-"""The only module that knows rich: messages, progress and tables, all on stderr.
+"""The only module that knows rich: messages, progress and tables.
 
-stdout belongs to the model's answer; nothing here ever writes to it.
+Messages and progress go to stderr: stdout belongs to the answer. The one exception is table_to,
+which writes a command's answer (a table) to the stream it is given.
 """
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Iterator
+import time
+from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
 from functools import lru_cache
-from typing import Any
+from typing import Any, TextIO
 
 PREFIX = "runner: "
 
@@ -36,6 +38,36 @@ def warn(message: str) -> None:
 def error(message: str) -> None:
     """One line, no traceback: the CLI's way of reporting a RunnerError."""
     console().print(f"[red]{PREFIX}error:[/] {_escape(message)}")
+
+
+def confirm(question: str) -> bool:
+    """Ask on stderr, read one line from stdin: True only for y or yes; end of input is no."""
+    try:
+        answer = console().input(_escape(f"{question} [y/N] "))
+    except EOFError:
+        return False
+    return answer.strip().lower() in {"y", "yes"}
+
+
+def table_to(
+    out: TextIO, columns: Sequence[str], rows: Sequence[Sequence[str]], *, right: Collection[str] = ()
+) -> None:
+    """A command's table on out: aligned with a header on a terminal; piped, tab-separated rows only.
+
+    Piped rows carry no header and no padding, so `cut -f1` or `awk -F'\t'` read them as they are.
+    """
+    if not out.isatty():
+        out.writelines("\t".join(row) + "\n" for row in rows)
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(box=None, header_style="bold", pad_edge=False, padding=(0, 3, 0, 0))
+    for name in columns:
+        table.add_column(name, justify="right" if name in right else "left", overflow="fold")
+    for row in rows:
+        table.add_row(*(_escape(cell) for cell in row))
+    Console(file=out, highlight=False).print(table)
 
 
 @contextmanager
@@ -83,3 +115,18 @@ def human_bytes(n: float) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1000
     raise AssertionError("unreachable")
+
+
+_UNITS = (("year", 365 * 86400), ("month", 30 * 86400), ("week", 7 * 86400), ("day", 86400))
+
+
+def human_since(moment: float | None, now: float | None = None) -> str:
+    """'never', 'today', '3 days ago' ... for a Unix time, to the day (as file access times move)."""
+    if moment is None:
+        return "never"
+    seconds = (time.time() if now is None else now) - moment
+    for unit, size in _UNITS:
+        if seconds >= size:
+            n = int(seconds // size)
+            return f"{n} {unit}{'s' if n > 1 else ''} ago"
+    return "today"

@@ -1,0 +1,115 @@
+"""`runner show`: what a model is, from its GGUF header alone.
+
+A model in a cache (or a local file) is read where it lies; any other is read on the Hub with a few
+HTTP range requests for its header, so nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from math import prod
+from pathlib import Path
+from typing import Any, TextIO
+
+from runner import ui
+from runner.catalog import load_catalog
+from runner.errors import UsageError
+from runner.gguf import GGUFHeader
+from runner.headers import read_model
+from runner.quants import quant_of
+from runner.refs import resolve
+
+TEMPLATE_KEY = "tokenizer.chat_template"
+
+
+def show_model(
+    model: str, *, out: TextIO, template: bool = False, as_json: bool = False, offline: bool = False
+):
+    """MODEL's summary (or, with template, its chat template alone) on out."""
+    if template and as_json:
+        raise UsageError("--template prints the template alone and --json includes it: choose one")
+    ref = resolve(model, load_catalog())
+    read = read_model(ref, offline=offline)
+    summary = summarize(read.merged, display=ref.display, file=read.source, size=read.size)
+    if template:
+        text = summary["chat_template"]
+        if text is None:
+            raise UsageError(f"{ref.display} has no chat template in its GGUF metadata")
+        out.write(text if text.endswith("\n") else text + "\n")
+    elif as_json:
+        out.write(json.dumps(summary, indent=2) + "\n")
+    else:
+        lines = _lines(summary, model)
+        width = max(len(label) for label, _ in lines) + 2
+        out.writelines(f"{label:<{width}}{value}\n" for label, value in lines)
+
+
+def summarize(header: GGUFHeader, *, display: str, file: str, size: int) -> dict[str, Any]:
+    """What `show --json` prints, from one header for the whole model (every shard's tensors)."""
+    tokens = header.get("tokenizer.ggml.tokens")
+    heads = header.arch_get("attention.head_count")
+    template = header.get(TEMPLATE_KEY)
+    return {
+        "model": display,
+        "file": file,
+        "name": header.get("general.name"),
+        "architecture": header.architecture,
+        "parameters": sum(prod(t.shape) for t in header.tensors),
+        "quant": quant_of(Path(file).name) or _dominant_type(header),
+        "context_length": header.arch_get("context_length"),
+        "layers": header.arch_get("block_count"),
+        "heads": heads,
+        "kv_heads": header.arch_get("attention.head_count_kv", heads),
+        "embedding_length": header.arch_get("embedding_length"),
+        "vocab_size": len(tokens) if isinstance(tokens, list) else header.arch_get("vocab_size"),
+        "license": header.get("general.license"),
+        "size_bytes": size,
+        "chat_template": template if isinstance(template, str) else None,
+    }
+
+
+def _dominant_type(header: GGUFHeader) -> str | None:
+    """The ggml type holding most of the weights (matrices only: norms and biases stay F32)."""
+    weights: Counter[str] = Counter()
+    for t in header.tensors:
+        if len(t.shape) >= 2:
+            weights[t.type_name] += prod(t.shape)
+    return weights.most_common(1)[0][0] if weights else None
+
+
+def _lines(s: dict[str, Any], model: str) -> list[tuple[str, str]]:
+    template = f"yes (runner show {model} --template prints it)" if s["chat_template"] else "none"
+    context = s["context_length"]
+    return [
+        ("model", s["model"]),
+        *([("name", s["name"])] if s["name"] else []),
+        ("architecture", s["architecture"] or "?"),
+        ("parameters", _human_count(s["parameters"])),
+        ("quant", s["quant"] or "?"),
+        ("context", f"{context} tokens (trained)" if context else "?"),
+        ("layers", _per_layer(s["layers"])),
+        ("heads", _per_layer(s["heads"])),
+        ("KV heads", _per_layer(s["kv_heads"])),
+        ("embedding", _per_layer(s["embedding_length"])),
+        ("vocabulary", f"{s['vocab_size']} tokens" if s["vocab_size"] else "?"),
+        ("license", s["license"] or "not stated"),
+        ("size", ui.human_bytes(s["size_bytes"])),
+        ("chat template", template),
+        ("file", s["file"]),
+    ]
+
+
+def _per_layer(value: Any) -> str:
+    """A count, or the range of a per-layer array ('0-8 per layer')."""
+    if isinstance(value, list) and value:
+        low, high = min(value), max(value)
+        return str(low) if low == high else f"{low}-{high} per layer"
+    return "?" if value is None else str(value)
+
+
+def _human_count(n: int) -> str:
+    for unit, size in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= size:
+            return f"{n / size:.3g}{unit}"
+    return str(n)
