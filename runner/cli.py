@@ -16,7 +16,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 app = typer.Typer(
     name="runner",
-    help="Run GGUF models locally on llama.cpp: one-shot prompts, shell pipes and chat.",
+    help="Run GGUF models locally on llama.cpp: one-shot prompts and shell pipes.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -30,7 +30,7 @@ EXIT_BROKEN_PIPE = 141  # what a shell reports for a process ended by SIGPIPE, a
 
 @app.callback()
 def _root() -> None:
-    """Run GGUF models locally on llama.cpp: one-shot prompts, shell pipes and chat."""
+    """Run GGUF models locally on llama.cpp: one-shot prompts and shell pipes."""
 
 
 def edge(command: F) -> F:
@@ -97,6 +97,9 @@ def run(
     stop: o.Stop = None,
     ctx: o.Ctx = None,
     threads: o.Threads = None,
+    gpu_layers: o.GpuLayers = None,
+    kv_type: o.KvType = None,
+    force: o.Force = False,
     offline: o.Offline = False,
     json: o.Json = False,
     verbose: o.Verbose = False,
@@ -131,6 +134,9 @@ def run(
         stop=tuple(stop or ()),
         ctx=ctx,
         threads=threads,
+        gpu_layers=gpu_layers,
+        kv_type=kv_type,
+        force=force,
         offline=offline,
         as_json=json,
         verbose=verbose,
@@ -146,10 +152,12 @@ def pull(
     model: o.ModelArg,
     list_: o.ListQuants = False,
     quiet: o.Quiet = False,
+    ctx: o.Ctx = None,
+    force: o.Force = False,
     offline: o.Offline = False,
     debug: o.Debug = False,
 ) -> None:
-    """Download a model (every shard, verified) and print each file's size and path.
+    """Download a model, every shard verified; print sizes and paths.
 
     \b
     Examples:
@@ -162,7 +170,127 @@ def pull(
     if list_:
         list_quants(model, out=sys.stdout)
     else:
-        pull_model(model, out=sys.stdout, quiet=quiet, offline=offline)
+        pull_model(model, out=sys.stdout, quiet=quiet, offline=offline, ctx=ctx, force=force)
+
+
+@app.command("list")
+@edge
+def list_(json: o.JsonList = False, debug: o.Debug = False) -> None:
+    """List cached models: reference, quant, size, last used.
+
+    Piped, the rows are tab-separated with no header (cut -f1 gives the references).
+
+    \b
+    Examples:
+      runner list
+      runner list | cut -f1
+      runner list --json
+    """
+    from runner.cache import list_models
+
+    list_models(out=sys.stdout, as_json=json)
+
+
+app.command("ls", hidden=True)(list_)
+
+
+@app.command(no_args_is_help=True)
+@edge
+def show(
+    model: o.ModelArg,
+    template: o.Template = False,
+    offline: o.Offline = False,
+    json: o.JsonObject = False,
+    debug: o.Debug = False,
+) -> None:
+    """Describe a model from its GGUF header, cached or read on the Hub.
+
+    A model not cached is read on the Hub with range requests: nothing is downloaded.
+
+    \b
+    Examples:
+      runner show smollm2
+      runner show bartowski/Llama-3.2-1B-Instruct-GGUF:Q4_K_M
+      runner show smollm2 --template > template.jinja
+    """
+    from runner.show import show_model
+
+    show_model(model, out=sys.stdout, template=template, as_json=json, offline=offline)
+
+
+@app.command(no_args_is_help=True)
+@edge
+def rm(model: o.ModelArg, yes: o.Yes = False, debug: o.Debug = False) -> None:
+    """Remove a cached model (asks first; shared data stays).
+
+    \b
+    Examples:
+      runner rm smollm2
+      runner rm bartowski/Llama-3.2-1B-Instruct-GGUF:Q4_K_M -y
+    """
+    from runner.cache import remove_model
+
+    remove_model(model, yes=yes, interactive=sys.stdin is not None and sys.stdin.isatty())
+
+
+@app.command(no_args_is_help=True)
+@edge
+def search(
+    text: o.SearchText, limit: o.Limit = o.SEARCH_LIMIT, json: o.JsonList = False, debug: o.Debug = False
+) -> None:
+    """Find GGUF model repos on the Hub, most downloaded first.
+
+    \b
+    Examples:
+      runner search smollm2
+      runner search llama-3.2-1b --limit 5
+      runner search qwen --json
+    """
+    from runner.search import search_hub
+
+    search_hub(text, out=sys.stdout, limit=limit, as_json=json)
+
+
+@app.command(no_args_is_help=True)
+@edge
+def fit(
+    model: o.ModelArg,
+    ctx: o.Ctx = None,
+    kv_type: o.KvType = None,
+    gpu_layers: o.GpuLayers = None,
+    parallel: o.Parallel = 1,
+    offline: o.Offline = False,
+    json: o.JsonObject = False,
+    debug: o.Debug = False,
+) -> None:
+    """Will it fit? Memory per device, the offload plan and a verdict.
+
+    Weights, KV cache, compute and output buffers per device, as the pinned llama.cpp allocates them,
+    from the GGUF header alone: a model not cached is read on the Hub, nothing downloaded.
+
+    For a repo without a quant, one row per quant: size, verdict, the largest context that fits.
+
+    \b
+    Examples:
+      runner fit smollm2
+      runner fit bartowski/Llama-3.2-3B-Instruct-GGUF:Q4_K_M --ctx 32768 --kv-type q8_0
+      runner fit bartowski/Llama-3.2-3B-Instruct-GGUF            # every quant
+      runner fit ./model.gguf --json
+    """
+    from runner.fit import Request, fit_model
+
+    fit_model(
+        Request(
+            model,
+            ctx=ctx,
+            kv_type=kv_type,
+            gpu_layers=gpu_layers,
+            parallel=parallel,
+            offline=offline,
+            as_json=json,
+        ),
+        out=sys.stdout,
+    )
 
 
 def main() -> None:

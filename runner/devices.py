@@ -26,6 +26,7 @@ class Gpu:
     free_bytes: int
     backend: str  # "cuda" or "metal"
     source: str  # where the numbers came from: "nvml", "nvidia-smi", "unified memory"
+    bandwidth: float | None = None  # bytes/s, from NVML's memory clock and bus width
 
 
 @dataclass(frozen=True)
@@ -74,10 +75,22 @@ def _from_nvml() -> list[Gpu]:
             info = pynvml.nvmlDeviceGetMemoryInfo(handle)
             name = pynvml.nvmlDeviceGetName(handle)
             name = name.decode() if isinstance(name, bytes) else str(name)
-            gpus.append(Gpu(i, name, int(info.total), int(info.free), "cuda", "nvml"))
+            gpus.append(
+                Gpu(i, name, int(info.total), int(info.free), "cuda", "nvml", _nvml_bandwidth(pynvml, handle))
+            )
         return gpus
     finally:
         pynvml.nvmlShutdown()
+
+
+def _nvml_bandwidth(pynvml: object, handle: object) -> float | None:
+    """Peak memory bandwidth: memory clock (MHz) x 2 (double data rate) x bus width (bits) / 8."""
+    try:
+        clock = pynvml.nvmlDeviceGetMaxClockInfo(handle, pynvml.NVML_CLOCK_MEM)  # type: ignore[attr-defined]
+        width = pynvml.nvmlDeviceGetMemoryBusWidth(handle)  # type: ignore[attr-defined]
+    except Exception:  # older drivers lack one call or the other
+        return None
+    return clock * 1e6 * 2 * width / 8 if clock and width else None
 
 
 def parse_nvidia_smi(text: str) -> list[Gpu]:

@@ -25,7 +25,7 @@ from typing import Any
 from runner.errors import EngineError, PromptTooLong
 from runner.sampling import SamplingConfig
 
-DEFAULT_CTX = 4096  # llama-cli's usual cap; the memory planner will choose per machine
+DEFAULT_CTX = 8192  # without --ctx: the trained context, at most this (the planner may choose less)
 CTX_STEP = 256  # a suggested --ctx is rounded up to this
 
 FINISH_STOP = "stop"  # end-of-generation token or a stop string
@@ -112,6 +112,16 @@ def supports_gpu_offload() -> bool:
     return bool(llama().llama_supports_gpu_offload())
 
 
+def kv_type_id(name: str) -> int:
+    """The ggml type id of a KV cache type name ('q8_0' -> 8), from the header reader's table."""
+    from runner.gguf import GGML_TYPES
+
+    ids = {type_name.lower(): i for i, (type_name, _, _) in GGML_TYPES.items()}
+    if name.lower() not in ids:
+        raise EngineError(f"unknown KV cache type {name!r}")
+    return ids[name.lower()]
+
+
 def default_threads() -> int:
     """Physical cores, as llama.cpp picks: decode speed is bound by memory, not by hyperthreads."""
     import psutil
@@ -129,6 +139,8 @@ class Engine:
         n_ctx: int | None = None,
         n_threads: int | None = None,
         n_gpu_layers: int | None = None,
+        kv_type: str | None = None,
+        use_gpu: bool = True,
         debug: bool = False,
     ) -> None:
         lib = llama()
@@ -139,7 +151,10 @@ class Engine:
         mparams = lib.llama_model_default_params()
         if n_gpu_layers is None:  # all layers on the GPU when the build can offload, until the planner lands
             n_gpu_layers = -1 if supports_gpu_offload() else 0
-        mparams.n_gpu_layers = self.n_gpu_layers = n_gpu_layers
+        mparams.n_gpu_layers = self.n_gpu_layers = n_gpu_layers if use_gpu else 0
+        if not use_gpu:  # an empty (NULL-terminated) device list: no VRAM at all, not even for compute
+            self._no_devices = (ctypes.c_void_p * 1)(None)
+            mparams.devices = ctypes.cast(self._no_devices, ctypes.c_void_p)
         self._model = lib.llama_model_load_from_file(os.fsencode(self.path), mparams)
         if not self._model:
             raise EngineError(f"llama.cpp could not load {self.path}: {LLAMA_LOG.last_error()}")
@@ -151,6 +166,8 @@ class Engine:
         threads = n_threads or default_threads()
         cparams.n_threads = cparams.n_threads_batch = threads
         cparams.no_perf = True
+        if kv_type is not None:
+            cparams.type_k = cparams.type_v = kv_type_id(kv_type)
         self._ctx = lib.llama_init_from_model(self._model, cparams)
         if not self._ctx:
             lib.llama_model_free(self._model)

@@ -34,6 +34,10 @@ class PromptTooLong(UsageError):
     """The prompt does not fit the context window (never truncated silently)."""
 
 
+class WontFit(RunnerError):
+    """The model would not fit this machine's memory at the context asked for."""
+
+
 class DownloadError(RunnerError):
     """A model could not be fetched from any source."""
 

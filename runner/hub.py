@@ -57,11 +57,11 @@ def locate(ref: HubRef, *, offline: bool = False) -> Path:
     """
     entry = ref.entry
     cached = cached_path(ref)
-    if cached is None and entry is not None and entry.mirror is not None and _mirror_path(entry).exists():
-        cached = _mirror_path(entry)
+    if cached is None and entry is not None and entry.mirror is not None and mirror_path(entry).exists():
+        cached = mirror_path(entry)
     if cached is not None:
         return cached
-    offline = offline or _env_offline()
+    offline = offline or env_offline()
     reason = "runner is offline (HF_HUB_OFFLINE / --offline)" if offline else hub_unreachable()
     if reason is None:
         return pull(ref).path
@@ -79,7 +79,7 @@ def locate(ref: HubRef, *, offline: bool = False) -> Path:
     raise DownloadError(f"cannot fetch {ref.display}: the Hugging Face Hub cannot be reached ({reason})")
 
 
-def _env_offline() -> bool:
+def env_offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in {"1", "true", "yes", "on"}
 
 
@@ -295,7 +295,7 @@ def _download(ref: HubRef, commit: str, file: RepoFile, *, quiet: bool) -> Path:
 # -- PyPI mirrors ------------------------------------------------------------------------------------
 
 
-def _mirror_path(entry: CatalogEntry) -> Path:
+def mirror_path(entry: CatalogEntry) -> Path:
     assert entry.sha256 is not None and entry.file is not None  # catalog enforces it for mirrors
     return cache_dir() / "mirrors" / entry.sha256 / Path(entry.file).name
 
@@ -303,7 +303,7 @@ def _mirror_path(entry: CatalogEntry) -> Path:
 def _from_mirror(entry: CatalogEntry) -> Path:
     from filelock import FileLock
 
-    final = _mirror_path(entry)
+    final = mirror_path(entry)
     final.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(final) + ".lock"):
         if final.exists():  # another process placed it while we waited

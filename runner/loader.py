@@ -1,4 +1,8 @@
-"""MODEL as typed -> a verified local GGUF -> a loaded engine. Every command opens models here."""
+"""MODEL as typed -> a verified local GGUF -> a checked header -> a plan -> a loaded engine.
+
+Every command opens models here, so a bad file fails before llama.cpp sees it, and a model that will
+not fit is refused before anything is allocated (unless forced), with the options that would fit.
+"""
 
 from __future__ import annotations
 
@@ -7,8 +11,10 @@ from pathlib import Path
 
 from runner import ui
 from runner.catalog import load_catalog
-from runner.engine import DEFAULT_CTX, Engine
+from runner.engine import Engine
+from runner.errors import WontFit
 from runner.gguf import GGUFHeader, read_header
+from runner.plan import Plan, make_plan, trained_context
 from runner.refs import LocalRef, ModelRef, resolve
 from runner.sampling import check_range
 
@@ -21,6 +27,7 @@ class LoadedModel:
     name: str
     path: Path
     header: GGUFHeader
+    plan: Plan
     engine: Engine
 
     def close(self) -> None:
@@ -36,9 +43,47 @@ def locate(model: str, *, offline: bool = False) -> tuple[ModelRef, Path]:
     return ref, hub.locate(ref, offline=offline)
 
 
-def trained_context(header: GGUFHeader) -> int | None:
-    value = header.arch_get("context_length")
-    return value if isinstance(value, int) and value > 0 else None
+def plan_for(
+    header: GGUFHeader,
+    name: str,
+    *,
+    ctx: int | None = None,
+    gpu_layers: int | None = None,
+    kv_type: str | None = None,
+    force: bool = False,
+) -> Plan:
+    """The plan to load with; refuses (WontFit) what this machine cannot hold, unless forced."""
+    from runner import devices
+
+    if ctx is not None:
+        check_range(ctx, "--ctx", MIN_CTX, None)
+    trained = trained_context(header)
+    if ctx is not None and trained is not None and ctx > trained:
+        ui.warn(
+            f"--ctx {ctx} is beyond the {trained:,} tokens this model was trained on; answers may degrade"
+        )
+    machine = devices.probe()
+    hint = machine.reinstall_hint()
+    if hint:
+        ui.warn(f"this llama.cpp build cannot use the {machine.gpus[0].name}; for a GPU build: {hint}")
+    plan = make_plan(header, machine, ctx=ctx, gpu_layers=gpu_layers, kv_type=kv_type)
+    if not plan.fits and not force:
+        raise WontFit(describe_refusal(name, plan))
+    return plan
+
+
+def describe_refusal(name: str, plan: Plan) -> str:
+    short = [
+        f"{v.device.upper()} needs {ui.human_bytes(v.needed_bytes)}, has {ui.human_bytes(v.budget_bytes)}"
+        for v in plan.verdicts
+        if not v.fits
+    ]
+    where = "on the GPU" if plan.n_gpu_layers else "in RAM"
+    options = "; try " + " or ".join(plan.alternatives) if plan.alternatives else ""
+    return (
+        f"{name} does not fit {where} at a {plan.n_ctx:,}-token context ({', '.join(short)}){options}; "
+        "`runner fit` shows the whole estimate, --force loads it anyway"
+    )
 
 
 def open_model(
@@ -47,22 +92,25 @@ def open_model(
     ctx: int | None = None,
     threads: int | None = None,
     gpu_layers: int | None = None,
+    kv_type: str | None = None,
+    force: bool = False,
     offline: bool = False,
     debug: bool = False,
 ) -> LoadedModel:
-    """Resolve, fetch if needed, check the header, then load: bad files fail before llama.cpp sees them."""
-    if ctx is not None:
-        check_range(ctx, "--ctx", MIN_CTX, None)
+    """Resolve, fetch if needed, check the header, plan, then load."""
     if threads is not None:
         check_range(threads, "--threads", 1, MAX_THREADS)
     ref, path = locate(model, offline=offline)
     header = read_header(path)
     header.check_complete()
-    trained = trained_context(header)
-    if ctx is not None and trained is not None and ctx > trained:
-        ui.warn(
-            f"--ctx {ctx} is beyond the {trained:,} tokens this model was trained on; answers may degrade"
-        )
-    n_ctx = ctx or min(DEFAULT_CTX, trained or DEFAULT_CTX)
-    engine = Engine(path, n_ctx=n_ctx, n_threads=threads, n_gpu_layers=gpu_layers, debug=debug)
-    return LoadedModel(name=ref.display, path=path, header=header, engine=engine)
+    plan = plan_for(header, ref.display, ctx=ctx, gpu_layers=gpu_layers, kv_type=kv_type, force=force)
+    engine = Engine(
+        path,
+        n_ctx=ctx or plan.n_ctx,
+        n_threads=threads,
+        n_gpu_layers=plan.n_gpu_layers if gpu_layers is None else gpu_layers,
+        kv_type=kv_type,
+        use_gpu=plan.use_gpu or gpu_layers is not None,
+        debug=debug,
+    )
+    return LoadedModel(name=ref.display, path=path, header=header, plan=plan, engine=engine)

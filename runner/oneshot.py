@@ -25,6 +25,9 @@ class RunRequest:
     stop: tuple[str, ...] = ()
     ctx: int | None = None
     threads: int | None = None
+    gpu_layers: int | None = None
+    kv_type: str | None = None
+    force: bool = False
     offline: bool = False
     as_json: bool = False
     verbose: bool = False
@@ -38,7 +41,14 @@ def run_once(request: RunRequest, *, stdin: BinaryIO | None, out: TextIO) -> Res
         raise UsageError("--stop needs a non-empty string")
     prompt = read_prompt(request.prompt, stdin)
     loaded = open_model(
-        request.model, ctx=request.ctx, threads=request.threads, offline=request.offline, debug=request.debug
+        request.model,
+        ctx=request.ctx,
+        threads=request.threads,
+        gpu_layers=request.gpu_layers,
+        kv_type=request.kv_type,
+        force=request.force,
+        offline=request.offline,
+        debug=request.debug,
     )
     try:
         sampling = resolve_sampling(loaded.header.metadata, request.sampling)

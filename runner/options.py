@@ -73,7 +73,7 @@ Stop = Annotated[
 Ctx = Annotated[
     Optional[int],
     typer.Option(
-        help="Context window in tokens [default: the trained context, at most 4096]",
+        help="Context window in tokens [default: the most that fits, up to the trained context and 8192]",
         rich_help_panel=LIMITS,
         show_default=False,
     ),
@@ -90,6 +90,40 @@ Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")]
 ListQuants = Annotated[
     bool, typer.Option("--list", help="List the repo's quants and sizes; download nothing.")
 ]
+Yes = Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")]
+Template = Annotated[bool, typer.Option("--template", help="Print the model's chat template alone.")]
+SearchText = Annotated[
+    str, typer.Argument(help="Text to find in repo names, e.g. llama-3.2-1b.", show_default=False)
+]
+SEARCH_LIMIT = 20
+Limit = Annotated[int, typer.Option("--limit", "-n", min=1, max=1000, help="Show at most N repos.")]
+JsonList = Annotated[
+    bool,
+    typer.Option("--json", help="Print a JSON list of objects instead of the table.", rich_help_panel=OUTPUT),
+]
+JsonObject = Annotated[
+    bool, typer.Option("--json", help="Print one JSON object instead of text.", rich_help_panel=OUTPUT)
+]
+
+GpuLayers = Annotated[
+    Optional[int],
+    typer.Option(
+        help="Layers on the GPU, the output layer counting as one; -1 = all [default: the plan]",
+        rich_help_panel=LIMITS,
+        show_default=False,
+    ),
+]
+KvType = Annotated[
+    Optional[str],
+    typer.Option(
+        help="KV cache type: f16, q8_0, q4_0 ... [default: f16]", rich_help_panel=LIMITS, show_default=False
+    ),
+]
+Force = Annotated[
+    bool,
+    typer.Option("--force", help="Load even when the estimate says it will not fit.", rich_help_panel=LIMITS),
+]
+Parallel = Annotated[int, typer.Option(help="Sequences decoded at once (each gets its KV cache).")]
 
 Json = Annotated[
     bool,

@@ -7,12 +7,26 @@ from typing import TextIO
 from runner import hub, ui
 from runner.catalog import load_catalog
 from runner.errors import UsageError
-from runner.quants import offer
+from runner.headers import read_remote
+from runner.loader import plan_for
+from runner.quants import choose, offer
 from runner.refs import HubRef, LocalRef, resolve
 
 
-def pull_model(model: str, *, out: TextIO, quiet: bool = False, offline: bool = False) -> None:
-    """Download (or find cached) every file MODEL needs; one line per file on stdout: size and path."""
+def pull_model(
+    model: str,
+    *,
+    out: TextIO,
+    quiet: bool = False,
+    offline: bool = False,
+    ctx: int | None = None,
+    force: bool = False,
+) -> None:
+    """Download (or find cached) every file MODEL needs; one line per file on stdout: size and path.
+
+    Before downloading, the model's header is read on the Hub and the memory plan made: what will not
+    fit this machine at ctx is refused (unless forced) before a byte of weights moves.
+    """
     ref = resolve(model, load_catalog())
     if isinstance(ref, LocalRef):
         raise UsageError(f"{model} is a local file; pull takes an alias or a Hub repo")
@@ -24,6 +38,11 @@ def pull_model(model: str, *, out: TextIO, quiet: bool = False, offline: bool = 
         path = hub.locate(ref, offline=True)
         out.write(f"{ui.human_bytes(path.stat().st_size)}\t{path}\n")
         return
+    commit, files = hub.remote_listing(ref)
+    choice = choose(files, ref.repo, quant=ref.quant, file=ref.file)
+    if hub.cached_path(ref) is None:
+        model_headers = read_remote(ref, commit, choice, quiet=True)
+        plan_for(model_headers.merged, ref.display, ctx=ctx, force=force)
     pulled = hub.pull(ref, quiet=quiet)
     ui.info(f"{ref.display}: {pulled.choice.quant or pulled.choice.primary.path} at {pulled.commit[:12]}")
     for file, path in zip(pulled.choice.files, pulled.paths, strict=True):

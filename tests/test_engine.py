@@ -157,3 +157,10 @@ def test_context_full_stops_with_length(smollm2_path) -> None:
     assert result.finish_reason == FINISH_LENGTH
     assert result.context_full
     assert len(prompt) + result.timings.completion_tokens == small.n_ctx  # llama.cpp rounds 64 up
+
+
+def test_loading_with_no_gpu_device_runs_on_the_cpu(smollm2_path) -> None:
+    with Engine(smollm2_path, n_ctx=256, n_threads=2, use_gpu=False) as cpu:
+        assert cpu.n_gpu_layers == 0
+        result = cpu.generate(cpu.tokenize("1, 2, 3,"), GREEDY, max_tokens=4)
+    assert result.text.strip().startswith("4")

@@ -248,24 +248,45 @@ def _cli(fake_hub: FakeHub, *args: str) -> subprocess.CompletedProcess[bytes]:
     return subprocess.run([sys.executable, "-m", "runner", *args], env=env, capture_output=True, timeout=120)
 
 
-def test_pull_prints_size_and_path_per_file_and_list_downloads_nothing(fake_hub: FakeHub) -> None:
-    shards = {f"Q8_0/big-Q8_0-0000{i}-of-00002.gguf": blob(f"p{i}") for i in (1, 2)}
-    fake_hub.add_repo("user/big-GGUF", {**shards, "big-Q4_K_M.gguf": blob("p4"), "mmproj-big-f16.gguf": blob("m")})
+def test_pull_prints_size_and_path_per_file_and_list_downloads_nothing(
+    fake_hub: FakeHub, tmp_path: Path
+) -> None:
+    from runner.ui import human_bytes
+    from tests.test_manage import write_gguf
+
+    shards = {
+        f"Q8_0/big-Q8_0-0000{i}-of-00002.gguf": write_gguf(tmp_path / f"s{i}.gguf", layers=i) for i in (1, 2)
+    }
+    q4 = write_gguf(tmp_path / "q4.gguf", layers=3)
+    fake_hub.add_repo("user/big-GGUF", {**shards, "big-Q4_K_M.gguf": q4, "mmproj-big-f16.gguf": blob("m")})
+    sizes = [p.stat().st_size for p in shards.values()]
     listed = _cli(fake_hub, "pull", "user/big-GGUF", "--list")
     assert listed.returncode == 0, listed.stderr
     assert listed.stdout.decode().splitlines() == [
-        "Q8_0     400.0 KB  Q8_0/big-Q8_0-00001-of-00002.gguf (2 shards)",
-        "Q4_K_M   200.0 KB  big-Q4_K_M.gguf",
+        f"Q8_0    {human_bytes(sum(sizes)):>9}  Q8_0/big-Q8_0-00001-of-00002.gguf (2 shards)",
+        f"Q4_K_M  {human_bytes(q4.stat().st_size):>9}  big-Q4_K_M.gguf",
     ]
     assert fake_hub.count("cdn-lfs") == 0
     done = _cli(fake_hub, "pull", "hf.co/user/big-GGUF:q8_0")
     assert done.returncode == 0, done.stderr
     lines = done.stdout.decode().splitlines()
-    assert [line.split("\t")[0] for line in lines] == ["200.0 KB", "200.0 KB"]
+    assert [line.split("\t")[0] for line in lines] == [human_bytes(n) for n in sizes]
     assert [Path(line.split("\t")[1]).name for line in lines] == [Path(p).name for p in shards]
     assert b"Q8_0 at" in done.stderr
     missing = _cli(fake_hub, "pull", "user/big-GGUF:Q3_K_S")
     assert missing.returncode == 2
     assert missing.stderr.decode().strip() == (
-        "runner: error: user/big-GGUF has no Q3_K_S file; it offers: Q8_0 400.0 KB, Q4_K_M 200.0 KB"
+        "runner: error: user/big-GGUF has no Q3_K_S file; it offers: "
+        f"Q8_0 {human_bytes(sum(sizes))}, Q4_K_M {human_bytes(q4.stat().st_size)}"
     )
+
+
+def test_pull_refuses_what_will_not_fit_before_downloading(fake_hub: FakeHub, tmp_path: Path) -> None:
+    from tests.test_manage import write_gguf
+
+    fake_hub.add_repo("user/tiny-GGUF", {"tiny-Q4_K_M.gguf": write_gguf(tmp_path / "t.gguf")})
+    refused = _cli(fake_hub, "pull", "user/tiny-GGUF", "--ctx", "4000000000")
+    assert refused.returncode == 1
+    assert b"does not fit in RAM" in refused.stderr and b"--force loads it anyway" in refused.stderr
+    assert fake_hub.sent("cdn-lfs") < 100_000  # the header only
+    assert cached_path(ref("user/tiny-GGUF")) is None

@@ -1,0 +1,297 @@
+"""`runner fit`: weights, KV cache and compute per device, the plan, and a verdict, before any download."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from typing import TextIO
+
+from runner import devices, hub, ui
+from runner.catalog import load_catalog
+from runner.devices import Machine
+from runner.gguf import GGUFHeader
+from runner.headers import ModelHeaders, read_model, read_remote
+from runner.plan import Plan, largest_context, make_plan, trained_context
+from runner.quants import offer
+from runner.refs import HubRef, LocalRef, resolve
+from runner.sampling import check_range
+
+BANDWIDTH_PROBE_BYTES = 64 << 20
+
+
+@dataclass(frozen=True)
+class Request:
+    model: str
+    ctx: int | None = None
+    kv_type: str | None = None
+    gpu_layers: int | None = None
+    parallel: int = 1
+    offline: bool = False
+    as_json: bool = False
+
+
+def fit_model(request: Request, *, out: TextIO) -> None:
+    check_range(request.parallel, "--parallel", 1, 256)
+    ref = resolve(request.model, load_catalog())
+    machine = devices.probe()
+    if isinstance(ref, HubRef) and ref.quant is None and ref.file is None and ref.entry is None:
+        _per_quant(ref, request, machine, out)
+        return
+    model = read_model(ref, offline=request.offline)
+    plan = _plan(model.merged, machine, request)
+    speed = decode_speed(model.merged, plan, machine)
+    if request.as_json:
+        out.write(json.dumps(to_json(ref, model, plan, machine, speed)) + "\n")
+        return
+    _describe(ref, model, plan, machine, speed, out)
+
+
+def _plan(header: GGUFHeader, machine: Machine, request: Request) -> Plan:
+    return make_plan(
+        header,
+        machine,
+        ctx=request.ctx,
+        gpu_layers=request.gpu_layers,
+        kv_type=request.kv_type,
+        n_seq=request.parallel,
+    )
+
+
+def verdict(plan: Plan) -> str:
+    if not plan.fits:
+        return "does not fit"
+    if plan.n_gpu_layers == 0:
+        return "fits, CPU only"
+    return (
+        "fits fully on the GPU"
+        if plan.full_offload
+        else f"fits partly on the GPU ({plan.n_gpu_layers} layers)"
+    )
+
+
+def to_json(
+    ref: LocalRef | HubRef, model: ModelHeaders, plan: Plan, machine: Machine, speed: float | None
+) -> dict:
+    est = plan.estimate
+    budgets = {v.device: v for v in plan.verdicts}
+    return {
+        "model": ref.display,
+        "file": model.source,
+        "size_bytes": model.size,
+        "ctx": plan.n_ctx,
+        "trained_ctx": trained_context(model.headers[0]),
+        "gpu_layers": plan.n_gpu_layers,
+        "layers": est.n_layers,
+        "kv_type": plan.type_k,
+        "fits": plan.fits,
+        "verdict": verdict(plan),
+        "estimate": {
+            "weights_bytes": est.weights_bytes,
+            "kv_bytes": est.kv_bytes,
+            "compute_bytes": est.compute_bytes,
+            "output_bytes": est.output_bytes,
+            "overhead_bytes": est.overhead_bytes,
+            "total_bytes": est.total_bytes,
+        },
+        "devices": [
+            {
+                "device": d.device,
+                "weights_bytes": d.weights_bytes,
+                "kv_bytes": d.kv_bytes,
+                "compute_bytes": d.compute_bytes,
+                "output_bytes": d.output_bytes,
+                "total_bytes": budgets[d.device].needed_bytes,
+                "available_bytes": budgets[d.device].budget_bytes,
+                "fits": budgets[d.device].fits,
+            }
+            for d in est.devices
+        ],
+        "machine": {
+            "ram_total_bytes": machine.ram_total_bytes,
+            "ram_available_bytes": machine.ram_available_bytes,
+            "gpus": [
+                {"name": g.name, "total_bytes": g.total_bytes, "free_bytes": g.free_bytes}
+                for g in machine.gpus
+            ],
+            "can_offload": machine.can_offload,
+        },
+        "alternatives": list(plan.alternatives),
+        "decode_tokens_per_s_estimate": round(speed, 1) if speed else None,
+    }
+
+
+def _describe(
+    ref: LocalRef | HubRef,
+    model: ModelHeaders,
+    plan: Plan,
+    machine: Machine,
+    speed: float | None,
+    out: TextIO,
+) -> None:
+    h, est = model.headers[0], plan.estimate
+    trained = trained_context(h)
+    rows = [
+        (
+            "model",
+            f"{ref.display} ({h.architecture}, {est.n_layers - 1} layers, {ui.human_bytes(model.size)})",
+        ),
+        ("context", f"{plan.n_ctx:,} tokens" + (f" (trained {trained:,})" if trained else "")),
+        ("KV cache type", plan.type_k),
+    ]
+    if machine.usable_gpus:
+        rows.append(
+            ("offload", f"{plan.n_gpu_layers} of {est.n_layers} layers on {machine.usable_gpus[0].name}")
+        )
+    else:
+        rows.append(
+            (
+                "offload",
+                "none: " + ("no GPU found" if not machine.gpus else "this llama.cpp build is CPU-only"),
+            )
+        )
+    width = max(len(r[0]) for r in rows) + 2
+    out.writelines(f"{label:<{width}}{value}\n" for label, value in rows)
+    out.write("\n")
+    header = ("device", "weights", "KV cache", "compute", "output", "needs", "available", "")
+    table = [header]
+    budgets = {v.device: v for v in plan.verdicts}
+    for d in est.devices:
+        v = budgets[d.device]
+        table.append(
+            (
+                d.device.upper(),
+                *(
+                    ui.human_bytes(n)
+                    for n in (
+                        d.weights_bytes,
+                        d.kv_bytes,
+                        d.compute_bytes,
+                        d.output_bytes,
+                        v.needed_bytes,
+                        v.budget_bytes,
+                    )
+                ),
+                "fits" if v.fits else "DOES NOT FIT",
+            )
+        )
+    widths = [max(len(row[i]) for row in table) for i in range(len(header))]
+    for row in table:
+        out.write(
+            "  ".join(
+                cell.ljust(w) if i == 0 else cell.rjust(w)
+                for i, (cell, w) in enumerate(zip(row, widths, strict=True))
+            ).rstrip()
+            + "\n"
+        )
+    out.write("\n")
+    cpu = est.device("cpu")
+    if cpu is not None and est.host_rss_bytes and est.host_rss_bytes != cpu.total_bytes:
+        out.write(
+            f"CPU needs what the process will hold: of the {ui.human_bytes(cpu.compute_bytes)} compute "
+            "buffer, only the pages a batch writes\n"
+        )
+    out.write(f"verdict: {verdict(plan)}\n")
+    if plan.alternatives:
+        out.write(f"would fit: {' or '.join(plan.alternatives)}\n")
+    if speed and plan.fits:
+        out.write(f"decode: ~{speed:.0f} tok/s at most (estimate: bytes read per token / memory bandwidth)\n")
+    hint = machine.reinstall_hint()
+    if hint:
+        out.write(f"a GPU build: {hint}\n")
+
+
+def _per_quant(ref: HubRef, request: Request, machine: Machine, out: TextIO) -> None:
+    commit, files = hub.remote_listing(ref)
+    rows = []
+    for choice in offer(files):
+        model = read_remote(ref, commit, choice, quiet=True)
+        plan = _plan(model.merged, machine, request)
+        largest = _largest_ctx(model.merged, machine, request, plan)
+        rows.append((choice, model, plan, largest))
+    if request.as_json:
+        out.write(
+            json.dumps(
+                [
+                    {
+                        "quant": c.quant,
+                        "file": c.primary.path,
+                        "size_bytes": m.size,
+                        "fits": p.fits,
+                        "verdict": verdict(p),
+                        "ctx": p.n_ctx,
+                        "gpu_layers": p.n_gpu_layers,
+                        "largest_ctx": big,
+                    }
+                    for c, m, p, big in rows
+                ]
+            )
+            + "\n"
+        )
+        return
+    out.write(f"{'quant':<10}{'size':>10}  {'verdict':<30}{'largest context':>16}  file\n")
+    for choice, model, plan, largest in rows:
+        big = f"{largest:,}" if largest else "-"
+        out.write(
+            f"{(choice.quant or '?'):<10}{ui.human_bytes(model.size):>10}  {verdict(plan):<30}{big:>16}  "
+            f"{choice.primary.path}\n"
+        )
+
+
+def _largest_ctx(header: GGUFHeader, machine: Machine, request: Request, plan: Plan) -> int | None:
+    """The largest context up to the trained one that fits with the plan's offload."""
+    kv = request.kv_type or "f16"
+    return largest_context(
+        header,
+        machine,
+        upper=trained_context(header) or 4096,
+        n_gpu_layers=plan.n_gpu_layers,
+        kv=(kv, kv),
+        n_seq=request.parallel,
+    )
+
+
+def cpu_bandwidth() -> float:
+    """Bytes per second one core moves in a memcpy (read + write), best of three, pages touched first."""
+    src = bytearray(b"\x01") * BANDWIDTH_PROBE_BYTES
+    dst = bytearray(src)
+    best = float("inf")
+    for _ in range(3):
+        start = time.perf_counter()
+        dst[:] = src
+        best = min(best, time.perf_counter() - start)
+    return 2 * BANDWIDTH_PROBE_BYTES / best if best > 0 else 0.0
+
+
+def bytes_per_token(header: GGUFHeader, plan: Plan) -> int:
+    """Weights read to decode one token: all but the embedding table (one row), active experts only."""
+    n_expert = header.arch_get("expert_count") or 0
+    n_used = header.arch_get("expert_used_count") or 0
+    total = 0
+    for t in header.tensors:
+        if t.name == "token_embd.weight":
+            continue
+        share = n_used / n_expert if n_expert and "_exps" in t.name else 1.0
+        total += int(t.nbytes * share)
+    return total + plan.estimate.kv_bytes // 8  # the cache read at about an eighth full
+
+
+def decode_speed(header: GGUFHeader, plan: Plan, machine: Machine) -> float | None:
+    """Tokens per second if decode is bound by memory bandwidth, the layers split as planned.
+
+    GPU bandwidth comes from NVML (memory clock x bus width); without it a GPU plan gets no figure.
+    """
+    per_token = bytes_per_token(header, plan)
+    gpu_share = plan.n_gpu_layers / plan.estimate.n_layers if plan.estimate.n_layers else 0.0
+    seconds = 0.0
+    if gpu_share:
+        gpu_bw = machine.usable_gpus[0].bandwidth if machine.usable_gpus else None
+        if not gpu_bw:
+            return None
+        seconds += per_token * gpu_share / gpu_bw
+    if gpu_share < 1:
+        cpu_bw = cpu_bandwidth()
+        if not cpu_bw:
+            return None
+        seconds += per_token * (1 - gpu_share) / cpu_bw
+    return 1 / seconds if seconds > 0 else None

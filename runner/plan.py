@@ -1,0 +1,213 @@
+"""Will it fit? From a GGUF header and this machine to an offload, a context and a verdict.
+
+The estimate is runner.memory's (what the pinned llama.cpp allocates); the plan adds a safety margin per
+device and searches: the context the user asked for (or the largest up to DEFAULT_CTX_CAP and the trained
+context), every layer on the GPU if the build can offload, else as many layers as fit. When nothing fits
+it names the nearest options that do.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from runner.devices import Machine
+from runner.engine import DEFAULT_CTX
+from runner.errors import InvalidSetting
+from runner.memory import Estimate, estimate
+
+DEFAULT_CTX_CAP = DEFAULT_CTX  # without --ctx: the trained context, at most this
+MIN_AUTO_CTX = 2048  # without --ctx, a smaller context than this is offered, not chosen
+CPU_MARGIN = 0.10  # of the RAM available now: the OS, the shell, other programs
+GPU_MARGIN_MIN = 256 << 20  # per GPU: at least this, or GPU_MARGIN of its memory
+GPU_MARGIN = 0.03
+
+
+@dataclass(frozen=True)
+class Verdict:
+    device: str  # "cpu" or "gpu"
+    needed_bytes: int
+    budget_bytes: int  # what the device has now, less the margin
+
+    @property
+    def fits(self) -> bool:
+        return self.needed_bytes <= self.budget_bytes
+
+
+@dataclass(frozen=True)
+class Plan:
+    n_ctx: int
+    n_gpu_layers: int  # layers on the GPU, the output layer counting as one; 0: CPU only
+    type_k: str
+    type_v: str
+    estimate: Estimate
+    verdicts: tuple[Verdict, ...]
+    alternatives: tuple[str, ...] = field(default_factory=tuple)  # options that fit, when this does not
+    use_gpu: bool = (
+        False  # False on a GPU machine: load with no GPU device (no VRAM at all, not even compute)
+    )
+
+    @property
+    def fits(self) -> bool:
+        return all(v.fits for v in self.verdicts)
+
+    @property
+    def full_offload(self) -> bool:
+        return self.n_gpu_layers == self.estimate.n_layers
+
+
+def budgets(machine: Machine) -> dict[str, int]:
+    out = {"cpu": int(machine.ram_available_bytes * (1 - CPU_MARGIN))}
+    gpus = machine.usable_gpus
+    if gpus:  # one GPU: llama.cpp's layer split over several is not modelled yet
+        gpu = gpus[0]
+        out["gpu"] = max(0, gpu.free_bytes - max(GPU_MARGIN_MIN, int(gpu.total_bytes * GPU_MARGIN)))
+    return out
+
+
+def check(est: Estimate, machine: Machine) -> tuple[Verdict, ...]:
+    have = budgets(machine)
+    verdicts = []
+    for usage in est.devices:
+        needed = est.host_rss_bytes if usage.device == "cpu" and est.host_rss_bytes else usage.total_bytes
+        verdicts.append(Verdict(usage.device, needed, have.get(usage.device, 0)))
+    return tuple(verdicts)
+
+
+def trained_context(header: Any) -> int | None:
+    value = header.arch_get("context_length")
+    return value if isinstance(value, int) and value > 0 else None
+
+
+def _try(
+    header: Any,
+    machine: Machine,
+    n_ctx: int,
+    n_gpu_layers: int,
+    kv: tuple[str, str],
+    n_seq: int,
+    *,
+    use_gpu: bool | None = None,
+) -> Plan:
+    use_gpu = bool(machine.usable_gpus) if use_gpu is None else use_gpu
+    try:
+        est = estimate(
+            header,
+            n_ctx=n_ctx,
+            n_gpu_layers=n_gpu_layers if use_gpu else 0,
+            n_seq=n_seq,
+            type_k=kv[0],
+            type_v=kv[1],
+            gpu=use_gpu,
+        )
+    except ValueError as exc:  # e.g. an unknown KV type, or a quantized V cache without flash attention
+        raise InvalidSetting(f"--kv-type {kv[1]}: {exc}") from exc
+    return Plan(
+        n_ctx=est.n_ctx,
+        n_gpu_layers=est.n_gpu_layers,
+        type_k=kv[0],
+        type_v=kv[1],
+        estimate=est,
+        verdicts=check(est, machine),
+        use_gpu=use_gpu,
+    )
+
+
+def _contexts(top: int, floor: int) -> list[int]:
+    """top, then halvings down to floor (each a multiple of 256, as llama.cpp pads them)."""
+    out, n = [], top
+    while n >= floor:
+        out.append(n)
+        n //= 2
+    return out or [top]
+
+
+def _most_layers(header: Any, machine: Machine, n_ctx: int, kv: tuple[str, str], n_seq: int) -> Plan | None:
+    """The plan with the most GPU layers that fits at n_ctx (binary search; fewer layers, less VRAM)."""
+    lo, hi, best = 0, _try(header, machine, n_ctx, -1, kv, n_seq).estimate.n_layers, None
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        plan = _try(header, machine, n_ctx, mid, kv, n_seq)
+        if plan.fits:
+            best, lo = plan, mid + 1
+        else:
+            hi = mid - 1
+    return best
+
+
+def make_plan(
+    header: Any,
+    machine: Machine,
+    *,
+    ctx: int | None = None,
+    gpu_layers: int | None = None,
+    kv_type: str | None = None,
+    n_seq: int = 1,
+) -> Plan:
+    """The offload and context to load with; `fits` False means none was found (see alternatives)."""
+    kv = (kv_type or "f16", kv_type or "f16")
+    trained = trained_context(header) or DEFAULT_CTX_CAP
+    top = ctx or min(trained, DEFAULT_CTX_CAP)
+    contexts = [top] if ctx else _contexts(top, min(MIN_AUTO_CTX, top))
+    gpu = bool(machine.usable_gpus)
+    layers = 0 if not gpu else (-1 if gpu_layers is None else gpu_layers)
+
+    first = None
+    for n_ctx in contexts:
+        plan = _try(header, machine, n_ctx, layers, kv, n_seq)
+        first = first or plan
+        if plan.fits:
+            return plan
+    if gpu and gpu_layers is None:
+        partial = _most_layers(header, machine, top, kv, n_seq)
+        if partial is not None and partial.n_gpu_layers > 0:
+            return partial
+        for n_ctx in contexts:  # with a GPU device, even 0 layers use VRAM for compute: drop the GPU
+            cpu_only = _try(header, machine, n_ctx, 0, kv, n_seq, use_gpu=False)
+            if cpu_only.fits:
+                return cpu_only
+    assert first is not None
+    return replace(first, alternatives=tuple(_alternatives(header, machine, first, n_seq)))
+
+
+def largest_context(
+    header: Any, machine: Machine, *, upper: int, n_gpu_layers: int, kv: tuple[str, str], n_seq: int = 1
+) -> int | None:
+    """The largest context up to `upper` (a multiple of 256, as llama.cpp pads) that fits, or None."""
+    lo, hi, best = 1, upper // 256, None
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        if _try(header, machine, mid * 256, n_gpu_layers, kv, n_seq).fits:
+            best, lo = mid * 256, mid + 1
+        else:
+            hi = mid - 1
+    return best
+
+
+def _alternatives(header: Any, machine: Machine, failed: Plan, n_seq: int) -> list[str]:
+    """The nearest options that fit: a smaller context, a quantized KV cache, partial offload."""
+    out = []
+    kv = (failed.type_k, failed.type_v)
+    upper = min(failed.n_ctx - 256, trained_context(header) or failed.n_ctx)
+    layers = failed.n_gpu_layers or 0
+    smaller = largest_context(header, machine, upper=upper, n_gpu_layers=layers, kv=kv, n_seq=n_seq)
+    if smaller:
+        out.append(f"--ctx {smaller}")
+    if failed.type_k == "f16":
+        try:
+            quantized = _try(header, machine, failed.n_ctx, layers, ("q8_0", "q8_0"), n_seq)
+            if quantized.fits:
+                out.append("--kv-type q8_0")
+            else:
+                q8 = largest_context(
+                    header, machine, upper=upper, n_gpu_layers=layers, kv=("q8_0", "q8_0"), n_seq=n_seq
+                )
+                if q8 and (smaller is None or q8 > smaller):
+                    out.append(f"--kv-type q8_0 --ctx {q8}")
+        except InvalidSetting:  # q8_0 V needs flash attention, which this model may not get
+            pass
+    if machine.usable_gpus:
+        partial = _most_layers(header, machine, failed.n_ctx, kv, n_seq)
+        if partial is not None and partial.n_gpu_layers < failed.estimate.n_layers:
+            out.append(f"--gpu-layers {partial.n_gpu_layers}")
+    return out

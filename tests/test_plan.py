@@ -1,0 +1,120 @@
+"""The planner and `runner fit`: the real SmolLM2 header, machines of hand-picked sizes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from runner.devices import Gpu, Machine
+from runner.errors import WontFit
+from runner.gguf import read_header
+from runner.loader import plan_for
+from runner.memory import estimate
+from runner.plan import CPU_MARGIN, make_plan
+from tests.conftest import run_cli
+
+GB = 10**9
+MB = 10**6
+
+
+@pytest.fixture(scope="module")
+def header(smollm2_path: Path):
+    return read_header(smollm2_path)
+
+
+def cpu_machine(available: int) -> Machine:
+    return Machine(ram_total_bytes=64 * GB, ram_available_bytes=available)
+
+
+def gpu_machine(free: int, ram: int = 64 * GB) -> Machine:
+    gpu = Gpu(0, "Test GPU", free + 1 * GB, free, "cuda", "nvml", bandwidth=1e12)
+    return Machine(ram, ram, (gpu,), can_offload=True)
+
+
+def test_cpu_plan_takes_the_trained_context_up_to_the_cap(header) -> None:
+    plan = make_plan(header, cpu_machine(16 * GB))
+    assert (plan.n_ctx, plan.n_gpu_layers, plan.fits) == (8192, 0, True)
+    assert plan.verdicts[0].budget_bytes == int(16 * GB * (1 - CPU_MARGIN))
+
+
+def test_without_ctx_a_smaller_machine_gets_a_smaller_context(header) -> None:
+    need_8k = estimate(header, n_ctx=8192).host_rss_bytes
+    need_4k = estimate(header, n_ctx=4096).host_rss_bytes
+    available = int((need_4k + (need_8k - need_4k) / 2) / (1 - CPU_MARGIN))  # room for 4096, not 8192
+    plan = make_plan(header, cpu_machine(available))
+    assert plan.fits and plan.n_ctx == 4096
+
+
+def test_what_will_not_fit_is_refused_with_options_that_do(header) -> None:
+    machine = cpu_machine(int(estimate(header, n_ctx=2048).host_rss_bytes / (1 - CPU_MARGIN)) + MB)
+    plan = make_plan(header, machine, ctx=8192)
+    assert not plan.fits
+    assert plan.alternatives and plan.alternatives[0].startswith("--ctx ")
+    smaller = int(plan.alternatives[0].split()[1])
+    assert 2048 <= smaller < 8192 and smaller % 256 == 0
+    assert make_plan(header, machine, ctx=smaller).fits
+    assert any(a.startswith("--kv-type q8_0") for a in plan.alternatives)
+
+
+def test_plan_for_refuses_unless_forced(header, monkeypatch: pytest.MonkeyPatch) -> None:
+    from runner import devices
+
+    monkeypatch.setattr(devices, "probe", lambda: cpu_machine(100 * MB))
+    with pytest.raises(WontFit, match=r"smollm2 does not fit in RAM at a 8,192-token context \(CPU needs"):
+        plan_for(header, "smollm2")
+    forced = plan_for(header, "smollm2", force=True)
+    assert not forced.fits and forced.n_ctx == 8192
+
+
+def test_a_gpu_with_room_takes_every_layer(header) -> None:
+    plan = make_plan(header, gpu_machine(8 * GB))
+    assert plan.fits and plan.full_offload and plan.n_gpu_layers == 31  # 30 blocks + the output layer
+    assert {v.device for v in plan.verdicts} == {"cpu", "gpu"}
+
+
+def test_a_small_gpu_gets_the_most_layers_that_fit(header) -> None:
+    full = estimate(header, n_ctx=8192, n_gpu_layers=-1, gpu=True).device("gpu")
+    half = estimate(header, n_ctx=8192, n_gpu_layers=15, gpu=True).device("gpu")
+    assert full is not None and half is not None
+    free = half.total_bytes + 256 * 2**20 + 3 * MB  # the margin, and room for a layer or so more
+    plan = make_plan(header, gpu_machine(free), ctx=8192)
+    assert plan.fits and 15 <= plan.n_gpu_layers < 31
+    more = estimate(header, n_ctx=8192, n_gpu_layers=plan.n_gpu_layers + 1, gpu=True).device("gpu")
+    assert more is not None and more.total_bytes > free - 256 * 2**20
+
+
+def test_a_gpu_with_no_room_falls_back_to_the_cpu(header) -> None:
+    plan = make_plan(header, gpu_machine(10 * MB), ctx=2048)
+    assert plan.fits and plan.n_gpu_layers == 0
+
+
+def test_fit_json_has_the_documented_fields() -> None:
+    done = run_cli("fit", "smollm2", "--json", "--ctx", "4096")
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert {"model", "ctx", "gpu_layers", "fits", "estimate", "devices"} <= set(report)
+    assert set(report["estimate"]) >= {
+        "weights_bytes",
+        "kv_bytes",
+        "compute_bytes",
+        "output_bytes",
+        "total_bytes",
+    }
+    assert report["model"] == "smollm2" and report["ctx"] == 4096 and report["fits"] is True
+    # the KV cache of SmolLM2 at 4096: 30 layers x 3 KV heads x 64 dims x (K+V) x 2 bytes x 4096 cells
+    assert report["estimate"]["kv_bytes"] == 30 * 3 * 64 * 2 * 2 * 4096
+    assert report["devices"][0]["device"] == "cpu"
+
+
+def test_fit_table_and_run_refusal_for_a_context_too_large() -> None:
+    done = run_cli("fit", "smollm2", "--ctx", "50000000")
+    assert done.returncode == 0
+    out = done.stdout.decode()
+    assert "verdict: does not fit" in out and "would fit: --ctx 8192" in out
+    refused = run_cli("run", "smollm2", "hi", "--ctx", "50000000")
+    assert refused.returncode == 1
+    err = refused.stderr.decode()
+    assert "does not fit in RAM" in err and "try --ctx 8192" in err and "Traceback" not in err
+    assert refused.stdout == b""
