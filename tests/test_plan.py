@@ -118,3 +118,37 @@ def test_fit_table_and_run_refusal_for_a_context_too_large() -> None:
     err = refused.stderr.decode()
     assert "does not fit in RAM" in err and "try --ctx 8192" in err and "Traceback" not in err
     assert refused.stdout == b""
+
+
+def test_fit_reads_a_remote_repo_per_quant_without_downloading(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from tests.hubserver import FakeHub, hf_env
+    from tests.test_manage import write_gguf
+
+    q4 = write_gguf(tmp_path / "q4.gguf", layers=2, padding=8_000_000)
+    q8 = write_gguf(tmp_path / "q8.gguf", layers=3, padding=8_000_000)
+    with FakeHub() as hub:
+        hub.add_repo("user/tiny-GGUF", {"tiny-Q4_K_M.gguf": q4, "tiny-Q8_0.gguf": q8, "mmproj-x.gguf": q4})
+        env = hf_env(hub.endpoint, tmp_path / "hf")
+
+        def fit(*args: str) -> subprocess.CompletedProcess[bytes]:
+            return subprocess.run(
+                [sys.executable, "-m", "runner", "fit", *args], env=env, capture_output=True, timeout=120
+            )
+
+        rows = fit("user/tiny-GGUF", "--json")
+        assert rows.returncode == 0, rows.stderr
+        report = json.loads(rows.stdout)
+        assert [r["quant"] for r in report] == ["Q4_K_M", "Q8_0"]
+        assert all(r["fits"] and r["largest_ctx"] == 4096 for r in report)  # the trained context
+        assert [r["size_bytes"] for r in report] == [q4.stat().st_size, q8.stat().st_size]
+        table = fit("hf.co/user/tiny-GGUF").stdout.decode().splitlines()
+        assert table[0].split() == ["quant", "size", "verdict", "largest", "context", "file"]
+        assert table[1].split()[0] == "Q4_K_M" and "fits, CPU only" in table[1]
+        one = fit("user/tiny-GGUF:Q8_0", "--json", "--ctx", "1024")
+        assert json.loads(one.stdout)["ctx"] == 1024
+        # five header reads, each one 1 MiB block, while each file carries 8 MB of tensor data
+        assert hub.sent("cdn-lfs") <= 5 * (1 << 20)
+    assert not (tmp_path / "hf").exists() or not list((tmp_path / "hf").rglob("*.gguf"))
