@@ -103,6 +103,22 @@ class RangeSource(Protocol):
         ...
 
 
+class BytesSource:
+    """Header bytes already in memory; size_known=False acts like a server that gives no size."""
+
+    def __init__(self, data: bytes, size_known: bool = True, name: str = "<bytes>") -> None:
+        self.name = name
+        self.data = data
+        self.size_known = size_known
+
+    @property
+    def size(self) -> int | None:
+        return len(self.data) if self.size_known else None
+
+    def read_at(self, offset: int, size: int) -> bytes:
+        return self.data[offset : offset + size]
+
+
 class FileSource:
     """A local file."""
 

@@ -25,27 +25,11 @@ from gguf import GGMLQuantizationType, GGUFValueType, GGUFWriter
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import runner.gguf  # noqa: E402
-from runner.gguf import GGUFError, read_header  # noqa: E402
+from runner.gguf import BytesSource, GGUFError, read_header  # noqa: E402
 
 HUGE = [1 << 31, (1 << 32) - 1, 1 << 40, 1 << 62, (1 << 63) - 1, (1 << 64) - 1]
 TYPE_IDS = [-1, 4, 9, 12, 13, 42, 43, 1 << 31]  # value and ggml type ids at and past the edges
 READ_BLOCKS = [1, 13, 256, 1 << 20]  # small blocks put fields across block boundaries
-
-
-class BytesSource:
-    """An in-memory RangeSource; with size_known=False it acts like a server that gives no size."""
-
-    def __init__(self, data: bytes, size_known: bool) -> None:
-        self.name = "<case>"
-        self.data = data
-        self.size_known = size_known
-
-    @property
-    def size(self) -> int | None:
-        return len(self.data) if self.size_known else None
-
-    def read_at(self, offset: int, size: int) -> bytes:
-        return self.data[offset : offset + size]
 
 
 def sample() -> bytes:
@@ -141,7 +125,7 @@ def main() -> int:
     for case in range(args.cases):
         rng = random.Random(f"{args.seed}:{case}")
         data, how = mutate(base, rng, fields)
-        source = BytesSource(data, size_known=rng.random() < 0.8)
+        source = BytesSource(data, size_known=rng.random() < 0.8, name="<case>")
         tracemalloc.reset_peak()
         before = tracemalloc.get_traced_memory()[0]
         start = time.perf_counter()

@@ -28,6 +28,7 @@ from runner.errors import DownloadError, InvalidModelFile, ModelNotFound, exit_c
 from runner.gguf import (
     DEFAULT_LIMITS,
     GGML_TYPES,
+    BytesSource,
     FileSource,
     GGUFError,
     GGUFHeader,
@@ -575,22 +576,6 @@ def test_http_token_only_for_the_hub(http: _Server, monkeypatch: pytest.MonkeyPa
 
 
 # --- bounds and fuzzing -----------------------------------------------------------------
-
-
-class BytesSource:
-    """An in-memory RangeSource; size_known=False acts like a server that gives no size."""
-
-    def __init__(self, data: bytes, size_known: bool = True) -> None:
-        self.name = "<bytes>"
-        self.data = data
-        self.size_known = size_known
-
-    @property
-    def size(self) -> int | None:
-        return len(self.data) if self.size_known else None
-
-    def read_at(self, offset: int, size: int) -> bytes:
-        return self.data[offset : offset + size]
 
 
 def _peak_allocation(source: BytesSource) -> int:
