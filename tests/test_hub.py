@@ -290,3 +290,33 @@ def test_pull_refuses_what_will_not_fit_before_downloading(fake_hub: FakeHub, tm
     assert b"does not fit in RAM" in refused.stderr and b"--force loads it anyway" in refused.stderr
     assert fake_hub.sent("cdn-lfs") < 100_000  # the header only
     assert cached_path(ref("user/tiny-GGUF")) is None
+
+
+def test_progress_bar_on_a_terminal_and_quiet_otherwise(fake_hub: FakeHub) -> None:
+    import pty
+
+    from huggingface_hub import constants
+
+    fake_hub.add_repo("user/bar-GGUF", {"bar-Q8_0.gguf": blob("bar", 3_000_000)})
+    fake_hub.add_fault("cdn-lfs", "stall", seconds=0.6, after=1_000_000, then="continue")
+    leader, follower = pty.openpty()
+    env = {**hf_env(fake_hub.endpoint, constants.HF_HUB_CACHE), "COLUMNS": "100", "TERM": "xterm"}
+    code = "from runner.hub import pull; from runner.refs import HubRef; pull(HubRef('user/bar-GGUF', file='bar-Q8_0.gguf'))"
+    proc = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, stderr=follower)
+    os.close(follower)
+    screen = b""
+    while True:
+        try:
+            chunk = os.read(leader, 4096)
+        except OSError:  # the child closed the terminal
+            break
+        if not chunk:
+            break
+        screen += chunk
+    proc.wait(timeout=60)
+    os.close(leader)
+    assert proc.returncode == 0
+    text = screen.decode(errors="replace")
+    assert "bar-Q8_0.gguf" in text and "MB" in text and "/s" in text  # name, bytes and rate
+    quiet = _cli(fake_hub, "pull", "user/bar-GGUF:Q8_0")  # stderr is a pipe here
+    assert b"\r" not in quiet.stderr and b"/s" not in quiet.stderr
