@@ -301,7 +301,10 @@ def test_progress_bar_on_a_terminal_and_quiet_otherwise(fake_hub: FakeHub) -> No
     fake_hub.add_fault("cdn-lfs", "stall", seconds=0.6, after=1_000_000, then="continue")
     leader, follower = pty.openpty()
     env = {**hf_env(fake_hub.endpoint, constants.HF_HUB_CACHE), "COLUMNS": "100", "TERM": "xterm"}
-    code = "from runner.hub import pull; from runner.refs import HubRef; pull(HubRef('user/bar-GGUF', file='bar-Q8_0.gguf'))"
+    code = (
+        "from runner.hub import pull; from runner.refs import HubRef; "
+        "pull(HubRef('user/bar-GGUF', file='bar-Q8_0.gguf'))"
+    )
     proc = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, stderr=follower)
     os.close(follower)
     screen = b""
