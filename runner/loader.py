@@ -15,7 +15,7 @@ from runner.engine import Engine
 from runner.errors import WontFit
 from runner.gguf import GGUFHeader, read_header
 from runner.plan import Plan, make_plan, trained_context
-from runner.refs import LocalRef, ModelRef, resolve
+from runner.refs import HubRef, resolve
 from runner.sampling import check_range
 
 MIN_CTX = 32
@@ -32,15 +32,6 @@ class LoadedModel:
 
     def close(self) -> None:
         self.engine.close()
-
-
-def locate(model: str, *, offline: bool = False) -> tuple[ModelRef, Path]:
-    ref = resolve(model, load_catalog())
-    if isinstance(ref, LocalRef):
-        return ref, ref.path
-    from runner import hub
-
-    return ref, hub.locate(ref, offline=offline)
 
 
 def plan_for(
@@ -100,7 +91,18 @@ def open_model(
     """Resolve, fetch if needed, check the header, plan, then load."""
     if threads is not None:
         check_range(threads, "--threads", 1, MAX_THREADS)
-    ref, path = locate(model, offline=offline)
+    ref = resolve(model, load_catalog())
+    if isinstance(ref, HubRef):
+        from runner import hub
+
+        if hub.local_copy(ref) is None and hub.why_not_online(offline or hub.env_offline()) is None:
+            from runner.headers import read_model
+
+            remote = read_model(ref)  # the header only: refuse before downloading what will not fit
+            plan_for(remote.merged, ref.display, ctx=ctx, gpu_layers=gpu_layers, kv_type=kv_type, force=force)
+        path = hub.locate(ref, offline=offline)
+    else:
+        path = ref.path
     header = read_header(path)
     header.check_complete()
     plan = plan_for(header, ref.display, ctx=ctx, gpu_layers=gpu_layers, kv_type=kv_type, force=force)

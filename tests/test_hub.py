@@ -323,3 +323,16 @@ def test_progress_bar_on_a_terminal_and_quiet_otherwise(fake_hub: FakeHub) -> No
     assert "bar-Q8_0.gguf" in text and "MB" in text and "/s" in text  # name, bytes and rate
     quiet = _cli(fake_hub, "pull", "user/bar-GGUF:Q8_0")  # stderr is a pipe here
     assert b"\r" not in quiet.stderr and b"/s" not in quiet.stderr
+
+
+def test_run_refuses_what_will_not_fit_before_downloading(fake_hub: FakeHub, tmp_path: Path) -> None:
+    from tests.test_manage import write_gguf
+
+    fake_hub.add_repo(
+        "user/tiny-GGUF", {"tiny-Q4_K_M.gguf": write_gguf(tmp_path / "t.gguf", padding=8_000_000)}
+    )
+    refused = _cli(fake_hub, "run", "user/tiny-GGUF", "hi", "--ctx", "4000000000")
+    assert refused.returncode == 1
+    assert b"does not fit in RAM" in refused.stderr
+    assert fake_hub.sent("cdn-lfs") <= 1 << 20  # one block of the header, not the 8 MB of weights
+    assert cached_path(ref("user/tiny-GGUF")) is None
