@@ -153,37 +153,7 @@ def _describe(
     width = max(len(r[0]) for r in rows) + 2
     out.writelines(f"{label:<{width}}{value}\n" for label, value in rows)
     out.write("\n")
-    header = ("device", "weights", "KV cache", "compute", "output", "needs", "available", "")
-    table = [header]
-    budgets = {v.device: v for v in plan.verdicts}
-    for d in est.devices:
-        v = budgets[d.device]
-        table.append(
-            (
-                d.device.upper(),
-                *(
-                    ui.human_bytes(n)
-                    for n in (
-                        d.weights_bytes,
-                        d.kv_bytes,
-                        d.compute_bytes,
-                        d.output_bytes,
-                        v.needed_bytes,
-                        v.budget_bytes,
-                    )
-                ),
-                "fits" if v.fits else "DOES NOT FIT",
-            )
-        )
-    widths = [max(len(row[i]) for row in table) for i in range(len(header))]
-    for row in table:
-        out.write(
-            "  ".join(
-                cell.ljust(w) if i == 0 else cell.rjust(w)
-                for i, (cell, w) in enumerate(zip(row, widths, strict=True))
-            ).rstrip()
-            + "\n"
-        )
+    out.writelines(line + "\n" for line in device_table(plan))
     out.write("\n")
     cpu = est.device("cpu")
     if cpu is not None and est.host_rss_bytes and est.host_rss_bytes != cpu.total_bytes:
@@ -199,6 +169,44 @@ def _describe(
     hint = machine.reinstall_hint()
     if hint:
         out.write(f"a GPU build: {hint}\n")
+
+
+def device_table(plan: Plan) -> list[str]:
+    """Weights, KV cache, compute, output, what each device needs and has: aligned text lines."""
+    header = ("device", "weights", "KV cache", "compute", "output", "needs", "available", "")
+    table = [header]
+    budgets = {v.device: v for v in plan.verdicts}
+    for d in plan.estimate.devices:
+        v = budgets[d.device]
+        sizes = (d.weights_bytes, d.kv_bytes, d.compute_bytes, d.output_bytes, v.needed_bytes, v.budget_bytes)
+        table.append(
+            (d.device.upper(), *(ui.human_bytes(n) for n in sizes), "fits" if v.fits else "DOES NOT FIT")
+        )
+    widths = [max(len(row[i]) for row in table) for i in range(len(header))]
+    return [
+        "  ".join(
+            c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True))
+        ).rstrip()
+        for row in table
+    ]
+
+
+def smaller_quants_that_fit(
+    ref: HubRef, size: int, *, ctx: int | None, kv_type: str | None, most: int = 3
+) -> list[str]:
+    """Up to `most` smaller quants of the same repo, largest first, that fit (headers read remotely)."""
+    commit, files = hub.remote_listing(ref)
+    machine = devices.probe()
+    smaller = sorted(
+        (c for c in offer(files) if c.size is not None and c.size < size), key=lambda c: -(c.size or 0)
+    )
+    out = []
+    for choice in smaller[:most]:
+        model = read_remote(ref, commit, choice, quiet=True)
+        plan = make_plan(model.merged, machine, ctx=ctx, kv_type=kv_type)
+        if plan.fits:
+            out.append(f"{ref.repo}:{choice.quant or choice.primary.path} ({ui.human_bytes(model.size)})")
+    return out
 
 
 def _per_quant(ref: HubRef, request: Request, machine: Machine, out: TextIO) -> None:

@@ -6,6 +6,7 @@ not fit is refused before anything is allocated (unless forced), with the option
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,8 +43,13 @@ def plan_for(
     gpu_layers: int | None = None,
     kv_type: str | None = None,
     force: bool = False,
+    smaller: Callable[[], list[str]] | None = None,
 ) -> Plan:
-    """The plan to load with; refuses (WontFit) what this machine cannot hold, unless forced."""
+    """The plan to load with; refuses (WontFit) what this machine cannot hold, unless forced.
+
+    A refusal prints the estimate's table on stderr and names the nearest options that fit; `smaller`
+    lists smaller quants of the same repo that fit (asked only when refusing: it reads remote headers).
+    """
     from runner import devices
 
     if ctx is not None:
@@ -59,18 +65,34 @@ def plan_for(
         ui.warn(f"this llama.cpp build cannot use the {machine.gpus[0].name}; for a GPU build: {hint}")
     plan = make_plan(header, machine, ctx=ctx, gpu_layers=gpu_layers, kv_type=kv_type)
     if not plan.fits and not force:
-        raise WontFit(describe_refusal(name, plan))
+        from runner.fit import device_table
+
+        ui.echo("\n".join(device_table(plan)))
+        quants = smaller() if smaller is not None else []
+        raise WontFit(describe_refusal(name, plan, quants))
     return plan
 
 
-def describe_refusal(name: str, plan: Plan) -> str:
+def smaller_quants(
+    ref: HubRef, size: int, *, ctx: int | None, kv_type: str | None
+) -> Callable[[], list[str]]:
+    def find() -> list[str]:
+        from runner.fit import smaller_quants_that_fit
+
+        return smaller_quants_that_fit(ref, size, ctx=ctx, kv_type=kv_type)
+
+    return find
+
+
+def describe_refusal(name: str, plan: Plan, smaller_quants: list[str] | None = None) -> str:
     short = [
         f"{v.device.upper()} needs {ui.human_bytes(v.needed_bytes)}, has {ui.human_bytes(v.budget_bytes)}"
         for v in plan.verdicts
         if not v.fits
     ]
     where = "on the GPU" if plan.n_gpu_layers else "in RAM"
-    options = "; try " + " or ".join(plan.alternatives) if plan.alternatives else ""
+    tries = list(plan.alternatives) + [f"a smaller quant: {q}" for q in smaller_quants or []]
+    options = "; try " + " or ".join(tries) if tries else ""
     return (
         f"{name} does not fit {where} at a {plan.n_ctx:,}-token context ({', '.join(short)}){options}; "
         "`runner fit` shows the whole estimate, --force loads it anyway"
@@ -99,7 +121,15 @@ def open_model(
             from runner.headers import read_model
 
             remote = read_model(ref)  # the header only: refuse before downloading what will not fit
-            plan_for(remote.merged, ref.display, ctx=ctx, gpu_layers=gpu_layers, kv_type=kv_type, force=force)
+            plan_for(
+                remote.merged,
+                ref.display,
+                ctx=ctx,
+                gpu_layers=gpu_layers,
+                kv_type=kv_type,
+                force=force,
+                smaller=smaller_quants(ref, remote.size, ctx=ctx, kv_type=kv_type),
+            )
         path = hub.locate(ref, offline=offline)
     else:
         path = ref.path

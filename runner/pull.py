@@ -8,7 +8,7 @@ from runner import hub, ui
 from runner.catalog import load_catalog
 from runner.errors import UsageError
 from runner.headers import read_remote
-from runner.loader import plan_for
+from runner.loader import plan_for, smaller_quants
 from runner.quants import choose, offer
 from runner.refs import HubRef, LocalRef, resolve
 
@@ -42,7 +42,13 @@ def pull_model(
     choice = choose(files, ref.repo, quant=ref.quant, file=ref.file)
     if hub.cached_path(ref) is None:
         model_headers = read_remote(ref, commit, choice, quiet=True)
-        plan_for(model_headers.merged, ref.display, ctx=ctx, force=force)
+        plan_for(
+            model_headers.merged,
+            ref.display,
+            ctx=ctx,
+            force=force,
+            smaller=smaller_quants(ref, model_headers.size, ctx=ctx, kv_type=None),
+        )
     pulled = hub.pull(ref, quiet=quiet)
     ui.info(f"{ref.display}: {pulled.choice.quant or pulled.choice.primary.path} at {pulled.commit[:12]}")
     for file, path in zip(pulled.choice.files, pulled.paths, strict=True):

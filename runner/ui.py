@@ -27,6 +27,11 @@ def stderr_is_tty() -> bool:
     return sys.stderr.isatty()
 
 
+def echo(text: str) -> None:
+    """Plain text on stderr, as is (a table that goes with a message)."""
+    console().print(_escape(text))
+
+
 def info(message: str) -> None:
     console().print(f"[dim]{PREFIX}[/]{_escape(message)}")
 

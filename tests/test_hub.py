@@ -336,3 +336,26 @@ def test_run_refuses_what_will_not_fit_before_downloading(fake_hub: FakeHub, tmp
     assert b"does not fit in RAM" in refused.stderr
     assert fake_hub.sent("cdn-lfs") <= 1 << 20  # one block of the header, not the 8 MB of weights
     assert cached_path(ref("user/tiny-GGUF")) is None
+
+
+def test_a_refusal_names_smaller_quants_of_the_repo_that_fit(
+    fake_hub: FakeHub, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from runner import devices
+    from runner.devices import Machine
+    from runner.errors import WontFit
+    from runner.gguf import read_header
+    from runner.loader import open_model
+    from runner.memory import estimate
+    from tests.test_manage import write_gguf
+
+    big = write_gguf(tmp_path / "big.gguf", padding=40_000_000)
+    small = write_gguf(tmp_path / "small.gguf", layers=3, padding=4_000_000)
+    fake_hub.add_repo("user/two-GGUF", {"two-Q8_0.gguf": big, "two-Q4_K_M.gguf": small})
+    need = {p: estimate(read_header(p), n_ctx=4096).host_rss_bytes for p in (big, small)}
+    ram = int((need[small] + need[big]) / 2 / 0.9)  # room for the small one only, after the 10% margin
+    monkeypatch.setattr(devices, "probe", lambda **_: Machine(ram, ram))
+    with pytest.raises(WontFit) as refused:
+        open_model("user/two-GGUF:Q8_0")
+    assert "a smaller quant: user/two-GGUF:Q4_K_M" in str(refused.value)
+    assert cached_path(ref("user/two-GGUF:Q8_0")) is None  # nothing downloaded
