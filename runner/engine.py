@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from runner.errors import EngineError, PromptTooLong
+from runner.errors import EngineError, InvalidModelFile, PromptTooLong
 from runner.sampling import SamplingConfig
 
 DEFAULT_CTX = 8192  # without --ctx: the trained context, at most this (the planner may choose less)
@@ -90,8 +90,18 @@ class _LlamaLog:
 
     def last_error(self) -> str:
         lines = [line.strip() for line in "".join(self.recent).splitlines() if line.strip()]
-        errors = [line for line in lines if "error" in line.lower() or "failed" in line.lower()]
+        errors = [line for line in lines if "error" in line.lower()] or [
+            line for line in lines if "failed" in line.lower()
+        ]
         return (errors or lines or [""])[-1]
+
+    def model_error(self) -> str | None:
+        """What llama.cpp found wrong in a model file ('unknown model architecture: ...'), if it said."""
+        marker = "error loading model: "
+        found = [
+            line.rsplit(marker, 1)[1].strip() for line in "".join(self.recent).splitlines() if marker in line
+        ]
+        return found[-1] if found else None
 
 
 LLAMA_LOG = _LlamaLog()
@@ -157,6 +167,9 @@ class Engine:
             mparams.devices = ctypes.cast(self._no_devices, ctypes.c_void_p)
         self._model = lib.llama_model_load_from_file(os.fsencode(self.path), mparams)
         if not self._model:
+            reason = LLAMA_LOG.model_error()
+            if reason is not None:  # the file's fault: bad input, not a failure of runner
+                raise InvalidModelFile(f"llama.cpp cannot load {self.path}: {reason}")
             raise EngineError(f"llama.cpp could not load {self.path}: {LLAMA_LOG.last_error()}")
         self.n_ctx_train = int(lib.llama_model_n_ctx_train(self._model))
         self._vocab = lib.llama_model_get_vocab(self._model)

@@ -333,3 +333,22 @@ def test_readme_shows_the_real_help() -> None:
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
     block = readme.split("<!-- runner --help -->\n```\n", 1)[1].split("```", 1)[0]
     assert block == run_cli("--help", env={"COLUMNS": "80"}).stdout.decode()
+
+
+def test_a_gguf_llama_cpp_cannot_load_says_why(tmp_path: Path) -> None:
+    import numpy as np
+    from gguf import GGUFWriter
+
+    odd = tmp_path / "odd.gguf"
+    writer = GGUFWriter(str(odd), "foobar")
+    writer.add_tensor("x.weight", np.ones(64, dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    done = run_cli("run", str(odd), "Hi")
+    assert done.returncode == 2
+    assert (
+        done.stderr.decode().strip()
+        == f"runner: error: llama.cpp cannot load {odd}: unknown model architecture: 'foobar'"
+    )
