@@ -329,12 +329,6 @@ def test_python_dash_m_runner_works() -> None:
     assert done.returncode == 0 and b"run" in done.stdout
 
 
-def test_readme_shows_the_real_help() -> None:
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    block = readme.split("<!-- runner --help -->\n```\n", 1)[1].split("```", 1)[0]
-    assert block == run_cli("--help", env={"COLUMNS": "80"}).stdout.decode()
-
-
 def test_a_gguf_llama_cpp_cannot_load_says_why(tmp_path: Path) -> None:
     import numpy as np
     from gguf import GGUFWriter
