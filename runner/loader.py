@@ -114,6 +114,7 @@ def open_model(
     if threads is not None:
         check_range(threads, "--threads", 1, MAX_THREADS)
     ref = resolve(model, load_catalog())
+    plan = None
     if isinstance(ref, HubRef):
         from runner import hub
 
@@ -121,7 +122,7 @@ def open_model(
             from runner.headers import read_model
 
             remote = read_model(ref)  # the header only: refuse before downloading what will not fit
-            plan_for(
+            plan = plan_for(
                 remote.merged,
                 ref.display,
                 ctx=ctx,
@@ -135,7 +136,8 @@ def open_model(
         path = ref.path
     header = read_header(path)
     header.check_complete()
-    plan = plan_for(header, ref.display, ctx=ctx, gpu_layers=gpu_layers, kv_type=kv_type, force=force)
+    if plan is None:  # unless the remote header gave it already
+        plan = plan_for(header, ref.display, ctx=ctx, gpu_layers=gpu_layers, kv_type=kv_type, force=force)
     engine = Engine(
         path,
         n_ctx=ctx or plan.n_ctx,

@@ -101,10 +101,6 @@ class Hparams:
         return self.arch in RECURRENT
 
     @property
-    def is_hybrid(self) -> bool:
-        return self.arch in HYBRID
-
-    @property
     def exact_graph(self) -> bool:
         return self.arch in EXACT_GRAPHS
 
