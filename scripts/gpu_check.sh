@@ -7,7 +7,7 @@
 #   .venv/bin/python -c 'import sys; sys.path.insert(0, "tests"); import synth; synth.write_all("gpu/models")'
 #   pip download --no-deps -d gpu/deps typer click rich psutil huggingface-hub jinja2 filelock ...  (pure wheels)
 # then, through the device tool, carrying gpu/ (64 MiB at most: the 98 MB SmolLM2 cannot travel, the synthetic
-# models can):   bash scripts/gpu_check.sh
+# models can):   bash scripts/gpu_check.sh          (never commit gpu/: it is carried, not kept)
 # It installs the CUDA build, checks that it offloads, and compares the memory estimate with llama.cpp's own
 # buffers and with NVML's VRAM, full and partial offload; the table lands in $OUT/gpu_memory.md.
 set -euo pipefail
