@@ -2,7 +2,7 @@
 
 NVIDIA GPUs come from NVML (the optional `runner[nvidia]` extra, nvidia-ml-py) or, without it, from
 `nvidia-smi`; Apple Silicon shares its RAM with the GPU (Metal may use about 3/4 of it by default).
-None of this imports llama_cpp unless asked whether the build can offload.
+None of this imports llama_cpp unless asked about the build (whether it can offload, what it repacks).
 """
 
 from __future__ import annotations
@@ -12,6 +12,8 @@ import shutil
 import subprocess
 import sys
 from dataclasses import dataclass, field
+
+from runner.memory import REPACK_TYPES
 
 NVIDIA_SMI_TIMEOUT_S = 5.0
 APPLE_GPU_SHARE = 0.75  # Metal's recommendedMaxWorkingSetSize is about 3/4 of RAM on Apple Silicon
@@ -35,6 +37,7 @@ class Machine:
     ram_available_bytes: int
     gpus: tuple[Gpu, ...] = field(default_factory=tuple)
     can_offload: bool = False  # the installed llama.cpp build has a GPU backend
+    repack_types: frozenset[str] = REPACK_TYPES  # weight types the CPU backend repacks as it loads
 
     @property
     def usable_gpus(self) -> tuple[Gpu, ...]:
@@ -142,4 +145,8 @@ def can_offload() -> bool:
 def probe(*, check_build: bool = True) -> Machine:
     total, available = ram()
     gpus = nvidia_gpus() or apple_gpu(total, available)
-    return Machine(total, available, tuple(gpus), can_offload() if check_build else False)
+    if not check_build:
+        return Machine(total, available, tuple(gpus))
+    from runner.engine import repack_types
+
+    return Machine(total, available, tuple(gpus), can_offload(), repack_types())

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import codecs
 import ctypes
+import functools
 import os
 import time
 from collections import deque
@@ -122,6 +123,25 @@ def supports_gpu_offload() -> bool:
     return bool(llama().llama_supports_gpu_offload())
 
 
+@functools.cache
+def cpu_repacks() -> bool:
+    """Whether runner lets the CPU backend put weights in its extra buffer types (repacked copies).
+
+    Not on a build with ggml's AMX kernels: on AMX CPUs (Sapphire Rapids and later) the pinned
+    llama.cpp places weights in an AMX buffer, and its AMX matmul segfaults on the first batch of
+    more than one token (ggml-org/llama.cpp#20824; the fix, #26954, is not in the pin). The extra
+    buffer types come as a set (llama_model_params.use_extra_bufts), so CPU_REPACK goes with it.
+    """
+    return "AMX_INT8 = 1" not in llama().llama_print_system_info().decode(errors="replace")
+
+
+def repack_types() -> frozenset[str]:
+    """The weight types the CPU backend repacks as the engine loads them (for runner.memory)."""
+    from runner.memory import REPACK_TYPES
+
+    return REPACK_TYPES if cpu_repacks() else frozenset()
+
+
 def kv_type_id(name: str) -> int:
     """The ggml type id of a KV cache type name ('q8_0' -> 8), from the header reader's table."""
     from runner.gguf import GGML_TYPES
@@ -162,6 +182,7 @@ class Engine:
         if n_gpu_layers is None:  # all layers on the GPU when the build can offload, until the planner lands
             n_gpu_layers = -1 if supports_gpu_offload() else 0
         mparams.n_gpu_layers = self.n_gpu_layers = n_gpu_layers if use_gpu else 0
+        mparams.use_extra_bufts = cpu_repacks()
         if not use_gpu:  # an empty (NULL-terminated) device list: no VRAM at all, not even for compute
             self._no_devices = (ctypes.c_void_p * 1)(None)
             mparams.devices = ctypes.cast(self._no_devices, ctypes.c_void_p)

@@ -99,6 +99,7 @@ def _try(
             type_k=kv[0],
             type_v=kv[1],
             gpu=use_gpu,
+            repack_types=machine.repack_types,
         )
     except ValueError as exc:  # e.g. an unknown KV type, or a quantized V cache without flash attention
         raise InvalidSetting(f"--kv-type {kv[1]}: {exc}") from exc

@@ -45,11 +45,12 @@ class Raw:
     """(a): what llama-bench's pp and tg measure, with a greedy sampler and nothing else."""
 
     def __init__(self, path: Path, threads: int) -> None:
-        from runner.engine import llama
+        from runner.engine import cpu_repacks, llama
 
         self.lib = lib = llama()
         mp = lib.llama_model_default_params()
         mp.n_gpu_layers = -1 if lib.llama_supports_gpu_offload() else 0
+        mp.use_extra_bufts = cpu_repacks()  # as runner loads: no AMX buffers (they crash, see engine.py)
         self.model = lib.llama_model_load_from_file(os.fsencode(path), mp)
         cp = lib.llama_context_default_params()
         cp.n_ctx, cp.n_threads, cp.n_threads_batch = CTX, threads, threads
@@ -86,10 +87,24 @@ class HighLevel:
 
     def __init__(self, path: Path, threads: int) -> None:
         import llama_cpp
+        import llama_cpp.llama_cpp as bindings  # the module Llama() takes its defaults from
 
-        self.llm = llama_cpp.Llama(
-            str(path), n_ctx=CTX, n_threads=threads, n_threads_batch=threads, verbose=False
-        )
+        from runner.engine import cpu_repacks
+
+        defaults = bindings.llama_model_default_params
+
+        def params():  # Llama() takes no use_extra_bufts: load it as runner and Raw do
+            mp = defaults()
+            mp.use_extra_bufts = cpu_repacks()
+            return mp
+
+        bindings.llama_model_default_params = params
+        try:
+            self.llm = llama_cpp.Llama(
+                str(path), n_ctx=CTX, n_threads=threads, n_threads_batch=threads, verbose=False
+            )
+        finally:
+            bindings.llama_model_default_params = defaults
 
     def run(self, prompt: str, n_gen: int) -> tuple[float, float, float]:
         self.llm.reset()

@@ -74,7 +74,7 @@ def rss_kib(field: str) -> int:
 
 def child(path: str, n_ctx: int, variant: dict, fill: bool) -> None:
     """Load, record the log, fill the context, print one JSON line."""
-    from runner.engine import LLAMA_LOG, Engine, llama
+    from runner.engine import LLAMA_LOG, Engine, cpu_repacks, llama
 
     lib = llama()
     base = rss_kib("VmRSS")
@@ -87,6 +87,7 @@ def child(path: str, n_ctx: int, variant: dict, fill: bool) -> None:
     else:  # what Engine does, plus the variant's context params
         mparams = lib.llama_model_default_params()
         mparams.n_gpu_layers = 0
+        mparams.use_extra_bufts = cpu_repacks()
         model = lib.llama_model_load_from_file(os.fsencode(path), mparams)
         cparams = lib.llama_context_default_params()
         cparams.n_ctx, cparams.n_threads, cparams.n_threads_batch = n_ctx, 2, 2
@@ -164,6 +165,7 @@ def pct(est: float, real: float) -> str:
 
 
 def row(label: str, path: Path, n_ctx: int, variant: dict | None = None, fill: bool = True):
+    from runner.engine import repack_types
     from runner.gguf import read_header
     from runner.memory import estimate
 
@@ -171,7 +173,7 @@ def row(label: str, path: Path, n_ctx: int, variant: dict | None = None, fill: b
     kwargs = dict(variant or {})
     if "n_gpu_layers" in kwargs:
         kwargs["gpu"] = kwargs["n_gpu_layers"] != 0
-    est = estimate(read_header(path), n_ctx=n_ctx, **kwargs)
+    est = estimate(read_header(path), n_ctx=n_ctx, repack_types=repack_types(), **kwargs)
     got = {k: 0.0 for k in ("weights", "kv", "compute", "output")}
     for _name, kind, mib in real["buffers"]:
         got[KINDS[kind]] += mib * MiB

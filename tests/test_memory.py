@@ -268,7 +268,9 @@ def logged_buffers(path: Path, n_ctx: int) -> list[tuple[str, str, float]]:
 
 
 def assert_matches_log(path: Path, n_ctx: int) -> None:
-    est = memory.estimate(read_header(path), n_ctx=n_ctx)
+    from runner.engine import repack_types
+
+    est = memory.estimate(read_header(path), n_ctx=n_ctx, repack_types=repack_types())
     want = sorted((b.name, b.kind, b.nbytes / MiB) for b in est.buffers)
     got = logged_buffers(path, n_ctx)
     assert [(n, k) for n, k, _ in want] == [(n, k) for n, k, _ in got]
