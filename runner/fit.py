@@ -12,7 +12,7 @@ from runner.catalog import load_catalog
 from runner.devices import Machine
 from runner.gguf import GGUFHeader
 from runner.headers import ModelHeaders, read_model, read_remote
-from runner.plan import Plan, largest_context, make_plan, trained_context
+from runner.plan import Plan, departures, largest_context, make_plan, trained_context
 from runner.quants import offer
 from runner.refs import HubRef, LocalRef, resolve
 from runner.sampling import check_range
@@ -41,10 +41,12 @@ def fit_model(request: Request, *, out: TextIO) -> None:
     model = read_model(ref, offline=request.offline)
     plan = _plan(model.merged, machine, request)
     speed = decode_speed(model.merged, plan, machine)
+    asked = dict(ctx=request.ctx, gpu_layers=request.gpu_layers, kv_type=request.kv_type)
+    chose = departures(plan, model.merged, machine, **asked) if plan.fits else []
     if request.as_json:
-        out.write(json.dumps(to_json(ref, model, plan, machine, speed)) + "\n")
+        out.write(json.dumps({**to_json(ref, model, plan, machine, speed), "chosen": chose}) + "\n")
         return
-    _describe(ref, model, plan, machine, speed, out)
+    _describe(ref, model, plan, machine, speed, out, chose)
 
 
 def _plan(header: GGUFHeader, machine: Machine, request: Request) -> Plan:
@@ -128,6 +130,7 @@ def _describe(
     machine: Machine,
     speed: float | None,
     out: TextIO,
+    chose: list[str],
 ) -> None:
     h, est = model.headers[0], plan.estimate
     trained = trained_context(h)
@@ -162,6 +165,8 @@ def _describe(
             "buffer, only the pages a batch writes\n"
         )
     out.write(f"verdict: {verdict(plan)}\n")
+    if chose:
+        out.write(f"chosen for this machine: {'; '.join(chose)}\n")
     if plan.alternatives:
         out.write(f"would fit: {' or '.join(plan.alternatives)}\n")
     if speed and plan.fits:

@@ -15,7 +15,7 @@ from runner.catalog import load_catalog
 from runner.engine import Engine
 from runner.errors import WontFit
 from runner.gguf import GGUFHeader, read_header
-from runner.plan import Plan, make_plan, trained_context
+from runner.plan import Plan, departures, make_plan, trained_context
 from runner.refs import HubRef, resolve
 from runner.sampling import check_range
 
@@ -70,6 +70,9 @@ def plan_for(
         ui.echo("\n".join(device_table(plan)))
         quants = smaller() if smaller is not None else []
         raise WontFit(describe_refusal(name, plan, quants))
+    chose = departures(plan, header, machine, ctx=ctx, gpu_layers=gpu_layers, kv_type=kv_type)
+    if chose and plan.fits:
+        ui.info(f"{name} runs with {' and '.join(chose)}")
     return plan
 
 
@@ -143,7 +146,7 @@ def open_model(
         n_ctx=ctx or plan.n_ctx,
         n_threads=threads,
         n_gpu_layers=plan.n_gpu_layers if gpu_layers is None else gpu_layers,
-        kv_type=kv_type,
+        kv_type=kv_type or plan.type_k,
         use_gpu=plan.use_gpu or gpu_layers is not None,
         debug=debug,
     )

@@ -123,13 +123,19 @@ def _contexts(top: int, floor: int) -> list[int]:
     return out or [top]
 
 
-def _most_layers(header: Any, machine: Machine, n_ctx: int, kv: tuple[str, str], n_seq: int) -> Plan | None:
+def _most_layers(
+    header: Any, machine: Machine, n_ctx: int, kv: tuple[str, str], n_seq: int, attempt: Any = None
+) -> Plan | None:
     """The plan with the most GPU layers that fits at n_ctx (binary search; fewer layers, less VRAM)."""
-    lo, hi, best = 0, _try(header, machine, n_ctx, -1, kv, n_seq).estimate.n_layers, None
+    attempt = attempt or (lambda n_ctx, n_layers, kv: _try(header, machine, n_ctx, n_layers, kv, n_seq))
+    full = attempt(n_ctx, -1, kv)
+    if full is None:
+        return None
+    lo, hi, best = 0, full.estimate.n_layers, None
     while lo <= hi:
         mid = (lo + hi) // 2
-        plan = _try(header, machine, n_ctx, mid, kv, n_seq)
-        if plan.fits:
+        plan = attempt(n_ctx, mid, kv)
+        if plan is not None and plan.fits:
             best, lo = plan, mid + 1
         else:
             hi = mid - 1
@@ -145,30 +151,65 @@ def make_plan(
     kv_type: str | None = None,
     n_seq: int = 1,
 ) -> Plan:
-    """The offload and context to load with; `fits` False means none was found (see alternatives)."""
-    kv = (kv_type or "f16", kv_type or "f16")
+    """The offload and context to load with; `fits` False means none was found (see alternatives).
+
+    Without --kv-type the cache is f16, or q8_0 where that keeps the context or the full offload
+    f16 would lose (q8_0 keys and values cost next to nothing in quality; llama.cpp needs flash
+    attention for them, so a model without it stays f16).
+    """
+    kvs = [(kv_type, kv_type)] if kv_type else [("f16", "f16"), ("q8_0", "q8_0")]
     trained = trained_context(header) or DEFAULT_CTX_CAP
     top = ctx or min(trained, DEFAULT_CTX_CAP)
     contexts = [top] if ctx else _contexts(top, min(MIN_AUTO_CTX, top))
     gpu = bool(machine.usable_gpus)
     layers = 0 if not gpu else (-1 if gpu_layers is None else gpu_layers)
 
-    first = None
+    def attempt(n_ctx: int, n_layers: int, kv: tuple[str, str], **kw: Any) -> Plan | None:
+        try:
+            return _try(header, machine, n_ctx, n_layers, kv, n_seq, **kw)
+        except InvalidSetting:
+            if kv_type:  # the user's choice: say why it cannot be
+                raise
+            return None  # q8_0 without flash attention: not an option for this model
+
+    first = _try(header, machine, contexts[0], layers, kvs[0], n_seq)
     for n_ctx in contexts:
-        plan = _try(header, machine, n_ctx, layers, kv, n_seq)
-        first = first or plan
-        if plan.fits:
-            return plan
+        for kv in kvs:
+            plan = attempt(n_ctx, layers, kv)
+            if plan is not None and plan.fits:
+                return plan
     if gpu and gpu_layers is None:
-        partial = _most_layers(header, machine, top, kv, n_seq)
-        if partial is not None and partial.n_gpu_layers > 0:
-            return partial
+        partials = [p for kv in kvs if (p := _most_layers(header, machine, top, kv, n_seq, attempt))]
+        best = max(partials, key=lambda p: p.n_gpu_layers, default=None)  # f16 on a tie
+        if best is not None and best.n_gpu_layers > 0:
+            return best
         for n_ctx in contexts:  # with a GPU device, even 0 layers use VRAM for compute: drop the GPU
-            cpu_only = _try(header, machine, n_ctx, 0, kv, n_seq, use_gpu=False)
-            if cpu_only.fits:
-                return cpu_only
-    assert first is not None
+            for kv in kvs:
+                cpu_only = attempt(n_ctx, 0, kv, use_gpu=False)
+                if cpu_only is not None and cpu_only.fits:
+                    return cpu_only
     return replace(first, alternatives=tuple(_alternatives(header, machine, first, n_seq)))
+
+
+def departures(
+    plan: Plan, header: Any, machine: Machine, *, ctx: int | None, gpu_layers: int | None, kv_type: str | None
+) -> list[str]:
+    """What the plan chose that the user did not ask for and would not assume: a context below the
+    default, a quantized KV cache, layers left on the CPU though there is a GPU."""
+    out = []
+    default_ctx = min(trained_context(header) or DEFAULT_CTX_CAP, DEFAULT_CTX_CAP)
+    if ctx is None and plan.n_ctx < default_ctx:
+        out.append(f"a {plan.n_ctx:,}-token context (the most that fits; {default_ctx:,} would not)")
+    if kv_type is None and plan.type_k != "f16":
+        out.append(f"a {plan.type_k} KV cache (f16 would not fit)")
+    if machine.usable_gpus and gpu_layers is None:
+        name = machine.usable_gpus[0].name
+        if not plan.use_gpu:
+            out.append(f"the CPU only ({name} has no room even for llama.cpp's compute buffer)")
+        elif not plan.full_offload:
+            layers = f"{plan.n_gpu_layers} of {plan.estimate.n_layers} layers"
+            out.append(f"{layers} on {name}, the rest on the CPU (slower)")
+    return out
 
 
 def largest_context(

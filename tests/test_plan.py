@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 
 from runner.devices import Gpu, Machine
-from runner.errors import WontFit
+from runner.errors import InvalidSetting, WontFit
 from runner.gguf import read_header
 from runner.loader import plan_for
 from runner.memory import estimate
-from runner.plan import CPU_MARGIN, make_plan
+from runner.plan import CPU_MARGIN, departures, make_plan
 from tests.conftest import run_cli
 
 GB = 10**9
@@ -39,12 +39,48 @@ def test_cpu_plan_takes_the_trained_context_up_to_the_cap(header) -> None:
     assert plan.verdicts[0].budget_bytes == int(16 * GB * (1 - CPU_MARGIN))
 
 
-def test_without_ctx_a_smaller_machine_gets_a_smaller_context(header) -> None:
-    need_8k = estimate(header, n_ctx=8192).host_rss_bytes
-    need_4k = estimate(header, n_ctx=4096).host_rss_bytes
-    available = int((need_4k + (need_8k - need_4k) / 2) / (1 - CPU_MARGIN))  # room for 4096, not 8192
+def room_for(header, n_ctx: int, kv: str = "f16", **kw) -> int:
+    """RAM available that holds exactly this, after the margin."""
+    need = estimate(header, n_ctx=n_ctx, type_k=kv, type_v=kv, **kw).host_rss_bytes
+    return int(need / (1 - CPU_MARGIN)) + 1
+
+
+def test_without_ctx_a_smaller_machine_gets_a_quantized_cache_before_a_smaller_context(header) -> None:
+    machine = cpu_machine(room_for(header, 8192, "q8_0"))
+    assert machine.ram_available_bytes < room_for(header, 8192)  # f16 at 8192 does not fit
+    plan = make_plan(header, machine)
+    assert plan.fits and (plan.n_ctx, plan.type_k, plan.type_v) == (8192, "q8_0", "q8_0")
+    chose = departures(plan, header, machine, ctx=None, gpu_layers=None, kv_type=None)
+    assert chose == ["a q8_0 KV cache (f16 would not fit)"]
+
+
+def test_without_ctx_a_still_smaller_machine_gets_a_smaller_context(header) -> None:
+    available = room_for(header, 4096)
+    assert available < room_for(header, 8192, "q8_0")
     plan = make_plan(header, cpu_machine(available))
-    assert plan.fits and plan.n_ctx == 4096
+    assert plan.fits and (plan.n_ctx, plan.type_k) == (4096, "f16")  # f16 first at each context
+    chose = departures(plan, header, cpu_machine(available), ctx=None, gpu_layers=None, kv_type=None)
+    assert chose == ["a 4,096-token context (the most that fits; 8,192 would not)"]
+
+
+def test_an_explicit_kv_type_is_kept(header) -> None:
+    machine = cpu_machine(room_for(header, 8192, "q8_0"))
+    plan = make_plan(header, machine, kv_type="f16")
+    assert plan.fits and (plan.n_ctx, plan.type_k) == (4096, "f16")
+    assert make_plan(header, machine, ctx=8192, kv_type="f16").fits is False
+
+
+def test_a_model_without_flash_attention_never_gets_a_quantized_cache() -> None:
+    from tests.test_memory import llama_like
+
+    odd = llama_like(n_head=12, n_head_kv=4)  # head size 48: no CUDA flash attention, so no q8_0 V
+    full = estimate(odd, n_ctx=8192, n_gpu_layers=-1, gpu=True).device("gpu")
+    assert full is not None
+    machine = gpu_machine(full.total_bytes)  # less the margin: not every layer fits
+    plan = make_plan(odd, machine)
+    assert plan.fits and plan.type_k == "f16" and 0 < plan.n_gpu_layers < plan.estimate.n_layers
+    with pytest.raises(InvalidSetting, match="flash attention"):  # asked for: an error, not a skip
+        make_plan(odd, machine, kv_type="q8_0")
 
 
 def test_what_will_not_fit_is_refused_with_options_that_do(header) -> None:
@@ -56,6 +92,37 @@ def test_what_will_not_fit_is_refused_with_options_that_do(header) -> None:
     assert 2048 <= smaller < 8192 and smaller % 256 == 0
     assert make_plan(header, machine, ctx=smaller).fits
     assert any(a.startswith("--kv-type q8_0") for a in plan.alternatives)
+
+
+def test_a_small_gpu_gets_a_quantized_cache_before_losing_layers(header) -> None:
+    q8 = estimate(header, n_ctx=8192, n_gpu_layers=-1, gpu=True, type_k="q8_0", type_v="q8_0")
+    f16 = estimate(header, n_ctx=8192, n_gpu_layers=-1, gpu=True)
+    free = q8.device("gpu").total_bytes + (256 << 20) + MB  # the 256 MiB margin of a small GPU
+    assert f16.device("gpu").total_bytes > free - (256 << 20)
+    plan = make_plan(header, gpu_machine(free))
+    assert plan.fits and plan.full_offload and (plan.n_ctx, plan.type_k) == (8192, "q8_0")
+
+
+def test_the_engine_loads_the_planned_kv_cache_and_says_so(
+    smollm2_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from runner import devices
+    from runner.engine import LLAMA_LOG
+    from runner.loader import open_model
+
+    header = read_header(smollm2_path)
+    monkeypatch.setattr(devices, "probe", lambda: cpu_machine(room_for(header, 8192, "q8_0")))
+    log: list[str] = []
+    LLAMA_LOG.listeners.append(lambda _level, text: log.append(text))
+    try:
+        loaded = open_model(str(smollm2_path))
+    finally:
+        LLAMA_LOG.listeners.pop()
+    with loaded.engine:
+        assert loaded.engine.n_ctx == 8192
+    kv_lines = [line for line in log if "llama_kv_cache: size" in line]
+    assert kv_lines and "K (q8_0)" in kv_lines[-1] and "V (q8_0)" in kv_lines[-1], kv_lines
+    assert "runs with a q8_0 KV cache (f16 would not fit)" in capsys.readouterr().err
 
 
 def test_plan_for_refuses_unless_forced(header, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -106,6 +173,26 @@ def test_fit_json_has_the_documented_fields() -> None:
     # the KV cache of SmolLM2 at 4096: 30 layers x 3 KV heads x 64 dims x (K+V) x 2 bytes x 4096 cells
     assert report["estimate"]["kv_bytes"] == 30 * 3 * 64 * 2 * 2 * 4096
     assert report["devices"][0]["device"] == "cpu"
+    assert report["chosen"] == []  # nothing this machine forced on the plan
+
+
+def test_fit_says_what_it_chose_for_a_small_machine(
+    smollm2_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import io
+
+    from runner import devices
+    from runner.fit import Request, fit_model
+
+    header = read_header(smollm2_path)
+    monkeypatch.setattr(devices, "probe", lambda: cpu_machine(room_for(header, 8192, "q8_0")))
+    text, report = io.StringIO(), io.StringIO()
+    fit_model(Request(str(smollm2_path)), out=text)
+    fit_model(Request(str(smollm2_path), as_json=True), out=report)
+    assert "KV cache type  q8_0" in text.getvalue()
+    assert "chosen for this machine: a q8_0 KV cache (f16 would not fit)" in text.getvalue()
+    assert json.loads(report.getvalue())["chosen"] == ["a q8_0 KV cache (f16 would not fit)"]
+    assert json.loads(report.getvalue())["kv_type"] == "q8_0"
 
 
 def test_fit_table_and_run_refusal_for_a_context_too_large() -> None:
