@@ -16,6 +16,7 @@ import codecs
 import ctypes
 import functools
 import os
+import re
 import time
 from collections import deque
 from collections.abc import Iterator, Sequence
@@ -159,6 +160,62 @@ def default_threads() -> int:
     return max(1, psutil.cpu_count(logical=False) or os.cpu_count() or 1)
 
 
+def _model_params(lib: Any, n_gpu_layers: int, use_gpu: bool) -> tuple[Any, Any]:
+    """llama_model_params as the engine loads with, and what must outlive them (a device list)."""
+    mparams = lib.llama_model_default_params()
+    mparams.n_gpu_layers = n_gpu_layers if use_gpu else 0
+    mparams.use_extra_bufts = cpu_repacks()
+    no_devices = None
+    if not use_gpu:  # an empty (NULL-terminated) device list: no VRAM at all, not even for compute
+        no_devices = (ctypes.c_void_p * 1)(None)
+        mparams.devices = ctypes.cast(no_devices, ctypes.c_void_p)
+    return mparams, no_devices
+
+
+def _context_params(lib: Any, n_ctx: int, threads: int, kv_type: str | None) -> Any:
+    cparams = lib.llama_context_default_params()
+    cparams.n_ctx = n_ctx
+    cparams.n_threads = cparams.n_threads_batch = threads
+    cparams.no_perf = True
+    if kv_type is not None:
+        cparams.type_k = cparams.type_v = kv_type_id(kv_type)
+    return cparams
+
+
+COMPUTE_LINE = re.compile(r"(\S+) compute buffer size = +([0-9.]+) MiB")
+
+
+def dry_run(
+    path: str | os.PathLike[str], *, n_ctx: int, n_gpu_layers: int, kv_type: str | None, use_gpu: bool
+) -> dict[str, int] | None:
+    """The compute buffers llama.cpp reserves for this load, per buffer type ("CPU", "CUDA0",
+    "CUDA_Host"), without allocating them or reading any weight: the model and context created
+    with no_alloc, as llama.cpp's own --fit does (common/fit.cpp). Sizes are the log's, to 0.01
+    MiB. None when llama.cpp would not say (it could not create the model or the context)."""
+    lib = llama()
+    mparams, keep = _model_params(lib, n_gpu_layers, use_gpu)
+    mparams.no_alloc = True
+    mparams.load_mode = 0  # LLAMA_LOAD_MODE_NONE: no mapping (no_alloc asserts it)
+    lines: list[str] = []
+    listener = lambda _level, text: lines.append(text)  # noqa: E731
+    LLAMA_LOG.listeners.append(listener)
+    try:
+        model = lib.llama_model_load_from_file(os.fsencode(path), mparams)
+        if not model:
+            return None
+        ctx = lib.llama_init_from_model(model, _context_params(lib, n_ctx, default_threads(), kv_type))
+        if ctx:
+            lib.llama_free(ctx)
+        lib.llama_model_free(model)
+    finally:
+        LLAMA_LOG.listeners.remove(listener)
+        del keep
+    if not ctx:
+        return None
+    found = COMPUTE_LINE.findall("".join(lines))
+    return {name: round(float(mib) * (1 << 20)) for name, mib in found}
+
+
 class Engine:
     """One loaded model and its context."""
 
@@ -178,14 +235,10 @@ class Engine:
         self.path = Path(path)
         start = time.perf_counter()
 
-        mparams = lib.llama_model_default_params()
         if n_gpu_layers is None:  # all layers on the GPU when the build can offload, until the planner lands
             n_gpu_layers = -1 if supports_gpu_offload() else 0
-        mparams.n_gpu_layers = self.n_gpu_layers = n_gpu_layers if use_gpu else 0
-        mparams.use_extra_bufts = cpu_repacks()
-        if not use_gpu:  # an empty (NULL-terminated) device list: no VRAM at all, not even for compute
-            self._no_devices = (ctypes.c_void_p * 1)(None)
-            mparams.devices = ctypes.cast(self._no_devices, ctypes.c_void_p)
+        self.n_gpu_layers = n_gpu_layers if use_gpu else 0
+        mparams, self._no_devices = _model_params(lib, n_gpu_layers, use_gpu)
         self._model = lib.llama_model_load_from_file(os.fsencode(self.path), mparams)
         if not self._model:
             reason = LLAMA_LOG.model_error()
@@ -195,13 +248,10 @@ class Engine:
         self.n_ctx_train = int(lib.llama_model_n_ctx_train(self._model))
         self._vocab = lib.llama_model_get_vocab(self._model)
 
-        cparams = lib.llama_context_default_params()
-        cparams.n_ctx = n_ctx or min(DEFAULT_CTX, self.n_ctx_train or DEFAULT_CTX)
         threads = n_threads or default_threads()
-        cparams.n_threads = cparams.n_threads_batch = threads
-        cparams.no_perf = True
-        if kv_type is not None:
-            cparams.type_k = cparams.type_v = kv_type_id(kv_type)
+        cparams = _context_params(
+            lib, n_ctx or min(DEFAULT_CTX, self.n_ctx_train or DEFAULT_CTX), threads, kv_type
+        )
         self._ctx = lib.llama_init_from_model(self._model, cparams)
         if not self._ctx:
             lib.llama_model_free(self._model)
@@ -222,6 +272,10 @@ class Engine:
 
     def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = True) -> list[int]:
         lib = llama()
+        if lib.llama_vocab_type(self._vocab) == lib.LLAMA_VOCAB_TYPE_NONE:  # llama.cpp would abort
+            raise InvalidModelFile(
+                f"{self.path} has no tokenizer (tokenizer.ggml.model 'none'): it cannot read text"
+            )
         data = text.encode("utf-8")
         capacity = len(data) + 8
         tokens = (lib.llama_token * capacity)()

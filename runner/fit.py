@@ -5,14 +5,15 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass
-from typing import TextIO
+from pathlib import Path
+from typing import Any, TextIO
 
 from runner import devices, hub, ui
 from runner.catalog import load_catalog
 from runner.devices import Machine
 from runner.gguf import GGUFHeader
 from runner.headers import ModelHeaders, read_model, read_remote
-from runner.plan import Plan, departures, largest_context, make_plan, trained_context
+from runner.plan import Plan, confirm, departures, dry_run_of, largest_context, make_plan, trained_context
 from runner.quants import offer
 from runner.refs import HubRef, LocalRef, resolve
 from runner.sampling import check_range
@@ -39,7 +40,7 @@ def fit_model(request: Request, *, out: TextIO) -> None:
         _per_quant(ref, request, machine, out)
         return
     model = read_model(ref, offline=request.offline)
-    plan = _plan(model.merged, machine, request)
+    plan = _plan(model.merged, machine, request, model.path)
     speed = decode_speed(model.merged, plan, machine)
     asked = dict(ctx=request.ctx, gpu_layers=request.gpu_layers, kv_type=request.kv_type)
     chose = departures(plan, model.merged, machine, **asked) if plan.fits else []
@@ -49,15 +50,13 @@ def fit_model(request: Request, *, out: TextIO) -> None:
     _describe(ref, model, plan, machine, speed, out, chose)
 
 
-def _plan(header: GGUFHeader, machine: Machine, request: Request) -> Plan:
-    return make_plan(
-        header,
-        machine,
-        ctx=request.ctx,
-        gpu_layers=request.gpu_layers,
-        kv_type=request.kv_type,
-        n_seq=request.parallel,
-    )
+def _plan(header: GGUFHeader, machine: Machine, request: Request, path: Path | None = None) -> Plan:
+    """The plan; for a local file (one sequence) checked by a dry run where the estimate approximates."""
+    asked: dict[str, Any] = dict(ctx=request.ctx, gpu_layers=request.gpu_layers, kv_type=request.kv_type)
+    plan = make_plan(header, machine, n_seq=request.parallel, **asked)
+    if path is None or request.parallel != 1:
+        return plan
+    return confirm(plan, header, machine, dry_run_of(path), **asked)
 
 
 def verdict(plan: Plan) -> str:
@@ -165,6 +164,8 @@ def _describe(
             "buffer, only the pages a batch writes\n"
         )
     out.write(f"verdict: {verdict(plan)}\n")
+    if est.compute_from_engine:
+        out.write("compute buffers: llama.cpp's own figures, from a dry run of this load\n")
     if chose:
         out.write(f"chosen for this machine: {'; '.join(chose)}\n")
     if plan.alternatives:

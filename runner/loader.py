@@ -9,13 +9,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from runner import ui
 from runner.catalog import load_catalog
 from runner.engine import Engine
 from runner.errors import WontFit
 from runner.gguf import GGUFHeader, read_header
-from runner.plan import Plan, departures, make_plan, trained_context
+from runner.plan import Plan, confirm, departures, dry_run_of, make_plan, trained_context
 from runner.refs import HubRef, resolve
 from runner.sampling import check_range
 
@@ -44,11 +45,14 @@ def plan_for(
     kv_type: str | None = None,
     force: bool = False,
     smaller: Callable[[], list[str]] | None = None,
+    path: Path | None = None,
 ) -> Plan:
     """The plan to load with; refuses (WontFit) what this machine cannot hold, unless forced.
 
     A refusal prints the estimate's table on stderr and names the nearest options that fit; `smaller`
     lists smaller quants of the same repo that fit (asked only when refusing: it reads remote headers).
+    With the model's `path`, a plan whose compute buffers the estimate only approximates is checked
+    by a dry run of the load (plan.confirm); without it, that check is left to a later call.
     """
     from runner import devices
 
@@ -63,15 +67,19 @@ def plan_for(
     hint = machine.reinstall_hint()
     if hint:
         ui.warn(f"this llama.cpp build cannot use the {machine.gpus[0].name}; for a GPU build: {hint}")
-    plan = make_plan(header, machine, ctx=ctx, gpu_layers=gpu_layers, kv_type=kv_type)
+    asked: dict[str, Any] = dict(ctx=ctx, gpu_layers=gpu_layers, kv_type=kv_type)
+    plan = make_plan(header, machine, **asked)
+    if path is not None:
+        plan = confirm(plan, header, machine, dry_run_of(path), **asked)
     if not plan.fits and not force:
         from runner.fit import device_table
 
         ui.echo("\n".join(device_table(plan)))
         quants = smaller() if smaller is not None else []
         raise WontFit(describe_refusal(name, plan, quants))
-    chose = departures(plan, header, machine, ctx=ctx, gpu_layers=gpu_layers, kv_type=kv_type)
-    if chose and plan.fits:
+    chose = departures(plan, header, machine, **asked)
+    final = path is not None or plan.estimate.exact  # else a check with the file follows: say it then
+    if chose and plan.fits and final:
         ui.info(f"{name} runs with {' and '.join(chose)}")
     return plan
 
@@ -139,8 +147,10 @@ def open_model(
         path = ref.path
     header = read_header(path)
     header.check_complete()
-    if plan is None:  # unless the remote header gave it already
-        plan = plan_for(header, ref.display, ctx=ctx, gpu_layers=gpu_layers, kv_type=kv_type, force=force)
+    if plan is None or not plan.estimate.exact:  # again with the file, unless the remote plan was exact
+        plan = plan_for(
+            header, ref.display, ctx=ctx, gpu_layers=gpu_layers, kv_type=kv_type, force=force, path=path
+        )
     engine = Engine(
         path,
         n_ctx=ctx or plan.n_ctx,

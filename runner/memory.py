@@ -26,7 +26,7 @@ architecture without its own graph builder, or a CUDA device (compute buffers no
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from runner.gguf import GGML_TYPES
@@ -103,6 +103,7 @@ class Estimate:
     # (mmap populates it), but of a CPU compute buffer only the pages the engine's batches
     # write (one logits row, not n_ubatch): on CPU, compare this with the RAM available
     host_rss_bytes: int = 0
+    compute_from_engine: bool = False  # the compute buffers are llama.cpp's own (a dry run), not ours
 
     @property
     def total_bytes(self) -> int:
@@ -423,6 +424,35 @@ def estimate(
         buffers=tuple(buffers),
         exact=hp.exact_graph and not gpu,
         host_rss_bytes=total("cpu", "model", "KV", "RS", "output") + touched + host_extra,
+    )
+
+
+def with_compute(est: Estimate, compute: dict[str, int]) -> Estimate:
+    """est with llama.cpp's compute buffers (buffer type name -> bytes, as a dry run logs them) in
+    place of its own; host buffer types (CPU, CUDA_Host ...) count on "cpu", the others on "gpu".
+    The host's resident memory moves by the host compute's change (all of it: a conservative bound
+    where only some pages would be touched)."""
+
+    def device_of(name: str) -> str:
+        return "cpu" if name == "CPU" or name.endswith("_Host") else "gpu"
+
+    have = {d.device for d in est.devices}
+    mine = [Buffer(n, "compute", device_of(n), size) for n, size in compute.items() if device_of(n) in have]
+    buffers = [b for b in est.buffers if b.kind != "compute"] + mine
+
+    def on(device: str) -> int:
+        return sum(b.nbytes for b in mine if b.device == device)
+
+    devices = tuple(replace(d, compute_bytes=on(d.device)) for d in est.devices)
+    cpu = est.device("cpu")
+    moved = on("cpu") - (cpu.compute_bytes if cpu else 0)
+    return replace(
+        est,
+        buffers=tuple(buffers),
+        devices=devices,
+        compute_bytes=sum(d.compute_bytes for d in devices),
+        host_rss_bytes=est.host_rss_bytes + moved if est.host_rss_bytes else 0,
+        compute_from_engine=True,
     )
 
 

@@ -8,13 +8,14 @@ it names the nearest options that do.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from runner.devices import Machine
 from runner.engine import DEFAULT_CTX
 from runner.errors import InvalidSetting
-from runner.memory import Estimate, estimate
+from runner.memory import Estimate, estimate, with_compute
 
 DEFAULT_CTX_CAP = DEFAULT_CTX  # without --ctx: the trained context, at most this
 MIN_AUTO_CTX = 2048  # without --ctx, a smaller context than this is offered, not chosen
@@ -88,6 +89,7 @@ def _try(
     n_seq: int,
     *,
     use_gpu: bool | None = None,
+    adjust: dict[str, int] | None = None,
 ) -> Plan:
     use_gpu = bool(machine.usable_gpus) if use_gpu is None else use_gpu
     try:
@@ -103,6 +105,10 @@ def _try(
         )
     except ValueError as exc:  # e.g. an unknown KV type, or a quantized V cache without flash attention
         raise InvalidSetting(f"--kv-type {kv[1]}: {exc}") from exc
+    if adjust:  # what a dry run found the estimate's compute buffers to be off by
+        mine = {b.name: b.nbytes for b in est.buffers if b.kind == "compute"}
+        fixed = {n: max(0, mine.get(n, 0) + adjust.get(n, 0)) for n in {*mine, *adjust}}
+        est = replace(with_compute(est, fixed), compute_from_engine=False)  # still to be confirmed
     return Plan(
         n_ctx=est.n_ctx,
         n_gpu_layers=est.n_gpu_layers,
@@ -150,6 +156,7 @@ def make_plan(
     gpu_layers: int | None = None,
     kv_type: str | None = None,
     n_seq: int = 1,
+    adjust: dict[str, int] | None = None,
 ) -> Plan:
     """The offload and context to load with; `fits` False means none was found (see alternatives).
 
@@ -166,13 +173,13 @@ def make_plan(
 
     def attempt(n_ctx: int, n_layers: int, kv: tuple[str, str], **kw: Any) -> Plan | None:
         try:
-            return _try(header, machine, n_ctx, n_layers, kv, n_seq, **kw)
+            return _try(header, machine, n_ctx, n_layers, kv, n_seq, adjust=adjust, **kw)
         except InvalidSetting:
             if kv_type:  # the user's choice: say why it cannot be
                 raise
             return None  # q8_0 without flash attention: not an option for this model
 
-    first = _try(header, machine, contexts[0], layers, kvs[0], n_seq)
+    first = _try(header, machine, contexts[0], layers, kvs[0], n_seq, adjust=adjust)
     for n_ctx in contexts:
         for kv in kvs:
             plan = attempt(n_ctx, layers, kv)
@@ -189,6 +196,49 @@ def make_plan(
                 if cpu_only is not None and cpu_only.fits:
                     return cpu_only
     return replace(first, alternatives=tuple(_alternatives(header, machine, first, n_seq)))
+
+
+DRY_RUN_ROUNDS = 3
+
+
+def dry_run_of(path: Any) -> Callable[[Plan], dict[str, int] | None]:
+    """confirm()'s dry run for the model file at path: the load runner's engine makes of a plan."""
+    from runner.engine import dry_run
+
+    def dry(p: Plan) -> dict[str, int] | None:
+        return dry_run(path, n_ctx=p.n_ctx, n_gpu_layers=p.n_gpu_layers, kv_type=p.type_k, use_gpu=p.use_gpu)
+
+    return dry
+
+
+def confirm(
+    plan: Plan,
+    header: Any,
+    machine: Machine,
+    dry: Callable[[Plan], dict[str, int] | None],
+    **asked: Any,
+) -> Plan:
+    """plan, checked against llama.cpp's own compute buffers where the estimate only approximates
+    them (a GPU device, an architecture without its own graph): `dry` is a dry run of the planned
+    load (runner.engine.dry_run). A plan the dry run shows not to fit is made again with the
+    estimate corrected by what the dry run found, and checked again. `asked`: make_plan's options."""
+    adjust: dict[str, int] = {}
+    for _ in range(DRY_RUN_ROUNDS):
+        est = plan.estimate
+        if est.exact or est.compute_from_engine:
+            return plan
+        real = dry(plan)
+        if real is None:  # llama.cpp would not say: the estimate stands
+            return plan
+        checked_est = with_compute(est, real)
+        checked = replace(plan, estimate=checked_est, verdicts=check(checked_est, machine))
+        if checked.fits or not plan.fits:
+            return checked
+        mine = {b.name: b.nbytes for b in est.buffers if b.kind == "compute"}
+        for name in {*mine, *real}:
+            adjust[name] = adjust.get(name, 0) + real.get(name, 0) - mine.get(name, 0)
+        plan = make_plan(header, machine, adjust=adjust, **asked)
+    return checked
 
 
 def departures(

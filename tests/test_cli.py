@@ -346,3 +346,12 @@ def test_a_gguf_llama_cpp_cannot_load_says_why(tmp_path: Path) -> None:
         done.stderr.decode().strip()
         == f"runner: error: llama.cpp cannot load {odd}: unknown model architecture: 'foobar'"
     )
+
+
+def test_a_model_without_a_tokenizer_gets_exit_2_not_an_abort(tmp_path: Path) -> None:
+    import synth
+
+    path = synth.write_model(tmp_path / "qwen2.gguf", synth.SPECS["qwen2"])  # tokenizer.ggml.model "none"
+    done = run_cli("run", str(path), "hi", "--raw", "--max-tokens", "3")
+    assert done.returncode == 2, done.stderr
+    assert b"has no tokenizer" in done.stderr and b"Traceback" not in done.stderr and done.stdout == b""

@@ -239,3 +239,59 @@ def test_fit_reads_a_remote_repo_per_quant_without_downloading(tmp_path: Path) -
         # five header reads, each one 1 MiB block, while each file carries 8 MB of tensor data
         assert hub.sent("cdn-lfs") <= 5 * (1 << 20)
     assert not (tmp_path / "hf").exists() or not list((tmp_path / "hf").rglob("*.gguf"))
+
+
+def exaone(tmp_path: Path) -> Path:
+    """A llama-shaped model of an architecture the estimator has no graph for (Estimate.exact False)."""
+    import synth
+
+    spec = synth.Spec("exaone", n_layer=3, n_embd=256, n_head=4, n_head_kv=2, n_ff=768, n_vocab=6000)
+    return synth.write_model(tmp_path / "exaone.gguf", spec)
+
+
+def test_a_dry_run_gives_the_compute_buffers_the_estimate_replays(smollm2_path: Path) -> None:
+    from runner.engine import dry_run, repack_types
+
+    header = read_header(smollm2_path)
+    for n_ctx, kv in ((2048, "f16"), (8192, "f16"), (4096, "q8_0")):
+        real = dry_run(smollm2_path, n_ctx=n_ctx, n_gpu_layers=0, kv_type=kv, use_gpu=False)
+        est = estimate(header, n_ctx=n_ctx, type_k=kv, type_v=kv, repack_types=repack_types())
+        assert real is not None and set(real) == {"CPU"}
+        assert real["CPU"] == pytest.approx(est.compute_bytes, abs=0.006 * 2**20), (n_ctx, kv)
+
+
+def test_a_dry_run_of_a_file_llama_cpp_refuses_says_nothing(tmp_path: Path) -> None:
+    from runner.engine import dry_run
+
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"GGUF" + b"\0" * 60)
+    assert dry_run(bad, n_ctx=512, n_gpu_layers=0, kv_type=None, use_gpu=False) is None
+
+
+def test_an_approximate_estimate_is_checked_by_a_dry_run(tmp_path: Path) -> None:
+    from runner.plan import confirm, dry_run_of
+
+    path = exaone(tmp_path)
+    header = read_header(path)
+    plan = make_plan(header, cpu_machine(16 * GB))
+    assert not plan.estimate.exact and not plan.estimate.compute_from_engine
+    checked = confirm(plan, header, cpu_machine(16 * GB), dry_run_of(path))
+    assert checked.estimate.compute_from_engine and checked.fits
+    assert checked.estimate.compute_bytes == pytest.approx(plan.estimate.compute_bytes, abs=0.006 * 2**20)
+
+
+def test_a_plan_a_dry_run_refutes_is_made_again_from_llama_cpps_figures(tmp_path: Path) -> None:
+    from runner.engine import dry_run
+    from runner.plan import confirm, dry_run_of
+
+    path = exaone(tmp_path)
+    header = read_header(path)
+    need = make_plan(header, cpu_machine(16 * GB)).estimate.host_rss_bytes  # at 8192, f16
+    machine = cpu_machine(int((need - MB) / (1 - CPU_MARGIN)))  # 1 MB short of it
+    hopeful = make_plan(header, machine, adjust={"CPU": -8 * MB})  # as if the estimate were 8 MB low
+    assert hopeful.fits and (hopeful.n_ctx, hopeful.type_k) == (8192, "f16")
+    checked = confirm(hopeful, header, machine, dry_run_of(path))
+    assert checked.fits and checked.estimate.compute_from_engine
+    assert (checked.n_ctx, checked.type_k) != (8192, "f16")  # refuted: a plan that fits llama.cpp's figures
+    real = dry_run(path, n_ctx=checked.n_ctx, n_gpu_layers=0, kv_type=checked.type_k, use_gpu=False)
+    assert real == {b.name: b.nbytes for b in checked.estimate.buffers if b.kind == "compute"}
