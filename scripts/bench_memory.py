@@ -107,6 +107,12 @@ def child(path: str, n_ctx: int, variant: dict, fill: bool) -> None:
     buffers = [(m.group(2), m.group(3), float(m.group(4))) for m in LOG_LINE.finditer("".join(log))]
     vram = vram_used_mib()
     vram_mib = vram - vram_base if vram is not None and vram_base is not None else None
+    dry = None
+    if "n_gpu_layers" in variant:  # after the measurements: llama.cpp's own compute figures (no_alloc)
+        from runner.engine import dry_run
+
+        layers = variant["n_gpu_layers"]
+        dry = dry_run(path, n_ctx=n_ctx, n_gpu_layers=layers, kv_type=None, use_gpu=True)
     print(
         json.dumps(
             {
@@ -115,6 +121,7 @@ def child(path: str, n_ctx: int, variant: dict, fill: bool) -> None:
                 "rss_peak_kib": rss_kib("VmHWM"),
                 "rc": rc,
                 "vram_mib": vram_mib,
+                "dry_compute": dry,
             }
         )
     )
@@ -197,6 +204,9 @@ def row(label: str, path: Path, n_ctx: int, variant: dict | None = None, fill: b
         cells.append(
             f"{want_vram:.0f} / {real['vram_mib']:.0f} ({pct(want_vram * MiB, real['vram_mib'] * MiB)})"
         )
+    if real.get("dry_compute") is not None:  # what runner's dry-run check would put in the estimate
+        dry_mib = sum(real["dry_compute"].values()) / MiB
+        cells.append(f"{dry_mib:.2f} / {got['compute'] / MiB:.2f} ({pct(dry_mib, got['compute'] / MiB)})")
     mark = "" if est.exact else " (approx.)"
     return f"| {label}{mark} | {est.n_ctx} | " + " | ".join(cells) + " |", errors
 
@@ -247,10 +257,10 @@ def main() -> None:
         models = [("SmolLM2-135M Q4_1", smollm2())]
         models += [(f"synth {n}", p) for n, p in synth.write_all(SYNTH_DIR).items()]
     layer_runs = [int(n) for n in args.gpu_layers.split(",") if n.strip()] or [None]
-    vram = " VRAM (NVML) |" if args.gpu_layers else ""
+    vram = " VRAM (NVML) | dry-run compute |" if args.gpu_layers else ""
     print("Estimate / llama.cpp log, MiB (error). RSS: host_rss_bytes / the process's peak RSS growth.\n")
     print(f"| model | n_ctx | weights | KV / state | compute | output | total | RSS |{vram}")
-    print("|---|---|---|---|---|---|---|---|" + ("---|" if vram else ""))
+    print("|---|---|---|---|---|---|---|---|" + ("---|---|" if vram else ""))
     worst = 0.0
     for label, path in models:
         for n_ctx in contexts(path, args.ctx):

@@ -9,7 +9,8 @@
 # then, through the device tool, carrying gpu/ (64 MiB at most: the 98 MB SmolLM2 cannot travel, the synthetic
 # models can):   bash scripts/gpu_check.sh          (never commit gpu/: it is carried, not kept)
 # It installs the CUDA build, checks that it offloads, and compares the memory estimate with llama.cpp's own
-# buffers and with NVML's VRAM, full and partial offload; the table lands in $OUT/gpu_memory.md.
+# buffers and with NVML's VRAM, full and partial offload, and the dry run's compute figures (what runner plans
+# with for a local file) with the compute buffers llama.cpp really allocated; the table lands in $OUT/gpu_memory.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SITE=/tmp/site
