@@ -2,8 +2,10 @@
 
 The estimate is runner.memory's (what the pinned llama.cpp allocates); the plan adds a safety margin per
 device and searches: the context the user asked for (or the largest up to DEFAULT_CTX_CAP and the trained
-context), every layer on the GPU if the build can offload, else as many layers as fit. When nothing fits
-it names the nearest options that do.
+context, halving), at each an f16 then a q8_0 KV cache unless one was asked for, every layer on the GPU
+if the build can offload, else as many layers as fit. When nothing fits it names the nearest options
+that do. Where the estimate only approximates (a GPU device, an architecture without its own graph),
+confirm() checks the plan against llama.cpp's own dry run of the load.
 """
 
 from __future__ import annotations
@@ -249,7 +251,7 @@ def departures(
     out = []
     default_ctx = min(trained_context(header) or DEFAULT_CTX_CAP, DEFAULT_CTX_CAP)
     if ctx is None and plan.n_ctx < default_ctx:
-        out.append(f"a {plan.n_ctx:,}-token context (the most that fits; {default_ctx:,} would not)")
+        out.append(f"a {plan.n_ctx:,}-token context ({default_ctx:,} would not fit)")
     if kv_type is None and plan.type_k != "f16":
         out.append(f"a {plan.type_k} KV cache (f16 would not fit)")
     if machine.usable_gpus and gpu_layers is None:

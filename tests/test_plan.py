@@ -60,7 +60,7 @@ def test_without_ctx_a_still_smaller_machine_gets_a_smaller_context(header) -> N
     plan = make_plan(header, cpu_machine(available))
     assert plan.fits and (plan.n_ctx, plan.type_k) == (4096, "f16")  # f16 first at each context
     chose = departures(plan, header, cpu_machine(available), ctx=None, gpu_layers=None, kv_type=None)
-    assert chose == ["a 4,096-token context (the most that fits; 8,192 would not)"]
+    assert chose == ["a 4,096-token context (8,192 would not fit)"]
 
 
 def test_an_explicit_kv_type_is_kept(header) -> None:
