@@ -261,6 +261,7 @@ class Engine:
         self.n_ctx = int(lib.llama_n_ctx(self._ctx))
         self.n_batch = int(lib.llama_n_batch(self._ctx))
         self.n_threads = threads
+        self.kv_type = kv_type or "f16"
         self.n_vocab = int(lib.llama_vocab_n_tokens(self._vocab))
         self._memory = lib.llama_get_memory(self._ctx)
         self._cached: list[int] = []  # the tokens whose keys and values are in the KV cache

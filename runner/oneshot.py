@@ -108,7 +108,7 @@ def describe_load(loaded: LoadedModel) -> str:
         offload = (
             "all layers on the GPU" if engine.n_gpu_layers < 0 else f"{engine.n_gpu_layers} layers on the GPU"
         )
-    return f"{where} · ctx {engine.n_ctx} · threads {engine.n_threads} · {offload}"
+    return f"{where} · ctx {engine.n_ctx} · KV {engine.kv_type} · threads {engine.n_threads} · {offload}"
 
 
 def describe_timings(result: Result) -> str:
