@@ -132,10 +132,18 @@ def _contexts(top: int, floor: int) -> list[int]:
 
 
 def _most_layers(
-    header: Any, machine: Machine, n_ctx: int, kv: tuple[str, str], n_seq: int, attempt: Any = None
+    header: Any,
+    machine: Machine,
+    n_ctx: int,
+    kv: tuple[str, str],
+    n_seq: int,
+    attempt: Any = None,
+    adjust: dict[str, int] | None = None,
 ) -> Plan | None:
     """The plan with the most GPU layers that fits at n_ctx (binary search; fewer layers, less VRAM)."""
-    attempt = attempt or (lambda n_ctx, n_layers, kv: _try(header, machine, n_ctx, n_layers, kv, n_seq))
+    attempt = attempt or (
+        lambda n_ctx, n_layers, kv: _try(header, machine, n_ctx, n_layers, kv, n_seq, adjust=adjust)
+    )
     full = attempt(n_ctx, -1, kv)
     if full is None:
         return None
@@ -197,7 +205,7 @@ def make_plan(
                 cpu_only = attempt(n_ctx, 0, kv, use_gpu=False)
                 if cpu_only is not None and cpu_only.fits:
                     return cpu_only
-    return replace(first, alternatives=tuple(_alternatives(header, machine, first, n_seq)))
+    return replace(first, alternatives=tuple(_alternatives(header, machine, first, n_seq, adjust)))
 
 
 DRY_RUN_ROUNDS = 3
@@ -265,43 +273,53 @@ def departures(
 
 
 def largest_context(
-    header: Any, machine: Machine, *, upper: int, n_gpu_layers: int, kv: tuple[str, str], n_seq: int = 1
+    header: Any,
+    machine: Machine,
+    *,
+    upper: int,
+    n_gpu_layers: int,
+    kv: tuple[str, str],
+    n_seq: int = 1,
+    adjust: dict[str, int] | None = None,
 ) -> int | None:
     """The largest context up to `upper` (a multiple of 256, as llama.cpp pads) that fits, or None."""
     lo, hi, best = 1, upper // 256, None
     while lo <= hi:
         mid = (lo + hi) // 2
-        if _try(header, machine, mid * 256, n_gpu_layers, kv, n_seq).fits:
+        if _try(header, machine, mid * 256, n_gpu_layers, kv, n_seq, adjust=adjust).fits:
             best, lo = mid * 256, mid + 1
         else:
             hi = mid - 1
     return best
 
 
-def _alternatives(header: Any, machine: Machine, failed: Plan, n_seq: int) -> list[str]:
-    """The nearest options that fit: a smaller context, a quantized KV cache, partial offload."""
+def _alternatives(
+    header: Any, machine: Machine, failed: Plan, n_seq: int, adjust: dict[str, int] | None = None
+) -> list[str]:
+    """The nearest options that fit: a smaller context, a quantized KV cache, partial offload. With
+    `adjust` (a dry run's correction of the compute buffers, as make_plan got it) each is judged the
+    way the failed plan was, so what is offered fits llama.cpp's own figures, not only the estimate's."""
     out = []
     kv = (failed.type_k, failed.type_v)
     upper = min(failed.n_ctx - 256, trained_context(header) or failed.n_ctx)
     layers = failed.n_gpu_layers or 0
-    smaller = largest_context(header, machine, upper=upper, n_gpu_layers=layers, kv=kv, n_seq=n_seq)
+    sized = dict(n_gpu_layers=layers, n_seq=n_seq, adjust=adjust)
+    smaller = largest_context(header, machine, upper=upper, kv=kv, **sized)
     if smaller:
         out.append(f"--ctx {smaller}")
     if failed.type_k == "f16":
         try:
-            quantized = _try(header, machine, failed.n_ctx, layers, ("q8_0", "q8_0"), n_seq)
+            quantized = _try(header, machine, failed.n_ctx, layers, ("q8_0", "q8_0"), n_seq, adjust=adjust)
             if quantized.fits:
                 out.append("--kv-type q8_0")
             else:
-                q8 = largest_context(
-                    header, machine, upper=upper, n_gpu_layers=layers, kv=("q8_0", "q8_0"), n_seq=n_seq
-                )
+                q8 = largest_context(header, machine, upper=upper, kv=("q8_0", "q8_0"), **sized)
                 if q8 and (smaller is None or q8 > smaller):
                     out.append(f"--kv-type q8_0 --ctx {q8}")
         except InvalidSetting:  # q8_0 V needs flash attention, which this model may not get
             pass
     if machine.usable_gpus:
-        partial = _most_layers(header, machine, failed.n_ctx, kv, n_seq)
+        partial = _most_layers(header, machine, failed.n_ctx, kv, n_seq, adjust=adjust)
         if partial is not None and partial.n_gpu_layers < failed.estimate.n_layers:
             out.append(f"--gpu-layers {partial.n_gpu_layers}")
     return out

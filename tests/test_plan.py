@@ -295,3 +295,26 @@ def test_a_plan_a_dry_run_refutes_is_made_again_from_llama_cpps_figures(tmp_path
     assert (checked.n_ctx, checked.type_k) != (8192, "f16")  # refuted: a plan that fits llama.cpp's figures
     real = dry_run(path, n_ctx=checked.n_ctx, n_gpu_layers=0, kv_type=checked.type_k, use_gpu=False)
     assert real == {b.name: b.nbytes for b in checked.estimate.buffers if b.kind == "compute"}
+
+
+def test_a_refusal_offers_only_what_fits_llama_cpps_own_figures(tmp_path: Path) -> None:
+    """The options a refusal names are judged with the dry run's correction, as the plan was: a
+    backend whose compute buffers exceed the estimate (as a GPU's may) gets a smaller --ctx offered."""
+    from runner.plan import confirm, dry_run_of
+
+    path = exaone(tmp_path)
+    header = read_header(path)
+    real = dry_run_of(path)
+
+    def dry(p):  # llama.cpp's real figures, 4 MB more compute than the estimate replays
+        return {name: n + 4 * MB for name, n in real(p).items()}
+
+    asked = dict(ctx=8192, kv_type="f16", gpu_layers=None)
+    need = make_plan(header, cpu_machine(16 * GB), **asked).estimate.host_rss_bytes
+    machine = cpu_machine(int((need + MB) / (1 - CPU_MARGIN)))  # the estimate fits by 1 MB
+    refused = confirm(make_plan(header, machine, **asked), header, machine, dry, **asked)
+    assert not refused.fits
+    offered = [int(a.split()[1]) for a in refused.alternatives if a.startswith("--ctx ")]
+    assert offered and offered[0] < 8192 - 256  # not the estimate's 7936, which the dry run refutes
+    retry = dict(asked, ctx=offered[0])
+    assert confirm(make_plan(header, machine, **retry), header, machine, dry, **retry).fits
