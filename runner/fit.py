@@ -13,7 +13,16 @@ from runner.catalog import load_catalog
 from runner.devices import Machine
 from runner.gguf import GGUFHeader
 from runner.headers import ModelHeaders, read_model, read_remote
-from runner.plan import Plan, confirm, departures, dry_run_of, largest_context, make_plan, trained_context
+from runner.plan import (
+    Plan,
+    check_asked,
+    confirm,
+    departures,
+    dry_run_of,
+    largest_context,
+    make_plan,
+    trained_context,
+)
 from runner.quants import offer
 from runner.refs import HubRef, LocalRef, resolve
 from runner.sampling import check_range
@@ -34,6 +43,7 @@ class Request:
 
 def fit_model(request: Request, *, out: TextIO) -> None:
     check_range(request.parallel, "--parallel", 1, 256)
+    check_asked(ctx=request.ctx, gpu_layers=request.gpu_layers)
     ref = resolve(request.model, load_catalog())
     machine = devices.probe()
     if isinstance(ref, HubRef) and ref.quant is None and ref.file is None and ref.entry is None:

@@ -16,11 +16,10 @@ from runner.catalog import load_catalog
 from runner.engine import Engine
 from runner.errors import WontFit
 from runner.gguf import GGUFHeader, read_header
-from runner.plan import Plan, confirm, departures, dry_run_of, make_plan, trained_context
+from runner.plan import Plan, check_asked, confirm, departures, dry_run_of, make_plan, trained_context
 from runner.refs import HubRef, resolve
 from runner.sampling import check_range
 
-MIN_CTX = 32
 MAX_THREADS = 1024
 
 
@@ -56,8 +55,6 @@ def plan_for(
     """
     from runner import devices
 
-    if ctx is not None:
-        check_range(ctx, "--ctx", MIN_CTX, None)
     trained = trained_context(header)
     if ctx is not None and trained is not None and ctx > trained:
         ui.warn(
@@ -122,6 +119,7 @@ def open_model(
     debug: bool = False,
 ) -> LoadedModel:
     """Resolve, fetch if needed, check the header, plan, then load."""
+    check_asked(ctx=ctx, gpu_layers=gpu_layers)
     if threads is not None:
         check_range(threads, "--threads", 1, MAX_THREADS)
     ref = resolve(model, load_catalog())

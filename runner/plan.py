@@ -18,12 +18,15 @@ from runner.devices import Machine
 from runner.engine import DEFAULT_CTX
 from runner.errors import InvalidSetting
 from runner.memory import Estimate, estimate, with_compute
+from runner.sampling import check_range
 
 DEFAULT_CTX_CAP = DEFAULT_CTX  # without --ctx: the trained context, at most this
 MIN_AUTO_CTX = 2048  # without --ctx, a smaller context than this is offered, not chosen
 CPU_MARGIN = 0.10  # of the RAM available now: the OS, the shell, other programs
 GPU_MARGIN_MIN = 256 << 20  # per GPU: at least this, or GPU_MARGIN of its memory
 GPU_MARGIN = 0.03
+MIN_CTX = 32
+MAX_INT32 = 2**31 - 1  # llama.cpp's n_gpu_layers is an int32, and so are the positions n_ctx counts
 
 
 @dataclass(frozen=True)
@@ -75,6 +78,14 @@ def check(est: Estimate, machine: Machine) -> tuple[Verdict, ...]:
         needed = est.host_rss_bytes if usage.device == "cpu" and est.host_rss_bytes else usage.total_bytes
         verdicts.append(Verdict(usage.device, needed, have.get(usage.device, 0)))
     return tuple(verdicts)
+
+
+def check_asked(*, ctx: int | None, gpu_layers: int | None) -> None:
+    """--ctx and --gpu-layers within what llama.cpp takes (-1: every layer), else InvalidSetting."""
+    if ctx is not None:
+        check_range(ctx, "--ctx", MIN_CTX, MAX_INT32)
+    if gpu_layers is not None:
+        check_range(gpu_layers, "--gpu-layers", -1, MAX_INT32)
 
 
 def trained_context(header: Any) -> int | None:

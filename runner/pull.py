@@ -9,6 +9,7 @@ from runner.catalog import load_catalog
 from runner.errors import UsageError
 from runner.headers import read_remote
 from runner.loader import plan_for, smaller_quants
+from runner.plan import check_asked
 from runner.quants import choose, offer
 from runner.refs import HubRef, LocalRef, resolve
 
@@ -27,6 +28,7 @@ def pull_model(
     Before downloading, the model's header is read on the Hub and the memory plan made: what will not
     fit this machine at ctx is refused (unless forced) before a byte of weights moves.
     """
+    check_asked(ctx=ctx, gpu_layers=None)
     ref = resolve(model, load_catalog())
     if isinstance(ref, LocalRef):
         raise UsageError(f"{model} is a local file; pull takes an alias or a Hub repo")

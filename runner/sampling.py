@@ -88,7 +88,8 @@ def check_range(value: float, flag: str, lo: float | None, hi: float | None, lo_
             bound = f"greater than {lo}" if lo_open else f"at least {lo}"
         else:
             bound = f"in ({lo}, {hi}]" if lo_open else f"between {lo} and {hi}"
-        raise InvalidSetting(f"{flag} must be {bound} (got {value:g})")
+        got = value if isinstance(value, int) else f"{value:g}"  # an int as typed, not as 2.14748e+09
+        raise InvalidSetting(f"{flag} must be {bound} (got {got})")
 
 
 def model_defaults(metadata: Mapping[str, Any]) -> dict[str, Any]:

@@ -199,7 +199,9 @@ def test_system_message_reaches_the_model() -> None:
         (["--frequency-penalty", "-9"], "--frequency-penalty must be between -2 and 2 (got -9)"),
         (["--seed", "-4"], "--seed must be between 0 and 4294967294 (got -4)"),
         (["--max-tokens", "0"], "--max-tokens must be at least 1 (got 0)"),
-        (["--ctx", "8"], "--ctx must be at least 32 (got 8)"),
+        (["--ctx", "8"], "--ctx must be between 32 and 2147483647 (got 8)"),
+        (["--ctx", "2147483648"], "--ctx must be between 32 and 2147483647 (got 2147483648)"),
+        (["--gpu-layers", "-2"], "--gpu-layers must be between -1 and 2147483647 (got -2)"),
         (["--threads", "0"], "--threads must be between 1 and 1024 (got 0)"),
         (["--stop", ""], "--stop needs a non-empty string"),
         (["--raw", "-s", "x"], "--system needs the chat template"),
@@ -211,6 +213,23 @@ def test_out_of_range_flags_get_one_line_and_exit_2(args: list[str], message: st
     err = done.stderr.decode()
     assert message in err
     assert err.count("\n") == 1 and "Traceback" not in err
+    assert done.stdout == b""
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["fit", "smollm2", "--ctx", "0"],
+        ["fit", "smollm2", "--gpu-layers", "-5"],
+        ["pull", "someone/Some-GGUF", "--ctx", "0"],  # said before the Hub is asked
+        ["run", "someone/Some-GGUF", "Hi", "--gpu-layers", "-5"],
+    ],
+)
+def test_fit_pull_and_run_check_ctx_and_gpu_layers_first(args: list[str]) -> None:
+    done = run_cli(*args)
+    assert done.returncode == 2, done.stderr
+    err = done.stderr.decode()
+    assert err.startswith("runner: error: --") and err.count("\n") == 1
     assert done.stdout == b""
 
 
