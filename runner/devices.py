@@ -64,7 +64,7 @@ def nvidia_gpus() -> list[Gpu]:
 
 def _from_nvml() -> list[Gpu]:
     try:
-        import pynvml  # type: ignore[import-not-found]
+        import pynvml
     except ImportError:
         return []
     try:

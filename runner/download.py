@@ -89,6 +89,7 @@ def _download(
     digest, have = _resume_state(partial, size)
     advance = progress(size, have) if progress else None
     stalled, wait = 0, 1.0
+    retryable: tuple[type[BaseException], ...] = (_Retry, *_network_errors())
     while have < size:
         before = have
         try:
@@ -118,7 +119,7 @@ def _download(
                         have += len(chunk)
                         if advance:
                             advance(len(chunk))
-        except (_Retry, *_network_errors()) as exc:
+        except retryable as exc:
             stalled = 0 if have > before else stalled + 1
             if stalled >= MAX_STALLED_TRIES:
                 raise DownloadError(

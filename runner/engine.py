@@ -19,7 +19,7 @@ import os
 import re
 import time
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -385,7 +385,9 @@ class Engine:
         self.last_prefill_tokens = len(tokens) - keep
         return self.last_prefill_tokens
 
-    def generate_step(self, prompt_tokens: Sequence[int], sampling: SamplingConfig) -> Iterator[int]:
+    def generate_step(
+        self, prompt_tokens: Sequence[int], sampling: SamplingConfig
+    ) -> Generator[int, None, None]:
         """Token ids, forever: the caller stops at an end-of-generation token or its limits."""
         lib = llama()
         sampler = self._sampler(sampling)

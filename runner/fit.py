@@ -40,6 +40,11 @@ class Request:
     offline: bool = False
     as_json: bool = False
 
+    @property
+    def asked(self) -> dict[str, Any]:
+        """What the user set of the plan, as make_plan, confirm and departures take it."""
+        return dict(ctx=self.ctx, gpu_layers=self.gpu_layers, kv_type=self.kv_type)
+
 
 def fit_model(request: Request, *, out: TextIO) -> None:
     check_range(request.parallel, "--parallel", 1, 256)
@@ -52,8 +57,7 @@ def fit_model(request: Request, *, out: TextIO) -> None:
     model = read_model(ref, offline=request.offline)
     plan = _plan(model.merged, machine, request, model.path)
     speed = decode_speed(model.merged, plan, machine)
-    asked = dict(ctx=request.ctx, gpu_layers=request.gpu_layers, kv_type=request.kv_type)
-    chose = departures(plan, model.merged, machine, **asked) if plan.fits else []
+    chose = departures(plan, model.merged, machine, **request.asked) if plan.fits else []
     if request.as_json:
         out.write(json.dumps({**to_json(ref, model, plan, machine, speed), "chosen": chose}) + "\n")
         return
@@ -62,11 +66,10 @@ def fit_model(request: Request, *, out: TextIO) -> None:
 
 def _plan(header: GGUFHeader, machine: Machine, request: Request, path: Path | None = None) -> Plan:
     """The plan; for a local file (one sequence) checked by a dry run where the estimate approximates."""
-    asked: dict[str, Any] = dict(ctx=request.ctx, gpu_layers=request.gpu_layers, kv_type=request.kv_type)
-    plan = make_plan(header, machine, n_seq=request.parallel, **asked)
+    plan = make_plan(header, machine, n_seq=request.parallel, **request.asked)
     if path is None or request.parallel != 1:
         return plan
-    return confirm(plan, header, machine, dry_run_of(path), **asked)
+    return confirm(plan, header, machine, dry_run_of(path), **request.asked)
 
 
 def verdict(plan: Plan) -> str:
@@ -190,7 +193,7 @@ def _describe(
 def device_table(plan: Plan) -> list[str]:
     """Weights, KV cache, compute, output, what each device needs and has: aligned text lines."""
     header = ("device", "weights", "KV cache", "compute", "output", "needs", "available", "")
-    table = [header]
+    table: list[tuple[str, ...]] = [header]
     budgets = {v.device: v for v in plan.verdicts}
     for d in plan.estimate.devices:
         v = budgets[d.device]

@@ -141,6 +141,10 @@ def hparams_from_header(header: Any) -> Hparams:
 
     is_swa, n_swa = _swa_layers(arch, g, n_layer)
     recurrent, n_embd_r, n_embd_s = _recurrent(arch, g, n_layer, n_embd, n_head_kv)
+
+    def ssm(key: str) -> int:
+        return int(g(f"ssm.{key}", 0) or 0)
+
     return Hparams(
         arch=arch,
         n_layer=n_layer,
@@ -166,9 +170,7 @@ def hparams_from_header(header: Any) -> Hparams:
         recurrent=recurrent,
         n_embd_r=n_embd_r,
         n_embd_s=n_embd_s,
-        ssm=tuple(
-            int(g(f"ssm.{k}", 0) or 0) for k in ("conv_kernel", "inner_size", "state_size", "time_step_rank")
-        ),
+        ssm=(ssm("conv_kernel"), ssm("inner_size"), ssm("state_size"), ssm("time_step_rank")),
         dot_bytes=max(
             (DOT_BYTES.get(t.type_name, 292 / 256) for t in header.tensors if t.name.startswith("blk.")),
             default=0.0,

@@ -314,8 +314,9 @@ def _alternatives(
     kv = (failed.type_k, failed.type_v)
     upper = min(failed.n_ctx - 256, trained_context(header) or failed.n_ctx)
     layers = failed.n_gpu_layers or 0
-    sized = dict(n_gpu_layers=layers, n_seq=n_seq, adjust=adjust)
-    smaller = largest_context(header, machine, upper=upper, kv=kv, **sized)
+    smaller = largest_context(
+        header, machine, upper=upper, n_gpu_layers=layers, kv=kv, n_seq=n_seq, adjust=adjust
+    )
     if smaller:
         out.append(f"--ctx {smaller}")
     if failed.type_k == "f16":
@@ -324,7 +325,15 @@ def _alternatives(
             if quantized.fits:
                 out.append("--kv-type q8_0")
             else:
-                q8 = largest_context(header, machine, upper=upper, kv=("q8_0", "q8_0"), **sized)
+                q8 = largest_context(
+                    header,
+                    machine,
+                    upper=upper,
+                    n_gpu_layers=layers,
+                    kv=("q8_0", "q8_0"),
+                    n_seq=n_seq,
+                    adjust=adjust,
+                )
                 if q8 and (smaller is None or q8 > smaller):
                     out.append(f"--kv-type q8_0 --ctx {q8}")
         except InvalidSetting:  # q8_0 V needs flash attention, which this model may not get
