@@ -198,15 +198,18 @@ def row(label: str, path: Path, n_ctx: int, variant: dict | None = None, fill: b
     cells.append(f"{total_est / MiB:.2f} / {total_real / MiB:.2f} ({pct(total_est, total_real)})")
     cells.append(f"{rss_est / MiB:.1f} / {rss_real / MiB:.1f} ({pct(rss_est, rss_real)})")
     errors.append(abs(total_est - total_real) / total_real * 100)
-    if real.get("vram_mib") is not None:  # on a GPU: the estimate's device total against what NVML saw
-        gpu = est.device("gpu")
-        want_vram = (gpu.total_bytes if gpu else 0) / MiB
-        cells.append(
-            f"{want_vram:.0f} / {real['vram_mib']:.0f} ({pct(want_vram * MiB, real['vram_mib'] * MiB)})"
-        )
-    if real.get("dry_compute") is not None:  # what runner's dry-run check would put in the estimate
-        dry_mib = sum(real["dry_compute"].values()) / MiB
-        cells.append(f"{dry_mib:.2f} / {got['compute'] / MiB:.2f} ({pct(dry_mib, got['compute'] / MiB)})")
+    if "n_gpu_layers" in kwargs:  # both GPU columns, "n/a" where a figure is missing (no nvidia-smi)
+        cells.append("n/a")
+        if real.get("vram_mib") is not None:  # the estimate's GPU total against what nvidia-smi saw
+            gpu = est.device("gpu")
+            want_vram = (gpu.total_bytes if gpu else 0) / MiB
+            vram = real["vram_mib"]
+            cells[-1] = f"{want_vram:.0f} / {vram:.0f} ({pct(want_vram * MiB, vram * MiB)})"
+        cells.append("n/a")
+        if real.get("dry_compute") is not None:  # what runner's dry-run check would put in the estimate
+            dry_mib = sum(real["dry_compute"].values()) / MiB
+            compute = got["compute"] / MiB
+            cells[-1] = f"{dry_mib:.2f} / {compute:.2f} ({pct(dry_mib * MiB, compute * MiB)})"
     mark = "" if est.exact else " (approx.)"
     return f"| {label}{mark} | {est.n_ctx} | " + " | ".join(cells) + " |", errors
 
@@ -257,7 +260,7 @@ def main() -> None:
         models = [("SmolLM2-135M Q4_1", smollm2())]
         models += [(f"synth {n}", p) for n, p in synth.write_all(SYNTH_DIR).items()]
     layer_runs = [int(n) for n in args.gpu_layers.split(",") if n.strip()] or [None]
-    vram = " VRAM (NVML) | dry-run compute |" if args.gpu_layers else ""
+    vram = " GPU total / VRAM used (nvidia-smi) | dry-run compute / log |" if args.gpu_layers else ""
     print("Estimate / llama.cpp log, MiB (error). RSS: host_rss_bytes / the process's peak RSS growth.\n")
     print(f"| model | n_ctx | weights | KV / state | compute | output | total | RSS |{vram}")
     print("|---|---|---|---|---|---|---|---|" + ("---|---|" if vram else ""))
