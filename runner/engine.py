@@ -235,7 +235,7 @@ class Engine:
         self.path = Path(path)
         start = time.perf_counter()
 
-        if n_gpu_layers is None:  # all layers on the GPU when the build can offload, until the planner lands
+        if n_gpu_layers is None:  # no plan (benchmarks, tests): every layer the build can offload
             n_gpu_layers = -1 if supports_gpu_offload() else 0
         self.n_gpu_layers = n_gpu_layers if use_gpu else 0
         mparams, self._no_devices = _model_params(lib, n_gpu_layers, use_gpu)
