@@ -285,7 +285,7 @@ def test_pull_refuses_what_will_not_fit_before_downloading(fake_hub: FakeHub, tm
     from tests.test_manage import write_gguf
 
     fake_hub.add_repo("user/tiny-GGUF", {"tiny-Q4_K_M.gguf": write_gguf(tmp_path / "t.gguf")})
-    refused = _cli(fake_hub, "pull", "user/tiny-GGUF", "--ctx", "4000000000")
+    refused = _cli(fake_hub, "pull", "user/tiny-GGUF", "--ctx", "2000000000")
     assert refused.returncode == 1
     assert b"does not fit in RAM" in refused.stderr and b"--force loads it anyway" in refused.stderr
     assert fake_hub.sent("cdn-lfs") < 100_000  # the header only
@@ -331,7 +331,7 @@ def test_run_refuses_what_will_not_fit_before_downloading(fake_hub: FakeHub, tmp
     fake_hub.add_repo(
         "user/tiny-GGUF", {"tiny-Q4_K_M.gguf": write_gguf(tmp_path / "t.gguf", padding=8_000_000)}
     )
-    refused = _cli(fake_hub, "run", "user/tiny-GGUF", "hi", "--ctx", "4000000000")
+    refused = _cli(fake_hub, "run", "user/tiny-GGUF", "hi", "--ctx", "2000000000")
     assert refused.returncode == 1
     assert b"does not fit in RAM" in refused.stderr
     assert fake_hub.sent("cdn-lfs") <= 1 << 20  # one block of the header, not the 8 MB of weights
