@@ -199,17 +199,15 @@ def row(label: str, path: Path, n_ctx: int, variant: dict | None = None, fill: b
     cells.append(f"{rss_est / MiB:.1f} / {rss_real / MiB:.1f} ({pct(rss_est, rss_real)})")
     errors.append(abs(total_est - total_real) / total_real * 100)
     if "n_gpu_layers" in kwargs:  # both GPU columns, "n/a" where a figure is missing (no nvidia-smi)
-        cells.append("n/a")
-        if real.get("vram_mib") is not None:  # the estimate's GPU total against what nvidia-smi saw
-            gpu = est.device("gpu")
-            want_vram = (gpu.total_bytes if gpu else 0) / MiB
-            vram = real["vram_mib"]
-            cells[-1] = f"{want_vram:.0f} / {vram:.0f} ({pct(want_vram * MiB, vram * MiB)})"
-        cells.append("n/a")
-        if real.get("dry_compute") is not None:  # what runner's dry-run check would put in the estimate
-            dry_mib = sum(real["dry_compute"].values()) / MiB
-            compute = got["compute"] / MiB
-            cells[-1] = f"{dry_mib:.2f} / {compute:.2f} ({pct(dry_mib * MiB, compute * MiB)})"
+        vram, dry = real.get("vram_mib"), real.get("dry_compute")
+        gpu = est.device("gpu")
+        want = gpu.total_bytes if gpu else 0  # the estimate's GPU total against what nvidia-smi saw
+        cells.append("n/a" if vram is None else f"{want / MiB:.0f} / {vram:.0f} ({pct(want, vram * MiB)})")
+        if dry is None:  # else what runner's dry-run check would put in the estimate, against the log
+            cells.append("n/a")
+        else:
+            dry_bytes, logged = sum(dry.values()), got["compute"]
+            cells.append(f"{dry_bytes / MiB:.2f} / {logged / MiB:.2f} ({pct(dry_bytes, logged)})")
     mark = "" if est.exact else " (approx.)"
     return f"| {label}{mark} | {est.n_ctx} | " + " | ".join(cells) + " |", errors
 
