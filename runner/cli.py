@@ -113,7 +113,7 @@ def run(
       cat notes.txt | runner run smollm2 "Summarize this"
       runner run ./model.gguf "Hi" --temperature 0 --max-tokens 50 --json
     """
-    from runner.oneshot import RunRequest, run_once
+    from runner.commands.run import RunRequest, run_once
 
     request = RunRequest(
         model=model,
@@ -165,7 +165,7 @@ def pull(
       runner pull bartowski/Llama-3.2-1B-Instruct-GGUF:Q4_K_M
       runner pull bartowski/Llama-3.2-1B-Instruct-GGUF --list    # quants and sizes, nothing downloaded
     """
-    from runner.pull import list_quants, pull_model
+    from runner.commands.pull import list_quants, pull_model
 
     if list_:
         list_quants(model, out=sys.stdout)
@@ -186,7 +186,7 @@ def list_(json: o.JsonList = False, debug: o.Debug = False) -> None:
       runner list | cut -f1
       runner list --json
     """
-    from runner.cache import list_models
+    from runner.commands.list import list_models
 
     list_models(out=sys.stdout, as_json=json)
 
@@ -213,7 +213,7 @@ def show(
       runner show bartowski/Llama-3.2-1B-Instruct-GGUF:Q4_K_M
       runner show smollm2 --template > template.jinja
     """
-    from runner.show import show_model
+    from runner.commands.show import show_model
 
     show_model(model, out=sys.stdout, template=template, as_json=json, offline=offline)
 
@@ -228,7 +228,7 @@ def rm(model: o.ModelArg, yes: o.Yes = False, debug: o.Debug = False) -> None:
       runner rm smollm2
       runner rm bartowski/Llama-3.2-1B-Instruct-GGUF:Q4_K_M -y
     """
-    from runner.cache import remove_model
+    from runner.commands.rm import remove_model
 
     remove_model(model, yes=yes, interactive=sys.stdin is not None and sys.stdin.isatty())
 
@@ -246,7 +246,7 @@ def search(
       runner search llama-3.2-1b --limit 5
       runner search qwen --json
     """
-    from runner.search import search_hub
+    from runner.commands.search import search_hub
 
     search_hub(text, out=sys.stdout, limit=limit, as_json=json)
 
@@ -277,7 +277,7 @@ def fit(
       runner fit bartowski/Llama-3.2-3B-Instruct-GGUF            # every quant
       runner fit ./model.gguf --json
     """
-    from runner.fit import Request, fit_model
+    from runner.commands.fit import Request, fit_model
 
     fit_model(
         Request(

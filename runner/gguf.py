@@ -61,6 +61,10 @@ GGML_TYPES: dict[int, tuple[str, int, int]] = {
 }
 # fmt: on
 
+# ggml-cpu/repack.cpp:4925: the weight types the CPU backend repacks into CPU_REPACK on x86-64 with
+# AVX2 (Q2_K needs AVX-512). A fact about types, read by the engine (what it loads) and the estimate.
+REPACK_TYPES = frozenset({"Q4_0", "Q4_K", "IQ4_NL", "MXFP4"})
+
 # GGUF value types, by id (gguf.h); the fixed-size ones with their struct format.
 VALUE_TYPES = ("u8", "i8", "u16", "i16", "u32", "i32", "f32", "bool", "str", "arr", "u64", "i64", "f64")
 _UINT32, _STRING, _ARRAY = 4, 8, 9

@@ -2,6 +2,8 @@
 
 Every command opens models here, so a bad file fails before llama.cpp sees it, and a model that will
 not fit is refused before anything is allocated (unless forced), with the options that would fit.
+The one module that joins the hub, the memory planner and the engine: what the planner needs of the
+engine (the build's facts, a dry run of a load) it gets from here.
 """
 
 from __future__ import annotations
@@ -12,15 +14,23 @@ from pathlib import Path
 from typing import Any
 
 from runner import ui
-from runner.catalog import load_catalog
-from runner.engine import Engine
+from runner.engine.engine import Engine
 from runner.errors import WontFit
 from runner.gguf import GGUFHeader, read_header
-from runner.plan import Plan, check_asked, confirm, departures, dry_run_of, make_plan, trained_context
-from runner.refs import HubRef, resolve
-from runner.sampling import check_range
-
-MAX_THREADS = 1024
+from runner.hub.catalog import load_catalog
+from runner.hub.refs import HubRef, resolve
+from runner.limits import MAX_THREADS, check_range
+from runner.memory import devices
+from runner.memory.devices import Machine
+from runner.memory.plan import (
+    Plan,
+    check_asked,
+    confirm,
+    departures,
+    device_table,
+    make_plan,
+    trained_context,
+)
 
 
 @dataclass
@@ -33,6 +43,24 @@ class LoadedModel:
 
     def close(self) -> None:
         self.engine.close()
+
+
+def machine() -> Machine:
+    """This machine as the installed llama.cpp build sees it: RAM and GPUs, whether the build can
+    offload, and which weight types its CPU backend repacks as it loads them."""
+    from runner.engine.llamacpp import repack_types, supports_gpu_offload
+
+    return devices.probe(can_offload=supports_gpu_offload(), repack_types=repack_types())
+
+
+def dry_run_of(path: Any) -> Callable[[Plan], dict[str, int] | None]:
+    """plan.confirm()'s dry run for the model file at path: the load runner's engine makes of a plan."""
+    from runner.engine.llamacpp import dry_run
+
+    def dry(p: Plan) -> dict[str, int] | None:
+        return dry_run(path, n_ctx=p.n_ctx, n_gpu_layers=p.n_gpu_layers, kv_type=p.type_k, use_gpu=p.use_gpu)
+
+    return dry
 
 
 def plan_for(
@@ -53,28 +81,24 @@ def plan_for(
     With the model's `path`, a plan whose compute buffers the estimate only approximates is checked
     by a dry run of the load (plan.confirm); without it, that check is left to a later call.
     """
-    from runner import devices
-
     trained = trained_context(header)
     if ctx is not None and trained is not None and ctx > trained:
         ui.warn(
             f"--ctx {ctx} is beyond the {trained:,} tokens this model was trained on; answers may degrade"
         )
-    machine = devices.probe()
-    hint = machine.reinstall_hint()
+    here = machine()
+    hint = here.reinstall_hint()
     if hint:
-        ui.warn(f"this llama.cpp build cannot use the {machine.gpus[0].name}; for a GPU build: {hint}")
+        ui.warn(f"this llama.cpp build cannot use the {here.gpus[0].name}; for a GPU build: {hint}")
     asked: dict[str, Any] = dict(ctx=ctx, gpu_layers=gpu_layers, kv_type=kv_type)
-    plan = make_plan(header, machine, **asked)
+    plan = make_plan(header, here, **asked)
     if path is not None:
-        plan = confirm(plan, header, machine, dry_run_of(path), **asked)
+        plan = confirm(plan, header, here, dry_run_of(path), **asked)
     if not plan.fits and not force:
-        from runner.fit import device_table
-
         ui.echo("\n".join(device_table(plan)))
         quants = smaller() if smaller is not None else []
         raise WontFit(describe_refusal(name, plan, quants))
-    chose = departures(plan, header, machine, **asked)
+    chose = departures(plan, header, here, **asked)
     final = path is not None or plan.estimate.exact  # else a check with the file follows: say it then
     if chose and plan.fits and final:
         ui.info(f"{name} runs with {' and '.join(chose)}")
@@ -84,12 +108,34 @@ def plan_for(
 def smaller_quants(
     ref: HubRef, size: int, *, ctx: int | None, kv_type: str | None
 ) -> Callable[[], list[str]]:
-    def find() -> list[str]:
-        from runner.fit import smaller_quants_that_fit
+    """smaller_quants_that_fit, asked only when a refusal needs it."""
 
+    def find() -> list[str]:
         return smaller_quants_that_fit(ref, size, ctx=ctx, kv_type=kv_type)
 
     return find
+
+
+def smaller_quants_that_fit(
+    ref: HubRef, size: int, *, ctx: int | None, kv_type: str | None, most: int = 3
+) -> list[str]:
+    """Up to `most` smaller quants of the same repo, largest first, that fit (headers read remotely)."""
+    from runner.hub import fetch
+    from runner.hub.headers import read_remote
+    from runner.hub.quants import offer
+
+    commit, files = fetch.remote_listing(ref)
+    here = machine()
+    smaller = sorted(
+        (c for c in offer(files) if c.size is not None and c.size < size), key=lambda c: -(c.size or 0)
+    )
+    out = []
+    for choice in smaller[:most]:
+        model = read_remote(ref, commit, choice, quiet=True)
+        plan = make_plan(model.merged, here, ctx=ctx, kv_type=kv_type)
+        if plan.fits:
+            out.append(f"{ref.repo}:{choice.quant or choice.primary.path} ({ui.human_bytes(model.size)})")
+    return out
 
 
 def describe_refusal(name: str, plan: Plan, smaller_quants: list[str] | None = None) -> str:
@@ -125,10 +171,10 @@ def open_model(
     ref = resolve(model, load_catalog())
     plan = None
     if isinstance(ref, HubRef):
-        from runner import hub
+        from runner.hub import fetch
 
-        if hub.local_copy(ref) is None and hub.why_not_online(offline or hub.env_offline()) is None:
-            from runner.headers import read_model
+        if fetch.local_copy(ref) is None and fetch.why_not_online(offline or fetch.env_offline()) is None:
+            from runner.hub.headers import read_model
 
             remote = read_model(ref)  # the header only: refuse before downloading what will not fit
             plan = plan_for(
@@ -140,7 +186,7 @@ def open_model(
                 force=force,
                 smaller=smaller_quants(ref, remote.size, ctx=ctx, kv_type=kv_type),
             )
-        path = hub.locate(ref, offline=offline)
+        path = fetch.locate(ref, offline=offline)
     else:
         path = ref.path
     header = read_header(path)

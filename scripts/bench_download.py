@@ -1,8 +1,8 @@
 """Download benchmark: runner's pull against a bare hf_hub_download of the same file, same server, same run.
 
-Serves the SmolLM2 test model (98 MB) from the loopback Hub in tests/hubserver.py, then, in rounds that
+Serves the SmolLM2 test model (98 MB) from the loopback Hub in tests/fakehub/, then, in rounds that
 alternate, downloads it into a fresh Hugging Face cache with (a) huggingface_hub.hf_hub_download and
-(b) runner.hub.pull (which also checks the sha256 as the bytes arrive); once each as processes,
+(b) runner.hub.fetch.pull (which also checks the sha256 as the bytes arrive); once each as processes,
 (c) `runner pull` and (d) huggingface_hub's own `hf download`. Then the resume test: the connection is
 cut at random offsets and the bytes sent more than once are counted, for runner and huggingface_hub.
 
@@ -28,9 +28,9 @@ FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 def model_path() -> Path:
-    from runner.catalog import load_catalog
-    from runner.hub import locate
-    from runner.refs import from_entry
+    from runner.hub.catalog import load_catalog
+    from runner.hub.fetch import locate
+    from runner.hub.refs import from_entry
 
     return locate(from_entry(load_catalog().default_entry))
 
@@ -47,10 +47,10 @@ def main() -> None:
 
     from huggingface_hub import hf_hub_download
 
-    from runner import download
-    from runner.hub import pull
-    from runner.refs import HubRef
-    from tests.hubserver import FakeHub, hf_env, instant_backoff, pointed_at
+    from runner.hub import download
+    from runner.hub.fetch import pull
+    from runner.hub.refs import HubRef
+    from tests.fakehub import FakeHub, hf_env, instant_backoff, pointed_at
 
     work = Path(tempfile.mkdtemp(prefix="bench-download-"))
     timings: dict[str, list[float]] = {"hf_hub_download": [], "runner (in process)": []}

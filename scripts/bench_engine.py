@@ -3,7 +3,7 @@
 Measures, in one process, on one model, thread count and prompt:
   (a) raw     a bare llama_decode loop with a greedy sampler through the low-level bindings: the limit
   (b) hl-api  llama-cpp-python's high-level Llama.create_completion(stream=True)
-  (c) runner  runner.engine.Engine.stream
+  (c) runner  runner.engine.engine.Engine.stream
 and, as processes: (d) `runner run` end to end (--json timings and wall time) and `runner --help`.
 Rounds interleave (a), (b), (c) so machine noise hits all alike; medians are reported with ratios to (a).
 
@@ -26,9 +26,9 @@ PROMPT_TOKENS = 512
 
 
 def default_model() -> Path:
-    from runner.catalog import load_catalog
-    from runner.hub import locate
-    from runner.refs import from_entry
+    from runner.hub.catalog import load_catalog
+    from runner.hub.fetch import locate
+    from runner.hub.refs import from_entry
 
     return locate(from_entry(load_catalog().default_entry))
 
@@ -45,7 +45,7 @@ class Raw:
     """(a): what llama-bench's pp and tg measure, with a greedy sampler and nothing else."""
 
     def __init__(self, path: Path, threads: int) -> None:
-        from runner.engine import cpu_repacks, llama
+        from runner.engine.llamacpp import cpu_repacks, llama
 
         self.lib = lib = llama()
         mp = lib.llama_model_default_params()
@@ -89,7 +89,7 @@ class HighLevel:
         import llama_cpp
         import llama_cpp.llama_cpp as bindings  # the module Llama() takes its defaults from
 
-        from runner.engine import cpu_repacks
+        from runner.engine.llamacpp import cpu_repacks
 
         defaults = bindings.llama_model_default_params
 
@@ -124,8 +124,8 @@ class Runner:
     """(c): runner's engine, greedy, no stop strings."""
 
     def __init__(self, path: Path, threads: int) -> None:
-        from runner.engine import Engine
-        from runner.sampling import SamplingConfig
+        from runner.engine.engine import Engine
+        from runner.engine.sampling import SamplingConfig
 
         self.engine = Engine(path, n_ctx=CTX, n_threads=threads)
         self.sampling = SamplingConfig(temperature=0)

@@ -1,7 +1,7 @@
-"""Compare runner.memory's estimates with what llama.cpp really allocates.
+"""Compare runner.memory.estimate's estimates with what llama.cpp really allocates.
 
 Each (model, context) runs in a fresh process that loads the model the way runner's engine
-does (runner.engine.Engine: default model and context params, n_ctx, 2 threads), records
+does (runner.engine.engine.Engine: default model and context params, n_ctx, 2 threads), records
 llama.cpp's own "... buffer size = N MiB" log lines, fills the context with tokens (so
 the compute buffer is touched as far as a full context touches it) and reports its peak
 RSS. The parent prints a markdown
@@ -43,9 +43,9 @@ VARIANTS = [
 
 def smollm2() -> Path:
     """The default model, fetched (once) through runner's own catalog entry."""
-    from runner.catalog import load_catalog
-    from runner.hub import locate
-    from runner.refs import from_entry
+    from runner.hub.catalog import load_catalog
+    from runner.hub.fetch import locate
+    from runner.hub.refs import from_entry
 
     return locate(from_entry(load_catalog().default_entry))
 
@@ -74,7 +74,8 @@ def rss_kib(field: str) -> int:
 
 def child(path: str, n_ctx: int, variant: dict, fill: bool) -> None:
     """Load, record the log, fill the context, print one JSON line."""
-    from runner.engine import LLAMA_LOG, Engine, cpu_repacks, llama
+    from runner.engine.engine import Engine
+    from runner.engine.llamacpp import LLAMA_LOG, cpu_repacks, llama
 
     lib = llama()
     base = rss_kib("VmRSS")
@@ -109,7 +110,7 @@ def child(path: str, n_ctx: int, variant: dict, fill: bool) -> None:
     vram_mib = vram - vram_base if vram is not None and vram_base is not None else None
     dry = None
     if "n_gpu_layers" in variant:  # after the measurements: llama.cpp's own compute figures (no_alloc)
-        from runner.engine import dry_run
+        from runner.engine.llamacpp import dry_run
 
         layers = variant["n_gpu_layers"]
         dry = dry_run(path, n_ctx=n_ctx, n_gpu_layers=layers, kv_type=None, use_gpu=True)
@@ -172,9 +173,9 @@ def pct(est: float, real: float) -> str:
 
 
 def row(label: str, path: Path, n_ctx: int, variant: dict | None = None, fill: bool = True):
-    from runner.engine import repack_types
+    from runner.engine.llamacpp import repack_types
     from runner.gguf import read_header
-    from runner.memory import estimate
+    from runner.memory.estimate import estimate
 
     real = measure(path, n_ctx, variant, fill)
     kwargs = dict(variant or {})
@@ -214,7 +215,7 @@ def row(label: str, path: Path, n_ctx: int, variant: dict | None = None, fill: b
 
 def contexts(path: Path, spec: str) -> list[int]:
     from runner.gguf import read_header
-    from runner.memory import estimate
+    from runner.memory.estimate import estimate
 
     header = read_header(path)
     out = []

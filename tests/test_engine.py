@@ -6,10 +6,10 @@ import itertools
 
 import pytest
 
-from runner.engine import FINISH_LENGTH, FINISH_STOP, Engine, _TextAssembler
+from runner.engine.engine import FINISH_LENGTH, FINISH_STOP, Engine, _TextAssembler
+from runner.engine.sampling import SamplingConfig
+from runner.engine.template import build_messages, render
 from runner.errors import PromptTooLong
-from runner.sampling import SamplingConfig
-from runner.template import build_messages, render
 
 GREEDY = SamplingConfig(temperature=0)
 

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from runner.catalog import load_catalog
 from runner.errors import DownloadError, IntegrityError
-from runner.hub import locate
-from runner.refs import from_entry
+from runner.hub.catalog import load_catalog
+from runner.hub.fetch import locate
+from runner.hub.refs import from_entry
 
 SHA = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from runner.catalog import load_catalog
 from runner.errors import DownloadError, IntegrityError, ModelNotFound
-from runner.hub import cached_path, locate, pull
-from runner.refs import resolve
-from tests.hubserver import FakeHub, fake_hub_fixture, hf_env, instant_backoff
+from runner.hub.catalog import load_catalog
+from runner.hub.fetch import cached_path, locate, pull
+from runner.hub.refs import resolve
+from tests.fakehub import FakeHub, fake_hub_fixture, hf_env, instant_backoff
 
 fake_hub = fake_hub_fixture()
 
@@ -100,7 +100,7 @@ def test_unknown_repo_and_revision(fake_hub: FakeHub) -> None:
 
 @pytest.fixture(autouse=True)
 def _instant_retries(monkeypatch: pytest.MonkeyPatch):
-    from runner import download
+    from runner.hub import download
 
     waits: list[float] = []
     monkeypatch.setattr(download, "sleep", waits.append)
@@ -198,7 +198,7 @@ def test_two_processes_pulling_at_once_end_with_one_good_copy(fake_hub: FakeHub,
     fake_hub.add_repo("user/race-GGUF", {"race-Q4_K_M.gguf": data})
     fake_hub.add_fault("cdn-lfs", "stall", seconds=0.5, after=1_000_000, then="continue", times=2)
     code = (
-        "from runner.hub import pull; from runner.refs import HubRef; "
+        "from runner.hub.fetch import pull; from runner.hub.refs import HubRef; "
         "print(pull(HubRef('user/race-GGUF')).path)"
     )
     from huggingface_hub import constants
@@ -302,7 +302,7 @@ def test_progress_bar_on_a_terminal_and_quiet_otherwise(fake_hub: FakeHub) -> No
     leader, follower = pty.openpty()
     env = {**hf_env(fake_hub.endpoint, constants.HF_HUB_CACHE), "COLUMNS": "100", "TERM": "xterm"}
     code = (
-        "from runner.hub import pull; from runner.refs import HubRef; "
+        "from runner.hub.fetch import pull; from runner.hub.refs import HubRef; "
         "pull(HubRef('user/bar-GGUF', file='bar-Q8_0.gguf'))"
     )
     proc = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, stderr=follower)
@@ -341,12 +341,12 @@ def test_run_refuses_what_will_not_fit_before_downloading(fake_hub: FakeHub, tmp
 def test_a_refusal_names_smaller_quants_of_the_repo_that_fit(
     fake_hub: FakeHub, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from runner import devices
-    from runner.devices import Machine
     from runner.errors import WontFit
     from runner.gguf import read_header
     from runner.loader import open_model
-    from runner.memory import estimate
+    from runner.memory import devices
+    from runner.memory.devices import Machine
+    from runner.memory.estimate import estimate
     from tests.test_manage import write_gguf
 
     big = write_gguf(tmp_path / "big.gguf", padding=40_000_000)

@@ -1,12 +1,15 @@
-"""The one lint step, run with the suite so CI runs it: ruff check, ruff format --check, mypy."""
+"""The one lint step, run with the suite so CI runs it: ruff check, ruff format --check, mypy, and the
+layer contracts (import-linter, as pyproject.toml's [tool.importlinter] sets them)."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+LINT_IMPORTS = [sys.executable, "-c", "import importlinter.cli as c; c.lint_imports_command()"]
 
 
 def test_ruff_check_and_format() -> None:
@@ -19,3 +22,32 @@ def test_mypy() -> None:
     """Types as pyproject.toml's [tool.mypy] sets them (runner/, as Python 3.10 reads it)."""
     done = subprocess.run([sys.executable, "-m", "mypy"], cwd=ROOT, capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def lint_imports(root: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*LINT_IMPORTS, "--no-cache"], cwd=root, capture_output=True, text=True)
+
+
+def test_imports_point_down_only() -> None:
+    done = lint_imports(ROOT)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "0 broken" in done.stdout
+
+
+def add_import(module: Path, statement: str) -> None:
+    """A function-level import, as runner's lazy imports are: the contracts see those too."""
+    module.write_text(module.read_text() + f"\n\ndef _added() -> None:\n    {statement}\n")
+
+
+def test_an_import_up_a_layer_is_caught(tmp_path: Path) -> None:
+    """The contracts can fail: the planner asking the engine for its dry run directly (the import
+    this layout removed) breaks the layers, a command importing another breaks their independence."""
+    shutil.copytree(ROOT / "runner", tmp_path / "runner", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "pyproject.toml", tmp_path)
+    add_import(tmp_path / "runner" / "memory" / "plan.py", "from runner.engine.llamacpp import dry_run")
+    add_import(tmp_path / "runner" / "commands" / "fit.py", "from runner.commands.run import run_once")
+    done = lint_imports(tmp_path)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "runner.memory.plan -> runner.engine.llamacpp" in done.stdout
+    assert "runner.commands.fit -> runner.commands.run" in done.stdout
+    assert "2 broken" in done.stdout

@@ -15,13 +15,14 @@ import pytest
 from gguf import GGMLQuantizationType, GGUFWriter
 
 from runner import ui
-from runner.cache import list_models, remove_model
-from runner.catalog import load_catalog
-from runner.hub import pull
-from runner.refs import resolve
-from runner.show import show_model
+from runner.commands.list import list_models
+from runner.commands.rm import remove_model
+from runner.commands.show import show_model
+from runner.hub.catalog import load_catalog
+from runner.hub.fetch import pull
+from runner.hub.refs import resolve
 from tests.conftest import run_cli
-from tests.hubserver import FakeHub, fake_hub_fixture, hf_env, hub_cache_dir
+from tests.fakehub import FakeHub, fake_hub_fixture, hf_env, hub_cache_dir
 
 fake_hub = fake_hub_fixture()
 

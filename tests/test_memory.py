@@ -1,4 +1,4 @@
-"""runner.memory: headers in, bytes out (computed by hand), then two real loads against llama.cpp's log."""
+"""runner.memory.estimate: headers in, bytes out (by hand), then two real loads against llama.cpp's log."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from runner import memory
 from runner.gguf import GGUFHeader, TensorInfo, read_header
-from runner.memory_graph import OUTPUT, Ctx, Graph, compute_buffer_size
+from runner.memory import estimate as memory
+from runner.memory.graph import OUTPUT, Ctx, Graph, compute_buffer_size
 
 MiB = 1 << 20
 F32, F16, Q4_0, Q8_0 = 0, 1, 2, 8
@@ -254,7 +254,8 @@ LOG_LINE = re.compile(r"(\w+):\s+(\S+)\s+(model|KV|RS|output|compute) buffer siz
 
 def logged_buffers(path: Path, n_ctx: int) -> list[tuple[str, str, float]]:
     """Load through runner's engine, as runner does, and collect llama.cpp's buffer lines."""
-    from runner.engine import LLAMA_LOG, Engine
+    from runner.engine.engine import Engine
+    from runner.engine.llamacpp import LLAMA_LOG
 
     lines: list[str] = []
     listener = lambda _level, text: lines.append(text)  # noqa: E731
@@ -268,7 +269,7 @@ def logged_buffers(path: Path, n_ctx: int) -> list[tuple[str, str, float]]:
 
 
 def assert_matches_log(path: Path, n_ctx: int) -> None:
-    from runner.engine import repack_types
+    from runner.engine.llamacpp import repack_types
 
     est = memory.estimate(read_header(path), n_ctx=n_ctx, repack_types=repack_types())
     want = sorted((b.name, b.kind, b.nbytes / MiB) for b in est.buffers)

@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from runner.devices import Gpu, Machine
 from runner.errors import InvalidSetting, WontFit
 from runner.gguf import read_header
 from runner.loader import plan_for
-from runner.memory import estimate
-from runner.plan import CPU_MARGIN, departures, make_plan
+from runner.memory.devices import Gpu, Machine
+from runner.memory.estimate import estimate
+from runner.memory.plan import CPU_MARGIN, departures, make_plan
 from tests.conftest import run_cli
 
 GB = 10**9
@@ -106,12 +106,12 @@ def test_a_small_gpu_gets_a_quantized_cache_before_losing_layers(header) -> None
 def test_the_engine_loads_the_planned_kv_cache_and_says_so(
     smollm2_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from runner import devices
-    from runner.engine import LLAMA_LOG
+    from runner.engine.llamacpp import LLAMA_LOG
     from runner.loader import open_model
+    from runner.memory import devices
 
     header = read_header(smollm2_path)
-    monkeypatch.setattr(devices, "probe", lambda: cpu_machine(room_for(header, 8192, "q8_0")))
+    monkeypatch.setattr(devices, "probe", lambda **_: cpu_machine(room_for(header, 8192, "q8_0")))
     log: list[str] = []
     LLAMA_LOG.listeners.append(lambda _level, text: log.append(text))
     try:
@@ -126,9 +126,9 @@ def test_the_engine_loads_the_planned_kv_cache_and_says_so(
 
 
 def test_plan_for_refuses_unless_forced(header, monkeypatch: pytest.MonkeyPatch) -> None:
-    from runner import devices
+    from runner.memory import devices
 
-    monkeypatch.setattr(devices, "probe", lambda: cpu_machine(100 * MB))
+    monkeypatch.setattr(devices, "probe", lambda **_: cpu_machine(100 * MB))
     with pytest.raises(WontFit, match=r"smollm2 does not fit in RAM at a 8,192-token context \(CPU needs"):
         plan_for(header, "smollm2")
     forced = plan_for(header, "smollm2", force=True)
@@ -181,11 +181,11 @@ def test_fit_says_what_it_chose_for_a_small_machine(
 ) -> None:
     import io
 
-    from runner import devices
-    from runner.fit import Request, fit_model
+    from runner.commands.fit import Request, fit_model
+    from runner.memory import devices
 
     header = read_header(smollm2_path)
-    monkeypatch.setattr(devices, "probe", lambda: cpu_machine(room_for(header, 8192, "q8_0")))
+    monkeypatch.setattr(devices, "probe", lambda **_: cpu_machine(room_for(header, 8192, "q8_0")))
     text, report = io.StringIO(), io.StringIO()
     fit_model(Request(str(smollm2_path)), out=text)
     fit_model(Request(str(smollm2_path), as_json=True), out=report)
@@ -211,7 +211,7 @@ def test_fit_reads_a_remote_repo_per_quant_without_downloading(tmp_path: Path) -
     import subprocess
     import sys
 
-    from tests.hubserver import FakeHub, hf_env
+    from tests.fakehub import FakeHub, hf_env
     from tests.test_manage import write_gguf
 
     q4 = write_gguf(tmp_path / "q4.gguf", layers=2, padding=8_000_000)
@@ -250,7 +250,7 @@ def exaone(tmp_path: Path) -> Path:
 
 
 def test_a_dry_run_gives_the_compute_buffers_the_estimate_replays(smollm2_path: Path) -> None:
-    from runner.engine import dry_run, repack_types
+    from runner.engine.llamacpp import dry_run, repack_types
 
     header = read_header(smollm2_path)
     for n_ctx, kv in ((2048, "f16"), (8192, "f16"), (4096, "q8_0")):
@@ -261,7 +261,7 @@ def test_a_dry_run_gives_the_compute_buffers_the_estimate_replays(smollm2_path: 
 
 
 def test_a_dry_run_of_a_file_llama_cpp_refuses_says_nothing(tmp_path: Path) -> None:
-    from runner.engine import dry_run
+    from runner.engine.llamacpp import dry_run
 
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(b"GGUF" + b"\0" * 60)
@@ -269,7 +269,8 @@ def test_a_dry_run_of_a_file_llama_cpp_refuses_says_nothing(tmp_path: Path) -> N
 
 
 def test_an_approximate_estimate_is_checked_by_a_dry_run(tmp_path: Path) -> None:
-    from runner.plan import confirm, dry_run_of
+    from runner.loader import dry_run_of
+    from runner.memory.plan import confirm
 
     path = exaone(tmp_path)
     header = read_header(path)
@@ -281,8 +282,9 @@ def test_an_approximate_estimate_is_checked_by_a_dry_run(tmp_path: Path) -> None
 
 
 def test_a_plan_a_dry_run_refutes_is_made_again_from_llama_cpps_figures(tmp_path: Path) -> None:
-    from runner.engine import dry_run
-    from runner.plan import confirm, dry_run_of
+    from runner.engine.llamacpp import dry_run
+    from runner.loader import dry_run_of
+    from runner.memory.plan import confirm
 
     path = exaone(tmp_path)
     header = read_header(path)
@@ -300,7 +302,8 @@ def test_a_plan_a_dry_run_refutes_is_made_again_from_llama_cpps_figures(tmp_path
 def test_a_refusal_offers_only_what_fits_llama_cpps_own_figures(tmp_path: Path) -> None:
     """The options a refusal names are judged with the dry run's correction, as the plan was: a
     backend whose compute buffers exceed the estimate (as a GPU's may) gets a smaller --ctx offered."""
-    from runner.plan import confirm, dry_run_of
+    from runner.loader import dry_run_of
+    from runner.memory.plan import confirm
 
     path = exaone(tmp_path)
     header = read_header(path)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from runner.errors import ModelNotFound
-from runner.quants import RepoFile, choose, describe_offer, is_model_file, quant_of, split_info
+from runner.hub.quants import RepoFile, choose, describe_offer, is_model_file, quant_of, split_info
 
 GB = 10**9
 LISTING = [

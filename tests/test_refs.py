@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from runner.catalog import load_catalog
 from runner.errors import CatalogError, ModelNotFound
-from runner.refs import HubRef, LocalRef, resolve
+from runner.hub.catalog import load_catalog
+from runner.hub.refs import HubRef, LocalRef, resolve
 
 
 @pytest.fixture
@@ -86,7 +86,7 @@ def test_user_catalog_adds_aliases_and_bad_ones_are_named(
     assert resolve("mine", catalog) == HubRef("me/my-model-GGUF", quant="Q5_K_M", entry=catalog.get("mine"))
     assert catalog.get("smollm2") is not None  # shipped aliases stay
     (tmp_path / "models.toml").write_text('[models.broken]\nfile = "x.gguf"\n')
-    from runner import catalog as catalog_module
+    from runner.hub import catalog as catalog_module
 
     catalog_module._load.cache_clear()  # the catalog is read once per process
     with pytest.raises(CatalogError, match=r"\[models.broken\] needs a repo"):

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from runner.engine.sampling import SamplingConfig, model_defaults, resolve
+from runner.engine.template import build_messages, render
 from runner.errors import InvalidModelFile, InvalidSetting
-from runner.sampling import SamplingConfig, model_defaults, resolve
-from runner.template import build_messages, render
 
 SMOL = (
     "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"

@@ -5,11 +5,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, BinaryIO
 
 from runner import ui
+from runner.engine.template import TEMPLATE_KEY, build_messages, render
 from runner.errors import UsageError
-from runner.template import TEMPLATE_KEY, build_messages, render
 
 if TYPE_CHECKING:
-    from runner.engine import Engine
+    from runner.engine.engine import Engine
     from runner.gguf import GGUFHeader
 
 

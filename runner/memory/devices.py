@@ -2,7 +2,8 @@
 
 NVIDIA GPUs come from NVML (the optional `runner[nvidia]` extra, nvidia-ml-py) or, without it, from
 `nvidia-smi`; Apple Silicon shares its RAM with the GPU (Metal may use about 3/4 of it by default).
-None of this imports llama_cpp unless asked about the build (whether it can offload, what it repacks).
+What the installed llama.cpp build can do (offload, repack) is the engine's to say: the loader asks it and
+passes the answer to probe() (runner.loader.machine), so nothing here imports llama_cpp.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 
-from runner.memory import REPACK_TYPES
+from runner.gguf import REPACK_TYPES
 
 NVIDIA_SMI_TIMEOUT_S = 5.0
 APPLE_GPU_SHARE = 0.75  # Metal's recommendedMaxWorkingSetSize is about 3/4 of RAM on Apple Silicon
@@ -136,17 +137,8 @@ def apple_gpu(ram_total: int, ram_available: int) -> list[Gpu]:
     return [Gpu(0, "Apple GPU (Metal)", total, min(total, ram_available), "metal", "unified memory")]
 
 
-def can_offload() -> bool:
-    from runner.engine import supports_gpu_offload
-
-    return supports_gpu_offload()
-
-
-def probe(*, check_build: bool = True) -> Machine:
+def probe(*, can_offload: bool = False, repack_types: frozenset[str] = REPACK_TYPES) -> Machine:
+    """RAM and GPUs as they are now, with what the caller says of the llama.cpp build."""
     total, available = ram()
     gpus = nvidia_gpus() or apple_gpu(total, available)
-    if not check_build:
-        return Machine(total, available, tuple(gpus))
-    from runner.engine import repack_types
-
-    return Machine(total, available, tuple(gpus), can_offload(), repack_types())
+    return Machine(total, available, tuple(gpus), can_offload, repack_types)

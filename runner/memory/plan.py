@@ -1,11 +1,12 @@
 """Will it fit? From a GGUF header and this machine to an offload, a context and a verdict.
 
-The estimate is runner.memory's (what the pinned llama.cpp allocates); the plan adds a safety margin per
-device and searches: the context the user asked for (or the largest up to DEFAULT_CTX_CAP and the trained
-context, halving), at each an f16 then a q8_0 KV cache unless one was asked for, every layer on the GPU
-if the build can offload, else as many layers as fit. When nothing fits it names the nearest options
-that do. Where the estimate only approximates (a GPU device, an architecture without its own graph),
-confirm() checks the plan against llama.cpp's own dry run of the load.
+The estimate is runner.memory.estimate's (what the pinned llama.cpp allocates); the plan adds a
+safety margin per device and searches: the context the user asked for (or the largest up to
+DEFAULT_CTX_CAP and the trained context, halving), at each an f16 then a q8_0 KV cache unless one was
+asked for, every layer on the GPU if the build can offload, else as many layers as fit. When nothing
+fits it names the nearest options that do. Where the estimate only approximates (a GPU device, an
+architecture without its own graph), confirm() checks the plan against llama.cpp's own dry run of
+the load, which the loader passes in.
 """
 
 from __future__ import annotations
@@ -14,19 +15,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from runner.devices import Machine
-from runner.engine import DEFAULT_CTX
+from runner import ui
 from runner.errors import InvalidSetting
-from runner.memory import Estimate, estimate, with_compute
-from runner.sampling import check_range
+from runner.limits import DEFAULT_CTX, MAX_INT32, MIN_CTX, check_range
+from runner.memory.devices import Machine
+from runner.memory.estimate import Estimate, estimate, with_compute
 
 DEFAULT_CTX_CAP = DEFAULT_CTX  # without --ctx: the trained context, at most this
 MIN_AUTO_CTX = 2048  # without --ctx, a smaller context than this is offered, not chosen
 CPU_MARGIN = 0.10  # of the RAM available now: the OS, the shell, other programs
 GPU_MARGIN_MIN = 256 << 20  # per GPU: at least this, or GPU_MARGIN of its memory
 GPU_MARGIN = 0.03
-MIN_CTX = 32
-MAX_INT32 = 2**31 - 1  # llama.cpp's n_gpu_layers is an int32, and so are the positions n_ctx counts
 
 
 @dataclass(frozen=True)
@@ -222,16 +221,6 @@ def make_plan(
 DRY_RUN_ROUNDS = 3
 
 
-def dry_run_of(path: Any) -> Callable[[Plan], dict[str, int] | None]:
-    """confirm()'s dry run for the model file at path: the load runner's engine makes of a plan."""
-    from runner.engine import dry_run
-
-    def dry(p: Plan) -> dict[str, int] | None:
-        return dry_run(path, n_ctx=p.n_ctx, n_gpu_layers=p.n_gpu_layers, kv_type=p.type_k, use_gpu=p.use_gpu)
-
-    return dry
-
-
 def confirm(
     plan: Plan,
     header: Any,
@@ -241,8 +230,9 @@ def confirm(
 ) -> Plan:
     """plan, checked against llama.cpp's own compute buffers where the estimate only approximates
     them (a GPU device, an architecture without its own graph): `dry` is a dry run of the planned
-    load (runner.engine.dry_run). A plan the dry run shows not to fit is made again with the
-    estimate corrected by what the dry run found, and checked again. `asked`: make_plan's options."""
+    load (the engine's, which the loader passes in: runner.loader.dry_run_of). A plan the dry run
+    shows not to fit is made again with the estimate corrected by what the dry run found, and
+    checked again. `asked`: make_plan's options."""
     adjust: dict[str, int] = {}
     for _ in range(DRY_RUN_ROUNDS):
         est = plan.estimate
@@ -343,3 +333,23 @@ def _alternatives(
         if partial is not None and partial.n_gpu_layers < failed.estimate.n_layers:
             out.append(f"--gpu-layers {partial.n_gpu_layers}")
     return out
+
+
+def device_table(plan: Plan) -> list[str]:
+    """Weights, KV cache, compute, output, what each device needs and has: aligned text lines."""
+    header = ("device", "weights", "KV cache", "compute", "output", "needs", "available", "")
+    table: list[tuple[str, ...]] = [header]
+    budgets = {v.device: v for v in plan.verdicts}
+    for d in plan.estimate.devices:
+        v = budgets[d.device]
+        sizes = (d.weights_bytes, d.kv_bytes, d.compute_bytes, d.output_bytes, v.needed_bytes, v.budget_bytes)
+        table.append(
+            (d.device.upper(), *(ui.human_bytes(n) for n in sizes), "fits" if v.fits else "DOES NOT FIT")
+        )
+    widths = [max(len(row[i]) for row in table) for i in range(len(header))]
+    return [
+        "  ".join(
+            c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True))
+        ).rstrip()
+        for row in table
+    ]

@@ -13,8 +13,8 @@ references are to vendor/llama.cpp of llama-cpp-python 0.3.36; see /tmp/memory_n
   cell, n_ctx rounded up to 256 cells; sliding-window layers are full size too, because
   the default swa_full is true; recurrent layers keep one state per sequence instead;
 - compute: the worst-case graph llama_context reserves (n_ubatch tokens, n_ubatch logits),
-  built as llama.cpp builds it (memory_build.py) and placed by a replay of ggml-alloc
-  (memory_graph.py): to the byte on CPU;
+  built as llama.cpp builds it (build.py) and placed by a replay of ggml-alloc
+  (graph.py): to the byte on CPU;
 - output: the host buffer for one row of logits per sequence (n_vocab * n_seq * 4).
 
 Deciding whether it fits: on a GPU, device("gpu").total_bytes against the free VRAM (GPU
@@ -29,10 +29,10 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from runner.gguf import GGML_TYPES
-from runner.memory_arch import Hparams, hparams_from_header
-from runner.memory_build import GraphParams, build_graph, rotation_sizes
-from runner.memory_graph import compute_buffer_size, pad, row_size
+from runner.gguf import GGML_TYPES, REPACK_TYPES
+from runner.memory.arch import Hparams, hparams_from_header
+from runner.memory.build import GraphParams, build_graph, rotation_sizes
+from runner.memory.graph import compute_buffer_size, pad, row_size
 
 # -- llama.cpp's defaults, as runner's engine leaves them (llama-context.cpp:3754-3796) --------
 N_BATCH = 2048  # llama_context_default_params().n_batch
@@ -44,8 +44,6 @@ N_CTX_PAD = 256  # llama-context.cpp:290: n_ctx = GGML_PAD(n_ctx, 256)
 CPU_ALIGNMENT = 32  # TENSOR_ALIGNMENT, ggml-impl.h:44
 GPU_ALIGNMENT = 128  # CUDA buffer alignment
 CUDA_ROW_PADDING = 512  # MATRIX_ROW_PADDING: quantized rows are padded in CUDA buffers
-# ggml-cpu/repack.cpp:4925: types repacked into CPU_REPACK on x86-64 with AVX2 (Q2_K needs AVX-512)
-REPACK_TYPES = frozenset({"Q4_0", "Q4_K", "IQ4_NL", "MXFP4"})
 # not in any buffer, but host memory the process needs (fitted to RSS measured here, see
 # host_overhead): a fixed part, per vocabulary entry, per tokenizer string (token or merge)
 HOST_OVERHEAD = 5 << 20

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 from typing import TextIO
 
-from runner import hub, ui
-from runner.catalog import load_catalog
+from runner import ui
 from runner.errors import UsageError
-from runner.headers import read_remote
+from runner.hub import fetch
+from runner.hub.catalog import load_catalog
+from runner.hub.headers import read_remote
+from runner.hub.quants import choose, offer
+from runner.hub.refs import HubRef, LocalRef, resolve
 from runner.loader import plan_for, smaller_quants
-from runner.plan import check_asked
-from runner.quants import choose, offer
-from runner.refs import HubRef, LocalRef, resolve
+from runner.memory.plan import check_asked
 
 
 def pull_model(
@@ -32,17 +33,17 @@ def pull_model(
     ref = resolve(model, load_catalog())
     if isinstance(ref, LocalRef):
         raise UsageError(f"{model} is a local file; pull takes an alias or a Hub repo")
-    if ref.entry is not None and ref.entry.mirror is not None and (offline or hub.hub_unreachable()):
-        path = hub.locate(ref, offline=offline)  # pinned bytes: the cache or the mirror will do
+    if ref.entry is not None and ref.entry.mirror is not None and (offline or fetch.hub_unreachable()):
+        path = fetch.locate(ref, offline=offline)  # pinned bytes: the cache or the mirror will do
         out.write(f"{ui.human_bytes(path.stat().st_size)}\t{path}\n")
         return
     if offline:
-        path = hub.locate(ref, offline=True)
+        path = fetch.locate(ref, offline=True)
         out.write(f"{ui.human_bytes(path.stat().st_size)}\t{path}\n")
         return
-    commit, files = hub.remote_listing(ref)
+    commit, files = fetch.remote_listing(ref)
     choice = choose(files, ref.repo, quant=ref.quant, file=ref.file)
-    if hub.cached_path(ref) is None:
+    if fetch.cached_path(ref) is None:
         model_headers = read_remote(ref, commit, choice, quiet=True)
         plan_for(
             model_headers.merged,
@@ -51,7 +52,7 @@ def pull_model(
             force=force,
             smaller=smaller_quants(ref, model_headers.size, ctx=ctx, kv_type=None),
         )
-    pulled = hub.pull(ref, quiet=quiet)
+    pulled = fetch.pull(ref, quiet=quiet)
     ui.info(f"{ref.display}: {pulled.choice.quant or pulled.choice.primary.path} at {pulled.commit[:12]}")
     for file, path in zip(pulled.choice.files, pulled.paths, strict=True):
         out.write(f"{ui.human_bytes(file.size or path.stat().st_size)}\t{path}\n")
@@ -62,7 +63,7 @@ def list_quants(model: str, *, out: TextIO) -> None:
     ref = resolve(model, load_catalog())
     if not isinstance(ref, HubRef):
         raise UsageError(f"{model} is a local file; --list takes a Hub repo")
-    commit, files = hub.remote_listing(HubRef(ref.repo, revision=ref.revision))
+    commit, files = fetch.remote_listing(HubRef(ref.repo, revision=ref.revision))
     choices = offer(files)
     width = max([len(c.quant or "?") for c in choices] + [5])
     for choice in choices:

@@ -17,7 +17,7 @@ HYBRID = frozenset({
     "jamba", "falcon-h1", "plamo2", "granitehybrid", "lfm2", "lfm2moe", "nemotron_h", "nemotron_h_moe",
     "qwen3next", "kimi-linear", "qwen35", "qwen35moe", "minimax-01",
 })
-# the architectures memory_build.py builds llama.cpp's own graph for (the others get the llama graph)
+# the architectures build.py builds llama.cpp's own graph for (the others get the llama graph)
 EXACT_GRAPHS = frozenset({
     "llama", "deci", "qwen2", "qwen3", "qwen2moe", "qwen3moe", "gemma2", "gemma3", "mamba", "jamba",
 })

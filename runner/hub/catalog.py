@@ -59,8 +59,9 @@ class Catalog:
 
 def _shipped_path() -> Path:
     """models.toml inside the installed package, or at the top of a source checkout."""
-    packaged = Path(__file__).with_name(CATALOG_NAME)
-    return packaged if packaged.exists() else Path(__file__).resolve().parent.parent / CATALOG_NAME
+    package = Path(__file__).resolve().parent.parent  # runner/, where the wheel puts models.toml
+    packaged = package / CATALOG_NAME
+    return packaged if packaged.exists() else package.parent / CATALOG_NAME
 
 
 def _entry(name: str, table: Any, source: Path) -> CatalogEntry:

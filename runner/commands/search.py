@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 from typing import Any, TextIO
 
-from runner import hub, ui
+from runner import ui
 from runner.errors import DownloadError
+from runner.hub import fetch
 
 COLUMNS = ("REPO", "DOWNLOADS", "LIKES")
 
@@ -29,9 +30,9 @@ def find_repos(text: str, *, limit: int) -> list[dict[str, Any]]:
     from huggingface_hub import HfApi, constants
     from huggingface_hub.errors import HfHubHTTPError
 
-    if hub.env_offline():
+    if fetch.env_offline():
         raise DownloadError("cannot search the Hugging Face Hub: runner is offline (HF_HUB_OFFLINE)")
-    reason = hub.hub_unreachable()  # at most 3 s, where huggingface_hub would retry for ~25 s
+    reason = fetch.hub_unreachable()  # at most 3 s, where huggingface_hub would retry for ~25 s
     if reason is not None:
         raise DownloadError(f"cannot search the Hugging Face Hub: it cannot be reached ({reason})")
     api = HfApi(endpoint=constants.ENDPOINT)

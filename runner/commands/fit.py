@@ -8,24 +8,25 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from runner import devices, hub, ui
-from runner.catalog import load_catalog
-from runner.devices import Machine
+from runner import loader, ui
 from runner.gguf import GGUFHeader
-from runner.headers import ModelHeaders, read_model, read_remote
-from runner.plan import (
+from runner.hub import fetch
+from runner.hub.catalog import load_catalog
+from runner.hub.headers import ModelHeaders, read_model, read_remote
+from runner.hub.quants import offer
+from runner.hub.refs import HubRef, LocalRef, resolve
+from runner.limits import check_range
+from runner.memory.devices import Machine
+from runner.memory.plan import (
     Plan,
     check_asked,
     confirm,
     departures,
-    dry_run_of,
+    device_table,
     largest_context,
     make_plan,
     trained_context,
 )
-from runner.quants import offer
-from runner.refs import HubRef, LocalRef, resolve
-from runner.sampling import check_range
 
 BANDWIDTH_PROBE_BYTES = 64 << 20
 
@@ -50,7 +51,7 @@ def fit_model(request: Request, *, out: TextIO) -> None:
     check_range(request.parallel, "--parallel", 1, 256)
     check_asked(ctx=request.ctx, gpu_layers=request.gpu_layers)
     ref = resolve(request.model, load_catalog())
-    machine = devices.probe()
+    machine = loader.machine()
     if isinstance(ref, HubRef) and ref.quant is None and ref.file is None and ref.entry is None:
         _per_quant(ref, request, machine, out)
         return
@@ -69,7 +70,7 @@ def _plan(header: GGUFHeader, machine: Machine, request: Request, path: Path | N
     plan = make_plan(header, machine, n_seq=request.parallel, **request.asked)
     if path is None or request.parallel != 1:
         return plan
-    return confirm(plan, header, machine, dry_run_of(path), **request.asked)
+    return confirm(plan, header, machine, loader.dry_run_of(path), **request.asked)
 
 
 def verdict(plan: Plan) -> str:
@@ -190,46 +191,8 @@ def _describe(
         out.write(f"a GPU build: {hint}\n")
 
 
-def device_table(plan: Plan) -> list[str]:
-    """Weights, KV cache, compute, output, what each device needs and has: aligned text lines."""
-    header = ("device", "weights", "KV cache", "compute", "output", "needs", "available", "")
-    table: list[tuple[str, ...]] = [header]
-    budgets = {v.device: v for v in plan.verdicts}
-    for d in plan.estimate.devices:
-        v = budgets[d.device]
-        sizes = (d.weights_bytes, d.kv_bytes, d.compute_bytes, d.output_bytes, v.needed_bytes, v.budget_bytes)
-        table.append(
-            (d.device.upper(), *(ui.human_bytes(n) for n in sizes), "fits" if v.fits else "DOES NOT FIT")
-        )
-    widths = [max(len(row[i]) for row in table) for i in range(len(header))]
-    return [
-        "  ".join(
-            c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True))
-        ).rstrip()
-        for row in table
-    ]
-
-
-def smaller_quants_that_fit(
-    ref: HubRef, size: int, *, ctx: int | None, kv_type: str | None, most: int = 3
-) -> list[str]:
-    """Up to `most` smaller quants of the same repo, largest first, that fit (headers read remotely)."""
-    commit, files = hub.remote_listing(ref)
-    machine = devices.probe()
-    smaller = sorted(
-        (c for c in offer(files) if c.size is not None and c.size < size), key=lambda c: -(c.size or 0)
-    )
-    out = []
-    for choice in smaller[:most]:
-        model = read_remote(ref, commit, choice, quiet=True)
-        plan = make_plan(model.merged, machine, ctx=ctx, kv_type=kv_type)
-        if plan.fits:
-            out.append(f"{ref.repo}:{choice.quant or choice.primary.path} ({ui.human_bytes(model.size)})")
-    return out
-
-
 def _per_quant(ref: HubRef, request: Request, machine: Machine, out: TextIO) -> None:
-    commit, files = hub.remote_listing(ref)
+    commit, files = fetch.remote_listing(ref)
     rows = []
     for choice in offer(files):
         model = read_remote(ref, commit, choice, quiet=True)

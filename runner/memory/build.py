@@ -1,4 +1,4 @@
-"""The worst-case graphs llama_context reserves at creation, for memory_graph's allocator replay.
+"""The worst-case graphs llama_context reserves at creation, for graph.py's allocator replay.
 
 build_graph() adds the nodes in the order llama.cpp's graph builders add them
 (llama-graph.cpp, src/models/<arch>.cpp), because the placement, and so the buffer size,
@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from runner.memory_arch import Hparams
-from runner.memory_graph import OUTPUT, Ctx, Graph, Tensor
+from runner.memory.arch import Hparams
+from runner.memory.graph import OUTPUT, Ctx, Graph, Tensor
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ allows it (in place), and memory going back to a best-fit free list as soon as a
 last consumer has run. The buffer is the highest offset that placement ever reaches, so it
 depends on the order of the graph, not only on its biggest tensors: a sum of "the largest
 live tensors" misses by 5-20%. This module has the few ggml ops the graphs need (shapes,
-strides, views) and runs the same placement, to the byte; memory_build.py builds the graphs.
+strides, views) and runs the same placement, to the byte; build.py builds the graphs.
 """
 
 from __future__ import annotations

@@ -7,12 +7,12 @@ Defaults are llama.cpp's own (common/common.h of the pinned engine) unless the m
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from runner.errors import InvalidSetting
+from runner.limits import check_range
 
 # llama.cpp's defaults (common_params_sampling), the one place they live in runner.
 DEFAULT_TEMPERATURE = 0.8
@@ -75,21 +75,6 @@ class SamplingConfig:
 
     def describe(self) -> str:
         return ", ".join(f"{f.name}={getattr(self, f.name)}" for f in dataclasses.fields(self))
-
-
-def check_range(value: float, flag: str, lo: float | None, hi: float | None, lo_open: bool = False) -> None:
-    """Raise InvalidSetting naming the flag when value lies outside [lo, hi] ((lo, hi] if lo_open)."""
-    if isinstance(value, float) and not math.isfinite(value):
-        raise InvalidSetting(f"{flag} must be a finite number (got {value})")
-    too_low = lo is not None and (value <= lo if lo_open else value < lo)
-    too_high = hi is not None and value > hi
-    if too_low or too_high:
-        if hi is None:
-            bound = f"greater than {lo}" if lo_open else f"at least {lo}"
-        else:
-            bound = f"in ({lo}, {hi}]" if lo_open else f"between {lo} and {hi}"
-        got = value if isinstance(value, int) else f"{value:g}"  # an int as typed, not as 2.14748e+09
-        raise InvalidSetting(f"{flag} must be {bound} (got {got})")
 
 
 def model_defaults(metadata: Mapping[str, Any]) -> dict[str, Any]:

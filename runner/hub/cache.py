@@ -1,4 +1,5 @@
-"""`runner list` and `runner rm`: the models in the Hugging Face cache and in runner's mirror cache.
+"""The models in the Hugging Face cache and in runner's mirror cache: what `runner list` shows and
+`runner rm` removes.
 
 The Hugging Face cache is read with huggingface_hub's own scanner and changed only through its deletion
 strategies: a snapshot link goes, its blob only when no other cached revision links to it, and a
@@ -11,7 +12,6 @@ once a day); a file not read since it was written was never used: null.
 
 from __future__ import annotations
 
-import json
 import os
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
@@ -19,17 +19,14 @@ from contextlib import suppress
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 from runner import ui
-from runner.catalog import Catalog, CatalogEntry, load_catalog
-from runner.errors import ModelNotFound, UsageError
+from runner.errors import UsageError
+from runner.hub.catalog import Catalog, CatalogEntry
+from runner.hub.quants import is_model_file, matches, quant_of, split_info
+from runner.hub.refs import HubRef, LocalRef, ModelRef
 from runner.paths import cache_dir
-from runner.quants import is_model_file, matches, quant_of, split_info
-from runner.refs import HubRef, LocalRef, ModelRef, resolve
-
-COLUMNS = ("REFERENCE", "QUANT", "SIZE", "LAST USED")
-EMPTY_HINT = "no models cached yet; try runner pull smollm2"
 
 
 @dataclass(frozen=True)
@@ -65,21 +62,6 @@ class CachedModel:
 
 def _iso(moment: float) -> str:
     return datetime.fromtimestamp(moment, timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
-
-
-def list_models(*, out: TextIO, as_json: bool = False) -> None:
-    """Every cached model, one row each, on out; a hint on stderr when there is none."""
-    models = cached_models(load_catalog(), warn=True)
-    if as_json:
-        out.write(json.dumps([m.to_json() for m in models], indent=2) + "\n")
-    elif models:
-        rows = [
-            (m.reference, m.quant or "?", ui.human_bytes(m.size_bytes), ui.human_since(m.last_used))
-            for m in models
-        ]
-        ui.table_to(out, COLUMNS, rows, right={"SIZE"})
-    if not models:
-        ui.info(EMPTY_HINT)
 
 
 def cached_models(catalog: Catalog, *, warn: bool = False) -> list[CachedModel]:
@@ -186,30 +168,6 @@ def _mirror_models(catalog: Catalog) -> list[CachedModel]:
     return models
 
 
-# -- rm --------------------------------------------------------------------------------------------
-
-
-def remove_model(model: str, *, yes: bool, interactive: bool) -> None:
-    """Remove every cached copy of MODEL after asking (unless yes); say on stderr what was freed."""
-    catalog = load_catalog()
-    targets = find(resolve(model, catalog), cached_models(catalog))
-    if not targets:
-        raise ModelNotFound(f"{model} is not in the cache (runner list shows what is)")
-    what = targets[0].reference
-    size = sum(m.size_bytes for m in targets)
-    copies = f", {len(targets)} copies" if len(targets) > 1 else ""
-    if not yes:
-        if not interactive:
-            raise UsageError(f"not removing {what} without confirmation (stdin is not a terminal): pass -y")
-        if not ui.confirm(f"Remove {what} ({ui.human_bytes(size)}{copies})?"):
-            ui.info("nothing removed")
-            return
-    freed, kept = _delete_hub_files([m for m in targets if m.source == "hub"])
-    freed += sum(_delete_mirror_copy(m) for m in targets if m.source == "mirror")
-    stays = f"; {ui.human_bytes(kept)} stays, other cached files use the same data" if kept else ""
-    ui.info(f"removed {what}{copies}: freed {ui.human_bytes(freed)}{stays}")
-
-
 def find(ref: ModelRef, models: list[CachedModel]) -> list[CachedModel]:
     """The cached models a reference names: one model, perhaps in both caches; several is an error."""
     if isinstance(ref, LocalRef):
@@ -242,7 +200,7 @@ def _names(ref: HubRef, m: CachedModel) -> bool:
     return ref.quant is None or matches(ref.quant, m.file)
 
 
-def _delete_hub_files(models: list[CachedModel]) -> tuple[int, int]:
+def delete_hub_files(models: list[CachedModel]) -> tuple[int, int]:
     """Unlink the models' snapshot links, and blobs nothing else links; (bytes freed, bytes kept)."""
     if not models:
         return 0, 0
@@ -265,7 +223,7 @@ def _delete_hub_files(models: list[CachedModel]) -> tuple[int, int]:
     return strategy.expected_freed_size, kept
 
 
-def _delete_mirror_copy(m: CachedModel) -> int:
+def delete_mirror_copy(m: CachedModel) -> int:
     path = m.paths[0]
     path.unlink(missing_ok=True)
     path.with_name(path.name + ".lock").unlink(missing_ok=True)

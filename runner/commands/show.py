@@ -13,12 +13,12 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from runner import ui
-from runner.catalog import load_catalog
 from runner.errors import UsageError
 from runner.gguf import GGUFHeader
-from runner.headers import read_model
-from runner.quants import quant_of
-from runner.refs import resolve
+from runner.hub.catalog import load_catalog
+from runner.hub.headers import read_model
+from runner.hub.quants import quant_of
+from runner.hub.refs import resolve
 
 TEMPLATE_KEY = "tokenizer.chat_template"
 

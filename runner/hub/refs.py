@@ -15,8 +15,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from runner.catalog import Catalog, CatalogEntry
 from runner.errors import ModelNotFound
+from runner.hub.catalog import Catalog, CatalogEntry
 
 _REPO = r"[A-Za-z0-9][\w.-]*/[\w.-]+"
 _URL = re.compile(

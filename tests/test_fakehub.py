@@ -11,7 +11,6 @@ from pathlib import Path
 import httpx2
 import huggingface_hub
 import pytest
-from hubserver import FakeHub, fake_hub_fixture, hf_env, hub_cache_dir, instant_backoff, pointed_at
 from huggingface_hub import HfApi, constants, hf_hub_download
 from huggingface_hub.errors import (
     FileMetadataError,
@@ -22,6 +21,8 @@ from huggingface_hub.errors import (
     RepositoryNotFoundError,
     RevisionNotFoundError,
 )
+
+from tests.fakehub import FakeHub, fake_hub_fixture, hf_env, hub_cache_dir, instant_backoff, pointed_at
 
 REPO = "user/tiny-GGUF"
 GGUF = "tiny.Q4_0.gguf"

@@ -7,11 +7,11 @@ from dataclasses import dataclass, field
 from typing import Any, BinaryIO, TextIO
 
 from runner import ui
-from runner.engine import FINISH_LENGTH, Result, Timings, supports_gpu_offload
+from runner.engine.engine import FINISH_LENGTH, Result, Timings, supports_gpu_offload
+from runner.engine.prompt import prompt_tokens, read_prompt
+from runner.engine.sampling import resolve as resolve_sampling
 from runner.errors import UsageError
 from runner.loader import LoadedModel, open_model
-from runner.prompt import prompt_tokens, read_prompt
-from runner.sampling import resolve as resolve_sampling
 
 
 @dataclass(frozen=True)

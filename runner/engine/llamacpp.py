@@ -1,0 +1,159 @@
+"""llama.cpp itself, through llama-cpp-python's ctypes bindings: the library loaded once with its log
+routed, what the installed build can do, the parameters the engine loads with, and a dry run of a load.
+
+Only the low-level API: llama-cpp-python's high-level `Llama` (and numpy) is never imported.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+import re
+from collections import deque
+from typing import Any
+
+from runner.errors import EngineError
+
+
+class _LlamaLog:
+    """llama.cpp's log: silenced (kept in a short ring for error messages) unless echo is on."""
+
+    def __init__(self) -> None:
+        self.echo = False
+        self.recent: deque[str] = deque(maxlen=32)
+        self.listeners: list[Any] = []  # callables(level, text), e.g. the memory benchmark
+        self.callback: Any = None
+
+    def __call__(self, level: int, text: bytes, _user_data: Any) -> None:
+        message = text.decode("utf-8", errors="replace")
+        self.recent.append(message)
+        for listener in self.listeners:
+            listener(level, message)
+        if self.echo:
+            os.write(2, text)
+
+    def last_error(self) -> str:
+        lines = [line.strip() for line in "".join(self.recent).splitlines() if line.strip()]
+        errors = [line for line in lines if "error" in line.lower()] or [
+            line for line in lines if "failed" in line.lower()
+        ]
+        return (errors or lines or [""])[-1]
+
+    def model_error(self) -> str | None:
+        """What llama.cpp found wrong in a model file ('unknown model architecture: ...'), if it said."""
+        marker = "error loading model: "
+        found = [
+            line.rsplit(marker, 1)[1].strip() for line in "".join(self.recent).splitlines() if marker in line
+        ]
+        return found[-1] if found else None
+
+
+LLAMA_LOG = _LlamaLog()
+
+
+def llama() -> Any:
+    """The llama_cpp module, imported on first use (it loads a shared library) with logging routed."""
+    import llama_cpp
+
+    if LLAMA_LOG.callback is None:
+        LLAMA_LOG.callback = llama_cpp.llama_log_callback(LLAMA_LOG)
+        llama_cpp.llama_log_set(LLAMA_LOG.callback, ctypes.c_void_p(0))
+        llama_cpp.llama_backend_init()
+    return llama_cpp
+
+
+def supports_gpu_offload() -> bool:
+    return bool(llama().llama_supports_gpu_offload())
+
+
+@functools.cache
+def cpu_repacks() -> bool:
+    """Whether runner lets the CPU backend put weights in its extra buffer types (repacked copies).
+
+    Not on a build with ggml's AMX kernels: on AMX CPUs (Sapphire Rapids and later) the pinned
+    llama.cpp places weights in an AMX buffer, and its AMX matmul segfaults on the first batch of
+    more than one token (ggml-org/llama.cpp#20824; the fix, #26954, is not in the pin). The extra
+    buffer types come as a set (llama_model_params.use_extra_bufts), so CPU_REPACK goes with it.
+    """
+    return "AMX_INT8 = 1" not in llama().llama_print_system_info().decode(errors="replace")
+
+
+def repack_types() -> frozenset[str]:
+    """The weight types the CPU backend repacks as the engine loads them (for the memory estimate)."""
+    from runner.gguf import REPACK_TYPES
+
+    return REPACK_TYPES if cpu_repacks() else frozenset()
+
+
+def kv_type_id(name: str) -> int:
+    """The ggml type id of a KV cache type name ('q8_0' -> 8), from the header reader's table."""
+    from runner.gguf import GGML_TYPES
+
+    ids = {type_name.lower(): i for i, (type_name, _, _) in GGML_TYPES.items()}
+    if name.lower() not in ids:
+        raise EngineError(f"unknown KV cache type {name!r}")
+    return ids[name.lower()]
+
+
+def default_threads() -> int:
+    """Physical cores, as llama.cpp picks: decode speed is bound by memory, not by hyperthreads."""
+    import psutil
+
+    return max(1, psutil.cpu_count(logical=False) or os.cpu_count() or 1)
+
+
+def model_params(lib: Any, n_gpu_layers: int, use_gpu: bool) -> tuple[Any, Any]:
+    """llama_model_params as the engine loads with, and what must outlive them (a device list)."""
+    mparams = lib.llama_model_default_params()
+    mparams.n_gpu_layers = n_gpu_layers if use_gpu else 0
+    mparams.use_extra_bufts = cpu_repacks()
+    no_devices = None
+    if not use_gpu:  # an empty (NULL-terminated) device list: no VRAM at all, not even for compute
+        no_devices = (ctypes.c_void_p * 1)(None)
+        mparams.devices = ctypes.cast(no_devices, ctypes.c_void_p)
+    return mparams, no_devices
+
+
+def context_params(lib: Any, n_ctx: int, threads: int, kv_type: str | None) -> Any:
+    cparams = lib.llama_context_default_params()
+    cparams.n_ctx = n_ctx
+    cparams.n_threads = cparams.n_threads_batch = threads
+    cparams.no_perf = True
+    if kv_type is not None:
+        cparams.type_k = cparams.type_v = kv_type_id(kv_type)
+    return cparams
+
+
+COMPUTE_LINE = re.compile(r"(\S+) compute buffer size = +([0-9.]+) MiB")
+
+
+def dry_run(
+    path: str | os.PathLike[str], *, n_ctx: int, n_gpu_layers: int, kv_type: str | None, use_gpu: bool
+) -> dict[str, int] | None:
+    """The compute buffers llama.cpp reserves for this load, per buffer type ("CPU", "CUDA0",
+    "CUDA_Host"), without allocating them or reading any weight: the model and context created
+    with no_alloc, as llama.cpp's own --fit does (common/fit.cpp). Sizes are the log's, to 0.01
+    MiB. None when llama.cpp would not say (it could not create the model or the context)."""
+    lib = llama()
+    mparams, keep = model_params(lib, n_gpu_layers, use_gpu)
+    mparams.no_alloc = True
+    mparams.load_mode = 0  # LLAMA_LOAD_MODE_NONE: no mapping (no_alloc asserts it)
+    lines: list[str] = []
+    listener = lambda _level, text: lines.append(text)  # noqa: E731
+    LLAMA_LOG.listeners.append(listener)
+    try:
+        model = lib.llama_model_load_from_file(os.fsencode(path), mparams)
+        if not model:
+            return None
+        ctx = lib.llama_init_from_model(model, context_params(lib, n_ctx, default_threads(), kv_type))
+        if ctx:
+            lib.llama_free(ctx)
+        lib.llama_model_free(model)
+    finally:
+        LLAMA_LOG.listeners.remove(listener)
+        del keep
+    if not ctx:
+        return None
+    found = COMPUTE_LINE.findall("".join(lines))
+    return {name: round(float(mib) * (1 << 20)) for name, mib in found}

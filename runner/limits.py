@@ -1,0 +1,31 @@
+"""The ranges runner accepts, shared by every layer, and the one check that enforces them.
+
+Here rather than in a layer above so that the engine, the planner and the commands agree on them
+without importing each other.
+"""
+
+from __future__ import annotations
+
+import math
+
+from runner.errors import InvalidSetting
+
+DEFAULT_CTX = 8192  # without --ctx: the trained context, at most this (the planner may choose less)
+MIN_CTX = 32
+MAX_INT32 = 2**31 - 1  # llama.cpp's n_gpu_layers is an int32, and so are the positions n_ctx counts
+MAX_THREADS = 1024
+
+
+def check_range(value: float, flag: str, lo: float | None, hi: float | None, lo_open: bool = False) -> None:
+    """Raise InvalidSetting naming the flag when value lies outside [lo, hi] ((lo, hi] if lo_open)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise InvalidSetting(f"{flag} must be a finite number (got {value})")
+    too_low = lo is not None and (value <= lo if lo_open else value < lo)
+    too_high = hi is not None and value > hi
+    if too_low or too_high:
+        if hi is None:
+            bound = f"greater than {lo}" if lo_open else f"at least {lo}"
+        else:
+            bound = f"in ({lo}, {hi}]" if lo_open else f"between {lo} and {hi}"
+        got = value if isinstance(value, int) else f"{value:g}"  # an int as typed, not as 2.14748e+09
+        raise InvalidSetting(f"{flag} must be {bound} (got {got})")
