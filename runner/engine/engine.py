@@ -21,10 +21,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from runner import interrupt
 from runner.engine.llamacpp import (
     LLAMA_LOG,
     context_params,
     default_threads,
+    interrupt_callbacks,
     llama,
     model_params,
     supports_gpu_offload,
@@ -37,6 +39,12 @@ CTX_STEP = 256  # a suggested --ctx is rounded up to this
 
 FINISH_STOP = "stop"  # end-of-generation token or a stop string
 FINISH_LENGTH = "length"  # --max-tokens reached, or the context is full
+FINISH_INTERRUPTED = "interrupted"  # Ctrl-C: the answer stopped within a token, what came is kept
+DECODE_ABORTED = 2  # llama_decode's status when the abort callback stopped it
+
+
+class _Interrupted(Exception):
+    """Ctrl-C during a prefill: llama.cpp aborted the batch (the engine's own, never seen outside)."""
 
 
 @dataclass(frozen=True)
@@ -92,17 +100,34 @@ class Engine:
         use_gpu: bool = True,
         debug: bool = False,
     ) -> None:
-        lib = llama()
         LLAMA_LOG.echo = debug
         self.path = Path(path)
         start = time.perf_counter()
+        try:
+            with interrupt.deferred():  # a Ctrl-C stops the load (progress callback), then raises here
+                self._load(n_ctx, n_threads, n_gpu_layers, kv_type, use_gpu)
+        except KeyboardInterrupt:
+            self.close()  # whatever the load had allocated when it stopped
+            raise
+        self.load_s = time.perf_counter() - start
 
+    def _load(
+        self,
+        n_ctx: int | None,
+        n_threads: int | None,
+        n_gpu_layers: int | None,
+        kv_type: str | None,
+        use_gpu: bool,
+    ) -> None:
+        lib = llama()
         if n_gpu_layers is None:  # no plan (benchmarks, tests): every layer the build can offload
             n_gpu_layers = -1 if supports_gpu_offload() else 0
         self.n_gpu_layers = n_gpu_layers if use_gpu else 0
         mparams, self._no_devices = model_params(lib, n_gpu_layers, use_gpu)
         self._model = lib.llama_model_load_from_file(os.fsencode(self.path), mparams)
         if not self._model:
+            if interrupt.requested():  # the progress callback stopped it
+                return  # deferred() raises KeyboardInterrupt as the block ends
             reason = LLAMA_LOG.model_error()
             if reason is not None:  # the file's fault: bad input, not a failure of runner
                 raise InvalidModelFile(f"llama.cpp cannot load {self.path}: {reason}")
@@ -129,7 +154,6 @@ class Engine:
         self._cached: list[int] = []  # the tokens whose keys and values are in the KV cache
         self.last_prefill_tokens = 0  # prompt tokens the last prefill evaluated (the rest were cached)
         self._piece = ctypes.create_string_buffer(256)
-        self.load_s = time.perf_counter() - start
 
     # -- tokens ---------------------------------------------------------------------------------
 
@@ -149,12 +173,12 @@ class Engine:
             n = lib.llama_tokenize(self._vocab, data, len(data), tokens, capacity, add_special, parse_special)
         return list(tokens[:n])
 
-    def token_bytes(self, token: int) -> bytes:
+    def token_bytes(self, token: int, *, special: bool = False) -> bytes:
         lib = llama()
-        n = lib.llama_token_to_piece(self._vocab, token, self._piece, len(self._piece), 0, False)
+        n = lib.llama_token_to_piece(self._vocab, token, self._piece, len(self._piece), 0, special)
         if n < 0:
             self._piece = ctypes.create_string_buffer(-n)
-            n = lib.llama_token_to_piece(self._vocab, token, self._piece, len(self._piece), 0, False)
+            n = lib.llama_token_to_piece(self._vocab, token, self._piece, len(self._piece), 0, special)
         return self._piece.raw[:n]
 
     def token_text(self, token: int) -> str:
@@ -223,6 +247,10 @@ class Engine:
         lib = llama()
         array = (lib.llama_token * len(tokens))(*tokens)
         rc = lib.llama_decode(self._ctx, lib.llama_batch_get_one(array, len(tokens)))
+        if rc == DECODE_ABORTED:  # Ctrl-C: llama.cpp kept the ubatches it finished, dropped the rest
+            self._cached.extend(tokens)
+            del self._cached[max(0, lib.llama_memory_seq_pos_max(self._memory, 0) + 1) :]
+            raise _Interrupted
         if rc != 0:
             self._cached.clear()
             lib.llama_memory_clear(self._memory, True)
@@ -242,9 +270,18 @@ class Engine:
             keep = 0  # e.g. recurrent memory cannot drop a suffix: start over
             lib.llama_memory_clear(self._memory, True)
         del self._cached[keep:]
-        for start in range(keep, len(tokens), self.n_batch):
-            self._decode(tokens[start : start + self.n_batch])
         self.last_prefill_tokens = len(tokens) - keep
+        # llama.cpp asks the abort callback at every graph node: a Python call each time, ~8% of a
+        # one-token decode here, nothing next to a batch. So it is set for the prefill only; a decode
+        # step is checked between tokens instead.
+        lib.llama_set_abort_callback(self._ctx, interrupt_callbacks()[1], None)
+        try:
+            for start in range(keep, len(tokens), self.n_batch):
+                if interrupt.requested():
+                    raise _Interrupted
+                self._decode(tokens[start : start + self.n_batch])
+        finally:
+            lib.llama_set_abort_callback(self._ctx, lib.ggml_abort_callback(0), None)  # NULL
         return self.last_prefill_tokens
 
     def generate_step(
@@ -266,6 +303,8 @@ class Engine:
                 # decode_one_token: the caller resumes us only when it wants the next one
                 token_array[0] = token
                 rc = lib.llama_decode(self._ctx, batch)
+                if rc == DECODE_ABORTED:  # Ctrl-C inside this one token's graph: nothing was kept
+                    raise _Interrupted
                 if rc != 0:
                     self._cached.clear()
                     lib.llama_memory_clear(self._memory, True)
@@ -284,9 +323,26 @@ class Engine:
         *,
         max_tokens: int | None = None,
         stop: Sequence[str] = (),
+        special: bool = False,
     ) -> Iterator[Chunk]:
-        """The answer as text pieces, UTF-8 safe, with stop strings held back until they cannot match."""
+        """The answer as text pieces, UTF-8 safe, with stop strings held back until they cannot match.
+
+        Ctrl-C (runner.interrupt) ends it within one token, or mid-prefill, with finish_reason
+        "interrupted": what was generated is kept, and the interrupt counts as reported (the flag is
+        cleared). `special` renders control tokens as text (a parser of gpt-oss's channels needs them).
+        """
         self.check_fits(prompt_tokens)
+        with interrupt.deferred():
+            yield from self._stream(prompt_tokens, sampling, max_tokens, stop, special)
+
+    def _stream(
+        self,
+        prompt_tokens: Sequence[int],
+        sampling: SamplingConfig,
+        max_tokens: int | None,
+        stop: Sequence[str],
+        special: bool,
+    ) -> Iterator[Chunk]:
         start = time.perf_counter()
         evaluated = 0
         text = _TextAssembler(stop)
@@ -302,19 +358,27 @@ class Engine:
                     finish = FINISH_STOP
                     break
                 n_out += 1
-                piece, stopped = text.push(self.token_bytes(token))
+                piece, stopped = text.push(self.token_bytes(token, special=special))
                 if piece:
                     yield Chunk(piece)
                 if stopped:
                     finish = FINISH_STOP
+                    break
+                if interrupt.requested():  # checked between tokens: the answer stops within one
+                    finish = FINISH_INTERRUPTED
                     break
                 if max_tokens is not None and n_out >= max_tokens:
                     break
                 if len(prompt_tokens) + n_out >= self.n_ctx:
                     context_full = True
                     break
+        except _Interrupted:
+            finish = FINISH_INTERRUPTED
+            evaluated = evaluated or self.last_prefill_tokens
         finally:
             steps.close()
+        if finish == FINISH_INTERRUPTED:
+            interrupt.clear()  # reported by the finish reason
         tail = "" if text.stopped else text.flush()
         end = time.perf_counter()
         first = first_at or end
@@ -338,6 +402,11 @@ class Engine:
         assert last.finish_reason is not None and last.timings is not None
         return Result("".join(parts), last.finish_reason, last.timings, last.context_full)
 
+    @property
+    def n_cached(self) -> int:
+        """Tokens whose keys and values are in the KV cache now (how full the context is)."""
+        return len(self._cached)
+
     def reset(self) -> None:
         """Forget the KV cache (a new conversation; benchmarks that measure a cold prefill)."""
         llama().llama_memory_clear(self._memory, True)
@@ -345,12 +414,13 @@ class Engine:
 
     def close(self) -> None:
         lib = llama()
-        if getattr(self, "_ctx", None):
-            lib.llama_free(self._ctx)
-            self._ctx = None
-        if getattr(self, "_model", None):
-            lib.llama_model_free(self._model)
-            self._model = None
+        with interrupt.deferred():  # llama_free logs through a ctypes callback: no KeyboardInterrupt there
+            if getattr(self, "_ctx", None):
+                lib.llama_free(self._ctx)
+                self._ctx = None
+            if getattr(self, "_model", None):
+                lib.llama_model_free(self._model)
+                self._model = None
 
     def __enter__(self) -> Engine:
         return self

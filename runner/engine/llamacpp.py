@@ -13,6 +13,7 @@ import re
 from collections import deque
 from typing import Any
 
+from runner import interrupt
 from runner.errors import EngineError
 
 
@@ -57,9 +58,10 @@ def llama() -> Any:
     import llama_cpp
 
     if LLAMA_LOG.callback is None:
-        LLAMA_LOG.callback = llama_cpp.llama_log_callback(LLAMA_LOG)
-        llama_cpp.llama_log_set(LLAMA_LOG.callback, ctypes.c_void_p(0))
-        llama_cpp.llama_backend_init()
+        with interrupt.deferred():  # the backends log as they start: no KeyboardInterrupt in a callback
+            LLAMA_LOG.callback = llama_cpp.llama_log_callback(LLAMA_LOG)
+            llama_cpp.llama_log_set(LLAMA_LOG.callback, ctypes.c_void_p(0))
+            llama_cpp.llama_backend_init()
     return llama_cpp
 
 
@@ -103,11 +105,26 @@ def default_threads() -> int:
     return max(1, psutil.cpu_count(logical=False) or os.cpu_count() or 1)
 
 
+@functools.cache
+def interrupt_callbacks() -> tuple[Any, Any]:
+    """(progress, abort): llama.cpp's hooks for Ctrl-C, made once and kept alive for the process.
+
+    The progress callback stops a model load (it returns false) and the abort callback a llama_decode
+    (it returns true) once SIGINT set runner.interrupt's flag. Both run on the thread that called into
+    llama.cpp, the main one, where Python also runs the signal handler that sets the flag.
+    """
+    lib = llama()
+    progress = lib.llama_progress_callback(lambda _progress, _data: not interrupt.requested())
+    abort = lib.ggml_abort_callback(lambda _data: interrupt.requested())
+    return progress, abort
+
+
 def model_params(lib: Any, n_gpu_layers: int, use_gpu: bool) -> tuple[Any, Any]:
     """llama_model_params as the engine loads with, and what must outlive them (a device list)."""
     mparams = lib.llama_model_default_params()
     mparams.n_gpu_layers = n_gpu_layers if use_gpu else 0
     mparams.use_extra_bufts = cpu_repacks()
+    mparams.progress_callback = interrupt_callbacks()[0]
     no_devices = None
     if not use_gpu:  # an empty (NULL-terminated) device list: no VRAM at all, not even for compute
         no_devices = (ctypes.c_void_p * 1)(None)
@@ -143,13 +160,14 @@ def dry_run(
     listener = lambda _level, text: lines.append(text)  # noqa: E731
     LLAMA_LOG.listeners.append(listener)
     try:
-        model = lib.llama_model_load_from_file(os.fsencode(path), mparams)
-        if not model:
-            return None
-        ctx = lib.llama_init_from_model(model, context_params(lib, n_ctx, default_threads(), kv_type))
-        if ctx:
-            lib.llama_free(ctx)
-        lib.llama_model_free(model)
+        with interrupt.deferred():  # Ctrl-C: KeyboardInterrupt once llama.cpp has let go
+            model = lib.llama_model_load_from_file(os.fsencode(path), mparams)
+            if not model:
+                return None
+            ctx = lib.llama_init_from_model(model, context_params(lib, n_ctx, default_threads(), kv_type))
+            if ctx:
+                lib.llama_free(ctx)
+            lib.llama_model_free(model)
     finally:
         LLAMA_LOG.listeners.remove(listener)
         del keep
