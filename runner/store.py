@@ -1,0 +1,344 @@
+"""Conversations, kept as they happen in SQLite (stdlib sqlite3, WAL) in runner's data directory.
+
+A user message is committed before its answer is generated, the answer when it ends (or what came of
+it, marked interrupted): a `kill -9` mid-answer loses at most that answer's unfinished text, and WAL
+keeps the file consistent. Writes happen only at those points, inside runner.interrupt.deferred(), so a
+Ctrl-C never lands in the middle of one.
+
+The schema grows by migrations, small named functions applied in order (as simonw/llm does);
+PRAGMA user_version counts those applied. A database from a newer runner (a higher user_version) is
+refused, never rewritten.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from runner import interrupt
+from runner.errors import RunnerError
+from runner.paths import data_dir
+
+DB_NAME = "conversations.db"
+NO_SAVE_ENV = "RUNNER_NO_SAVE"  # set to 1: nothing is stored, as --no-save
+
+MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = []
+migration = MIGRATIONS.append
+
+
+@migration
+def m001_conversations(db: sqlite3.Connection) -> None:
+    # one statement each: executescript would commit the migration's transaction half-way
+    db.execute(
+        """CREATE TABLE conversations (
+            id INTEGER PRIMARY KEY,
+            model TEXT NOT NULL,
+            system TEXT,
+            created REAL NOT NULL,
+            updated REAL NOT NULL
+        )"""
+    )
+    db.execute(
+        """CREATE TABLE messages (
+            id INTEGER PRIMARY KEY,
+            conversation_id INTEGER NOT NULL REFERENCES conversations(id) ON DELETE CASCADE,
+            role TEXT NOT NULL CHECK (role IN ('user', 'assistant')),
+            content TEXT NOT NULL,
+            reasoning TEXT,
+            interrupted INTEGER NOT NULL DEFAULT 0,
+            created REAL NOT NULL,
+            stats TEXT
+        )"""
+    )
+    db.execute("CREATE INDEX messages_of_conversation ON messages (conversation_id, id)")
+
+
+class StoreError(RunnerError):
+    """The conversation database cannot be opened or written (corrupt, unwritable, from a newer runner)."""
+
+
+def saving_disabled() -> bool:
+    return os.environ.get(NO_SAVE_ENV, "").strip().lower() not in ("", "0", "false", "no")
+
+
+def default_path() -> Path:
+    return data_dir() / DB_NAME
+
+
+@dataclass
+class StoredMessage:
+    role: str
+    content: str
+    reasoning: str | None = None
+    interrupted: bool = False
+    stats: dict[str, Any] | None = None
+    id: int | None = None  # the row, once stored
+    created: float = field(default_factory=time.time)
+
+    def to_json(self) -> dict[str, Any]:
+        data: dict[str, Any] = {"role": self.role, "content": self.content}
+        if self.reasoning:
+            data["reasoning"] = self.reasoning
+        if self.interrupted:
+            data["interrupted"] = True
+        return data
+
+
+@dataclass
+class StoredConversation:
+    id: int
+    model: str
+    system: str | None
+    created: float
+    updated: float
+    messages: list[StoredMessage]
+
+
+@dataclass(frozen=True)
+class Summary:
+    id: int
+    model: str
+    turns: int  # user messages
+    updated: float
+    first_words: str
+
+
+class Store:
+    """One open database. Every method raises StoreError, never sqlite3's own errors."""
+
+    def __init__(self, db: sqlite3.Connection, path: Path) -> None:
+        self._db = db
+        self.path = path
+
+    @classmethod
+    def open(cls, path: Path | None = None) -> Store:
+        path = path or default_path()
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            db = sqlite3.connect(path, timeout=5.0, isolation_level=None)  # transactions are explicit
+        except (OSError, sqlite3.Error) as exc:
+            raise StoreError(f"cannot open {path}: {exc}") from exc
+        store = cls(db, path)
+        try:
+            with store._errors("open"):
+                store._check_version()  # before anything writes, even the journal mode's header bytes
+                db.execute("PRAGMA foreign_keys = ON")
+                db.execute("PRAGMA journal_mode = WAL")
+                db.execute("PRAGMA synchronous = NORMAL")  # WAL + NORMAL: a killed process loses nothing
+                store._migrate()
+        except StoreError:
+            db.close()
+            raise
+        return store
+
+    def close(self) -> None:
+        self._db.close()
+
+    @contextmanager
+    def _errors(self, doing: str) -> Iterator[None]:
+        try:
+            yield
+        except sqlite3.Error as exc:
+            raise StoreError(f"{self.path}: cannot {doing}: {exc}") from exc
+
+    @contextmanager
+    def _write(self, doing: str) -> Iterator[sqlite3.Connection]:
+        """One transaction, at a safe point: Ctrl-C waits until it is committed or rolled back."""
+        with interrupt.deferred(), self._errors(doing):
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._db
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+
+    def _check_version(self) -> int:
+        version = int(self._db.execute("PRAGMA user_version").fetchone()[0])
+        if version > len(MIGRATIONS):
+            raise StoreError(
+                f"{self.path} was written by a newer runner (schema {version}; this one knows "
+                f"{len(MIGRATIONS)}): left as it is; upgrade runner to use it"
+            )
+        return version
+
+    def _migrate(self) -> None:
+        version = self._check_version()
+        for number, step in enumerate(MIGRATIONS[version:], start=version + 1):
+            with self._write(f"migrate to schema {number}") as db:
+                step(db)
+                db.execute(f"PRAGMA user_version = {number}")
+
+    # -- writing ---------------------------------------------------------------------------------
+
+    def new_conversation(self, model: str, system: str | None) -> int:
+        now = time.time()
+        with self._write("start a conversation") as db:
+            cursor = db.execute(
+                "INSERT INTO conversations (model, system, created, updated) VALUES (?, ?, ?, ?)",
+                (model, system, now, now),
+            )
+        return int(cursor.lastrowid or 0)
+
+    def add_message(self, conversation: int, message: StoredMessage) -> int:
+        with self._write("save a message") as db:
+            cursor = db.execute(
+                "INSERT INTO messages"
+                " (conversation_id, role, content, reasoning, interrupted, created, stats)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (
+                    conversation,
+                    message.role,
+                    message.content,
+                    message.reasoning,
+                    int(message.interrupted),
+                    message.created,
+                    json.dumps(message.stats) if message.stats else None,
+                ),
+            )
+            db.execute("UPDATE conversations SET updated = ? WHERE id = ?", (time.time(), conversation))
+        message.id = int(cursor.lastrowid or 0)
+        return message.id
+
+    def delete_messages(self, conversation: int, ids: list[int]) -> None:
+        with self._write("delete messages") as db:
+            db.executemany(
+                "DELETE FROM messages WHERE id = ? AND conversation_id = ?", [(i, conversation) for i in ids]
+            )
+            db.execute("UPDATE conversations SET updated = ? WHERE id = ?", (time.time(), conversation))
+
+    def set_system(self, conversation: int, system: str | None) -> None:
+        with self._write("set the system message") as db:
+            db.execute(
+                "UPDATE conversations SET system = ?, updated = ? WHERE id = ?",
+                (system, time.time(), conversation),
+            )
+
+    def remove(self, conversation: int) -> bool:
+        with self._write("remove a conversation") as db:
+            cursor = db.execute("DELETE FROM conversations WHERE id = ?", (conversation,))
+        return cursor.rowcount > 0
+
+    # -- reading ---------------------------------------------------------------------------------
+
+    def latest(self) -> int | None:
+        with self._errors("read"):
+            row = self._db.execute(
+                "SELECT id FROM conversations ORDER BY updated DESC, id DESC LIMIT 1"
+            ).fetchone()
+        return int(row[0]) if row else None
+
+    def load(self, conversation: int) -> StoredConversation | None:
+        with self._errors("read"):
+            head = self._db.execute(
+                "SELECT id, model, system, created, updated FROM conversations WHERE id = ?", (conversation,)
+            ).fetchone()
+            if head is None:
+                return None
+            rows = self._db.execute(
+                "SELECT id, role, content, reasoning, interrupted, created, stats FROM messages"
+                " WHERE conversation_id = ? ORDER BY id",
+                (conversation,),
+            ).fetchall()
+        messages = [
+            StoredMessage(
+                role=role,
+                content=content,
+                reasoning=reasoning,
+                interrupted=bool(interrupted),
+                stats=json.loads(stats) if stats else None,
+                id=row_id,
+                created=created,
+            )
+            for row_id, role, content, reasoning, interrupted, created, stats in rows
+        ]
+        return StoredConversation(head[0], head[1], head[2], head[3], head[4], messages)
+
+    def summaries(self, limit: int | None = None) -> list[Summary]:
+        """Conversations with at least one message, most recently updated first."""
+        query = (
+            "SELECT c.id, c.model, c.updated,"
+            " (SELECT COUNT(*) FROM messages m WHERE m.conversation_id = c.id AND m.role = 'user'),"
+            " (SELECT content FROM messages m WHERE m.conversation_id = c.id ORDER BY m.id LIMIT 1)"
+            " FROM conversations c WHERE EXISTS (SELECT 1 FROM messages m WHERE m.conversation_id = c.id)"
+            " ORDER BY c.updated DESC, c.id DESC"
+        )
+        with self._errors("read"):
+            rows = self._db.execute(
+                query + (" LIMIT ?" if limit else ""), (limit,) if limit else ()
+            ).fetchall()
+        return [
+            Summary(i, model, turns, updated, first_words(first or ""))
+            for i, model, updated, turns, first in rows
+        ]
+
+    def integrity(self) -> str:
+        with self._errors("check"):
+            return str(self._db.execute("PRAGMA integrity_check").fetchone()[0])
+
+
+FORMAT = "runner-conversation"
+
+
+def to_json(conversation: StoredConversation) -> dict[str, Any]:
+    """A conversation as a file holds it (/save, --load, history show --json, history export --json)."""
+    return {
+        "format": FORMAT,
+        "version": 1,
+        "id": conversation.id,
+        "model": conversation.model,
+        "system": conversation.system,
+        "created": conversation.created,
+        "updated": conversation.updated,
+        "messages": [m.to_json() for m in conversation.messages],
+    }
+
+
+def from_json(data: Any, source: str) -> StoredConversation:
+    """A conversation read from a file, checked: anything malformed is one UsageError naming source."""
+    from runner.errors import UsageError
+
+    def bad(why: str) -> UsageError:
+        return UsageError(f"{source} is not a runner conversation: {why}")
+
+    if not isinstance(data, dict):
+        raise bad("expected a JSON object")
+    messages = data.get("messages")
+    if not isinstance(messages, list):
+        raise bad('no "messages" list')
+    system = data.get("system")
+    if system is not None and not isinstance(system, str):
+        raise bad('"system" must be text')
+    out = []
+    for n, m in enumerate(messages, start=1):
+        if not isinstance(m, dict) or m.get("role") not in ("user", "assistant", "system"):
+            raise bad(f'message {n} needs a "role" of user or assistant')
+        if not isinstance(m.get("content"), str):
+            raise bad(f'message {n} needs its "content" as text')
+        if m["role"] == "system":  # as other tools write it: the first message
+            system = m["content"]
+            continue
+        reasoning = m.get("reasoning")
+        out.append(
+            StoredMessage(
+                role=m["role"],
+                content=m["content"],
+                reasoning=reasoning if isinstance(reasoning, str) else None,
+                interrupted=bool(m.get("interrupted", False)),
+            )
+        )
+    model = data.get("model")
+    now = time.time()
+    return StoredConversation(0, model if isinstance(model, str) else "", system, now, now, out)
+
+
+def first_words(text: str, width: int = 48) -> str:
+    flat = " ".join(text.split())
+    return flat if len(flat) <= width else flat[: width - 1].rstrip() + "…"

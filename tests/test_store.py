@@ -1,0 +1,83 @@
+"""The conversation store: migrations, a newer schema left alone, corrupt files, the JSON format."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from runner.errors import UsageError
+from runner.store import MIGRATIONS, Store, StoredMessage, StoreError, from_json, to_json
+
+
+def test_a_conversation_round_trips(tmp_path: Path) -> None:
+    store = Store.open(tmp_path / "c.db")
+    try:
+        cid = store.new_conversation("smollm2", "Be brief.")
+        store.add_message(cid, StoredMessage("user", "Hi"))
+        store.add_message(cid, StoredMessage("assistant", "Hel", reasoning="hmm", interrupted=True))
+        loaded = store.load(cid)
+        assert loaded is not None
+        assert [(m.role, m.content, m.reasoning, m.interrupted) for m in loaded.messages] == [
+            ("user", "Hi", None, False),
+            ("assistant", "Hel", "hmm", True),
+        ]
+        assert store.latest() == cid
+        [summary] = store.summaries()
+        assert (summary.id, summary.turns, summary.first_words) == (cid, 1, "Hi")
+        again = from_json(to_json(loaded), "test")
+        assert again.system == "Be brief." and [m.to_json() for m in again.messages] == [
+            m.to_json() for m in loaded.messages
+        ]
+        assert store.remove(cid) and store.load(cid) is None and not store.remove(cid)
+        assert store.integrity() == "ok"
+    finally:
+        store.close()
+
+
+def test_the_schema_version_counts_the_migrations(tmp_path: Path) -> None:
+    Store.open(tmp_path / "c.db").close()
+    with sqlite3.connect(tmp_path / "c.db") as db:
+        assert db.execute("PRAGMA user_version").fetchone()[0] == len(MIGRATIONS)
+        assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
+def test_a_database_from_a_newer_runner_is_refused_and_left_alone(tmp_path: Path) -> None:
+    path = tmp_path / "c.db"
+    with sqlite3.connect(path) as db:
+        db.execute("CREATE TABLE future (x)")
+        db.execute(f"PRAGMA user_version = {len(MIGRATIONS) + 1}")
+    before = path.read_bytes()
+    with pytest.raises(StoreError, match="written by a newer runner"):
+        Store.open(path)
+    assert path.read_bytes() == before
+
+
+def test_a_file_that_is_not_a_database_is_one_error(tmp_path: Path) -> None:
+    path = tmp_path / "c.db"
+    path.write_bytes(b"this is not sqlite" * 100)
+    with pytest.raises(StoreError, match="c.db"):
+        Store.open(path)
+    assert path.read_bytes() == b"this is not sqlite" * 100
+
+
+@pytest.mark.parametrize(
+    "data, why",
+    [
+        ([], "expected a JSON object"),
+        ({"messages": "no"}, 'no "messages" list'),
+        ({"messages": [{"role": "robot", "content": "x"}]}, "message 1 needs a"),
+        ({"messages": [{"role": "user", "content": 3}]}, "content"),
+    ],
+)
+def test_a_malformed_conversation_file_says_what_is_wrong(data: object, why: str) -> None:
+    with pytest.raises(UsageError, match=why):
+        from_json(data, "saved.json")
+
+
+def test_a_system_message_first_is_read_as_the_system(tmp_path: Path) -> None:
+    found = from_json(
+        {"messages": [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}]}, "x"
+    )
+    assert found.system == "S" and [m.role for m in found.messages] == ["user"]
