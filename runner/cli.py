@@ -8,7 +8,9 @@ import sys
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+import click
 import typer
+import typer.main
 
 from runner import options as o
 
@@ -16,7 +18,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 app = typer.Typer(
     name="runner",
-    help="Run GGUF models locally on llama.cpp: one-shot prompts and shell pipes.",
+    help="Run GGUF models locally on llama.cpp: chat, one-shot prompts and shell pipes.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -30,7 +32,7 @@ EXIT_BROKEN_PIPE = 141  # what a shell reports for a process ended by SIGPIPE, a
 
 @app.callback()
 def _root() -> None:
-    """Run GGUF models locally on llama.cpp: one-shot prompts and shell pipes."""
+    """Run GGUF models locally on llama.cpp: chat, one-shot prompts and shell pipes."""
 
 
 def edge(command: F) -> F:
@@ -103,23 +105,145 @@ def run(
     offline: o.Offline = False,
     json: o.Json = False,
     verbose: o.Verbose = False,
+    think: o.Think = None,
+    hide_reasoning: o.HideReasoning = False,
+    continue_: o.Continue = False,
+    no_save: o.NoSave = False,
     debug: o.Debug = False,
 ) -> None:
     """Answer one prompt; the answer alone goes to stdout.
+
+    With no prompt and no pipe, a chat opens (as runner chat MODEL).
 
     \b
     Examples:
       runner run smollm2 "Why is the sky blue?"
       cat notes.txt | runner run smollm2 "Summarize this"
       runner run ./model.gguf "Hi" --temperature 0 --max-tokens 50 --json
+      runner run -c "And in one word?"             # one more turn of the last chat
     """
+    sampling = {
+        "temperature": temperature,
+        "top_k": top_k,
+        "top_p": top_p,
+        "min_p": min_p,
+        "repeat_penalty": repeat_penalty,
+        "presence_penalty": presence_penalty,
+        "frequency_penalty": frequency_penalty,
+        "seed": seed,
+    }
+    tty = sys.stdin is None or sys.stdin.isatty()
+    if continue_ or (prompt is None and tty and not json and not raw):
+        from runner.commands.chat import ChatRequest, chat, continue_last
+        from runner.commands.run import check_request
+
+        check_request(max_tokens, tuple(stop or ()))
+        # runner run -c PROMPT: the one argument is the prompt, and the model the chat's
+        text, name = (model, None) if continue_ and prompt is None else (prompt, model)
+        request = ChatRequest(
+            model=name,
+            system=system,
+            sampling=sampling,
+            max_tokens=max_tokens,
+            stop=tuple(stop or ()),
+            ctx=ctx,
+            threads=threads,
+            gpu_layers=gpu_layers,
+            kv_type=kv_type,
+            force=force,
+            offline=offline,
+            save=not no_save,
+            think=think,
+            hide_reasoning=hide_reasoning,
+            verbose=verbose,
+            debug=debug,
+        )
+        if continue_:
+            from runner.engine.prompt import read_prompt
+
+            prompt_text = read_prompt(text, None if tty else sys.stdin.buffer)
+            continue_last(request, prompt_text, out=sys.stdout, as_json=json)
+        else:
+            chat(request, stdin=sys.stdin, out=sys.stdout, interactive=True)
+        return
     from runner.commands.run import RunRequest, run_once
 
-    request = RunRequest(
+    run_once(
+        RunRequest(
+            model=model,
+            prompt=prompt,
+            system=system,
+            raw=raw,
+            sampling=sampling,
+            max_tokens=max_tokens,
+            stop=tuple(stop or ()),
+            ctx=ctx,
+            threads=threads,
+            gpu_layers=gpu_layers,
+            kv_type=kv_type,
+            force=force,
+            offline=offline,
+            as_json=json,
+            verbose=verbose,
+            debug=debug,
+            think=think,
+            hide_reasoning=hide_reasoning,
+        ),
+        stdin=None if tty else sys.stdin.buffer,
+        out=sys.stdout,
+    )
+
+
+@app.command()
+@edge
+def chat(
+    model: o.OptionalModelArg = None,
+    system: o.System = None,
+    temperature: o.Temperature = None,
+    top_k: o.TopK = None,
+    top_p: o.TopP = None,
+    min_p: o.MinP = None,
+    repeat_penalty: o.RepeatPenalty = None,
+    presence_penalty: o.PresencePenalty = None,
+    frequency_penalty: o.FrequencyPenalty = None,
+    seed: o.Seed = None,
+    max_tokens: o.MaxTokens = None,
+    stop: o.Stop = None,
+    ctx: o.Ctx = None,
+    threads: o.Threads = None,
+    gpu_layers: o.GpuLayers = None,
+    kv_type: o.KvType = None,
+    force: o.Force = False,
+    offline: o.Offline = False,
+    resume: o.Resume = None,
+    load: o.Load = None,
+    no_save: o.NoSave = False,
+    markdown: o.Markdown = False,
+    think: o.Think = None,
+    hide_reasoning: o.HideReasoning = False,
+    verbose: o.Verbose = False,
+    debug: o.Debug = False,
+) -> None:
+    """Chat in the terminal; every turn is kept (runner history).
+
+    Piped, each line of stdin is one turn and each answer goes to stdout. In the chat, /help lists
+    the commands; Ctrl-C stops an answer, Ctrl-D or /bye quits.
+
+    \b
+    Examples:
+      runner chat                                  # the default model
+      runner chat qwen2.5:7b -s "Answer briefly."
+      runner chat --resume                         # the last conversation (or --resume ID)
+      printf 'Hi\\nAnd you?\\n' | runner chat smollm2
+    """
+    from runner.commands.chat import ChatRequest
+    from runner.commands.chat import chat as run_chat
+    from runner.commands.run import check_request
+
+    check_request(max_tokens, tuple(stop or ()))
+    request = ChatRequest(
         model=model,
-        prompt=prompt,
         system=system,
-        raw=raw,
         sampling={
             "temperature": temperature,
             "top_k": top_k,
@@ -138,12 +262,72 @@ def run(
         kv_type=kv_type,
         force=force,
         offline=offline,
-        as_json=json,
-        verbose=verbose,
         debug=debug,
+        verbose=verbose,
+        save=not no_save,
+        resume=resume,
+        load=load,
+        markdown=markdown,
+        think=think,
+        hide_reasoning=hide_reasoning,
     )
-    stdin = None if sys.stdin is None or sys.stdin.isatty() else sys.stdin.buffer
-    run_once(request, stdin=stdin, out=sys.stdout)
+    interactive = sys.stdin is not None and sys.stdin.isatty()
+    run_chat(request, stdin=sys.stdin, out=sys.stdout, interactive=interactive)
+
+
+history_app = typer.Typer(
+    help="Conversations kept by chat: list, show, rm, export.",
+    no_args_is_help=False,
+    invoke_without_command=True,
+    add_completion=False,
+    rich_markup_mode=None,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+app.add_typer(history_app, name="history")
+
+
+@history_app.callback(invoke_without_command=True)
+@edge
+def history(ctx: typer.Context, json: o.JsonList = False, limit: o.Limit = o.SEARCH_LIMIT) -> None:
+    """Conversations kept by chat: list (the default), show, rm, export.
+
+    \b
+    Examples:
+      runner history                               # id, model, turns, updated, first words
+      runner history show 12 --json
+      runner chat --resume 12
+    """
+    if ctx.invoked_subcommand is None:
+        from runner.commands.history import list_conversations
+
+        list_conversations(out=sys.stdout, as_json=json, limit=limit)
+
+
+@history_app.command("show")
+@edge
+def history_show(conversation: o.ConversationId, json: o.JsonObject = False) -> None:
+    """One conversation: its turns as text, or as JSON (what /load and --load read)."""
+    from runner.commands.history import show_conversation
+
+    show_conversation(conversation, out=sys.stdout, as_json=json)
+
+
+@history_app.command("rm")
+@edge
+def history_rm(conversation: o.ConversationId) -> None:
+    """Remove one conversation."""
+    from runner.commands.history import remove_conversation
+
+    remove_conversation(conversation)
+
+
+@history_app.command("export")
+@edge
+def history_export(json: o.JsonList = False) -> None:
+    """Every conversation: as text, or a JSON list."""
+    from runner.commands.history import export_conversations
+
+    export_conversations(out=sys.stdout, as_json=json)
 
 
 @app.command(no_args_is_help=True)
@@ -293,6 +477,22 @@ def fit(
     )
 
 
+OPTIONAL_VALUES = {("chat", "resume"): "last"}  # --resume alone means the last conversation
+
+
+def command() -> click.Command:
+    """The Click command Typer builds, with what Typer cannot say itself: an option whose value may be
+    left out (`--resume` or `--resume ID`; Typer dropped flag_value), as Click's own flag_value does."""
+    built = typer.main.get_command(app)
+    assert isinstance(built, click.Group)
+    for (name, param), default in OPTIONAL_VALUES.items():
+        sub = built.commands[name]
+        option = next(p for p in sub.params if p.name == param)
+        assert isinstance(option, click.Option)
+        option.flag_value, option._flag_needs_value = default, True
+    return built
+
+
 def main() -> None:
     """Entry point of the console script and `python -m runner`."""
-    app(prog_name="runner")
+    command()(prog_name="runner")

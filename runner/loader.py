@@ -17,7 +17,7 @@ from runner import ui
 from runner.engine.engine import Engine
 from runner.errors import WontFit
 from runner.gguf import GGUFHeader, read_header
-from runner.hub.catalog import load_catalog
+from runner.hub.catalog import CatalogEntry, load_catalog
 from runner.hub.refs import HubRef, resolve
 from runner.limits import MAX_THREADS, check_range
 from runner.memory import devices
@@ -40,6 +40,7 @@ class LoadedModel:
     header: GGUFHeader
     plan: Plan
     engine: Engine
+    entry: CatalogEntry | None = None  # the catalog's alias, when MODEL was one
 
     def close(self) -> None:
         self.engine.close()
@@ -204,4 +205,5 @@ def open_model(
         use_gpu=plan.use_gpu or gpu_layers is not None,
         debug=debug,
     )
-    return LoadedModel(name=ref.display, path=path, header=header, plan=plan, engine=engine)
+    entry = ref.entry if isinstance(ref, HubRef) else None
+    return LoadedModel(name=ref.display, path=path, header=header, plan=plan, engine=engine, entry=entry)

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 
-SAMPLING = "Sampling (defaults: the model's GGUF sampling keys, else llama.cpp's)"
+SAMPLING = "Sampling (defaults: the GGUF's sampling keys, else the catalog's, else llama.cpp's)"
 LIMITS = "Context and limits"
 OUTPUT = "Output"
 
@@ -135,3 +136,73 @@ Verbose = Annotated[
 Debug = Annotated[
     bool, typer.Option("--debug", help="Show llama.cpp's log and tracebacks.", rich_help_panel=OUTPUT)
 ]
+
+CHAT = "Chat"
+OptionalModelArg = Annotated[
+    Optional[str],
+    typer.Argument(
+        help="An alias, a .gguf path or a Hub repo [default: the catalog's default model, or the "
+        "resumed conversation's]",
+        show_default=False,
+    ),
+]
+Continue = Annotated[
+    bool,
+    typer.Option(
+        "--continue",
+        "-c",
+        help="Continue the last chat with this prompt (runner run -c 'and then?'); the turn is saved.",
+        rich_help_panel=CHAT,
+    ),
+]
+Think = Annotated[
+    Optional[bool],
+    typer.Option(
+        "--think/--no-think",
+        help="Ask a reasoning model to think first, or not (templates that read enable_thinking) "
+        "[default: the template's]",
+        rich_help_panel=OUTPUT,
+        show_default=False,
+    ),
+]
+HideReasoning = Annotated[
+    bool,
+    typer.Option(
+        "--hide-reasoning",
+        help="Show a reasoning model's thinking nowhere (it is never in the answer).",
+        rich_help_panel=OUTPUT,
+    ),
+]
+NoSave = Annotated[
+    bool,
+    typer.Option(
+        "--no-save", help="Keep nothing of this chat (also RUNNER_NO_SAVE=1).", rich_help_panel=CHAT
+    ),
+]
+Resume = Annotated[
+    Optional[str],
+    typer.Option(
+        "--resume",
+        "-r",
+        is_flag=False,
+        flag_value="last",
+        metavar="[ID]",
+        help="Continue the last conversation, or conversation ID (runner history lists them).",
+        rich_help_panel=CHAT,
+        show_default=False,
+    ),
+]
+Load = Annotated[
+    Optional[Path],
+    typer.Option(
+        "--load",
+        help="Continue a conversation saved as JSON (/save FILE).",
+        rich_help_panel=CHAT,
+        show_default=False,
+    ),
+]
+Markdown = Annotated[
+    bool,
+    typer.Option("--markdown", help="Render answers as Markdown (on a terminal).", rich_help_panel=OUTPUT),
+]
+ConversationId = Annotated[int, typer.Argument(help="A conversation id (runner history lists them).")]

@@ -108,6 +108,22 @@ def download_progress(
         yield start
 
 
+def dim(text: str) -> str:
+    """Text a terminal shows faint (SGR 2, then 22: normal intensity), for a model's reasoning."""
+    return f"\x1b[2m{text}\x1b[22m"
+
+
+@contextmanager
+def markdown_stream(out: TextIO) -> Iterator[Callable[[str], None]]:
+    """An answer rendered as Markdown on the terminal `out` while it grows: yields update(text)."""
+    from rich.console import Console
+    from rich.live import Live
+    from rich.markdown import Markdown
+
+    with Live(console=Console(file=out), refresh_per_second=8, vertical_overflow="visible") as live:
+        yield lambda text: live.update(Markdown(text))
+
+
 def _escape(text: str) -> str:
     from rich.markup import escape
 

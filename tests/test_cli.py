@@ -284,11 +284,12 @@ def test_prompt_longer_than_the_context() -> None:
     assert done.stdout == b""
 
 
-def test_no_prompt_on_a_terminal_is_a_usage_error_not_a_wait() -> None:
+def test_no_prompt_on_a_terminal_with_json_is_a_usage_error_not_a_wait() -> None:
+    """Without --json the chat opens (tests/test_chat.py); a JSON answer needs a prompt."""
     leader, follower = pty.openpty()
     try:
         done = subprocess.run(
-            [sys.executable, "-m", "runner", "run", "smollm2"],
+            [sys.executable, "-m", "runner", "run", "smollm2", "--json"],
             stdin=follower,
             capture_output=True,
             timeout=60,

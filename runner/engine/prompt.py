@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, BinaryIO
 
 from runner import ui
-from runner.engine.template import TEMPLATE_KEY, build_messages, render
+from runner.engine.reasoning import opens_reasoning, style_of
+from runner.engine.template import TEMPLATE_KEY, Message, build_messages, render
 from runner.errors import UsageError
 
 if TYPE_CHECKING:
@@ -32,25 +34,66 @@ def read_prompt(argument: str | None, stdin: BinaryIO | None) -> str:
     return prompt
 
 
+@dataclass(frozen=True)
+class Prompt:
+    """What the model is given: the tokens, the text they came from, and how its answer may think."""
+
+    tokens: list[int]
+    text: str
+    reasoning_style: str | None = None  # runner.engine.reasoning.style_of the template
+    opens_reasoning: bool = False  # the template opened a <think> block: the answer starts in it
+
+
 def prompt_tokens(
     engine: Engine, header: GGUFHeader, prompt: str, *, system: str | None = None, raw: bool = False
 ) -> list[int]:
     """Render the chat template (unless raw) and tokenize, as llama.cpp does: specials parsed."""
+    return render_prompt(engine, header, build_messages(prompt, system), raw=raw).tokens
+
+
+def render_prompt(
+    engine: Engine,
+    header: GGUFHeader,
+    messages: list[Message],
+    *,
+    raw: bool = False,
+    enable_thinking: bool | None = None,
+    quiet: bool = False,
+) -> Prompt:
+    """A conversation (system first, if any, then alternating turns ending with the user's) as tokens.
+
+    Without a template the text goes as it is, with a warning (unless quiet): one message alone is
+    the prompt itself; a conversation is written as "User: … / Assistant: …" lines.
+    """
+    system = messages[0].content if messages and messages[0].role == "system" else None
+    turns = messages[1:] if system is not None else messages
     if raw:
         if system is not None:
             raise UsageError(
                 "--system needs the chat template; drop --raw, or put the system text in the prompt"
             )
-        return engine.tokenize(prompt)
+        text = "\n\n".join(m.content for m in turns)
+        return Prompt(engine.tokenize(text), text)
     source = header.get(TEMPLATE_KEY)
     if not isinstance(source, str) or not source.strip():
-        ui.warn(f"{header.source} has no chat template; sending the prompt as is (as with --raw)")
+        if not quiet:
+            ui.warn(f"{header.source} has no chat template; sending the prompt as is (as with --raw)")
+        if len(turns) == 1:
+            text = turns[0].content
+        else:
+            names = {"user": "User", "assistant": "Assistant"}
+            text = "\n".join(f"{names.get(m.role, m.role)}: {m.content}" for m in turns) + "\nAssistant:"
         if system is not None:
-            prompt = f"{system}\n\n{prompt}"
-        return engine.tokenize(prompt)
+            text = f"{system}\n\n{text}"
+        return Prompt(engine.tokenize(text), text)
     text = render(
-        source, build_messages(prompt, system), bos_token=engine.bos_text, eos_token=engine.eos_text
+        source,
+        messages,
+        bos_token=engine.bos_text,
+        eos_token=engine.eos_text,
+        enable_thinking=enable_thinking,
     )
     if engine.adds_bos and engine.bos_text and text.startswith(engine.bos_text):
         text = text[len(engine.bos_text) :]  # tokenize adds it; a second BOS degrades answers
-    return engine.tokenize(text)
+    style = style_of(source)
+    return Prompt(engine.tokenize(text), text, style, style == "think" and opens_reasoning(text))

@@ -97,7 +97,50 @@ def model_defaults(metadata: Mapping[str, Any]) -> dict[str, Any]:
     return found
 
 
+def catalog_defaults(values: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """A catalog entry's recommended sampling, checked: an unknown name or a value out of range is the
+    catalog's error (a models.toml the user can fix), said with where it came from."""
+    fields = {f.name: f for f in dataclasses.fields(SamplingConfig)}
+    out: dict[str, Any] = {}
+    for name, value in values.items():
+        if name not in fields or name == "seed":
+            known = ", ".join(n for n in fields if n != "seed")
+            raise InvalidSetting(f"{where}: unknown sampling setting {name!r} (known: {known})")
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise InvalidSetting(f"{where}: sampling {name} must be a number (got {value!r})")
+        check_range(value, **{**fields[name].metadata, "flag": f"{where}: sampling {name}"})
+        out[name] = int(value) if fields[name].type == "int" else float(value)
+    return out
+
+
+SOURCES = ("flag", "gguf", "catalog", "default")  # what set a value, strongest first
+
+
+def resolve_sources(
+    metadata: Mapping[str, Any],
+    overrides: Mapping[str, Any],
+    *,
+    catalog: Mapping[str, Any] | None = None,
+) -> tuple[SamplingConfig, dict[str, str]]:
+    """The settings and where each came from: flags (and /set) over the GGUF's own keys, over the
+    catalog's recommendation, over llama.cpp's defaults."""
+    layers = (
+        ("flag", {k: v for k, v in overrides.items() if v is not None}),
+        ("gguf", model_defaults(metadata)),
+        ("catalog", dict(catalog or {})),
+    )
+    values: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    for f in dataclasses.fields(SamplingConfig):
+        for source, layer in layers:
+            if f.name in layer:
+                values[f.name], sources[f.name] = layer[f.name], source
+                break
+        else:
+            sources[f.name] = "default"
+    return SamplingConfig(**values), sources
+
+
 def resolve(metadata: Mapping[str, Any], overrides: Mapping[str, Any]) -> SamplingConfig:
     """Defaults < the model's GGUF keys < the user's flags (None means 'not given')."""
-    given = {k: v for k, v in overrides.items() if v is not None}
-    return SamplingConfig(**{**model_defaults(metadata), **given})
+    return resolve_sources(metadata, overrides)[0]

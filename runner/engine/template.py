@@ -68,10 +68,16 @@ def render(
     bos_token: str = "",
     eos_token: str = "",
     add_generation_prompt: bool = True,
+    enable_thinking: bool | None = None,
 ) -> str:
-    """Render messages with the model's template; any failure is the model file's fault."""
+    """Render messages with the model's template; any failure is the model file's fault.
+
+    enable_thinking (--think/--no-think) is passed only when set: templates that read it (Qwen3,
+    SmolLM3) keep their own default otherwise, and the others never see it.
+    """
     import jinja2
 
+    extra = {} if enable_thinking is None else {"enable_thinking": enable_thinking}
     try:
         template = _compile(source)
         return str(
@@ -80,6 +86,7 @@ def render(
                 bos_token=bos_token,
                 eos_token=eos_token,
                 add_generation_prompt=add_generation_prompt,
+                **extra,
             )
         )
     except jinja2.exceptions.SecurityError as exc:

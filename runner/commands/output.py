@@ -1,0 +1,179 @@
+"""What the commands that answer (run, chat) print, in one place: the answer streamed to stdout with any
+reasoning kept apart, the sampling with where each value came from, and the --verbose reports.
+
+Not a command itself: run and chat both use it (the layer contract keeps commands from importing
+each other).
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from typing import Any, TextIO
+
+from runner import ui
+from runner.engine.engine import FINISH_LENGTH, Result, Timings, supports_gpu_offload
+from runner.engine.prompt import Prompt
+from runner.engine.reasoning import ANSWER, Splitter
+from runner.engine.sampling import SamplingConfig, catalog_defaults, resolve_sources
+from runner.loader import LoadedModel
+
+
+@dataclass(frozen=True)
+class Answer:
+    text: str  # the answer alone
+    reasoning: str  # what the model thought first ("" when it did not, or does not)
+    result: Result  # finish reason and timings of the whole generation
+
+
+def sampling_for(loaded: LoadedModel, overrides: dict[str, Any]) -> tuple[SamplingConfig, dict[str, str]]:
+    """Flags (or /set) > the GGUF's general.sampling.* keys > the catalog's recommendation > llama.cpp."""
+    catalog = {}
+    if loaded.entry is not None and loaded.entry.sampling:
+        catalog = catalog_defaults(dict(loaded.entry.sampling), f"models.toml [models.{loaded.entry.name}]")
+    return resolve_sources(loaded.header.metadata, overrides, catalog=catalog)
+
+
+def describe_sampling(config: SamplingConfig, sources: dict[str, str]) -> str:
+    return ", ".join(f"{name}={getattr(config, name)} ({sources[name]})" for name in sources)
+
+
+class AnswerWriter:
+    """The answer to `out` as it comes; reasoning dimmed there when it is a terminal, else on stderr
+    (so a pipe gets the answer alone), or nowhere (hide). `quiet`: print nothing (--json gathers)."""
+
+    def __init__(
+        self, out: TextIO, *, hide_reasoning: bool = False, quiet: bool = False, markdown: bool = False
+    ) -> None:
+        self.out = out
+        self.hide_reasoning = hide_reasoning or quiet
+        self.quiet = quiet
+        self.tty = _isatty(out)
+        self._markdown = ui.markdown_stream(out) if markdown and self.tty and not quiet else None
+        self._update: Any = None
+        self._answer = ""
+        self._last: dict[int, str] = {}  # stream id -> the last character written there
+        self._reasoned = False
+
+    def __enter__(self) -> AnswerWriter:
+        if self._markdown is not None:
+            self._update = self._markdown.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._markdown is not None:
+            self._markdown.__exit__(*exc)
+
+    def write(self, kind: str, text: str) -> None:
+        if not text or self.quiet:
+            return
+        if kind == ANSWER:
+            if self._reasoned and self.tty and self._update is None:
+                self._put(self.out, "\n\n" if self._last.get(id(self.out)) != "\n" else "\n")
+                self._reasoned = False
+            self._answer += text
+            if self._update is not None:
+                self._update(self._answer)
+            else:
+                self._put(self.out, text)
+            return
+        if self.hide_reasoning:
+            return
+        self._reasoned = True
+        if self.tty:
+            self._put(self.out, text, styled=ui.dim(text))
+        else:
+            self._put(sys.stderr, text)
+
+    def end(self) -> None:
+        """End the lines this answer left open."""
+        for stream in (sys.stderr, self.out):
+            if self._last.get(id(stream), "\n") != "\n":
+                self._put(stream, "\n")
+
+    def _put(self, stream: TextIO, text: str, *, styled: str | None = None) -> None:
+        stream.write(text if styled is None else styled)
+        stream.flush()
+        self._last[id(stream)] = text[-1]
+
+
+def stream_answer(
+    loaded: LoadedModel,
+    prompt: Prompt,
+    sampling: SamplingConfig,
+    writer: AnswerWriter,
+    *,
+    max_tokens: int | None = None,
+    stop: tuple[str, ...] = (),
+) -> Answer:
+    """The one loop run and chat share: generate, split reasoning from answer, write as it comes."""
+    splitter = Splitter(prompt.reasoning_style, prompt.opens_reasoning)
+    special = prompt.reasoning_style == "channels"
+    answer: list[str] = []
+    reasoning: list[str] = []
+    last = None
+    for chunk in loaded.engine.stream(
+        prompt.tokens, sampling, max_tokens=max_tokens, stop=stop, special=special
+    ):
+        parts = splitter.push(chunk.text) + (splitter.flush() if chunk.finish_reason else [])
+        for kind, text in parts:
+            (answer if kind == ANSWER else reasoning).append(text)
+            writer.write(kind, text)
+        last = chunk
+    assert last is not None and last.finish_reason is not None and last.timings is not None
+    text = "".join(answer)
+    result = Result(text, last.finish_reason, last.timings, last.context_full)
+    return Answer(text=text, reasoning="".join(reasoning).strip(), result=result)
+
+
+def to_json(model: str, answer: Answer) -> dict[str, Any]:
+    result = answer.result
+    t = result.timings
+    data: dict[str, Any] = {"model": model, "text": answer.text}
+    if answer.reasoning:
+        data["reasoning"] = answer.reasoning
+    data.update(
+        {
+            "finish_reason": result.finish_reason,
+            "usage": {"prompt_tokens": t.prompt_tokens, "completion_tokens": t.completion_tokens},
+            "timings": {
+                "load_s": round(t.load_s, 4),
+                "ttft_s": round(t.ttft_s, 4),
+                "prefill_tokens_per_s": round(t.prefill_tokens_per_s, 2),
+                "decode_tokens_per_s": round(t.decode_tokens_per_s, 2),
+                "total_s": round(t.load_s + t.total_s, 4),
+            },
+        }
+    )
+    return data
+
+
+def describe_load(loaded: LoadedModel) -> str:
+    engine = loaded.engine
+    where = str(loaded.path) if loaded.name == str(loaded.path) else f"{loaded.name} ({loaded.path})"
+    if not supports_gpu_offload():
+        offload = "CPU only (this llama.cpp build cannot offload; see the README for a GPU build)"
+    else:
+        offload = (
+            "all layers on the GPU" if engine.n_gpu_layers < 0 else f"{engine.n_gpu_layers} layers on the GPU"
+        )
+    return f"{where} · ctx {engine.n_ctx} · KV {engine.kv_type} · threads {engine.n_threads} · {offload}"
+
+
+def describe_timings(result: Result) -> str:
+    t: Timings = result.timings
+    reason = result.finish_reason + (" (context full)" if result.context_full else "")
+    if result.finish_reason == FINISH_LENGTH and not result.context_full:
+        reason += " (--max-tokens)"
+    return (
+        f"load {t.load_s:.2f} s · prompt {t.prompt_tokens} tokens · ttft {t.ttft_s:.3f} s · "
+        f"prefill {t.prefill_tokens_per_s:.1f} tok/s · generated {t.completion_tokens} tokens · "
+        f"decode {t.decode_tokens_per_s:.1f} tok/s · finish {reason}"
+    )
+
+
+def _isatty(stream: TextIO) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):
+        return False

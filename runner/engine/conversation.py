@@ -1,0 +1,101 @@
+"""A conversation as the model sees it: which turns are sent, and how they fit the context.
+
+Each turn re-renders the whole conversation with the model's template; the engine then evaluates only
+what differs from its KV cache (Engine.prefill keeps the common prefix), which for a template that
+renders earlier turns the same way every time is the new message and the template's wrapper.
+
+When the next turn would not leave room to answer, the oldest exchanges (a user message and its
+answers; never the system message) are dropped, with some headroom (down to FILL_AFTER_DROP of the
+context) so the turns after it reuse the cache again instead of dropping one exchange per turn.
+A single message that cannot fit even alone is refused (PromptTooLong), never cut.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from runner.engine.prompt import Prompt, render_prompt
+from runner.engine.template import Message
+from runner.errors import PromptTooLong
+
+if TYPE_CHECKING:
+    from runner.engine.engine import Engine
+    from runner.gguf import GGUFHeader
+
+ANSWER_ROOM = 512  # tokens kept free to answer in, at most a quarter of the context (or --max-tokens)
+FILL_AFTER_DROP = 0.75  # after dropping, the prompt and the answer room fill at most this much
+CTX_STEP = 256
+
+
+@dataclass(frozen=True)
+class Fitted:
+    prompt: Prompt
+    first: int  # index of the first turn sent (0: all of them)
+    dropped_exchanges: int  # exchanges before `first`
+
+
+def answer_room(n_ctx: int, max_tokens: int | None) -> int:
+    return max_tokens if max_tokens is not None else min(ANSWER_ROOM, n_ctx // 4)
+
+
+def sendable(turns: Sequence[Message]) -> list[int]:
+    """Indexes of the turns sent to the model: every one, except a user message left without an answer
+    (a kill or an error mid-answer) when another user message follows it: roles must alternate."""
+    keep = []
+    for i, turn in enumerate(turns):
+        if turn.role == "user" and i + 1 < len(turns) and turns[i + 1].role == "user":
+            continue
+        keep.append(i)
+    return keep
+
+
+def fit(
+    engine: Engine,
+    header: GGUFHeader,
+    system: str | None,
+    turns: Sequence[Message],
+    *,
+    first: int = 0,
+    max_tokens: int | None = None,
+    enable_thinking: bool | None = None,
+) -> Fitted:
+    """The prompt for the next answer (turns end with the user's message), from turn `first` on,
+    dropping older exchanges when the context would not leave room to answer."""
+    room = answer_room(engine.n_ctx, max_tokens)
+    starts = [i for i, t in enumerate(turns) if t.role == "user" and i >= first] or [len(turns) - 1]
+    prompt = _render(engine, header, system, turns, starts[0], enable_thinking)
+    if len(prompt.tokens) + room <= engine.n_ctx:
+        return Fitted(prompt, starts[0], _exchanges(turns, starts[0]))
+    target = int(engine.n_ctx * FILL_AFTER_DROP)
+    for start in starts[1:]:
+        prompt = _render(engine, header, system, turns, start, enable_thinking)
+        if len(prompt.tokens) + room <= target:
+            return Fitted(prompt, start, _exchanges(turns, start))
+    last = starts[-1]
+    if len(prompt.tokens) >= engine.n_ctx:  # the last message alone (with the system message)
+        n = len(prompt.tokens)
+        needed = -(-(n + room) // CTX_STEP) * CTX_STEP
+        raise PromptTooLong(
+            f"this message makes a {n:,}-token prompt, more than the {engine.n_ctx:,}-token context holds "
+            f"even alone; shorten it, or start with --ctx {needed}"
+        )
+    return Fitted(prompt, last, _exchanges(turns, last))
+
+
+def _render(
+    engine: Engine,
+    header: GGUFHeader,
+    system: str | None,
+    turns: Sequence[Message],
+    start: int,
+    enable_thinking: bool | None,
+) -> Prompt:
+    kept = [turns[i] for i in sendable(turns) if i >= start]
+    messages = ([Message("system", system)] if system is not None else []) + kept
+    return render_prompt(engine, header, messages, enable_thinking=enable_thinking, quiet=True)
+
+
+def _exchanges(turns: Sequence[Message], start: int) -> int:
+    return sum(1 for t in turns[:start] if t.role == "user")

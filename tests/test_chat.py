@@ -1,0 +1,322 @@
+"""runner chat as people use it: the real REPL over a pseudo-terminal (pexpect), scripted chats through
+pipes, and the conversation store behind both, with the real test model."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pexpect
+import pytest
+
+from runner.store import Store
+from tests.conftest import run_cli
+
+QUIT_HINT = "Ctrl-D, /bye or /exit to quit"
+GREEDY = ["--temperature", "0"]
+
+
+def conversations() -> list:
+    store = Store.open()
+    try:
+        return [store.load(s.id) for s in reversed(store.summaries())]
+    finally:
+        store.close()
+
+
+def chat_pipe(
+    lines: str, *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[bytes]:
+    return run_cli("chat", "smollm2", *GREEDY, *args, input=lines.encode(), env=env)
+
+
+def spawn(*args: str) -> pexpect.spawn:
+    env = {**os.environ, "PROMPT_TOOLKIT_NO_CPR": "1", "TERM": "xterm"}
+    child = pexpect.spawn(
+        sys.executable, ["-m", "runner", *args], env=env, encoding="utf-8", timeout=60, dimensions=(40, 160)
+    )
+    child.expect_exact("chatting with smollm2")
+    return child
+
+
+def ready(child: pexpect.spawn) -> None:
+    """Wait for the prompt: keys typed before it is drawn reach a terminal in cooked mode, where
+    Ctrl-D and Ctrl-C mean something else than to prompt_toolkit."""
+    child.expect_exact(">>>")
+
+
+def test_a_scripted_conversation_through_a_pipe() -> None:
+    done = chat_pipe('Hi\n\n"""\nName two\ncolours.\n"""\n', "--max-tokens", "12")
+    assert done.returncode == 0, done.stderr
+    assert b"Traceback" not in done.stderr and b"Aborted" not in done.stderr
+    [conversation] = conversations()
+    assert [m.role for m in conversation.messages] == ["user", "assistant", "user", "assistant"]
+    assert conversation.messages[2].content == "Name two\ncolours."
+    answers = [m.content for m in conversation.messages if m.role == "assistant"]
+    assert done.stdout.decode() == "".join(a + "\n" for a in answers)  # stdout: the answers, nothing else
+
+
+def test_only_what_is_new_is_evaluated_each_turn() -> None:
+    done = chat_pipe("Hi\nWhat is 2+2?\nAnd 3+3?\n/stats\n", "--max-tokens", "16")
+    assert done.returncode == 0, done.stderr
+    stats = re.search(rb"prompt (\d+) tokens, (\d+) evaluated", done.stderr)
+    assert stats, done.stderr
+    prompt, evaluated = int(stats[1]), int(stats[2])
+    assert prompt > 60 and evaluated <= 20, (prompt, evaluated)  # "And 3+3?" and the template's wrapper
+
+
+def test_the_repl_keys_history_and_ctrl_c() -> None:
+    child = spawn("chat", "smollm2", "--max-tokens", "400", *GREEDY)
+    child.sendline("Tell me a long story about a cat who sails the sea.")
+    child.expect(r"\S{20}")  # the answer has begun
+    time.sleep(0.3)
+    child.sendintr()
+    child.expect_exact("interrupted: the partial answer stays in the conversation")
+    ready(child)
+    child.sendline("/stats")
+    child.expect_exact("finish interrupted")
+    ready(child)
+    child.sendcontrol("c")  # on an empty line: how to quit, and the chat goes on
+    child.expect_exact(QUIT_HINT)
+    ready(child)
+    child.send("\x1b[A")  # up: the last line again (/stats), from the input history
+    child.sendline("")
+    child.expect_exact("finish interrupted")
+    ready(child)
+    child.sendline("/nope")
+    child.expect_exact("unknown command /nope; valid: /help")
+    ready(child)
+    child.sendline("/set temperature 9")
+    child.expect_exact("must be between 0 and 2 (got 9)")
+    ready(child)
+    child.sendline("Say hello.")
+    ready(child)
+    child.sendline("/stats")
+    child.expect(r"finish (stop|length)")
+    ready(child)
+    child.sendcontrol("d")
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0
+    [conversation] = conversations()
+    roles = [(m.role, m.interrupted) for m in conversation.messages]
+    assert roles == [("user", False), ("assistant", True), ("user", False), ("assistant", False)]
+    assert conversation.messages[1].content  # the partial answer was kept
+
+
+def test_a_pasted_block_and_a_quoted_block_are_one_message_each() -> None:
+    child = spawn("chat", "smollm2", "--max-tokens", "4", *GREEDY)
+    ready(child)
+    child.send("\x1b[200~first pasted line\nsecond pasted line\x1b[201~")  # bracketed paste
+    child.sendline("")
+    ready(child)
+    child.sendline('"""')
+    child.expect_exact("...")
+    child.sendline("a block")
+    child.expect_exact("...")
+    child.sendline('of two lines"""')
+    ready(child)
+    child.sendline("/bye")
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0
+    [conversation] = conversations()
+    users = [m.content for m in conversation.messages if m.role == "user"]
+    assert users == ["first pasted line\nsecond pasted line", "a block\nof two lines"]
+
+
+def test_save_then_load_then_retry_and_undo(tmp_path: Path) -> None:
+    saved = tmp_path / "talk.json"
+    first = chat_pipe(f"Hi\n/save {saved}\n", "--max-tokens", "6")
+    assert first.returncode == 0, first.stderr
+    data = json.loads(saved.read_text())
+    assert data["format"] == "runner-conversation" and [m["role"] for m in data["messages"]] == [
+        "user",
+        "assistant",
+    ]
+    again = chat_pipe("Again?\n/retry\n/undo\nBye\n", "--max-tokens", "6", "--load", str(saved))
+    assert again.returncode == 0, again.stderr
+    latest = conversations()[-1]
+    assert [(m.role, m.content) for m in latest.messages][:1] == [("user", "Hi")]
+    assert [m.content for m in latest.messages if m.role == "user"] == ["Hi", "Bye"]  # "Again?" undone
+    assert [m.role for m in latest.messages] == ["user", "assistant", "user", "assistant"]
+
+
+def test_resume_after_the_chat_was_killed_mid_answer(smollm2_path: Path) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "runner", "chat", "smollm2", "--max-tokens", "2000", *GREEDY],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+    proc.stdin.write(b"Tell me a very long story about the sea.\n")
+    proc.stdin.flush()
+    assert len(os.read(proc.stdout.fileno(), 64)) > 0  # mid-answer
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    store = Store.open()
+    try:
+        assert store.integrity() == "ok"
+    finally:
+        store.close()
+    [killed] = conversations()
+    assert [m.role for m in killed.messages] == ["user"]  # the message was committed before the answer
+    done = run_cli("chat", "--resume", "--max-tokens", "6", *GREEDY, input=b"Shorter, please.\n")
+    assert done.returncode == 0, done.stderr
+    [resumed] = conversations()
+    assert [m.role for m in resumed.messages] == ["user", "user", "assistant"]
+    assert resumed.id == killed.id
+
+
+def test_continue_the_last_chat_from_a_shell() -> None:
+    missing = run_cli("run", "-c", "Hello?")
+    assert missing.returncode == 2 and b"no conversation to resume" in missing.stderr
+    assert chat_pipe("Hi\n", "--max-tokens", "6").returncode == 0
+    done = run_cli("run", "-c", "And then?", "--max-tokens", "6", *GREEDY)
+    assert done.returncode == 0, done.stderr
+    [conversation] = conversations()
+    assert [m.content for m in conversation.messages if m.role == "user"] == ["Hi", "And then?"]
+    assert done.stdout.decode() == conversation.messages[-1].content + "\n"
+    assert run_cli("run", "smollm2", "hello", "--max-tokens", "2").returncode == 0  # one-shot: kept nowhere
+    assert len(conversations()) == 1
+
+
+def test_slash_command_errors_are_one_line_and_the_chat_goes_on(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"messages": "nope"}')
+    lines = f"/nope\n/set top-k many\n/load {tmp_path / 'missing.json'}\n/load {bad}\nHi\n"
+    done = chat_pipe(lines, "--max-tokens", "4")
+    assert done.returncode == 2  # some lines were refused
+    err = done.stderr.decode()
+    assert "unknown command /nope" in err
+    assert "/set top-k needs an integer (got 'many')" in err
+    assert "no such file:" in err and 'is not a runner conversation: no "messages" list' in err
+    assert "Traceback" not in err and done.stdout.strip()  # Hi was still answered
+
+
+def test_a_long_conversation_in_a_small_context_drops_the_oldest_turns() -> None:
+    lines = "".join(f"Tell me fact number {i} about the moon, in one sentence.\n" for i in range(12))
+    done = chat_pipe(lines + "/show\n", "--max-tokens", "24", "--ctx", "256", "-s", "You are a moon expert.")
+    assert done.returncode == 0, done.stderr
+    err = done.stderr.decode()
+    assert "the context is full" in err and "oldest exchange" in err
+    assert "no longer sent" in err and "'You are a moon expert.'" in err
+    [conversation] = conversations()
+    assert sum(1 for m in conversation.messages if m.role == "user") == 12  # the store keeps them all
+
+
+def test_what_is_sent_after_dropping_keeps_the_system_message(engine) -> None:
+    from runner.engine.conversation import fit
+    from runner.engine.template import Message
+    from runner.gguf import read_header
+
+    header = read_header(engine.path)
+    turns = []
+    for i in range(40):
+        turns += [Message("user", f"question {i} " * 10), Message("assistant", f"answer {i} " * 10)]
+    fitted = fit(engine, header, "SYSTEM-KEPT", [*turns, Message("user", "last one")], max_tokens=64)
+    text = fitted.prompt.text
+    assert fitted.dropped_exchanges > 0 and "SYSTEM-KEPT" in text and "last one" in text
+    assert "question 0 " not in text and len(fitted.prompt.tokens) + 64 <= engine.n_ctx
+
+
+def test_a_message_longer_than_the_context_is_refused() -> None:
+    done = chat_pipe("word " * 600 + "\nHi\n", "--ctx", "256", "--max-tokens", "4")
+    assert done.returncode == 2
+    assert re.search(rb"this message makes a [\d,]+-token prompt, .*--ctx \d+", done.stderr), done.stderr
+    assert done.stdout.strip()  # and the next line was answered
+
+
+def test_a_broken_database_never_stops_the_chat(tmp_path: Path) -> None:
+    corrupt = tmp_path / "corrupt"
+    corrupt.mkdir()
+    (corrupt / "conversations.db").write_bytes(b"garbage" * 1000)
+    done = chat_pipe("Hi\n", "--max-tokens", "4", env={"RUNNER_DATA_DIR": str(corrupt)})
+    assert done.returncode == 0 and done.stdout.strip()
+    assert b"conversations are not saved" in done.stderr and b"Traceback" not in done.stderr
+    assert (corrupt / "conversations.db").read_bytes() == b"garbage" * 1000  # never rewritten
+    not_a_dir = tmp_path / "file"
+    not_a_dir.write_text("x")
+    done = chat_pipe("Hi\n", "--max-tokens", "4", env={"RUNNER_DATA_DIR": str(not_a_dir)})
+    assert done.returncode == 0 and b"conversations are not saved" in done.stderr
+
+
+def test_resume_without_a_conversation_is_exit_2() -> None:
+    for args in (["--resume"], ["--resume", "42"], ["--resume", "x"]):
+        done = run_cli("chat", *args, input=b"Hi\n")
+        assert done.returncode == 2 and done.stderr.count(b"\n") == 1, done.stderr
+
+
+def test_no_save_keeps_nothing(tmp_path: Path) -> None:
+    assert chat_pipe("Hi\n", "--max-tokens", "2", "--no-save").returncode == 0
+    assert chat_pipe("Hi\n", "--max-tokens", "2", env={"RUNNER_NO_SAVE": "1"}).returncode == 0
+    assert not (Path(os.environ["RUNNER_DATA_DIR"]) / "conversations.db").exists()
+
+
+def test_history_lists_shows_and_removes() -> None:
+    assert chat_pipe("Hi there\n", "--max-tokens", "3").returncode == 0
+    listed = run_cli("history")
+    assert listed.returncode == 0 and listed.stdout.decode().split("\t")[4].startswith("Hi there")
+    cid = listed.stdout.split(b"\t")[0].decode()
+    shown = json.loads(run_cli("history", "show", cid, "--json").stdout)
+    assert shown["messages"][0] == {"role": "user", "content": "Hi there"}
+    exported = json.loads(run_cli("history", "export", "--json").stdout)
+    assert [c["id"] for c in exported] == [int(cid)]
+    assert run_cli("history", "rm", cid).returncode == 0
+    assert run_cli("history", "show", cid).returncode == 2
+
+
+def test_run_without_a_prompt_on_a_terminal_opens_a_chat() -> None:
+    child = spawn("run", "smollm2", "--max-tokens", "3")
+    ready(child)
+    child.sendline("/exit")
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0
+
+
+def test_the_store_is_consistent_under_many_writers(tmp_path: Path) -> None:
+    """Two chats at once write the same database (WAL): both conversations are whole."""
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "runner", "chat", "smollm2", "--max-tokens", "3", *GREEDY],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+        for _ in range(2)
+    ]
+    for p in procs:
+        _, err = p.communicate(b"One\nTwo\nThree\n", timeout=120)
+        assert p.returncode == 0, err
+    found = conversations()
+    assert len(found) == 2 and all(len(c.messages) == 6 for c in found)
+    with sqlite3.connect(Path(os.environ["RUNNER_DATA_DIR"]) / "conversations.db") as db:
+        assert db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+
+
+@pytest.mark.parametrize("name", ["/help"])
+def test_help_lists_every_command(name: str) -> None:
+    done = chat_pipe(f"{name}\n")
+    assert done.returncode == 0
+    for command in (
+        "/set",
+        "/show",
+        "/clear",
+        "/retry",
+        "/undo",
+        "/save",
+        "/load",
+        "/stats",
+        "/history",
+        "/edit",
+    ):
+        assert command.encode() in done.stderr

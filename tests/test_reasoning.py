@@ -1,0 +1,147 @@
+"""Reasoning apart from the answer: the splitter on streams cut at every byte, the templates' switches,
+and the real model under templates that think (SmolLM2's weights, a reasoning model's template)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from runner.engine.reasoning import ANSWER, REASONING, Splitter, opens_reasoning, style_of
+from tests.conftest import run_cli
+
+THINKING = (
+    "<think>\nThe user wants 2+2. That is 4.\n</think>\n\nThe answer is 4.",
+    [(REASONING, "\nThe user wants 2+2. That is 4.\n"), (ANSWER, "The answer is 4.")],
+)
+HARMONY = (
+    "<|channel|>analysis<|message|>Compute 2+2 = 4.<|end|><|start|>assistant<|channel|>final"
+    "<|message|>It is 4.",
+    [(REASONING, "Compute 2+2 = 4."), (ANSWER, "It is 4.")],
+)
+
+
+def _split(style: str, text: str, cuts: list[int], start_in_reasoning: bool = False) -> list[tuple[str, str]]:
+    splitter = Splitter(style, start_in_reasoning)
+    parts = []
+    last = 0
+    for cut in [*cuts, len(text)]:
+        parts += splitter.push(text[last:cut])
+        last = cut
+    parts += splitter.flush()
+    merged: list[tuple[str, str]] = []
+    for kind, piece in parts:
+        if merged and merged[-1][0] == kind:
+            merged[-1] = (kind, merged[-1][1] + piece)
+        else:
+            merged.append((kind, piece))
+    return merged
+
+
+@pytest.mark.parametrize("style, case", [("think", THINKING), ("channels", HARMONY)])
+def test_every_split_point_gives_the_same_parts(style: str, case: tuple[str, list]) -> None:
+    text, expected = case
+    assert _split(style, text, []) == expected
+    for i in range(1, len(text)):
+        assert _split(style, text, [i]) == expected, i
+    for i in range(1, len(text) - 1):  # and two cuts, one inside each marker's neighbourhood
+        assert _split(style, text, [i, i + 1]) == expected, i
+    assert _split(style, text, list(range(1, len(text)))) == expected  # one character at a time
+
+
+def test_a_template_that_opens_the_block_starts_in_reasoning() -> None:
+    assert opens_reasoning("<|im_start|>assistant\n<think>\n")
+    assert not opens_reasoning("<think>\nold\n</think>\nanswer<|im_start|>assistant\n")
+    text = "The sum is 4.\n</think>\nFour."
+    assert _split("think", text, [5, 17], start_in_reasoning=True) == [
+        (REASONING, "The sum is 4.\n"),
+        (ANSWER, "Four."),
+    ]
+
+
+def test_text_that_only_looks_like_a_marker_stays_text() -> None:
+    assert _split("think", "a < b and <thin ice>", [3, 12]) == [(ANSWER, "a < b and <thin ice>")]
+    assert _split("think", "ends with <thi", []) == [(ANSWER, "ends with <thi")]  # flushed at the end
+    assert Splitter(None).push("<think>x</think>") == [(ANSWER, "<think>x</think>")]  # no style: as is
+
+
+def test_style_comes_from_the_template() -> None:
+    assert style_of(None) is None and style_of("{{ messages }}") is None
+    assert style_of("{% if enable_thinking %}<think>{% endif %}") == "think"
+    assert style_of("<|start|>assistant<|channel|>final<|message|>") == "channels"
+
+
+OPENS_THINK = (
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n"
+    "{% if enable_thinking is defined and not enable_thinking %}<think>\n\n</think>\n\n"
+    "{% else %}<think>\n{% endif %}{% endif %}"
+)
+
+
+@pytest.fixture(scope="module")
+def thinking_model(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """SmolLM2's weights under a Qwen3-like template that opens a <think> block (--no-think closes it)."""
+    out = tmp_path_factory.mktemp("think") / "think.gguf"
+    done = subprocess.run(
+        [sys.executable, "-m", "gguf.scripts.gguf_new_metadata", str(smollm2_path), str(out)]
+        + ["--chat-template", OPENS_THINK, "--force"],
+        capture_output=True,
+    )
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    return out
+
+
+def test_reasoning_goes_to_stderr_and_json_keeps_it_apart(thinking_model: Path) -> None:
+    args = [str(thinking_model), "What is 2+2?", "--temperature", "0", "--max-tokens", "24"]
+    piped = run_cli("run", *args)
+    assert piped.returncode == 0, piped.stderr
+    assert piped.stdout == b""  # all 24 tokens were thinking: the answer never began
+    assert len(piped.stderr.strip()) > 10  # the reasoning, on stderr
+    hidden = run_cli("run", *args, "--hide-reasoning")
+    assert hidden.stdout == b"" and hidden.stderr == b""
+    data = json.loads(run_cli("run", *args, "--json").stdout)
+    assert data["text"] == "" and data["reasoning"] == piped.stderr.decode().strip()
+
+
+def test_no_think_reaches_the_template(thinking_model: Path) -> None:
+    done = run_cli(
+        "run", str(thinking_model), "What is 2+2?", "--temperature", "0", "--max-tokens", "12", "--no-think"
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() and done.stderr == b""  # the block came closed: all of it is answer
+
+
+def test_earlier_reasoning_is_not_sent_back(thinking_model: Path) -> None:
+    """A chat keeps each answer's reasoning in the store, and sends only the answers back."""
+    from runner.engine.conversation import fit
+    from runner.engine.engine import Engine
+    from runner.engine.template import Message
+    from runner.gguf import read_header
+
+    header = read_header(thinking_model)
+    with Engine(thinking_model, n_ctx=1024, n_threads=2) as engine:
+        turns = [Message("user", "Hi"), Message("assistant", "Hello!"), Message("user", "2+2?")]
+        fitted = fit(engine, header, "Be brief.", turns)
+    assert "Hello!<|im_end|>" in fitted.prompt.text and "<think>\nHello" not in fitted.prompt.text
+    assert fitted.prompt.opens_reasoning and fitted.prompt.reasoning_style == "think"
+
+
+def test_chat_stores_reasoning_apart(thinking_model: Path) -> None:
+    from runner.store import Store
+
+    done = run_cli(
+        "chat", str(thinking_model), "--max-tokens", "16", "--temperature", "0", input=b"What is 2+2?\n"
+    )
+    assert done.returncode == 0, done.stderr
+    store = Store.open()
+    try:
+        conversation = store.load(store.latest() or 0)
+    finally:
+        store.close()
+    assert conversation is not None
+    answer = conversation.messages[-1]
+    assert answer.role == "assistant" and answer.content == "" and answer.reasoning
