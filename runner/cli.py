@@ -66,6 +66,23 @@ def edge(command: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+SAMPLING_FLAGS = (
+    "temperature",
+    "top_k",
+    "top_p",
+    "min_p",
+    "repeat_penalty",
+    "presence_penalty",
+    "frequency_penalty",
+    "seed",
+)
+
+
+def _sampling(given: dict[str, Any]) -> dict[str, Any]:
+    """The sampling flags of a command's parameters, by SamplingConfig's names (None: not given)."""
+    return {name: given[name] for name in SAMPLING_FLAGS}
+
+
 def _flush_or_silence() -> None:
     try:
         sys.stdout.flush()
@@ -122,16 +139,7 @@ def run(
       runner run ./model.gguf "Hi" --temperature 0 --max-tokens 50 --json
       runner run -c "And in one word?"             # one more turn of the last chat
     """
-    sampling = {
-        "temperature": temperature,
-        "top_k": top_k,
-        "top_p": top_p,
-        "min_p": min_p,
-        "repeat_penalty": repeat_penalty,
-        "presence_penalty": presence_penalty,
-        "frequency_penalty": frequency_penalty,
-        "seed": seed,
-    }
+    sampling = _sampling(locals())
     tty = sys.stdin is None or sys.stdin.isatty()
     if continue_ or (prompt is None and tty and not json and not raw):
         from runner.commands.chat import ChatRequest, chat, continue_last
@@ -244,16 +252,7 @@ def chat(
     request = ChatRequest(
         model=model,
         system=system,
-        sampling={
-            "temperature": temperature,
-            "top_k": top_k,
-            "top_p": top_p,
-            "min_p": min_p,
-            "repeat_penalty": repeat_penalty,
-            "presence_penalty": presence_penalty,
-            "frequency_penalty": frequency_penalty,
-            "seed": seed,
-        },
+        sampling=_sampling(locals()),
         max_tokens=max_tokens,
         stop=tuple(stop or ()),
         ctx=ctx,
@@ -276,7 +275,6 @@ def chat(
 
 
 history_app = typer.Typer(
-    help="Conversations kept by chat: list, show, rm, export.",
     no_args_is_help=False,
     invoke_without_command=True,
     add_completion=False,
@@ -288,8 +286,10 @@ app.add_typer(history_app, name="history")
 
 @history_app.callback(invoke_without_command=True)
 @edge
-def history(ctx: typer.Context, json: o.JsonList = False, limit: o.Limit = o.SEARCH_LIMIT) -> None:
-    """Conversations kept by chat: list (the default), show, rm, export.
+def history(ctx: typer.Context, json: o.JsonList = False, limit: o.HistoryLimit = None) -> None:
+    """Conversations kept by chat: list, show, rm, export.
+
+    Listed, most recent first: ID, model, turns, last update, first words (piped: tab-separated).
 
     \b
     Examples:

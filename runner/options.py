@@ -141,8 +141,8 @@ CHAT = "Chat"
 OptionalModelArg = Annotated[
     Optional[str],
     typer.Argument(
-        help="An alias, a .gguf path or a Hub repo [default: the catalog's default model, or the "
-        "resumed conversation's]",
+        help="An alias from models.toml (smollm2), a .gguf path, or a Hub repo (user/repo:Q4_K_M) "
+        "[default: the catalog's default, or the resumed conversation's model]",
         show_default=False,
     ),
 ]
@@ -206,3 +206,6 @@ Markdown = Annotated[
     typer.Option("--markdown", help="Render answers as Markdown (on a terminal).", rich_help_panel=OUTPUT),
 ]
 ConversationId = Annotated[int, typer.Argument(help="A conversation id (runner history lists them).")]
+HistoryLimit = Annotated[
+    Optional[int], typer.Option("--limit", "-n", min=1, help="Show at most N conversations [default: all].")
+]

@@ -320,3 +320,28 @@ def test_help_lists_every_command(name: str) -> None:
         "/edit",
     ):
         assert command.encode() in done.stderr
+
+
+def test_edit_sends_what_the_editor_wrote_and_the_input_history_outlives_the_chat(tmp_path: Path) -> None:
+    editor = tmp_path / "editor.sh"
+    editor.write_text("#!/bin/sh\nprintf 'from the editor\\nline two\\n' > \"$1\"\n")
+    editor.chmod(0o755)
+    os.environ["EDITOR"] = str(editor)
+    try:
+        child = spawn("chat", "smollm2", "--max-tokens", "3", *GREEDY)
+        ready(child)
+        child.sendline("/edit")
+        ready(child)
+        child.sendline("/bye")
+        child.expect(pexpect.EOF)
+        child = spawn("chat", "smollm2", "--max-tokens", "3", *GREEDY, "--markdown")
+        ready(child)
+        child.send("\x1b[A\x1b[A")  # two lines up, from the last chat: /edit
+        child.sendline("")
+        ready(child)
+        child.sendline("/exit")
+        child.expect(pexpect.EOF)
+    finally:
+        del os.environ["EDITOR"]
+    users = [m.content for c in conversations() for m in c.messages if m.role == "user"]
+    assert users == ["from the editor\nline two", "from the editor\nline two"]

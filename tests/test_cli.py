@@ -23,7 +23,7 @@ def _model(smollm2_path: Path) -> Path:
     return smollm2_path  # fetched once before any CLI test runs
 
 
-COMMANDS = ["run", "pull", "list", "show", "rm", "search", "fit"]
+COMMANDS = ["run", "chat", "pull", "list", "show", "rm", "search", "fit", "history"]
 
 
 def test_help_for_every_command() -> None:
@@ -40,7 +40,7 @@ def test_help_for_every_command() -> None:
 
 
 def test_help_does_not_import_heavy_modules() -> None:
-    heavy = ("llama_cpp", "huggingface_hub", "rich")
+    heavy = ("llama_cpp", "huggingface_hub", "rich", "prompt_toolkit", "sqlite3")
     code = f"import sys, runner.cli; print(sorted(m for m in {heavy!r} if m in sys.modules))"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]"
