@@ -143,9 +143,7 @@ def run(
     tty = sys.stdin is None or sys.stdin.isatty()
     if continue_ or (prompt is None and tty and not json and not raw):
         from runner.commands.chat import ChatRequest, chat, continue_last
-        from runner.commands.run import check_request
 
-        check_request(max_tokens, tuple(stop or ()))
         # runner run -c PROMPT: the one argument is the prompt, and the model the chat's
         text, name = (model, None) if continue_ and prompt is None else (prompt, model)
         request = ChatRequest(
@@ -246,9 +244,7 @@ def chat(
     """
     from runner.commands.chat import ChatRequest
     from runner.commands.chat import chat as run_chat
-    from runner.commands.run import check_request
 
-    check_request(max_tokens, tuple(stop or ()))
     request = ChatRequest(
         model=model,
         system=system,

@@ -16,6 +16,14 @@ MAX_INT32 = 2**31 - 1  # llama.cpp's n_gpu_layers is an int32, and so are the po
 MAX_THREADS = 1024
 
 
+def check_answer_limits(max_tokens: int | None, stop: tuple[str, ...] | list[str]) -> None:
+    """--max-tokens and --stop, as run, chat and run -c take them."""
+    if max_tokens is not None:
+        check_range(max_tokens, "--max-tokens", 1, None)
+    if any(not s for s in stop):
+        raise InvalidSetting("--stop needs a non-empty string")
+
+
 def check_range(value: float, flag: str, lo: float | None, hi: float | None, lo_open: bool = False) -> None:
     """Raise InvalidSetting naming the flag when value lies outside [lo, hi] ((lo, hi] if lo_open)."""
     if isinstance(value, float) and not math.isfinite(value):

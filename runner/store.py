@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from runner import interrupt
-from runner.errors import RunnerError
+from runner.errors import RunnerError, UsageError
 from runner.paths import data_dir
 
 DB_NAME = "conversations.db"
@@ -303,7 +303,6 @@ def to_json(conversation: StoredConversation) -> dict[str, Any]:
 
 def from_json(data: Any, source: str) -> StoredConversation:
     """A conversation read from a file, checked: anything malformed is one UsageError naming source."""
-    from runner.errors import UsageError
 
     def bad(why: str) -> UsageError:
         return UsageError(f"{source} is not a runner conversation: {why}")

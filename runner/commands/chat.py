@@ -33,6 +33,7 @@ from runner.engine.reasoning import style_of
 from runner.engine.template import TEMPLATE_KEY, Message
 from runner.errors import InvalidSetting, PromptTooLong, RunnerError, UsageError
 from runner.hub.catalog import load_catalog
+from runner.limits import check_answer_limits
 from runner.loader import LoadedModel, open_model
 from runner.paths import data_dir
 from runner.store import (
@@ -125,6 +126,7 @@ class Session:
         self.out = out
         self.interactive = interactive
         self.overrides = {k: v for k, v in request.sampling.items() if v is not None}
+        self.set_here: set[str] = set()  # sampling settings changed with /set (the rest: flags)
         self.sampling, self.sources = sampling_for(loaded, self.overrides)
         self.max_tokens = request.max_tokens
         self.think = request.think
@@ -314,9 +316,9 @@ class Session:
                 self._store(lambda s, c: s.set_system(c, self.system))
             ui.info(f"system message: {self.system!r}" if self.system else "no system message")
         elif param == "max-tokens":
-            self.max_tokens = _number(param, value, int, allow_none=True)
-            if self.max_tokens is not None and self.max_tokens < 1:
-                raise InvalidSetting(f"max-tokens must be at least 1 (got {self.max_tokens})")
+            max_tokens = _number(param, value, int, allow_none=True)
+            check_answer_limits(max_tokens, ())
+            self.max_tokens = max_tokens
         elif param == "think":
             choices = {"on": True, "off": False, "default": None}
             if value.lower() not in choices:
@@ -330,9 +332,10 @@ class Session:
             overrides = {**self.overrides, name: parsed}
             if parsed is None:
                 overrides.pop(name)
-            self.sampling, self.sources = sampling_for(self.loaded, overrides)  # checks the range
+            self.sampling, sources = sampling_for(self.loaded, overrides)  # checks the range
             self.overrides = overrides
-            self.sources = {k: ("/set" if k in overrides else v) for k, v in self.sources.items()}
+            self.set_here = (self.set_here | {name}) if parsed is not None else (self.set_here - {name})
+            self.sources = {k: ("/set" if k in self.set_here else v) for k, v in sources.items()}
         else:
             raise UsageError(f"/set {param}: unknown; valid: {valid}")
 
@@ -486,8 +489,7 @@ def _open(request: ChatRequest, model: str) -> LoadedModel:
 
 def chat(request: ChatRequest, *, stdin: TextIO, out: TextIO, interactive: bool) -> None:
     """The chat: on a terminal, the REPL; through a pipe, one user turn per line, answers on out."""
-    if request.max_tokens is not None and request.max_tokens < 1:
-        raise UsageError(f"--max-tokens must be at least 1 (got {request.max_tokens})")
+    check_answer_limits(request.max_tokens, request.stop)
     store = open_store(request.save)
     try:
         stored, stored_here = None, False
@@ -510,8 +512,8 @@ def chat(request: ChatRequest, *, stdin: TextIO, out: TextIO, interactive: bool)
 
 
 def _loop(session: Session, interactive: bool, stdin: TextIO) -> None:
-    header = session.loaded.header.get(TEMPLATE_KEY)
-    if not isinstance(header, str) or not header.strip():
+    template = session.loaded.header.get(TEMPLATE_KEY)
+    if not isinstance(template, str) or not template.strip():
         ui.warn(f"{session.loaded.name} has no chat template; turns go as plain 'User:/Assistant:' text")
     if interactive:
         if session.request.verbose:
@@ -558,6 +560,7 @@ def _turn(session: Session, text: str, source: Any) -> bool:
 
 def continue_last(request: ChatRequest, prompt: str, *, out: TextIO, as_json: bool) -> None:
     """`runner run -c PROMPT`: one more turn of the last conversation, the answer alone on stdout."""
+    check_answer_limits(request.max_tokens, request.stop)
     store = open_store(True)
     if store is None:
         raise UsageError("-c continues the last stored conversation, and the store is off")

@@ -20,7 +20,7 @@ from runner.commands.output import (
 from runner.engine.engine import FINISH_INTERRUPTED, Result
 from runner.engine.prompt import read_prompt, render_prompt
 from runner.engine.template import build_messages
-from runner.errors import UsageError
+from runner.limits import check_answer_limits
 from runner.loader import open_model
 
 
@@ -46,15 +46,8 @@ class RunRequest:
     hide_reasoning: bool = False
 
 
-def check_request(max_tokens: int | None, stop: tuple[str, ...]) -> None:
-    if max_tokens is not None and max_tokens < 1:
-        raise UsageError(f"--max-tokens must be at least 1 (got {max_tokens})")
-    if any(not s for s in stop):
-        raise UsageError("--stop needs a non-empty string")
-
-
 def run_once(request: RunRequest, *, stdin: BinaryIO | None, out: TextIO) -> Result:
-    check_request(request.max_tokens, request.stop)
+    check_answer_limits(request.max_tokens, request.stop)
     prompt = read_prompt(request.prompt, stdin)
     loaded = open_model(
         request.model,

@@ -16,17 +16,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from runner.engine.engine import CTX_STEP, Engine
 from runner.engine.prompt import Prompt, render_prompt
 from runner.engine.template import Message
 from runner.errors import PromptTooLong
 
 if TYPE_CHECKING:
-    from runner.engine.engine import Engine
     from runner.gguf import GGUFHeader
 
 ANSWER_ROOM = 512  # tokens kept free to answer in, at most a quarter of the context (or --max-tokens)
 FILL_AFTER_DROP = 0.75  # after dropping, the prompt and the answer room fill at most this much
-CTX_STEP = 256
 
 
 @dataclass(frozen=True)

@@ -302,9 +302,7 @@ class Engine:
                 yield token
                 # decode_one_token: the caller resumes us only when it wants the next one
                 token_array[0] = token
-                rc = lib.llama_decode(self._ctx, batch)
-                if rc == DECODE_ABORTED:  # Ctrl-C inside this one token's graph: nothing was kept
-                    raise _Interrupted
+                rc = lib.llama_decode(self._ctx, batch)  # no abort callback here: checked between tokens
                 if rc != 0:
                     self._cached.clear()
                     lib.llama_memory_clear(self._memory, True)

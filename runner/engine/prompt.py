@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, BinaryIO
 
 from runner import ui
 from runner.engine.reasoning import opens_reasoning, style_of
-from runner.engine.template import TEMPLATE_KEY, Message, build_messages, render
+from runner.engine.template import TEMPLATE_KEY, Message, render
 from runner.errors import UsageError
 
 if TYPE_CHECKING:
@@ -42,13 +42,6 @@ class Prompt:
     text: str
     reasoning_style: str | None = None  # runner.engine.reasoning.style_of the template
     opens_reasoning: bool = False  # the template opened a <think> block: the answer starts in it
-
-
-def prompt_tokens(
-    engine: Engine, header: GGUFHeader, prompt: str, *, system: str | None = None, raw: bool = False
-) -> list[int]:
-    """Render the chat template (unless raw) and tokenize, as llama.cpp does: specials parsed."""
-    return render_prompt(engine, header, build_messages(prompt, system), raw=raw).tokens
 
 
 def render_prompt(
