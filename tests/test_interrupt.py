@@ -28,7 +28,7 @@ GREEDY = SamplingConfig(temperature=0)
 PROMPTS = [
     "1, 2, 3, 4,",
     "Write a long story about a lighthouse keeper and a storm. " * 3,
-    "List the planets of the solar system, with one fact each. " * 6,
+    "List the planets of the solar system, with one fact each. " * 2,
 ]
 
 
@@ -42,28 +42,42 @@ def test_sigint_in_process_at_random_moments(engine: Engine) -> None:
     """Every interrupt ends the answer (or, after it, surfaces as KeyboardInterrupt at the block's
     end), the engine stays usable, and its KV cache stays true to what it evaluated."""
     tokens = [engine.tokenize(p) for p in PROMPTS]
-    engine.reset()
-    cold = [engine.generate(t, GREEDY, max_tokens=8).text for t in tokens]
+    cold, took_cold, took = [], [], []  # each prompt's answer, its time from cold and from the cache
+    for t in tokens:
+        engine.reset()
+        start = time.perf_counter()
+        cold.append(engine.generate(t, GREEDY, max_tokens=8).text)
+        took_cold.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        engine.generate(t, GREEDY, max_tokens=8)
+        took.append(time.perf_counter() - start)
     rng = random.Random(7)
     outcomes: collections.Counter[str] = collections.Counter()
+    which, complete = 0, True
     for i in range(200):
-        which = rng.randrange(len(tokens))
-        if rng.random() < 0.3:
+        if rng.random() < 0.15:
+            which, complete = rng.randrange(len(tokens)), False
+        if rng.random() < 0.1:
             engine.reset()  # a cold prefill to interrupt, not only decode steps
-        timer = _kill_later(rng.uniform(0.0, 0.12))
+            complete = False
+        expected = took[which] if complete else took_cold[which]
+        timer = _kill_later(rng.uniform(0.0, 1.5 * expected))  # mid-answer, or just after it
         try:
             with interrupt.deferred():
                 result = engine.generate(tokens[which], GREEDY, max_tokens=8)
                 timer.join()  # the signal has come before the block ends
             outcomes[result.finish_reason] += 1
+            complete = result.finish_reason != FINISH_INTERRUPTED
         except KeyboardInterrupt:
             outcomes["after the answer"] += 1
+            complete = True
         assert not interrupt.requested()
         if i % 20 == 19:  # what the cache kept after all that is still right
             again = engine.generate(tokens[which], GREEDY, max_tokens=8)
             assert again.text == cold[which], (i, outcomes)
+            complete = True
     assert outcomes[FINISH_INTERRUPTED] >= 50, outcomes
-    assert outcomes["after the answer"] >= 5, outcomes
+    assert outcomes["after the answer"] >= 30, outcomes
 
 
 def test_an_interrupted_prefill_stops_at_once(engine: Engine) -> None:
