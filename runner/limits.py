@@ -24,6 +24,23 @@ def check_answer_limits(max_tokens: int | None, stop: tuple[str, ...] | list[str
         raise InvalidSetting("--stop needs a non-empty string")
 
 
+FLASH_ATTN = {"auto": None, "on": True, "off": False}
+
+
+def flash_attn_setting(value: str | None) -> bool | None:
+    """--flash-attn auto|on|off as the engine takes it: None (auto, or not given), True, False."""
+    if value is None:
+        return None
+    try:
+        return FLASH_ATTN[value.strip().lower()]
+    except KeyError:
+        raise InvalidSetting(f"--flash-attn must be auto, on or off (got {value!r})") from None
+
+
+def flash_attn_name(value: bool | None) -> str:
+    return next(name for name, v in FLASH_ATTN.items() if v is value)
+
+
 def check_range(value: float, flag: str, lo: float | None, hi: float | None, lo_open: bool = False) -> None:
     """Raise InvalidSetting naming the flag when value lies outside [lo, hi] ((lo, hi] if lo_open)."""
     if isinstance(value, float) and not math.isfinite(value):

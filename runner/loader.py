@@ -32,6 +32,15 @@ from runner.memory.plan import (
     trained_context,
 )
 
+UNQUANTIZED_KV = ("f16", "f32", "bf16")
+# Flash attention in a chat on the CPU: off. llama.cpp's "auto" turns it on, and its CPU kernel is
+# faster while little is cached but slows as the cache fills: measured here (SmolLM2, 2 threads, f16
+# cache), 20 new tokens after 40 cached take 102 ms with it and 120 ms without; after 580, 149 ms
+# against 121 ms; after 1,500, 283 ms against 158 ms; one decoded token after 1,000 cached, 45 against
+# 56 tok/s. The crossover is near 350 cached tokens, which a chat passes within a few turns, and a
+# chat's next turn should not slow as the conversation grows. A one-shot run keeps "auto".
+CPU_CHAT_FLASH_ATTN = False
+
 
 @dataclass
 class LoadedModel:
@@ -59,7 +68,14 @@ def dry_run_of(path: Any) -> Callable[[Plan], dict[str, int] | None]:
     from runner.engine.llamacpp import dry_run
 
     def dry(p: Plan) -> dict[str, int] | None:
-        return dry_run(path, n_ctx=p.n_ctx, n_gpu_layers=p.n_gpu_layers, kv_type=p.type_k, use_gpu=p.use_gpu)
+        return dry_run(
+            path,
+            n_ctx=p.n_ctx,
+            n_gpu_layers=p.n_gpu_layers,
+            kv_type=p.type_k,
+            use_gpu=p.use_gpu,
+            flash_attn=p.flash_attn,
+        )
 
     return dry
 
@@ -71,6 +87,8 @@ def plan_for(
     ctx: int | None = None,
     gpu_layers: int | None = None,
     kv_type: str | None = None,
+    flash_attn: bool | None = None,
+    growing: bool = False,
     force: bool = False,
     smaller: Callable[[], list[str]] | None = None,
     path: Path | None = None,
@@ -81,6 +99,7 @@ def plan_for(
     lists smaller quants of the same repo that fit (asked only when refusing: it reads remote headers).
     With the model's `path`, a plan whose compute buffers the estimate only approximates is checked
     by a dry run of the load (plan.confirm); without it, that check is left to a later call.
+    `growing`: the context will fill up as the model runs (a chat), see CPU_CHAT_FLASH_ATTN.
     """
     trained = trained_context(header)
     if ctx is not None and trained is not None and ctx > trained:
@@ -91,15 +110,27 @@ def plan_for(
     hint = here.reinstall_hint()
     if hint:
         ui.warn(f"this llama.cpp build cannot use the {here.gpus[0].name}; for a GPU build: {hint}")
-    asked: dict[str, Any] = dict(ctx=ctx, gpu_layers=gpu_layers, kv_type=kv_type)
+    asked: dict[str, Any] = dict(ctx=ctx, gpu_layers=gpu_layers, kv_type=kv_type, flash_attn=flash_attn)
     plan = make_plan(header, here, **asked)
+    if (
+        growing
+        and flash_attn is None
+        and not here.usable_gpus
+        and plan.fits
+        and plan.type_v in UNQUANTIZED_KV
+    ):
+        # off only where it costs nothing else: the same context and cache (its scores need memory)
+        same = dict(ctx=plan.n_ctx, kv_type=plan.type_k)
+        off = make_plan(header, here, **{**asked, **same, "flash_attn": CPU_CHAT_FLASH_ATTN})
+        if off.fits:
+            plan, asked["flash_attn"] = off, CPU_CHAT_FLASH_ATTN
     if path is not None:
         plan = confirm(plan, header, here, dry_run_of(path), **asked)
     if not plan.fits and not force:
         ui.echo("\n".join(device_table(plan)))
         quants = smaller() if smaller is not None else []
         raise WontFit(describe_refusal(name, plan, quants))
-    chose = departures(plan, header, here, **asked)
+    chose = departures(plan, header, here, ctx=ctx, gpu_layers=gpu_layers, kv_type=kv_type)
     final = path is not None or plan.estimate.exact  # else a check with the file follows: say it then
     if chose and plan.fits and final:
         ui.info(f"{name} runs with {' and '.join(chose)}")
@@ -161,11 +192,14 @@ def open_model(
     threads: int | None = None,
     gpu_layers: int | None = None,
     kv_type: str | None = None,
+    flash_attn: bool | None = None,
+    growing: bool = False,
     force: bool = False,
     offline: bool = False,
     debug: bool = False,
 ) -> LoadedModel:
-    """Resolve, fetch if needed, check the header, plan, then load."""
+    """Resolve, fetch if needed, check the header, plan, then load. flash_attn None: the plan's
+    choice (llama.cpp's "auto", or off for a `growing` context on the CPU: CPU_CHAT_FLASH_ATTN)."""
     check_asked(ctx=ctx, gpu_layers=gpu_layers)
     if threads is not None:
         check_range(threads, "--threads", 1, MAX_THREADS)
@@ -184,6 +218,8 @@ def open_model(
                 ctx=ctx,
                 gpu_layers=gpu_layers,
                 kv_type=kv_type,
+                flash_attn=flash_attn,
+                growing=growing,
                 force=force,
                 smaller=smaller_quants(ref, remote.size, ctx=ctx, kv_type=kv_type),
             )
@@ -194,7 +230,15 @@ def open_model(
     header.check_complete()
     if plan is None or not plan.estimate.exact:  # again with the file, unless the remote plan was exact
         plan = plan_for(
-            header, ref.display, ctx=ctx, gpu_layers=gpu_layers, kv_type=kv_type, force=force, path=path
+            header,
+            ref.display,
+            ctx=ctx,
+            gpu_layers=gpu_layers,
+            kv_type=kv_type,
+            flash_attn=flash_attn,
+            growing=growing,
+            force=force,
+            path=path,
         )
     engine = Engine(
         path,
@@ -203,6 +247,7 @@ def open_model(
         n_gpu_layers=plan.n_gpu_layers if gpu_layers is None else gpu_layers,
         kv_type=kv_type or plan.type_k,
         use_gpu=plan.use_gpu or gpu_layers is not None,
+        flash_attn=plan.flash_attn if flash_attn is None else flash_attn,
         debug=debug,
     )
     entry = ref.entry if isinstance(ref, HubRef) else None

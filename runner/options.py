@@ -120,6 +120,16 @@ KvType = Annotated[
         help="KV cache type: f16, q8_0, q4_0 ... [default: f16]", rich_help_panel=LIMITS, show_default=False
     ),
 ]
+FlashAttn = Annotated[
+    Optional[str],
+    typer.Option(
+        "--flash-attn",
+        help="Flash attention: auto, on or off [default: auto, but off for a chat on the CPU, "
+        "where it slows as the context fills]",
+        rich_help_panel=LIMITS,
+        show_default=False,
+    ),
+]
 Force = Annotated[
     bool,
     typer.Option("--force", help="Load even when the estimate says it will not fit.", rich_help_panel=LIMITS),

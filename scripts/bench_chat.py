@@ -47,7 +47,10 @@ QUESTIONS = [
 ]
 
 
-def chat_turns(path: Path, turns: int, max_tokens: int) -> tuple[list[dict], list, dict[int, float]]:
+def chat_turns(
+    path: Path, turns: int, max_tokens: int, flash_attn: bool | None, repeats: int
+) -> tuple[list[dict], list, dict[int, float]]:
+    """The conversation `repeats` times (greedy: the same each time), per turn the median TTFT."""
     from runner.engine.conversation import fit
     from runner.engine.engine import Engine
     from runner.engine.sampling import SamplingConfig
@@ -56,24 +59,31 @@ def chat_turns(path: Path, turns: int, max_tokens: int) -> tuple[list[dict], lis
 
     header = read_header(path)
     greedy = SamplingConfig(temperature=0)
-    rows, history = [], []
-    with Engine(path, n_ctx=4096, n_threads=2) as engine:
-        for i in range(turns):
-            history.append(Message("user", QUESTIONS[i % len(QUESTIONS)]))
-            fitted = fit(engine, header, None, history, max_tokens=max_tokens)
-            result = engine.generate(fitted.prompt.tokens, greedy, max_tokens=max_tokens)
-            history.append(Message("assistant", result.text))
-            message = len(engine.tokenize(history[-2].content, add_special=False))
-            t = result.timings
-            rows.append(
-                {
-                    "turn": i + 1,
-                    "prompt_tokens": t.prompt_tokens,
-                    "evaluated": t.prefill_tokens,
-                    "message_tokens": message,
-                    "ttft_s": t.ttft_s,
-                }
-            )
+    rows: list[dict] = []
+    with Engine(path, n_ctx=4096, n_threads=2, flash_attn=flash_attn) as engine:
+        for _ in range(repeats):
+            engine.reset()
+            history = []
+            for i in range(turns):
+                history.append(Message("user", QUESTIONS[i % len(QUESTIONS)]))
+                fitted = fit(engine, header, None, history, max_tokens=max_tokens)
+                result = engine.generate(fitted.prompt.tokens, greedy, max_tokens=max_tokens)
+                history.append(Message("assistant", result.text))
+                message = len(engine.tokenize(history[-2].content, add_special=False))
+                t = result.timings
+                if len(rows) <= i:
+                    rows.append(
+                        {
+                            "turn": i + 1,
+                            "prompt_tokens": t.prompt_tokens,
+                            "evaluated": t.prefill_tokens,
+                            "message_tokens": message,
+                            "ttfts": [],
+                        }
+                    )
+                rows[i]["ttfts"].append(t.ttft_s)
+        for row in rows:
+            row["ttft_s"] = statistics.median(row.pop("ttfts"))
         stateless = []
         prompts = []
         for i in range(turns):
@@ -129,16 +139,25 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=20)
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=5, help="start-up measurements (medians)")
+    parser.add_argument("--repeats", type=int, default=3, help="conversations; per turn the median TTFT")
     args = parser.parse_args()
 
+    from runner.gguf import read_header
     from runner.hub.catalog import load_catalog
     from runner.hub.fetch import locate
     from runner.hub.refs import from_entry
+    from runner.limits import flash_attn_name
+    from runner.loader import plan_for
 
     entry = load_catalog().get("smollm2")
     assert entry is not None
     path = locate(from_entry(entry))
-    rows, stateless, limit = chat_turns(path, args.turns, args.max_tokens)
+    # flash attention as `runner chat` chooses it here (off on the CPU), then llama.cpp's "auto"
+    chat_fa = plan_for(read_header(path), "smollm2", ctx=4096, growing=True, path=path).flash_attn
+    if chat_fa is not None:
+        auto, _, auto_limit = chat_turns(path, args.turns, args.max_tokens, None, args.repeats)
+    rows, stateless, limit = chat_turns(path, args.turns, args.max_tokens, chat_fa, args.repeats)
+    print(f"flash attention {flash_attn_name(chat_fa)}, as runner chat loads here")
     print("| turn | prompt tokens | evaluated (message) | TTFT s | stateless TTFT s |")
     print("|---|---|---|---|---|")
     for row, cold in zip(rows, stateless, strict=True):
@@ -159,6 +178,13 @@ def main() -> None:
         f"{limit[n] * 1000:.0f} ms: {limit[n] / limit[2]:.2f}x (attention over a longer context)"
     )
     print(f"stateless / chat TTFT at turn {last['turn']}: {stateless[-1] / last['ttft_s']:.1f}x")
+    if chat_fa is not None:
+        print(
+            f"with llama.cpp's auto (flash attention on): TTFT turn 2 {auto[1]['ttft_s'] * 1000:.0f} ms, "
+            f"turn {n} {auto[-1]['ttft_s'] * 1000:.0f} ms: {auto[-1]['ttft_s'] / auto[1]['ttft_s']:.2f}x; "
+            f"engine limit {auto_limit[n] / auto_limit[2]:.2f}x; runner chat's turn {n} TTFT "
+            f"{last['ttft_s'] / auto[-1]['ttft_s']:.2f}x of auto's"
+        )
     s = startup(args.rounds)
     print(
         f"start-up (median of {args.rounds}): runner chat to its prompt {s['chat_to_prompt_s']:.2f} s; "

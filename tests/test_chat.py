@@ -345,3 +345,18 @@ def test_edit_sends_what_the_editor_wrote_and_the_input_history_outlives_the_cha
         del os.environ["EDITOR"]
     users = [m.content for c in conversations() for m in c.messages if m.role == "user"]
     assert users == ["from the editor\nline two", "from the editor\nline two"]
+
+
+def test_chat_on_the_cpu_loads_without_flash_attention_unless_asked() -> None:
+    from runner.loader import machine
+
+    # loader.CPU_CHAT_FLASH_ATTN: llama.cpp's CPU kernel slows as a conversation fills the cache
+    default = "auto" if machine().usable_gpus else "off"
+    done = chat_pipe("/show\n")
+    assert done.returncode == 0, done.stderr
+    assert f"KV f16 · flash attention {default} ·" in done.stderr.decode()
+    asked = chat_pipe("/show\n", "--flash-attn", "on")
+    assert "KV f16 · flash attention on ·" in asked.stderr.decode()
+    bad = chat_pipe("Hi\n", "--flash-attn", "yes")
+    assert (bad.returncode, bad.stdout) == (2, b"")
+    assert bad.stderr.decode().strip() == "runner: error: --flash-attn must be auto, on or off (got 'yes')"

@@ -252,7 +252,7 @@ def test_quantized_v_without_flash_attention_is_refused():
 LOG_LINE = re.compile(r"(\w+):\s+(\S+)\s+(model|KV|RS|output|compute) buffer size =\s+([\d.]+) MiB")
 
 
-def logged_buffers(path: Path, n_ctx: int) -> list[tuple[str, str, float]]:
+def logged_buffers(path: Path, n_ctx: int, flash_attn: bool | None = None) -> list[tuple[str, str, float]]:
     """Load through runner's engine, as runner does, and collect llama.cpp's buffer lines."""
     from runner.engine.engine import Engine
     from runner.engine.llamacpp import LLAMA_LOG
@@ -261,19 +261,19 @@ def logged_buffers(path: Path, n_ctx: int) -> list[tuple[str, str, float]]:
     listener = lambda _level, text: lines.append(text)  # noqa: E731
     LLAMA_LOG.listeners.append(listener)
     try:
-        with Engine(path, n_ctx=n_ctx, n_threads=2):
+        with Engine(path, n_ctx=n_ctx, n_threads=2, flash_attn=flash_attn):
             pass
     finally:
         LLAMA_LOG.listeners.remove(listener)
     return sorted((m[2], m[3], float(m[4])) for m in LOG_LINE.finditer("".join(lines)))
 
 
-def assert_matches_log(path: Path, n_ctx: int) -> None:
+def assert_matches_log(path: Path, n_ctx: int, flash_attn: bool | None = None) -> None:
     from runner.engine.llamacpp import repack_types
 
-    est = memory.estimate(read_header(path), n_ctx=n_ctx, repack_types=repack_types())
+    est = memory.estimate(read_header(path), n_ctx=n_ctx, repack_types=repack_types(), flash_attn=flash_attn)
     want = sorted((b.name, b.kind, b.nbytes / MiB) for b in est.buffers)
-    got = logged_buffers(path, n_ctx)
+    got = logged_buffers(path, n_ctx, flash_attn)
     assert [(n, k) for n, k, _ in want] == [(n, k) for n, k, _ in got]
     for (name, kind, mib), (_, _, logged) in zip(want, got, strict=True):
         assert mib == pytest.approx(logged, rel=0.05, abs=0.006), (name, kind)
@@ -282,6 +282,14 @@ def assert_matches_log(path: Path, n_ctx: int) -> None:
 
 def test_smollm2_estimate_matches_llama_cpp(smollm2_path: Path):
     assert_matches_log(smollm2_path, 1024)
+
+
+def test_smollm2_estimate_without_flash_attention_matches_llama_cpp(smollm2_path: Path):
+    # what a chat on the CPU loads with (loader.CPU_CHAT_FLASH_ATTN): a transposed V cache, and
+    # the attention scores in the compute buffer; larger than with flash attention
+    assert_matches_log(smollm2_path, 4096, flash_attn=False)
+    on, off = (memory.estimate(read_header(smollm2_path), n_ctx=4096, flash_attn=fa) for fa in (None, False))
+    assert off.compute_bytes > on.compute_bytes
 
 
 def test_synthetic_sliding_window_model_matches_llama_cpp(tmp_path: Path):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -189,7 +190,7 @@ def test_fit_says_what_it_chose_for_a_small_machine(
     text, report = io.StringIO(), io.StringIO()
     fit_model(Request(str(smollm2_path)), out=text)
     fit_model(Request(str(smollm2_path), as_json=True), out=report)
-    assert "KV cache type  q8_0" in text.getvalue()
+    assert re.search(r"^KV cache type +q8_0$", text.getvalue(), re.M)
     assert "chosen for this machine: a q8_0 KV cache (f16 would not fit)" in text.getvalue()
     assert json.loads(report.getvalue())["chosen"] == ["a q8_0 KV cache (f16 would not fit)"]
     assert json.loads(report.getvalue())["kv_type"] == "q8_0"
@@ -321,3 +322,53 @@ def test_a_refusal_offers_only_what_fits_llama_cpps_own_figures(tmp_path: Path) 
     assert offered and offered[0] < 8192 - 256  # not the estimate's 7936, which the dry run refutes
     retry = dict(asked, ctx=offered[0])
     assert confirm(make_plan(header, machine, **retry), header, machine, dry, **retry).fits
+
+
+# -- flash attention: off for a chat on the CPU, where llama.cpp's kernel slows as the cache fills --
+
+
+def test_a_growing_context_on_the_cpu_plans_without_flash_attention(header, monkeypatch) -> None:
+    from runner.memory import devices
+
+    monkeypatch.setattr(devices, "probe", lambda **_: cpu_machine(16 * GB))
+    chat = plan_for(header, "smollm2", growing=True)
+    assert (chat.flash_attn, chat.type_k, chat.n_ctx) == (False, "f16", 8192)
+    one_shot = plan_for(header, "smollm2")
+    assert one_shot.flash_attn is None  # llama.cpp's auto
+    assert chat.estimate.compute_bytes > one_shot.estimate.compute_bytes  # the attention scores
+    asked = plan_for(header, "smollm2", growing=True, flash_attn=True)  # --flash-attn on wins
+    assert asked.flash_attn is True
+
+
+def test_a_growing_context_keeps_flash_attention_where_only_a_quantized_cache_fits(
+    header, monkeypatch
+) -> None:
+    from runner.memory import devices
+
+    machine = cpu_machine(room_for(header, 8192, "q8_0"))  # f16 at 8192 does not fit
+    monkeypatch.setattr(devices, "probe", lambda **_: machine)
+    plan = plan_for(header, "smollm2", growing=True)
+    assert (plan.flash_attn, plan.type_k, plan.n_ctx) == (None, "q8_0", 8192)  # as a one-shot would
+
+
+def test_a_growing_context_with_a_gpu_keeps_llama_cpp_s_auto(header, monkeypatch) -> None:
+    from runner.memory import devices
+
+    monkeypatch.setattr(devices, "probe", lambda **_: gpu_machine(8 * GB))
+    assert plan_for(header, "smollm2", growing=True).flash_attn is None
+
+
+def test_flash_attention_off_with_a_quantized_cache_is_refused(header) -> None:
+    with pytest.raises(InvalidSetting, match="flash attention"):
+        make_plan(header, cpu_machine(16 * GB), kv_type="q8_0", flash_attn=False)
+
+
+def test_fit_reports_flash_attention(smollm2_path: Path) -> None:
+    done = run_cli("fit", str(smollm2_path), "--flash-attn", "off", "--json")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["flash_attn"] == "off"
+    bad = run_cli("fit", str(smollm2_path), "--flash-attn", "sometimes")
+    assert bad.returncode == 2
+    assert (
+        bad.stderr.decode().strip() == "runner: error: --flash-attn must be auto, on or off (got 'sometimes')"
+    )

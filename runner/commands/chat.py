@@ -33,7 +33,7 @@ from runner.engine.reasoning import style_of
 from runner.engine.template import TEMPLATE_KEY, Message
 from runner.errors import InvalidSetting, PromptTooLong, RunnerError, UsageError
 from runner.hub.catalog import load_catalog
-from runner.limits import check_answer_limits
+from runner.limits import check_answer_limits, flash_attn_setting
 from runner.loader import LoadedModel, open_model
 from runner.paths import data_dir
 from runner.store import (
@@ -94,6 +94,7 @@ class ChatRequest:
     threads: int | None = None
     gpu_layers: int | None = None
     kv_type: str | None = None
+    flash_attn: str | None = None  # --flash-attn as typed: auto, on, off; None: not given
     force: bool = False
     offline: bool = False
     debug: bool = False
@@ -481,6 +482,8 @@ def _open(request: ChatRequest, model: str) -> LoadedModel:
         threads=request.threads,
         gpu_layers=request.gpu_layers,
         kv_type=request.kv_type,
+        flash_attn=flash_attn_setting(request.flash_attn),
+        growing=request.flash_attn is None,  # a chat's context fills: the plan may turn it off on the CPU
         force=request.force,
         offline=request.offline,
         debug=request.debug,
@@ -490,6 +493,7 @@ def _open(request: ChatRequest, model: str) -> LoadedModel:
 def chat(request: ChatRequest, *, stdin: TextIO, out: TextIO, interactive: bool) -> None:
     """The chat: on a terminal, the REPL; through a pipe, one user turn per line, answers on out."""
     check_answer_limits(request.max_tokens, request.stop)
+    flash_attn_setting(request.flash_attn)  # a bad value: one line before anything opens
     store = open_store(request.save)
     try:
         stored, stored_here = None, False
@@ -561,6 +565,7 @@ def _turn(session: Session, text: str, source: Any) -> bool:
 def continue_last(request: ChatRequest, prompt: str, *, out: TextIO, as_json: bool) -> None:
     """`runner run -c PROMPT`: one more turn of the last conversation, the answer alone on stdout."""
     check_answer_limits(request.max_tokens, request.stop)
+    flash_attn_setting(request.flash_attn)
     store = open_store(True)
     if store is None:
         raise UsageError("-c continues the last stored conversation, and the store is off")

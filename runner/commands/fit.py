@@ -15,7 +15,7 @@ from runner.hub.catalog import load_catalog
 from runner.hub.headers import ModelHeaders, read_model, read_remote
 from runner.hub.quants import offer
 from runner.hub.refs import HubRef, LocalRef, resolve
-from runner.limits import check_range
+from runner.limits import check_range, flash_attn_name, flash_attn_setting
 from runner.memory.devices import Machine
 from runner.memory.plan import (
     Plan,
@@ -36,6 +36,7 @@ class Request:
     model: str
     ctx: int | None = None
     kv_type: str | None = None
+    flash_attn: str | None = None  # --flash-attn as typed
     gpu_layers: int | None = None
     parallel: int = 1
     offline: bool = False
@@ -44,12 +45,18 @@ class Request:
     @property
     def asked(self) -> dict[str, Any]:
         """What the user set of the plan, as make_plan, confirm and departures take it."""
-        return dict(ctx=self.ctx, gpu_layers=self.gpu_layers, kv_type=self.kv_type)
+        return dict(
+            ctx=self.ctx,
+            gpu_layers=self.gpu_layers,
+            kv_type=self.kv_type,
+            flash_attn=flash_attn_setting(self.flash_attn),
+        )
 
 
 def fit_model(request: Request, *, out: TextIO) -> None:
     check_range(request.parallel, "--parallel", 1, 256)
     check_asked(ctx=request.ctx, gpu_layers=request.gpu_layers)
+    flash_attn_setting(request.flash_attn)
     ref = resolve(request.model, load_catalog())
     machine = loader.machine()
     if isinstance(ref, HubRef) and ref.quant is None and ref.file is None and ref.entry is None:
@@ -58,7 +65,18 @@ def fit_model(request: Request, *, out: TextIO) -> None:
     model = read_model(ref, offline=request.offline)
     plan = _plan(model.merged, machine, request, model.path)
     speed = decode_speed(model.merged, plan, machine)
-    chose = departures(plan, model.merged, machine, **request.asked) if plan.fits else []
+    chose = (
+        departures(
+            plan,
+            model.merged,
+            machine,
+            ctx=request.ctx,
+            gpu_layers=request.gpu_layers,
+            kv_type=request.kv_type,
+        )
+        if plan.fits
+        else []
+    )
     if request.as_json:
         out.write(json.dumps({**to_json(ref, model, plan, machine, speed), "chosen": chose}) + "\n")
         return
@@ -99,6 +117,7 @@ def to_json(
         "gpu_layers": plan.n_gpu_layers,
         "layers": est.n_layers,
         "kv_type": plan.type_k,
+        "flash_attn": flash_attn_name(plan.flash_attn),
         "fits": plan.fits,
         "verdict": verdict(plan),
         "estimate": {
@@ -154,6 +173,7 @@ def _describe(
         ),
         ("context", f"{plan.n_ctx:,} tokens" + (f" (trained {trained:,})" if trained else "")),
         ("KV cache type", plan.type_k),
+        ("flash attention", flash_attn_name(plan.flash_attn)),
     ]
     if machine.usable_gpus:
         rows.append(

@@ -16,6 +16,7 @@ from runner.engine.engine import FINISH_LENGTH, Result, Timings, supports_gpu_of
 from runner.engine.prompt import Prompt
 from runner.engine.reasoning import ANSWER, Splitter
 from runner.engine.sampling import SamplingConfig, catalog_defaults, resolve_sources
+from runner.limits import flash_attn_name
 from runner.loader import LoadedModel
 
 
@@ -157,7 +158,10 @@ def describe_load(loaded: LoadedModel) -> str:
         offload = (
             "all layers on the GPU" if engine.n_gpu_layers < 0 else f"{engine.n_gpu_layers} layers on the GPU"
         )
-    return f"{where} · ctx {engine.n_ctx} · KV {engine.kv_type} · threads {engine.n_threads} · {offload}"
+    fa = f"flash attention {flash_attn_name(engine.flash_attn)}"
+    return (
+        f"{where} · ctx {engine.n_ctx} · KV {engine.kv_type} · {fa} · threads {engine.n_threads} · {offload}"
+    )
 
 
 def describe_timings(result: Result) -> str:

@@ -20,7 +20,7 @@ from runner.commands.output import (
 from runner.engine.engine import FINISH_INTERRUPTED, Result
 from runner.engine.prompt import read_prompt, render_prompt
 from runner.engine.template import build_messages
-from runner.limits import check_answer_limits
+from runner.limits import check_answer_limits, flash_attn_setting
 from runner.loader import open_model
 
 
@@ -37,6 +37,7 @@ class RunRequest:
     threads: int | None = None
     gpu_layers: int | None = None
     kv_type: str | None = None
+    flash_attn: str | None = None  # --flash-attn as typed: auto, on, off; None: not given
     force: bool = False
     offline: bool = False
     as_json: bool = False
@@ -48,6 +49,7 @@ class RunRequest:
 
 def run_once(request: RunRequest, *, stdin: BinaryIO | None, out: TextIO) -> Result:
     check_answer_limits(request.max_tokens, request.stop)
+    flash_attn = flash_attn_setting(request.flash_attn)
     prompt = read_prompt(request.prompt, stdin)
     loaded = open_model(
         request.model,
@@ -55,6 +57,7 @@ def run_once(request: RunRequest, *, stdin: BinaryIO | None, out: TextIO) -> Res
         threads=request.threads,
         gpu_layers=request.gpu_layers,
         kv_type=request.kv_type,
+        flash_attn=flash_attn,
         force=request.force,
         offline=request.offline,
         debug=request.debug,

@@ -98,14 +98,16 @@ class Engine:
         n_gpu_layers: int | None = None,
         kv_type: str | None = None,
         use_gpu: bool = True,
+        flash_attn: bool | None = None,
         debug: bool = False,
     ) -> None:
         LLAMA_LOG.echo = debug
+        self.flash_attn = flash_attn  # None: llama.cpp's "auto"
         self.path = Path(path)
         start = time.perf_counter()
         try:
             with interrupt.deferred():  # a Ctrl-C stops the load (progress callback), then raises here
-                self._load(n_ctx, n_threads, n_gpu_layers, kv_type, use_gpu)
+                self._load(n_ctx, n_threads, n_gpu_layers, kv_type, use_gpu, flash_attn)
         except KeyboardInterrupt:
             self.close()  # whatever the load had allocated when it stopped
             raise
@@ -118,6 +120,7 @@ class Engine:
         n_gpu_layers: int | None,
         kv_type: str | None,
         use_gpu: bool,
+        flash_attn: bool | None,
     ) -> None:
         lib = llama()
         if n_gpu_layers is None:  # no plan (benchmarks, tests): every layer the build can offload
@@ -137,7 +140,7 @@ class Engine:
 
         threads = n_threads or default_threads()
         cparams = context_params(
-            lib, n_ctx or min(DEFAULT_CTX, self.n_ctx_train or DEFAULT_CTX), threads, kv_type
+            lib, n_ctx or min(DEFAULT_CTX, self.n_ctx_train or DEFAULT_CTX), threads, kv_type, flash_attn
         )
         self._ctx = lib.llama_init_from_model(self._model, cparams)
         if not self._ctx:

@@ -132,11 +132,17 @@ def model_params(lib: Any, n_gpu_layers: int, use_gpu: bool) -> tuple[Any, Any]:
     return mparams, no_devices
 
 
-def context_params(lib: Any, n_ctx: int, threads: int, kv_type: str | None) -> Any:
+FLASH_ATTN_TYPE = {None: -1, True: 1, False: 0}  # llama_flash_attn_type: AUTO, ENABLED, DISABLED
+
+
+def context_params(
+    lib: Any, n_ctx: int, threads: int, kv_type: str | None, flash_attn: bool | None = None
+) -> Any:
     cparams = lib.llama_context_default_params()
     cparams.n_ctx = n_ctx
     cparams.n_threads = cparams.n_threads_batch = threads
     cparams.no_perf = True
+    cparams.flash_attn_type = FLASH_ATTN_TYPE[flash_attn]
     if kv_type is not None:
         cparams.type_k = cparams.type_v = kv_type_id(kv_type)
     return cparams
@@ -146,7 +152,13 @@ COMPUTE_LINE = re.compile(r"(\S+) compute buffer size = +([0-9.]+) MiB")
 
 
 def dry_run(
-    path: str | os.PathLike[str], *, n_ctx: int, n_gpu_layers: int, kv_type: str | None, use_gpu: bool
+    path: str | os.PathLike[str],
+    *,
+    n_ctx: int,
+    n_gpu_layers: int,
+    kv_type: str | None,
+    use_gpu: bool,
+    flash_attn: bool | None = None,
 ) -> dict[str, int] | None:
     """The compute buffers llama.cpp reserves for this load, per buffer type ("CPU", "CUDA0",
     "CUDA_Host"), without allocating them or reading any weight: the model and context created
@@ -164,7 +176,9 @@ def dry_run(
             model = lib.llama_model_load_from_file(os.fsencode(path), mparams)
             if not model:
                 return None
-            ctx = lib.llama_init_from_model(model, context_params(lib, n_ctx, default_threads(), kv_type))
+            ctx = lib.llama_init_from_model(
+                model, context_params(lib, n_ctx, default_threads(), kv_type, flash_attn)
+            )
             if ctx:
                 lib.llama_free(ctx)
             lib.llama_model_free(model)

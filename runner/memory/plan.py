@@ -51,6 +51,7 @@ class Plan:
     use_gpu: bool = (
         False  # False on a GPU machine: load with no GPU device (no VRAM at all, not even compute)
     )
+    flash_attn: bool | None = None  # None: llama.cpp's "auto"
 
     @property
     def fits(self) -> bool:
@@ -102,6 +103,7 @@ def _try(
     *,
     use_gpu: bool | None = None,
     adjust: dict[str, int] | None = None,
+    flash_attn: bool | None = None,
 ) -> Plan:
     use_gpu = bool(machine.usable_gpus) if use_gpu is None else use_gpu
     try:
@@ -114,6 +116,7 @@ def _try(
             type_v=kv[1],
             gpu=use_gpu,
             repack_types=machine.repack_types,
+            flash_attn=flash_attn,
         )
     except ValueError as exc:  # e.g. an unknown KV type, or a quantized V cache without flash attention
         raise InvalidSetting(f"--kv-type {kv[1]}: {exc}") from exc
@@ -129,6 +132,7 @@ def _try(
         estimate=est,
         verdicts=check(est, machine),
         use_gpu=use_gpu,
+        flash_attn=flash_attn,
     )
 
 
@@ -149,10 +153,13 @@ def _most_layers(
     n_seq: int,
     attempt: Any = None,
     adjust: dict[str, int] | None = None,
+    flash_attn: bool | None = None,
 ) -> Plan | None:
     """The plan with the most GPU layers that fits at n_ctx (binary search; fewer layers, less VRAM)."""
     attempt = attempt or (
-        lambda n_ctx, n_layers, kv: _try(header, machine, n_ctx, n_layers, kv, n_seq, adjust=adjust)
+        lambda n_ctx, n_layers, kv: _try(
+            header, machine, n_ctx, n_layers, kv, n_seq, adjust=adjust, flash_attn=flash_attn
+        )
     )
     full = attempt(n_ctx, -1, kv)
     if full is None:
@@ -177,12 +184,14 @@ def make_plan(
     kv_type: str | None = None,
     n_seq: int = 1,
     adjust: dict[str, int] | None = None,
+    flash_attn: bool | None = None,
 ) -> Plan:
     """The offload and context to load with; `fits` False means none was found (see alternatives).
 
     Without --kv-type the cache is f16, or q8_0 where that keeps the context or the full offload
     f16 would lose (q8_0 keys and values cost next to nothing in quality; llama.cpp needs flash
-    attention for them, so a model without it stays f16).
+    attention for them, so a model without it stays f16). flash_attn None is llama.cpp's "auto";
+    False rules out a quantized V cache.
     """
     kvs = [(kv_type, kv_type)] if kv_type else [("f16", "f16"), ("q8_0", "q8_0")]
     trained = trained_context(header) or DEFAULT_CTX_CAP
@@ -193,13 +202,15 @@ def make_plan(
 
     def attempt(n_ctx: int, n_layers: int, kv: tuple[str, str], **kw: Any) -> Plan | None:
         try:
-            return _try(header, machine, n_ctx, n_layers, kv, n_seq, adjust=adjust, **kw)
+            return _try(
+                header, machine, n_ctx, n_layers, kv, n_seq, adjust=adjust, flash_attn=flash_attn, **kw
+            )
         except InvalidSetting:
             if kv_type:  # the user's choice: say why it cannot be
                 raise
             return None  # q8_0 without flash attention: not an option for this model
 
-    first = _try(header, machine, contexts[0], layers, kvs[0], n_seq, adjust=adjust)
+    first = _try(header, machine, contexts[0], layers, kvs[0], n_seq, adjust=adjust, flash_attn=flash_attn)
     for n_ctx in contexts:
         for kv in kvs:
             plan = attempt(n_ctx, layers, kv)
@@ -282,12 +293,15 @@ def largest_context(
     kv: tuple[str, str],
     n_seq: int = 1,
     adjust: dict[str, int] | None = None,
+    flash_attn: bool | None = None,
 ) -> int | None:
     """The largest context up to `upper` (a multiple of 256, as llama.cpp pads) that fits, or None."""
     lo, hi, best = 1, upper // 256, None
     while lo <= hi:
         mid = (lo + hi) // 2
-        if _try(header, machine, mid * 256, n_gpu_layers, kv, n_seq, adjust=adjust).fits:
+        if _try(
+            header, machine, mid * 256, n_gpu_layers, kv, n_seq, adjust=adjust, flash_attn=flash_attn
+        ).fits:
             best, lo = mid * 256, mid + 1
         else:
             hi = mid - 1
@@ -304,14 +318,17 @@ def _alternatives(
     kv = (failed.type_k, failed.type_v)
     upper = min(failed.n_ctx - 256, trained_context(header) or failed.n_ctx)
     layers = failed.n_gpu_layers or 0
+    fa = failed.flash_attn
     smaller = largest_context(
-        header, machine, upper=upper, n_gpu_layers=layers, kv=kv, n_seq=n_seq, adjust=adjust
+        header, machine, upper=upper, n_gpu_layers=layers, kv=kv, n_seq=n_seq, adjust=adjust, flash_attn=fa
     )
     if smaller:
         out.append(f"--ctx {smaller}")
     if failed.type_k == "f16":
         try:
-            quantized = _try(header, machine, failed.n_ctx, layers, ("q8_0", "q8_0"), n_seq, adjust=adjust)
+            quantized = _try(
+                header, machine, failed.n_ctx, layers, ("q8_0", "q8_0"), n_seq, adjust=adjust, flash_attn=fa
+            )
             if quantized.fits:
                 out.append("--kv-type q8_0")
             else:
@@ -323,13 +340,14 @@ def _alternatives(
                     kv=("q8_0", "q8_0"),
                     n_seq=n_seq,
                     adjust=adjust,
+                    flash_attn=fa,
                 )
                 if q8 and (smaller is None or q8 > smaller):
                     out.append(f"--kv-type q8_0 --ctx {q8}")
         except InvalidSetting:  # q8_0 V needs flash attention, which this model may not get
             pass
     if machine.usable_gpus:
-        partial = _most_layers(header, machine, failed.n_ctx, kv, n_seq, adjust=adjust)
+        partial = _most_layers(header, machine, failed.n_ctx, kv, n_seq, adjust=adjust, flash_attn=fa)
         if partial is not None and partial.n_gpu_layers < failed.estimate.n_layers:
             out.append(f"--gpu-layers {partial.n_gpu_layers}")
     return out
