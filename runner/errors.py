@@ -34,6 +34,10 @@ class PromptTooLong(UsageError):
     """The prompt does not fit the context window (never truncated silently)."""
 
 
+class AccessDenied(UsageError):
+    """The Hub wants a token (a gated or private repo) or refused the one given: the user's to fix."""
+
+
 class WontFit(RunnerError):
     """The model would not fit this machine's memory at the context asked for."""
 

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, Protocol
 from urllib.parse import urlsplit
 
+from runner import retry
 from runner.errors import DownloadError, InvalidModelFile, ModelNotFound
 
 if TYPE_CHECKING:
@@ -179,24 +180,38 @@ class HTTPSource:
         return self._data[i : i + size]
 
     def _fetch(self, start: int, length: int) -> bytes:
-        """Up to length bytes at start, with one GET; records the file's size."""
+        """Up to length bytes at start; records the file's size. A transient fault (runner.retry) is
+        asked again for the bytes still missing, from where the cut body stopped."""
         import httpx2  # here, as huggingface_hub: ~0.1 s to import, paid only to read a URL
         from huggingface_hub import constants
         from huggingface_hub.utils import get_session
 
-        headers = {**self.headers, "Range": f"bytes={start}-{start + length - 1}"}
-        timeout = constants.HF_HUB_DOWNLOAD_TIMEOUT
-        try:
-            with get_session().stream("GET", self.url, headers=headers, timeout=timeout) as resp:
-                skip = self._body_skip(resp, start)
-                body = bytearray()
-                for chunk in resp.iter_bytes():
-                    body += chunk
-                    if len(body) >= skip + length:
-                        break
-                return bytes(body[skip : skip + length])
-        except (httpx2.HTTPError, OSError) as exc:  # OSError includes the Hub's offline mode
-            raise DownloadError(f"cannot read {self.name}: {exc}") from exc
+        got = bytearray()
+        backoff = retry.Backoff()
+        transient = retry.transient_errors()
+        while True:
+            begin, before = start + len(got), len(got)
+            headers = {**self.headers, "Range": f"bytes={begin}-{start + length - 1}"}
+            timeout = constants.HF_HUB_DOWNLOAD_TIMEOUT
+            try:
+                with get_session().stream(
+                    "GET", self.url, headers=headers, timeout=timeout, follow_redirects=True
+                ) as resp:
+                    retry.check_status(resp)
+                    skip = self._body_skip(resp, begin)
+                    for chunk in resp.iter_bytes():
+                        if skip:  # a server that ignored Range sends the file from its start
+                            cut = min(skip, len(chunk))
+                            chunk, skip = chunk[cut:], skip - cut
+                        got += chunk
+                        if len(got) >= length:
+                            break
+                return bytes(got[:length])
+            except transient as exc:
+                if not backoff.again(exc, progressed=len(got) > before):
+                    raise DownloadError(f"cannot read {self.name}: {exc or type(exc).__name__}") from exc
+            except (httpx2.HTTPError, OSError) as exc:  # OSError includes the Hub's offline mode
+                raise DownloadError(f"cannot read {self.name}: {exc}") from exc
 
     def _body_skip(self, resp: httpx2.Response, start: int) -> int:
         """Record the file's size; return how many body bytes come before start."""
@@ -215,6 +230,11 @@ class HTTPSource:
             return start
         if status == 404:
             raise ModelNotFound(f"no such file: {self.name} (HTTP 404)")
+        if status in (401, 403):  # huggingface_hub's own errors (gated, ...): the hub layer words them
+            from huggingface_hub.utils import hf_raise_for_status
+
+            resp.read()
+            hf_raise_for_status(resp)
         bad_range = " with a bad Content-Range" if status == 206 else ""
         raise DownloadError(f"cannot read {self.name}: HTTP {status} {resp.reason_phrase}{bad_range}")
 

@@ -47,7 +47,7 @@ def main() -> None:
 
     from huggingface_hub import hf_hub_download
 
-    from runner.hub import download
+    from runner import retry
     from runner.hub.fetch import pull
     from runner.hub.refs import HubRef
     from tests.fakehub import FakeHub, hf_env, instant_backoff, pointed_at
@@ -86,14 +86,14 @@ def main() -> None:
             hub.reset_counters()
             hub.add_fault("cdn-lfs", "drop", drop_after=lambda n: rng.randrange(1, n), times=args.drops)
             with pointed_at(hub.endpoint, cache), instant_backoff():
-                saved, download.sleep = download.sleep, lambda _s: None
+                saved, retry.sleep = retry.sleep, lambda _s: None
                 try:
                     if name == "hf_hub_download":
                         hf_hub_download(REPO, FILE)
                     else:
                         pull(HubRef(REPO, file=FILE), quiet=True)
                 finally:
-                    download.sleep = saved
+                    retry.sleep = saved
             hub.clear_faults()
             twice[name] = hub.sent("cdn-lfs") - size
             shutil.rmtree(cache)

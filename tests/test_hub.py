@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from runner.errors import DownloadError, IntegrityError, ModelNotFound
+from runner.errors import AccessDenied, DownloadError, IntegrityError, ModelNotFound
 from runner.hub.catalog import load_catalog
 from runner.hub.fetch import cached_path, locate, pull
 from runner.hub.refs import resolve
@@ -100,10 +100,10 @@ def test_unknown_repo_and_revision(fake_hub: FakeHub) -> None:
 
 @pytest.fixture(autouse=True)
 def _instant_retries(monkeypatch: pytest.MonkeyPatch):
-    from runner.hub import download
+    from runner import retry
 
     waits: list[float] = []
-    monkeypatch.setattr(download, "sleep", waits.append)
+    monkeypatch.setattr(retry, "sleep", waits.append)
     with instant_backoff():
         yield waits
 
@@ -153,10 +153,10 @@ def test_an_interrupted_pull_continues_in_a_later_run(fake_hub: FakeHub) -> None
 
 def test_gated_repo_says_how_to_get_access(fake_hub: FakeHub, monkeypatch: pytest.MonkeyPatch) -> None:
     fake_hub.add_repo("org/gated-GGUF", {"g-Q4_K_M.gguf": blob("g")}, gated=True)
-    with pytest.raises(DownloadError, match="is gated and no token is set.*accept its terms"):
+    with pytest.raises(AccessDenied, match="is gated and no token is set.*accept its terms"):
         pull(ref("org/gated-GGUF"))
     monkeypatch.setenv("HF_TOKEN", "hf_not_allowed")
-    with pytest.raises(DownloadError, match="is gated and your token has no access yet"):
+    with pytest.raises(AccessDenied, match="is gated and your token has no access yet"):
         pull(ref("org/gated-GGUF"))
     fake_hub.allowed_tokens.add("hf_allowed")
     monkeypatch.setenv("HF_TOKEN", "hf_allowed")
@@ -217,7 +217,8 @@ def test_two_processes_pulling_at_once_end_with_one_good_copy(fake_hub: FakeHub,
     path = paths.pop()
     assert sha(path.read_bytes()) == sha(data)
     blobs = list((path.parents[2] / "blobs").iterdir())
-    assert [b.name for b in blobs if not b.name.endswith(".lock")] == [sha(data)]
+    assert [b.name for b in blobs] == [sha(data)]  # the lock is huggingface_hub's, under .locks/
+    assert list((path.parents[3] / ".locks" / path.parents[2].name).glob("*.lock"))
 
 
 def test_not_enough_disk_space_is_said_before_downloading(fake_hub: FakeHub, monkeypatch) -> None:

@@ -8,31 +8,39 @@ layout) and moves the bytes itself:
     same run or a later one, asks for the bytes from where it stopped, so a drop costs nothing twice;
   - the sha256 is computed as the bytes arrive and checked against the Hub's LFS sha256 before the file
     takes its trusted name (`blobs/<sha256>`, linked from `snapshots/<commit>/<path>`);
-  - a file lock per blob: two processes pulling the same model end with one good copy.
+  - a partial file whose bytes turn out wrong (the sha256 fails after a resume) is fetched again from
+    zero, once, by the same call;
+  - a file lock per blob where huggingface_hub keeps its own (`.locks/models--…/<sha256>.lock`): two
+    processes pulling the same model end with one good copy, and `hf cache` tools see a clean cache.
+Transient faults follow runner.retry's policy.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from runner import retry, ui
 from runner.errors import DownloadError, IntegrityError
 
 CHUNK = 1 << 20
-MAX_STALLED_TRIES = 5  # attempts in a row that bring no new byte before giving up
-RETRY_STATUS = frozenset({408, 429, 500, 502, 503, 504})
-READ_TIMEOUT_S = 30.0
-sleep: Callable[[float], None] = time.sleep  # tests make waits instant
 
 
 def repo_dir(repo: str) -> Path:
     from huggingface_hub import constants
 
     return Path(constants.HF_HUB_CACHE) / ("models--" + repo.replace("/", "--"))
+
+
+def lock_path(repo: str, sha256: str) -> Path:
+    """huggingface_hub's lock for a blob (file_download.py: locks_dir / repo folder / blob.lock)."""
+    from huggingface_hub import constants
+
+    return Path(constants.HF_HUB_CACHE) / ".locks" / ("models--" + repo.replace("/", "--")) / f"{sha256}.lock"
 
 
 def is_commit(revision: str) -> bool:
@@ -59,7 +67,9 @@ def fetch(
     blob = root / "blobs" / sha256
     link = root / "snapshots" / commit / path
     blob.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(blob) + ".lock"):
+    lock = lock_path(repo, sha256)
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(lock)):
         if not blob.exists():
             _download(repo, commit, path, blob, size=size, sha256=sha256, progress=progress)
     _link(blob, link)
@@ -81,28 +91,51 @@ def _download(
     sha256: str,
     progress: Callable[[int, int], Callable[[int], None]] | None,
 ) -> None:
+    partial = blob.with_name(blob.name + ".incomplete")
+    digest, have = _resume_state(partial, size)
+    advance = progress(size, have) if progress else None
+    digest = _receive(repo, commit, path, partial, digest, have, size, advance)
+    if digest.hexdigest() != sha256 and have:  # the earlier attempt's bytes were wrong: once from zero
+        ui.warn(f"{path}: the partial file an earlier attempt left had wrong bytes; fetching it again")
+        partial.unlink(missing_ok=True)
+        digest = _receive(repo, commit, path, partial, hashlib.sha256(), 0, size, None)
+    if digest.hexdigest() != sha256:
+        partial.unlink(missing_ok=True)
+        raise IntegrityError(
+            f"{path}: sha256 {digest.hexdigest()[:16]}… does not match the Hub's {sha256[:16]}…; "
+            "the file was removed"
+        )
+    os.replace(partial, blob)
+
+
+def _receive(
+    repo: str,
+    commit: str,
+    path: str,
+    partial: Path,
+    digest: Any,
+    have: int,
+    size: int,
+    advance: Callable[[int], None] | None,
+) -> Any:
+    """Append the file's bytes from `have` to `size` to the partial file; return the running sha256."""
     from huggingface_hub import constants, hf_hub_url
     from huggingface_hub.utils import build_hf_headers, get_session
 
     url = hf_hub_url(repo, path, revision=commit, endpoint=constants.ENDPOINT)
-    partial = blob.with_name(blob.name + ".incomplete")
-    digest, have = _resume_state(partial, size)
-    advance = progress(size, have) if progress else None
-    stalled, wait = 0, 1.0
-    retryable: tuple[type[BaseException], ...] = (_Retry, *_network_errors())
+    backoff = retry.Backoff()
+    transient = retry.transient_errors()
     while have < size:
         before = have
         try:
             headers = build_hf_headers()
             if have:
                 headers["Range"] = f"bytes={have}-"
+            timeout = constants.HF_HUB_DOWNLOAD_TIMEOUT
             with get_session().stream(
-                "GET", url, headers=headers, follow_redirects=True, timeout=READ_TIMEOUT_S
+                "GET", url, headers=headers, follow_redirects=True, timeout=timeout
             ) as response:
-                if response.status_code in RETRY_STATUS:
-                    retry_after = response.headers.get("Retry-After", "")
-                    wait = float(retry_after) if retry_after.isdigit() else wait
-                    raise _Retry(f"HTTP {response.status_code}")
+                retry.check_status(response)
                 _raise_for_status(response)
                 if have and response.status_code != 206:  # the server ignored Range: start over
                     digest, have = hashlib.sha256(), 0
@@ -119,40 +152,20 @@ def _download(
                         have += len(chunk)
                         if advance:
                             advance(len(chunk))
-        except retryable as exc:
-            stalled = 0 if have > before else stalled + 1
-            if stalled >= MAX_STALLED_TRIES:
+        except transient as exc:
+            if not backoff.again(exc, progressed=have > before):
                 raise DownloadError(
                     f"{repo}/{path}: {exc or type(exc).__name__} (stopped at {have:,} of {size:,} bytes; "
                     "run the same command again to resume)"
                 ) from exc
-            if stalled:
-                sleep(wait)
-                wait = min(wait * 2, 8.0)
-    if digest.hexdigest() != sha256:
-        partial.unlink(missing_ok=True)
-        raise IntegrityError(
-            f"{path}: sha256 {digest.hexdigest()[:16]}… does not match the Hub's {sha256[:16]}…; "
-            "the file was removed"
-        )
-    os.replace(partial, blob)
-
-
-class _Retry(Exception):
-    pass
-
-
-def _network_errors() -> tuple[type[BaseException], ...]:
-    """The HTTP stack's network errors (httpx2 under huggingface_hub 2.x, httpx before)."""
-    import importlib
-
-    for name in ("httpx2", "httpx"):
-        try:
-            module: Any = importlib.import_module(name)
-        except ImportError:
-            continue
-        return (module.TransportError, module.StreamError)
-    return (ConnectionError, TimeoutError)
+        except OSError as exc:
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            raise DownloadError(
+                f"{repo}/{path}: no space left on the device of {partial.parent} (stopped at {have:,} of "
+                f"{size:,} bytes, kept: free some space and run the same command again to resume)"
+            ) from exc
+    return digest
 
 
 def _raise_for_status(response: Any) -> None:

@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import BinaryIO, TypeVar
 from urllib.parse import urlparse
 
-from runner import ui
-from runner.errors import DownloadError, IntegrityError, ModelNotFound
+from runner import retry, ui
+from runner.errors import AccessDenied, DownloadError, IntegrityError, ModelNotFound
 from runner.hub import download
 from runner.hub.catalog import CatalogEntry
 from runner.hub.quants import DEFAULT_TAGS, Choice, RepoFile, choose
@@ -32,6 +32,10 @@ from runner.hub.refs import HubRef
 from runner.paths import cache_dir
 
 T = TypeVar("T")
+BAD_TOKEN = (
+    "HTTP 401, invalid credentials; set HF_TOKEN to a valid token, or unset it (and `hf auth logout`) "
+    "for public models"
+)
 PROBE_TIMEOUT_S = 3.0
 CHUNK = 1 << 20
 DISK_MARGIN = 1.05  # free space wanted, as a multiple of the bytes still to fetch
@@ -179,7 +183,7 @@ def cached_path(ref: HubRef, *, exact: bool = True) -> Path | None:
 
 
 @contextmanager
-def _hub_errors(ref: HubRef) -> Iterator[None]:
+def hub_errors(ref: HubRef) -> Iterator[None]:
     """huggingface_hub's exceptions become runner's, each saying what to do next."""
     from huggingface_hub import errors as hf
 
@@ -190,7 +194,7 @@ def _hub_errors(ref: HubRef) -> Iterator[None]:
         how = (
             "your token has no access yet" if has_token else "no token is set (HF_TOKEN, or `hf auth login`)"
         )
-        raise DownloadError(
+        raise AccessDenied(
             f"{ref.repo} is gated and {how}: accept its terms at https://huggingface.co/{ref.repo} "
             "while logged in, then set HF_TOKEN to a token of that account"
         ) from exc
@@ -202,15 +206,19 @@ def _hub_errors(ref: HubRef) -> Iterator[None]:
         ) from exc
     except hf.EntryNotFoundError as exc:
         raise ModelNotFound(f"{ref.repo} has no file {ref.file}") from exc
-    except (hf.HfHubHTTPError, OSError) as exc:
-        raise DownloadError(f"cannot fetch {ref.display} from the Hub: {_first_line(exc)}") from exc
+    except hf.HfHubHTTPError as exc:
+        if exc.response is not None and exc.response.status_code == 401:
+            raise AccessDenied(f"the Hub refused the token runner sent for {ref.repo}: {BAD_TOKEN}") from exc
+        raise DownloadError(f"cannot fetch {ref.display} from the Hub: {first_line(exc)}") from exc
+    except OSError as exc:
+        raise DownloadError(f"cannot fetch {ref.display} from the Hub: {first_line(exc)}") from exc
     except Exception as exc:
         if type(exc).__module__.startswith("httpx"):  # network errors huggingface_hub lets through
-            raise DownloadError(f"cannot fetch {ref.display} from the Hub: {_first_line(exc)}") from exc
+            raise DownloadError(f"cannot fetch {ref.display} from the Hub: {first_line(exc)}") from exc
         raise
 
 
-def _first_line(exc: BaseException) -> str:
+def first_line(exc: BaseException) -> str:
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
@@ -225,8 +233,8 @@ def remote_listing(ref: HubRef) -> tuple[str, list[RepoFile]]:
     from huggingface_hub import HfApi, constants
 
     api = HfApi(endpoint=constants.ENDPOINT)
-    with _hub_errors(ref):
-        info = _retrying(lambda: api.model_info(ref.repo, revision=ref.revision, files_metadata=True))
+    with hub_errors(ref):
+        info = api_call(lambda: api.model_info(ref.repo, revision=ref.revision, files_metadata=True))
     files = [
         RepoFile(s.rfilename, s.size, s.lfs.sha256 if s.lfs is not None else None)
         for s in info.siblings or []
@@ -234,22 +242,18 @@ def remote_listing(ref: HubRef) -> tuple[str, list[RepoFile]]:
     return str(info.sha), files
 
 
-def _retrying(call: Callable[[], T], tries: int = 5) -> T:
-    """huggingface_hub's API calls do not retry a 429 or 5xx; the Hub asks clients to."""
+def api_call(call: Callable[[], T]) -> T:
+    """huggingface_hub's API calls do not retry a 429 or 5xx, a dropped connection or a timeout; the
+    Hub asks clients to: runner.retry's policy."""
+    return retry.retrying(call, status_of=_http_status)
+
+
+def _http_status(exc: BaseException) -> tuple[int, str | None] | None:
     from huggingface_hub.errors import HfHubHTTPError
 
-    wait = 1.0
-    for attempt in range(tries):
-        try:
-            return call()
-        except HfHubHTTPError as exc:
-            status = exc.response.status_code if exc.response is not None else None
-            if status not in download.RETRY_STATUS or attempt == tries - 1:
-                raise
-            retry_after = exc.response.headers.get("Retry-After", "") if exc.response is not None else ""
-            download.sleep(float(retry_after) if retry_after.isdigit() else wait)
-            wait = min(wait * 2, 8.0)
-    raise AssertionError("unreachable")
+    if isinstance(exc, HfHubHTTPError) and exc.response is not None:
+        return exc.response.status_code, exc.response.headers.get("Retry-After")
+    return None
 
 
 def pull(ref: HubRef, *, quiet: bool = False) -> Pulled:
@@ -294,7 +298,7 @@ def _download(ref: HubRef, commit: str, file: RepoFile, *, quiet: bool) -> Path:
     size = f" ({ui.human_bytes(file.size)})" if file.size else ""
     ui.info(f"fetching {ref.repo}/{file.path}{size} from the Hugging Face Hub")
     show = not quiet and ui.stderr_is_tty()
-    with _hub_errors(ref), ui.download_progress(file.path.rsplit("/", 1)[-1], enabled=show) as progress:
+    with hub_errors(ref), ui.download_progress(file.path.rsplit("/", 1)[-1], enabled=show) as progress:
         if file.sha256 and file.size is not None:  # LFS: resumable, verified as it arrives
             return download.fetch(
                 ref.repo,

@@ -73,6 +73,7 @@ def read_remote(ref: HubRef, commit: str, choice: Choice, *, quiet: bool = False
     if not quiet:
         ui.info(f"reading the header of {ref.repo}/{choice.primary.path} on the Hub; nothing is downloaded")
     urls = [hf_hub_url(ref.repo, f.path, revision=commit, endpoint=constants.ENDPOINT) for f in choice.files]
-    headers = tuple(read_header(HTTPSource(url)) for url in urls)
+    with fetch.hub_errors(ref):  # a gated repo, a refused token: said as the download path says them
+        headers = tuple(read_header(HTTPSource(url)) for url in urls)
     size = choice.size if choice.size is not None else sum(h.file_size or 0 for h in headers)
     return ModelHeaders(headers, urls[0], size)
