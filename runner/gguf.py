@@ -184,6 +184,7 @@ class HTTPSource:
         asked again for the bytes still missing, from where the cut body stopped."""
         import httpx2  # here, as huggingface_hub: ~0.1 s to import, paid only to read a URL
         from huggingface_hub import constants
+        from huggingface_hub.errors import HfHubHTTPError
         from huggingface_hub.utils import get_session
 
         got = bytearray()
@@ -210,6 +211,8 @@ class HTTPSource:
             except transient as exc:
                 if not backoff.again(exc, progressed=len(got) > before):
                     raise DownloadError(f"cannot read {self.name}: {exc or type(exc).__name__}") from exc
+            except HfHubHTTPError:  # gated, a refused token: the hub layer says what to do
+                raise
             except (httpx2.HTTPError, OSError) as exc:  # OSError includes the Hub's offline mode
                 raise DownloadError(f"cannot read {self.name}: {exc}") from exc
 

@@ -6,7 +6,7 @@ import json
 from typing import Any, TextIO
 
 from runner import ui
-from runner.errors import AccessDenied, DownloadError
+from runner.errors import DownloadError
 from runner.hub import fetch
 
 COLUMNS = ("REPO", "DOWNLOADS", "LIKES")
@@ -41,9 +41,14 @@ def find_repos(text: str, *, limit: int) -> list[dict[str, Any]]:
             lambda: list(api.list_models(search=text, filter="gguf", sort="downloads", limit=limit))
         )
     except HfHubHTTPError as exc:
-        if exc.response is not None and exc.response.status_code == 401:
-            raise AccessDenied(f"the Hub refused the token runner sent: {fetch.BAD_TOKEN}") from exc
+        denied = fetch.access_denied(exc)
+        if denied is not None:
+            raise denied from exc
         raise DownloadError(f"cannot search the Hugging Face Hub: {fetch.first_line(exc)}") from exc
+    except json.JSONDecodeError as exc:  # a body that is not the JSON it should be
+        raise DownloadError(
+            f"cannot search the Hugging Face Hub: it sent a malformed answer ({exc})"
+        ) from exc
     except (httpx2.HTTPError, OSError) as exc:
         first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise DownloadError(f"cannot search the Hugging Face Hub: {first_line}") from exc

@@ -67,6 +67,7 @@ def fetch(
     blob = root / "blobs" / sha256
     link = root / "snapshots" / commit / path
     blob.parent.mkdir(parents=True, exist_ok=True)
+    link.parent.mkdir(parents=True, exist_ok=True)  # as huggingface_hub: a repo folder always has one
     lock = lock_path(repo, sha256)
     lock.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(lock)):
@@ -182,13 +183,16 @@ def _resume_state(partial: Path, size: int) -> tuple[Any, int]:
     digest = hashlib.sha256()
     if not partial.exists():
         return digest, 0
-    if partial.stat().st_size > size:
+    have = partial.stat().st_size
+    if have > size:
         partial.unlink()
         return digest, 0
     with partial.open("rb") as f:
-        while block := f.read(CHUNK):
+        left = have  # no further: what is not a regular file may read on forever
+        while left and (block := f.read(min(CHUNK, left))):
             digest.update(block)
-    return digest, partial.stat().st_size
+            left -= len(block)
+    return digest, have
 
 
 def _link(blob: Path, link: Path) -> None:

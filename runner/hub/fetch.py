@@ -9,6 +9,7 @@ takes the name a later run trusts after its size and sha256 match; partial files
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import socket
@@ -20,7 +21,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, TypeVar
+from typing import Any, BinaryIO, TypeVar
 from urllib.parse import urlparse
 
 from runner import retry, ui
@@ -205,17 +206,38 @@ def hub_errors(ref: HubRef) -> Iterator[None]:
             f"no repo {ref.repo} on the Hub (if it is private, set HF_TOKEN to a token that can read it)"
         ) from exc
     except hf.EntryNotFoundError as exc:
-        raise ModelNotFound(f"{ref.repo} has no file {ref.file}") from exc
+        if ref.file:
+            raise ModelNotFound(f"{ref.repo} has no file {ref.file}") from exc
+        raise ModelNotFound(f"{ref.display}: the file is gone from the Hub (HTTP 404); try again") from exc
     except hf.HfHubHTTPError as exc:
-        if exc.response is not None and exc.response.status_code == 401:
-            raise AccessDenied(f"the Hub refused the token runner sent for {ref.repo}: {BAD_TOKEN}") from exc
+        denied = access_denied(exc, f" for {ref.repo}")
+        if denied is not None:
+            raise denied from exc
         raise DownloadError(f"cannot fetch {ref.display} from the Hub: {first_line(exc)}") from exc
-    except OSError as exc:
-        raise DownloadError(f"cannot fetch {ref.display} from the Hub: {first_line(exc)}") from exc
+    except json.JSONDecodeError as exc:  # a body that is not the JSON it should be
+        raise DownloadError(f"cannot fetch {ref.display}: the Hub sent a malformed answer ({exc})") from exc
     except Exception as exc:
-        if type(exc).__module__.startswith("httpx"):  # network errors huggingface_hub lets through
-            raise DownloadError(f"cannot fetch {ref.display} from the Hub: {first_line(exc)}") from exc
+        if isinstance(exc, OSError) or type(exc).__module__.startswith("httpx"):  # the network
+            raise DownloadError(f"cannot fetch {ref.display}: {network_reason(exc)}") from exc
         raise
+
+
+def access_denied(exc: Any, where: str = "") -> AccessDenied | None:
+    """A 401 or 403 the Hub answered, said as what to do; None for any other status."""
+    status = exc.response.status_code if getattr(exc, "response", None) is not None else None
+    if status == 401:
+        return AccessDenied(f"the Hub refused the token runner sent{where}: {BAD_TOKEN}")
+    if status == 403:
+        return AccessDenied(f"the Hub refused access{where} (HTTP 403): set HF_TOKEN to a token that has it")
+    return None
+
+
+def network_reason(exc: BaseException) -> str:
+    """A network failure in words: a Hub that cannot be reached, or what else went wrong."""
+    name = type(exc).__name__
+    if "Connect" in name or isinstance(exc, (ConnectionRefusedError, socket.gaierror)):
+        return f"the Hugging Face Hub cannot be reached ({first_line(exc)})"
+    return f"the connection to the Hub failed ({first_line(exc)})"
 
 
 def first_line(exc: BaseException) -> str:

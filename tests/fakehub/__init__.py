@@ -52,6 +52,7 @@ of the decoded URL path, or a predicate on a RequestInfo. Kinds and their params
     "stall"       seconds=S, after=0 (body bytes first; None: before the status line),
                   then="continue" | "drop"
     "disconnect"  close without answering; reset=False
+    "trickle"     rate=1024 bytes/s, for_bytes=None (the whole body; N: its first N bytes, then full speed)
 Body faults (drop, corrupt, stall with `after` set) only fire on responses with a body (not HEAD, not
 3xx): `add_fault("model.gguf", "drop", drop_after=N)` cuts the file's bytes, not the redirect before
 them. `times=None` fires forever. Counters: `hub.requests` (method, path) -> n, `hub.bytes_sent`

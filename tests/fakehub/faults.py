@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from email.message import Message
 from typing import Any, Literal
 
-FaultKind = Literal["status", "drop", "corrupt", "stall", "disconnect"]
+FaultKind = Literal["status", "drop", "corrupt", "stall", "disconnect", "trickle"]
 
 
 @dataclass(frozen=True)
@@ -32,7 +32,9 @@ class Fault:
     @property
     def body(self) -> bool:
         """Whether it acts on a response body (else it acts before anything is sent)."""
-        return self.kind in ("drop", "corrupt") or (self.kind == "stall" and self.params["after"] is not None)
+        return self.kind in ("drop", "corrupt", "trickle") or (
+            self.kind == "stall" and self.params["after"] is not None
+        )
 
     def applies(self, info: RequestInfo) -> bool:
         if self.times is not None and self.hits >= self.times:
@@ -48,6 +50,7 @@ FAULT_DEFAULTS: dict[str, dict[str, Any]] = {
     "corrupt": {"offset": 0, "data": None, "length": 1},
     "stall": {"seconds": 1.0, "after": 0, "then": "continue"},
     "disconnect": {"reset": False},
+    "trickle": {"rate": 1024, "for_bytes": None},
 }
 
 

@@ -130,6 +130,7 @@ class Handler(BaseHTTPRequestHandler):
         cut_at, reset = length + 1, False
         stalls: list[tuple[int, float, bool]] = []  # (offset, seconds, drop after)
         damage_at: list[tuple[int, bytes | None, int]] = []  # (offset, overwrite, flip length)
+        rate, slow_until = 0, 0  # a trickle: bytes per second, for the body's first slow_until bytes
         for fault in faults:
             p = fault.params
             if fault.kind == "drop":
@@ -143,6 +144,8 @@ class Handler(BaseHTTPRequestHandler):
                     cut_at, reset = int(n), p["reset"]
             elif fault.kind == "stall":
                 stalls.append((p["after"], p["seconds"], p["then"] == "drop"))
+            elif fault.kind == "trickle":
+                rate, slow_until = int(p["rate"]), length if p["for_bytes"] is None else int(p["for_bytes"])
             else:
                 damage_at.append((p["offset"], p["data"], p["length"]))
         stalls.sort()
@@ -159,6 +162,9 @@ class Handler(BaseHTTPRequestHandler):
                 if position >= cut_at:
                     return self._cut(reset)
                 stop = min(len(chunk), cut_at - position, (stalls[0][0] - position) if stalls else len(chunk))
+                slow = rate > 0 and position < slow_until
+                if slow:  # a tenth of a second's worth at a time
+                    stop = min(stop, max(1, rate // 10), slow_until - position)
                 piece, chunk = chunk[:stop], chunk[stop:]
                 if damage_at:
                     piece = damage(piece, position, damage_at)
@@ -166,6 +172,10 @@ class Handler(BaseHTTPRequestHandler):
                     record.bytes_sent += len(piece)  # counted before it is written, for the same reason
                 self.wfile.write(piece)
                 position += len(piece)
+                if slow:
+                    self.wfile.flush()
+                    if hub._stopping.wait(len(piece) / rate):
+                        return self._cut(False)
         if position >= cut_at:
             self._cut(reset)
 
