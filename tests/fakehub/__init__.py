@@ -17,6 +17,7 @@ What it answers, as the Hub does (model repos only):
     HEAD/GET /{repo}/resolve/{rev}/{path}   small files: 200/206, ETag = quoted git blob id;
                                             LFS files: 302 to the CDN listener, X-Linked-Etag/-Size
     HEAD/GET {cdn_endpoint}/cdn-lfs/{sha256}/{path}   LFS bytes: Range, 206, 416, ETag = quoted sha256
+    GET  /simple/{project}/, /packages/{wheel}     a PyPI index (PEP 503) of add_wheel()'s wheels
 Files named *.gguf (`lfs_suffixes`) or larger than `lfs_threshold` (10 MiB) are LFS. Xet is never
 advertised (no X-Xet-* header, no xetHash), so huggingface_hub downloads over plain HTTP even with hf_xet.
 

@@ -83,6 +83,8 @@ class HubApi:
         segments = [unquote(s) for s in raw_path.split("/")[1:]]
         if segments[:2] == ["api", "models"]:
             return self._api(method, segments[2:], query, headers, body)
+        if segments and segments[0] in ("simple", "packages"):  # a PyPI index beside the Hub
+            return self._pypi(segments)
         if segments and segments[0] == "cdn-lfs" and len(segments) >= 3:
             return self._cdn(segments[1], "/".join(segments[2:]), headers)
         for at in (2, 1):
@@ -117,6 +119,22 @@ class HubApi:
             if method == "POST":
                 return self._paths_info(repo, commit, headers, body)
         return error_response(404, None, "Not Found")
+
+    def _pypi(self, segments: list[str]) -> Response:
+        """PEP 503's simple index (/simple/{project}/) and the files it links (/packages/{file})."""
+        packages: dict[str, dict[str, bytes]] = getattr(self, "packages", {})
+        if segments[0] == "simple" and len(segments) >= 2 and segments[1] in packages:
+            links = "".join(
+                f'<a href="/packages/{name}#sha256={hashlib.sha256(data).hexdigest()}">{name}</a>\n'
+                for name, data in packages[segments[1]].items()
+            )
+            html = f"<!DOCTYPE html><html><body>\n{links}</body></html>\n".encode()
+            return Response(200, {"Content-Type": "text/html; charset=utf-8"}, html)
+        if segments[0] == "packages" and len(segments) == 2:
+            for files in packages.values():
+                if segments[1] in files:
+                    return Response(200, {"Content-Type": "application/octet-stream"}, files[segments[1]])
+        return Response(404, {"Content-Type": "text/html"}, b"<html><body>Not Found</body></html>")
 
     def _split_repo(self, segments: list[str]) -> tuple[str, list[str]]:
         """Repo ids are "name" or "owner/name": a known one wins, else two segments unless a verb follows."""

@@ -44,6 +44,7 @@ class FakeHub(HubApi):
         self._rng = random.Random(seed)
         self._lock = threading.RLock()
         self._repos: dict[str, Repo] = {}
+        self.packages: dict[str, dict[str, bytes]] = {}  # PyPI: project -> wheel file name -> bytes
         self._blobs: dict[str, Blob] = {}  # sha256 -> blob, what the CDN serves
         self._faults: list[Fault] = []
         self._log: list[RequestRecord] = []
@@ -237,6 +238,25 @@ class FakeHub(HubApi):
         if lfs:
             self._blobs[sha256] = blob
         return blob
+
+    def add_wheel(self, project: str, version: str, members: dict[str, bytes]) -> str:
+        """A wheel of `members` on the PyPI index at {endpoint}/simple/; returns its file name."""
+        import io
+        import zipfile
+
+        dist = project.replace("-", "_")
+        name = f"{dist}-{version}-py3-none-any.whl"
+        info = f"{dist}-{version}.dist-info"
+        buf = io.BytesIO()
+        with zipfile.ZipFile(buf, "w") as wheel:
+            for member, data in members.items():
+                wheel.writestr(member, data)
+            wheel.writestr(f"{info}/METADATA", f"Metadata-Version: 2.1\nName: {project}\nVersion: {version}\n")
+            wheel.writestr(f"{info}/WHEEL", "Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+            wheel.writestr(f"{info}/RECORD", "")
+        with self._lock:
+            self.packages.setdefault(project.lower().replace("_", "-"), {})[name] = buf.getvalue()
+        return name
 
     # faults
 
