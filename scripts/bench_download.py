@@ -5,8 +5,11 @@ alternate, downloads it into a fresh Hugging Face cache with (a) huggingface_hub
 (b) runner.hub.fetch.pull (which also checks the sha256 as the bytes arrive); once each as processes,
 (c) `runner pull` and (d) huggingface_hub's own `hf download`. Then the resume test: the connection is
 cut at random offsets and the bytes sent more than once are counted, for runner and huggingface_hub.
+Last, a flaky link: every response is cut with a 10% chance per MiB it carries (--drop-rate), at a
+random point in that MiB, for as long as the download runs; bytes sent twice and wall time, runner
+against hf_hub_download in the same run (both with their retry waits made instant).
 
-    python scripts/bench_download.py [--rounds 3] [--drops 5]
+    python scripts/bench_download.py [--rounds 3] [--drops 5] [--drop-rate 0.1]
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ def main() -> None:
     )
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--drops", type=int, default=5)
+    parser.add_argument("--drop-rate", type=float, default=0.1, help="chance of a cut per MiB sent")
     args = parser.parse_args()
     source = model_path()
     size = source.stat().st_size
@@ -97,6 +101,36 @@ def main() -> None:
             hub.clear_faults()
             twice[name] = hub.sent("cdn-lfs") - size
             shutil.rmtree(cache)
+
+        flaky = {}
+        for name in ("hf_hub_download", "runner"):
+            cache = work / f"flaky-{name}"
+            hub.reset_counters()
+            cuts = random.Random(11)
+            hub.add_fault("cdn-lfs", "drop", drop_after=per_mib(cuts, args.drop_rate), times=None)
+            with pointed_at(hub.endpoint, cache), instant_backoff():
+                saved, retry.sleep = retry.sleep, lambda _s: None
+                t0 = time.perf_counter()
+                outcome = "failed 5 times"
+                try:
+                    for calls in range(1, 6):  # as a user would: the same command again, up to 5 times
+                        try:
+                            if name == "hf_hub_download":
+                                hf_hub_download(REPO, FILE)
+                            else:
+                                pull(HubRef(REPO, file=FILE), quiet=True)
+                        except Exception as exc:  # what each client does when the link stays this bad
+                            print(f"{name}, call {calls}: {type(exc).__name__}", file=sys.stderr)
+                            continue
+                        outcome = f"done in {calls} call{'s' if calls > 1 else ''}"
+                        break
+                finally:
+                    retry.sleep = saved
+                wall = time.perf_counter() - t0
+            hub.clear_faults()
+            cut = sum(1 for r in hub.log if "cdn-lfs" in r.path and r.fault)
+            flaky[name] = (hub.sent("cdn-lfs") - size, wall, cut, outcome)
+            shutil.rmtree(cache)
     shutil.rmtree(work)
 
     base = statistics.median(timings["hf_hub_download"])
@@ -114,6 +148,27 @@ def main() -> None:
         f"resume after {args.drops} drops at random offsets: bytes sent twice — "
         + " · ".join(f"{name} {n:,}" for name, n in twice.items())
     )
+    print()
+    print(f"a flaky link ({args.drop_rate:.0%} chance of a cut per MiB sent):")
+    print()
+    print("| | cuts | bytes sent more than once | wall s | vs hf_hub_download | outcome |")
+    print("|---|---|---|---|---|---|")
+    hf_wall = flaky["hf_hub_download"][1]
+    for name, (extra, wall, cut, outcome) in flaky.items():
+        print(f"| {name} | {cut} | {extra:,} | {wall:.2f} | {hf_wall / wall:.2f} | {outcome} |")
+
+
+def per_mib(rng: random.Random, rate: float):
+    """drop_after for the fake Hub: each MiB of a body has `rate` chance of being where it is cut."""
+    mib = 1 << 20
+
+    def cut(length: int) -> int:
+        for k in range(0, max(1, -(-length // mib))):
+            if rng.random() < rate:
+                return min(length - 1, k * mib + rng.randrange(mib)) if length > 1 else 0
+        return length + 1  # not cut
+
+    return cut
 
 
 if __name__ == "__main__":

@@ -251,7 +251,8 @@ class FakeHub(HubApi):
         with zipfile.ZipFile(buf, "w") as wheel:
             for member, data in members.items():
                 wheel.writestr(member, data)
-            wheel.writestr(f"{info}/METADATA", f"Metadata-Version: 2.1\nName: {project}\nVersion: {version}\n")
+            metadata = f"Metadata-Version: 2.1\nName: {project}\nVersion: {version}\n"
+            wheel.writestr(f"{info}/METADATA", metadata)
             wheel.writestr(f"{info}/WHEEL", "Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
             wheel.writestr(f"{info}/RECORD", "")
         with self._lock:
