@@ -170,11 +170,14 @@ class Store:
         return version
 
     def _migrate(self) -> None:
-        version = self._check_version()
-        for number, step in enumerate(MIGRATIONS[version:], start=version + 1):
-            with self._write(f"migrate to schema {number}") as db:
-                step(db)
-                db.execute(f"PRAGMA user_version = {number}")
+        """Each step in its own write transaction, the version read inside it: two runners opening a
+        new database at once migrate it once (the second finds the first's work done)."""
+        while self._check_version() < len(MIGRATIONS):
+            with self._write("migrate the schema") as db:
+                version = self._check_version()
+                if version < len(MIGRATIONS):
+                    MIGRATIONS[version](db)
+                    db.execute(f"PRAGMA user_version = {version + 1}")
 
     # -- writing ---------------------------------------------------------------------------------
 

@@ -81,3 +81,27 @@ def test_a_system_message_first_is_read_as_the_system(tmp_path: Path) -> None:
         {"messages": [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}]}, "x"
     )
     assert found.system == "S" and [m.role for m in found.messages] == ["user"]
+
+
+def test_runners_opening_a_new_database_at_once_migrate_it_once(tmp_path: Path) -> None:
+    import threading
+
+    path = tmp_path / "race.db"
+    errors: list[BaseException] = []
+    start = threading.Barrier(8)
+
+    def open_it() -> None:
+        start.wait()
+        try:
+            Store.open(path).close()
+        except BaseException as exc:  # noqa: BLE001 - collected for the assertion
+            errors.append(exc)
+
+    threads = [threading.Thread(target=open_it) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    with sqlite3.connect(path) as db:
+        assert db.execute("PRAGMA user_version").fetchone()[0] == len(MIGRATIONS)
