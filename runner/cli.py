@@ -125,6 +125,13 @@ def run(
     verbose: o.Verbose = False,
     think: o.Think = None,
     hide_reasoning: o.HideReasoning = False,
+    schema: o.Schema = None,
+    format: o.Format = None,
+    grammar: o.Grammar = None,
+    each_line: o.EachLine = False,
+    input: o.InputFile = None,
+    parallel: o.RunParallel = None,
+    jsonl: o.Jsonl = False,
     continue_: o.Continue = False,
     no_save: o.NoSave = False,
     debug: o.Debug = False,
@@ -139,9 +146,44 @@ def run(
       cat notes.txt | runner run smollm2 "Summarize this"
       runner run ./model.gguf "Hi" --temperature 0 --max-tokens 50 --json
       runner run -c "And in one word?"             # one more turn of the last chat
+      runner run smollm2 "Translate to French: {}" --each-line < lines.txt
+      runner run smollm2 --input prompts.jsonl --jsonl --parallel 8
+      runner run smollm2 "Name a city" --schema '{"type":"object","properties":{"city":{"type":"string"}}}'
     """
     sampling = _sampling(locals())
     tty = sys.stdin is None or sys.stdin.isatty()
+    if each_line or input is not None:
+        from runner.commands.batch import BatchRequest, run_batch_command
+
+        code = run_batch_command(
+            BatchRequest(
+                model=model,
+                template=prompt,
+                each_line=each_line,
+                input_path=str(input) if input is not None else None,
+                parallel=parallel,
+                jsonl=jsonl,
+                system=system,
+                sampling=sampling,
+                max_tokens=max_tokens,
+                stop=tuple(stop or ()),
+                schema=schema,
+                format=format,
+                grammar=str(grammar) if grammar is not None else None,
+                ctx=ctx,
+                threads=threads,
+                gpu_layers=gpu_layers,
+                kv_type=kv_type,
+                flash_attn=flash_attn,
+                force=force,
+                offline=offline,
+                verbose=verbose,
+                debug=debug,
+            ),
+            stdin=None if tty else sys.stdin.buffer,
+            out=sys.stdout,
+        )
+        raise typer.Exit(code)
     if continue_ or (prompt is None and tty and not json and not raw):
         from runner.commands.chat import ChatRequest, chat, continue_last
 
@@ -197,6 +239,9 @@ def run(
             debug=debug,
             think=think,
             hide_reasoning=hide_reasoning,
+            schema=schema,
+            format=format,
+            grammar=str(grammar) if grammar is not None else None,
         ),
         stdin=None if tty else sys.stdin.buffer,
         out=sys.stdout,

@@ -40,6 +40,7 @@ UNQUANTIZED_KV = ("f16", "f32", "bf16")
 # 56 tok/s. The crossover is near 350 cached tokens, which a chat passes within a few turns, and a
 # chat's next turn should not slow as the conversation grows. A one-shot run keeps "auto".
 CPU_CHAT_FLASH_ATTN = False
+DEFAULT_BATCH_CTX = 2048  # each sequence's context in a batch without --ctx: prompts and answers are short
 
 
 @dataclass
@@ -75,6 +76,7 @@ def dry_run_of(path: Any) -> Callable[[Plan], dict[str, int] | None]:
             kv_type=p.type_k,
             use_gpu=p.use_gpu,
             flash_attn=p.flash_attn,
+            n_seq=p.n_seq,
         )
 
     return dry
@@ -89,6 +91,8 @@ def plan_for(
     kv_type: str | None = None,
     flash_attn: bool | None = None,
     growing: bool = False,
+    parallel: int = 1,
+    most_parallel: bool = False,
     force: bool = False,
     smaller: Callable[[], list[str]] | None = None,
     path: Path | None = None,
@@ -100,6 +104,8 @@ def plan_for(
     With the model's `path`, a plan whose compute buffers the estimate only approximates is checked
     by a dry run of the load (plan.confirm); without it, that check is left to a later call.
     `growing`: the context will fill up as the model runs (a chat), see CPU_CHAT_FLASH_ATTN.
+    `parallel` sequences share the context (a batch); with `most_parallel`, the most up to that
+    which fit (halving), as the plan's n_seq.
     """
     trained = trained_context(header)
     if ctx is not None and trained is not None and ctx > trained:
@@ -110,7 +116,15 @@ def plan_for(
     hint = here.reinstall_hint()
     if hint:
         ui.warn(f"this llama.cpp build cannot use the {here.gpus[0].name}; for a GPU build: {hint}")
-    asked: dict[str, Any] = dict(ctx=ctx, gpu_layers=gpu_layers, kv_type=kv_type, flash_attn=flash_attn)
+
+    def asking(n: int) -> dict[str, Any]:  # a batch's --ctx is each sequence's: n of them in all
+        total = (ctx or DEFAULT_BATCH_CTX) * n if n > 1 else ctx
+        return dict(ctx=total, gpu_layers=gpu_layers, kv_type=kv_type, flash_attn=flash_attn, n_seq=n)
+
+    n_seq = parallel
+    while most_parallel and n_seq > 1 and not make_plan(header, here, **asking(n_seq)).fits:
+        n_seq //= 2
+    asked = asking(n_seq)
     plan = make_plan(header, here, **asked)
     if (
         growing
@@ -194,6 +208,8 @@ def open_model(
     kv_type: str | None = None,
     flash_attn: bool | None = None,
     growing: bool = False,
+    parallel: int = 1,
+    most_parallel: bool = False,
     force: bool = False,
     offline: bool = False,
     debug: bool = False,
@@ -220,6 +236,8 @@ def open_model(
                 kv_type=kv_type,
                 flash_attn=flash_attn,
                 growing=growing,
+                parallel=parallel,
+                most_parallel=most_parallel,
                 force=force,
                 smaller=smaller_quants(ref, remote.size, ctx=ctx, kv_type=kv_type),
             )
@@ -237,17 +255,20 @@ def open_model(
             kv_type=kv_type,
             flash_attn=flash_attn,
             growing=growing,
+            parallel=parallel,
+            most_parallel=most_parallel,
             force=force,
             path=path,
         )
     engine = Engine(
         path,
-        n_ctx=ctx or plan.n_ctx,
+        n_ctx=plan.n_ctx if plan.n_seq > 1 else ctx or plan.n_ctx,
         n_threads=threads,
         n_gpu_layers=plan.n_gpu_layers if gpu_layers is None else gpu_layers,
         kv_type=kv_type or plan.type_k,
         use_gpu=plan.use_gpu or gpu_layers is not None,
         flash_attn=plan.flash_attn if flash_attn is None else flash_attn,
+        n_seq=plan.n_seq,
         debug=debug,
     )
     entry = ref.entry if isinstance(ref, HubRef) else None

@@ -120,6 +120,61 @@ KvType = Annotated[
         help="KV cache type: f16, q8_0, q4_0 ... [default: f16]", rich_help_panel=LIMITS, show_default=False
     ),
 ]
+Schema = Annotated[
+    Optional[str],
+    typer.Option(
+        "--schema",
+        help="Answer with JSON that matches this JSON Schema (inline, or a file)",
+        rich_help_panel=OUTPUT,
+        show_default=False,
+    ),
+]
+Format = Annotated[
+    Optional[str],
+    typer.Option(
+        "--format", help="json: answer with one JSON object", rich_help_panel=OUTPUT, show_default=False
+    ),
+]
+Grammar = Annotated[
+    Optional[Path],
+    typer.Option(
+        "--grammar",
+        help="Constrain the answer with a GBNF grammar file",
+        rich_help_panel=OUTPUT,
+        show_default=False,
+    ),
+]
+BATCH = "Many prompts"
+EachLine = Annotated[
+    bool,
+    typer.Option(
+        "--each-line",
+        help="Each stdin line is a prompt (PROMPT, if given, is a template: {} is the line)",
+        rich_help_panel=BATCH,
+    ),
+]
+InputFile = Annotated[
+    Optional[Path],
+    typer.Option(
+        "--input",
+        help="A JSONL file of prompts: prompt, and optional system, id, max_tokens, schema, sampling fields",
+        rich_help_panel=BATCH,
+        show_default=False,
+    ),
+]
+RunParallel = Annotated[
+    Optional[int],
+    typer.Option(
+        "--parallel",
+        help="Prompts decoded at once [default: what fits, at most 8]",
+        rich_help_panel=BATCH,
+        show_default=False,
+    ),
+]
+Jsonl = Annotated[
+    bool,
+    typer.Option("--jsonl", help="One JSON object per prompt, in input order", rich_help_panel=BATCH),
+]
 FlashAttn = Annotated[
     Optional[str],
     typer.Option(

@@ -108,6 +108,34 @@ def download_progress(
         yield start
 
 
+@contextmanager
+def batch_progress(total: int, *, enabled: bool) -> Iterator[Callable[[int, int], None] | None]:
+    """A rich bar on stderr for a batch: yields update(done, tokens) (done/total, tok/s, ETA), or None."""
+    if not enabled:
+        yield None
+        return
+    import time
+
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    columns = (
+        TextColumn("answers"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[rate]}"),
+        TimeRemainingColumn(),
+    )
+    start = time.perf_counter()
+    with Progress(*columns, console=console(), transient=True) as bar:
+        task = bar.add_task("answers", total=total, rate="")
+
+        def update(done: int, tokens: int) -> None:
+            rate = tokens / max(time.perf_counter() - start, 1e-9)
+            bar.update(task, completed=done, rate=f"{rate:.1f} tok/s")
+
+        yield update
+
+
 def dim(text: str) -> str:
     """Text a terminal shows faint (SGR 2, then 22: normal intensity), for a model's reasoning."""
     return f"\x1b[2m{text}\x1b[22m"

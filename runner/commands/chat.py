@@ -27,6 +27,7 @@ from runner.commands.output import (
     stream_answer,
     to_json,
 )
+from runner.engine.constrain import Constraint, ConstraintError, constraint
 from runner.engine.conversation import Fitted, fit
 from runner.engine.engine import FINISH_INTERRUPTED
 from runner.engine.reasoning import style_of
@@ -53,7 +54,7 @@ COMMANDS = {
     "/set": "/set PARAM VALUE: "
     + ", ".join(
         ["temperature", "top-k", "top-p", "min-p", "repeat-penalty", "presence-penalty"]
-        + ["frequency-penalty", "seed", "max-tokens", "system", "think"]
+        + ["frequency-penalty", "seed", "max-tokens", "system", "think", "format json|none", "schema S|none"]
     ),
     "/show": "model, file, parameters and where they came from, template, context used",
     "/stats": "the last answer's timings and the tokens it evaluated",
@@ -131,6 +132,7 @@ class Session:
         self.sampling, self.sources = sampling_for(loaded, self.overrides)
         self.max_tokens = request.max_tokens
         self.think = request.think
+        self.constraint: Constraint | None = None  # /set format json, /set schema ...
         entry_system = loaded.entry.system if loaded.entry is not None else None
         self.system = request.system if request.system is not None else entry_system
         self.turns: list[StoredMessage] = []
@@ -219,10 +221,16 @@ class Session:
                 writer,
                 max_tokens=self.max_tokens,
                 stop=self.request.stop,
+                grammar=self.constraint.grammar if self.constraint else None,
             )
         writer.end()
         result = answer.result
         interrupted = result.finish_reason == FINISH_INTERRUPTED
+        if self.constraint is not None and not interrupted:
+            try:
+                self.constraint.check(answer.text, result.finish_reason)
+            except ConstraintError as exc:
+                ui.warn(str(exc))
         t = result.timings
         stats = {
             "finish_reason": result.finish_reason,
@@ -308,7 +316,7 @@ class Session:
     def set(self, args: str) -> None:
         param, _, value = args.partition(" ")
         param, value = param.strip().lower().replace("_", "-"), value.strip()
-        valid = ", ".join([*SAMPLING_PARAMS, "max-tokens", "system", "think"])
+        valid = ", ".join([*SAMPLING_PARAMS, "max-tokens", "system", "think", "format", "schema"])
         if not param:
             raise UsageError(f"/set PARAM VALUE; PARAM is one of {valid}")
         if param == "system":
@@ -325,6 +333,10 @@ class Session:
             if value.lower() not in choices:
                 raise UsageError("/set think on|off|default")
             self.think = choices[value.lower()]
+        elif param in ("format", "schema"):
+            off = value.lower() in ("", "none", "off")
+            self.constraint = None if off else constraint(**{param: value})
+            ui.info(f"answers constrained: {param} {value}" if self.constraint else "answers unconstrained")
         elif param in SAMPLING_PARAMS:
             name = SAMPLING_PARAMS[param]
             parsed = _number(

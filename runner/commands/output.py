@@ -106,6 +106,7 @@ def stream_answer(
     *,
     max_tokens: int | None = None,
     stop: tuple[str, ...] = (),
+    grammar: str | None = None,
 ) -> Answer:
     """The one loop run and chat share: generate, split reasoning from answer, write as it comes."""
     splitter = Splitter(prompt.reasoning_style, prompt.opens_reasoning)
@@ -114,7 +115,7 @@ def stream_answer(
     reasoning: list[str] = []
     last = None
     for chunk in loaded.engine.stream(
-        prompt.tokens, sampling, max_tokens=max_tokens, stop=stop, special=special
+        prompt.tokens, sampling, max_tokens=max_tokens, stop=stop, special=special, grammar=grammar
     ):
         parts = splitter.push(chunk.text) + (splitter.flush() if chunk.finish_reason else [])
         for kind, text in parts:

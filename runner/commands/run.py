@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, BinaryIO, TextIO
 
 from runner import interrupt, ui
@@ -17,6 +17,7 @@ from runner.commands.output import (
     stream_answer,
     to_json,
 )
+from runner.engine.constrain import constraint
 from runner.engine.engine import FINISH_INTERRUPTED, Result
 from runner.engine.prompt import read_prompt, render_prompt
 from runner.engine.template import build_messages
@@ -45,11 +46,15 @@ class RunRequest:
     debug: bool = False
     think: bool | None = None  # --think / --no-think: enable_thinking for templates that read it
     hide_reasoning: bool = False
+    schema: str | None = None  # --schema: inline JSON or a file
+    format: str | None = None  # --format json
+    grammar: str | None = None  # --grammar FILE (GBNF)
 
 
 def run_once(request: RunRequest, *, stdin: BinaryIO | None, out: TextIO) -> Result:
     check_answer_limits(request.max_tokens, request.stop)
     flash_attn = flash_attn_setting(request.flash_attn)
+    constrained = constraint(schema=request.schema, format=request.format, grammar=request.grammar)
     prompt = read_prompt(request.prompt, stdin)
     loaded = open_model(
         request.model,
@@ -78,11 +83,23 @@ def run_once(request: RunRequest, *, stdin: BinaryIO | None, out: TextIO) -> Res
         if request.verbose:
             ui.info(describe_load(loaded))
             ui.info(f"sampling: {describe_sampling(sampling, sources)}")
-        writer = AnswerWriter(out, hide_reasoning=request.hide_reasoning, quiet=request.as_json)
+        # constrained output is written whole once checked: a script never reads half a JSON
+        quiet = request.as_json or constrained is not None
+        writer = AnswerWriter(out, hide_reasoning=request.hide_reasoning, quiet=quiet)
         with interrupt.deferred(), writer:  # Ctrl-C ends the answer between tokens, never mid-write
             answer = stream_answer(
-                loaded, rendered, sampling, writer, max_tokens=request.max_tokens, stop=request.stop
+                loaded,
+                rendered,
+                sampling,
+                writer,
+                max_tokens=request.max_tokens,
+                stop=request.stop,
+                grammar=constrained.grammar if constrained else None,
             )
+            if constrained is not None and answer.result.finish_reason != FINISH_INTERRUPTED:
+                answer = replace(answer, text=constrained.check(answer.text, answer.result.finish_reason))
+                if not request.as_json:
+                    out.write(answer.text + "\n")
             _finish(out, writer, answer, loaded.name, request.as_json)
     finally:
         loaded.close()

@@ -32,7 +32,7 @@ from runner.engine.llamacpp import (
     supports_gpu_offload,
 )
 from runner.engine.sampling import SamplingConfig
-from runner.errors import EngineError, InvalidModelFile, PromptTooLong
+from runner.errors import EngineError, InvalidModelFile, InvalidSetting, PromptTooLong
 from runner.limits import DEFAULT_CTX
 
 CTX_STEP = 256  # a suggested --ctx is rounded up to this
@@ -99,10 +99,14 @@ class Engine:
         kv_type: str | None = None,
         use_gpu: bool = True,
         flash_attn: bool | None = None,
+        n_seq: int = 1,
         debug: bool = False,
     ) -> None:
         LLAMA_LOG.echo = debug
         self.flash_attn = flash_attn  # None: llama.cpp's "auto"
+        self.n_seq = (
+            n_seq  # sequences the context holds at once (runner.engine.batch), n_ctx split among them
+        )
         self.path = Path(path)
         start = time.perf_counter()
         try:
@@ -140,7 +144,12 @@ class Engine:
 
         threads = n_threads or default_threads()
         cparams = context_params(
-            lib, n_ctx or min(DEFAULT_CTX, self.n_ctx_train or DEFAULT_CTX), threads, kv_type, flash_attn
+            lib,
+            n_ctx or min(DEFAULT_CTX, self.n_ctx_train or DEFAULT_CTX),
+            threads,
+            kv_type,
+            flash_attn,
+            self.n_seq,
         )
         self._ctx = lib.llama_init_from_model(self._model, cparams)
         if not self._ctx:
@@ -222,18 +231,28 @@ class Engine:
 
     # -- the loop -------------------------------------------------------------------------------
 
-    def _sampler(self, cfg: SamplingConfig) -> Any:
+    def _sampler(self, cfg: SamplingConfig, history: Sequence[int] = (), grammar: str | None = None) -> Any:
+        """The native sampler chain: a grammar first (when given), penalties (which have seen
+        `history`, as llama-cli's do), then greedy or top-k, top-p, min-p, temperature and a draw."""
         lib = llama()
         chain = lib.llama_sampler_chain_init(lib.llama_sampler_chain_default_params())
         add = lib.llama_sampler_chain_add
+        if grammar is not None:
+            constrain = lib.llama_sampler_init_grammar(self._vocab, grammar.encode(), b"root")
+            if not constrain:
+                lib.llama_sampler_free(chain)
+                raise InvalidSetting(
+                    f"llama.cpp cannot parse the grammar: {LLAMA_LOG.last_error() or 'no log'}"
+                )
+            add(chain, constrain)
         if cfg.penalties:
             last_n = cfg.repeat_last_n if cfg.repeat_last_n > 0 else self.n_ctx
-            add(
-                chain,
-                lib.llama_sampler_init_penalties(
-                    self.n_vocab, last_n, cfg.repeat_penalty, cfg.frequency_penalty, cfg.presence_penalty
-                ),
+            penalties = lib.llama_sampler_init_penalties(
+                self.n_vocab, last_n, cfg.repeat_penalty, cfg.frequency_penalty, cfg.presence_penalty
             )
+            for token in history[-last_n:]:  # the penalties alone: a grammar must not see the prompt
+                lib.llama_sampler_accept(penalties, token)
+            add(chain, penalties)
         if cfg.greedy:
             add(chain, lib.llama_sampler_init_greedy())
             return chain
@@ -288,15 +307,12 @@ class Engine:
         return self.last_prefill_tokens
 
     def generate_step(
-        self, prompt_tokens: Sequence[int], sampling: SamplingConfig
+        self, prompt_tokens: Sequence[int], sampling: SamplingConfig, grammar: str | None = None
     ) -> Generator[int, None, None]:
         """Token ids, forever: the caller stops at an end-of-generation token or its limits."""
         lib = llama()
-        sampler = self._sampler(sampling)
+        sampler = self._sampler(sampling, prompt_tokens, grammar)
         try:
-            if sampling.penalties:  # penalties look back over the prompt too, as llama-cli does
-                for token in prompt_tokens[-sampling.repeat_last_n :]:
-                    lib.llama_sampler_accept(sampler, token)
             self.prefill(prompt_tokens)
             token_array = (lib.llama_token * 1)()
             batch = lib.llama_batch_get_one(token_array, 1)
@@ -325,16 +341,18 @@ class Engine:
         max_tokens: int | None = None,
         stop: Sequence[str] = (),
         special: bool = False,
+        grammar: str | None = None,
     ) -> Iterator[Chunk]:
         """The answer as text pieces, UTF-8 safe, with stop strings held back until they cannot match.
 
         Ctrl-C (runner.interrupt) ends it within one token, or mid-prefill, with finish_reason
         "interrupted": what was generated is kept, and the interrupt counts as reported (the flag is
         cleared). `special` renders control tokens as text (a parser of gpt-oss's channels needs them).
+        `grammar` (GBNF, root rule "root") constrains every token (runner.engine.constrain).
         """
         self.check_fits(prompt_tokens)
         with interrupt.deferred():
-            yield from self._stream(prompt_tokens, sampling, max_tokens, stop, special)
+            yield from self._stream(prompt_tokens, sampling, max_tokens, stop, special, grammar)
 
     def _stream(
         self,
@@ -343,13 +361,14 @@ class Engine:
         max_tokens: int | None,
         stop: Sequence[str],
         special: bool,
+        grammar: str | None = None,
     ) -> Iterator[Chunk]:
         start = time.perf_counter()
         evaluated = 0
         text = _TextAssembler(stop)
         finish, context_full = FINISH_LENGTH, False
         n_out, first_at = 0, None
-        steps = self.generate_step(prompt_tokens, sampling)
+        steps = self.generate_step(prompt_tokens, sampling, grammar)
         try:
             for token in steps:
                 if first_at is None:

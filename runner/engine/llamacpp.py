@@ -136,10 +136,13 @@ FLASH_ATTN_TYPE = {None: -1, True: 1, False: 0}  # llama_flash_attn_type: AUTO, 
 
 
 def context_params(
-    lib: Any, n_ctx: int, threads: int, kv_type: str | None, flash_attn: bool | None = None
+    lib: Any, n_ctx: int, threads: int, kv_type: str | None, flash_attn: bool | None = None, n_seq: int = 1
 ) -> Any:
+    """n_seq sequences share n_ctx, each in its own stream of n_ctx / n_seq cells (kv_unified off,
+    llama.cpp's default, which the memory estimate models)."""
     cparams = lib.llama_context_default_params()
     cparams.n_ctx = n_ctx
+    cparams.n_seq_max = n_seq
     cparams.n_threads = cparams.n_threads_batch = threads
     cparams.no_perf = True
     cparams.flash_attn_type = FLASH_ATTN_TYPE[flash_attn]
@@ -159,6 +162,7 @@ def dry_run(
     kv_type: str | None,
     use_gpu: bool,
     flash_attn: bool | None = None,
+    n_seq: int = 1,
 ) -> dict[str, int] | None:
     """The compute buffers llama.cpp reserves for this load, per buffer type ("CPU", "CUDA0",
     "CUDA_Host"), without allocating them or reading any weight: the model and context created

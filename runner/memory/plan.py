@@ -52,6 +52,7 @@ class Plan:
         False  # False on a GPU machine: load with no GPU device (no VRAM at all, not even compute)
     )
     flash_attn: bool | None = None  # None: llama.cpp's "auto"
+    n_seq: int = 1  # sequences decoded together (--parallel), sharing n_ctx
 
     @property
     def fits(self) -> bool:
@@ -133,6 +134,7 @@ def _try(
         verdicts=check(est, machine),
         use_gpu=use_gpu,
         flash_attn=flash_attn,
+        n_seq=n_seq,
     )
 
 

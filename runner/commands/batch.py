@@ -1,0 +1,299 @@
+"""`runner run --each-line` and `--input FILE.jsonl`: a file of prompts, decoded together, answers in order.
+
+Output keeps the input's order. Plain: one line per input line, the answer with its own line breaks
+written as spaces (so `paste prompts.txt answers.txt` lines them up; --jsonl keeps the exact text),
+an empty line where a prompt failed. --jsonl: one object per input line, {"id", "text",
+"finish_reason", "usage", "timings"} as --json names them, or {"id", "error"}. Exit 0 when every
+prompt was answered, 2 when some input was rejected (an empty or non-UTF-8 line, malformed JSON, an
+unknown field, a bad schema, a prompt longer than a sequence's context), 1 when an answer failed
+otherwise (JSON cut short or not matching its schema); the other prompts are answered either way.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any, BinaryIO, TextIO
+
+from runner import ui
+from runner.commands.output import describe_load, sampling_for
+from runner.engine.batch import Done, Job, run_batch
+from runner.engine.constrain import Constraint, ConstraintError, constraint
+from runner.engine.prompt import render_prompt
+from runner.engine.template import build_messages
+from runner.errors import RunnerError, UsageError
+from runner.limits import check_answer_limits, check_range, flash_attn_setting
+from runner.loader import LoadedModel, open_model
+
+MAX_AUTO_PARALLEL = 8
+SAMPLING_FIELDS = (
+    "temperature",
+    "top_k",
+    "top_p",
+    "min_p",
+    "repeat_penalty",
+    "repeat_last_n",
+    "presence_penalty",
+    "frequency_penalty",
+    "seed",
+)
+FIELDS = frozenset({"prompt", "system", "id", "max_tokens", "schema", *SAMPLING_FIELDS})
+
+
+@dataclass(frozen=True)
+class BatchRequest:
+    model: str
+    template: str | None = None  # the positional PROMPT: "{}" stands for each line
+    each_line: bool = False
+    input_path: str | None = None
+    parallel: int | None = None  # None: what the plan fits, at most MAX_AUTO_PARALLEL
+    jsonl: bool = False
+    system: str | None = None
+    sampling: dict[str, Any] = field(default_factory=dict)
+    max_tokens: int | None = None
+    stop: tuple[str, ...] = ()
+    schema: str | None = None
+    format: str | None = None
+    grammar: str | None = None
+    ctx: int | None = None
+    threads: int | None = None
+    gpu_layers: int | None = None
+    kv_type: str | None = None
+    flash_attn: str | None = None
+    force: bool = False
+    offline: bool = False
+    verbose: bool = False
+    debug: bool = False
+
+
+@dataclass
+class Item:
+    """One input line: what it asks, or why it cannot be asked."""
+
+    index: int
+    id: Any
+    prompt: str = ""
+    system: str | None = None
+    sampling: dict[str, Any] = field(default_factory=dict)
+    max_tokens: int | None = None
+    rule: Constraint | None = None
+    error: str | None = None
+
+
+def run_batch_command(request: BatchRequest, *, stdin: BinaryIO | None, out: TextIO) -> int:
+    """Answer every line; returns the exit code (0, 1 or 2, as the module says)."""
+    check_answer_limits(request.max_tokens, request.stop)
+    flash_attn = flash_attn_setting(request.flash_attn)
+    if request.parallel is not None:
+        check_range(request.parallel, "--parallel", 1, 256)
+    if request.each_line == (request.input_path is not None):
+        raise UsageError("choose one: --each-line (prompts on stdin) or --input FILE.jsonl")
+    if request.template is not None and "{}" not in request.template:
+        raise UsageError("with --each-line, PROMPT is a template: put {} where each line goes")
+    shared = constraint(schema=request.schema, format=request.format, grammar=request.grammar)
+    items = _read_items(request, stdin, shared)
+    if not items:
+        raise UsageError("no prompts: the input is empty")
+    wanted = request.parallel or min(MAX_AUTO_PARALLEL, max(1, sum(1 for i in items if i.error is None)))
+    loaded = open_model(
+        request.model,
+        ctx=request.ctx,
+        threads=request.threads,
+        gpu_layers=request.gpu_layers,
+        kv_type=request.kv_type,
+        flash_attn=flash_attn,
+        parallel=wanted,
+        most_parallel=request.parallel is None,
+        force=request.force,
+        offline=request.offline,
+        debug=request.debug,
+    )
+    try:
+        if request.verbose:
+            ui.info(f"{describe_load(loaded)} · {loaded.engine.n_seq} sequences at once")
+        return _answer(loaded, request, items, out)
+    finally:
+        loaded.close()
+
+
+def _read_items(request: BatchRequest, stdin: BinaryIO | None, shared: Constraint | None) -> list[Item]:
+    if request.input_path is not None:
+        try:
+            with open(request.input_path, "rb") as f:
+                raw = f.read().splitlines()
+        except OSError as exc:
+            raise UsageError(f"--input: cannot read {request.input_path}: {exc.strerror or exc}") from None
+    else:
+        if stdin is None:
+            raise UsageError(
+                "--each-line reads prompts from stdin: pipe them in (runner run MODEL --each-line < f)"
+            )
+        raw = stdin.read().splitlines()
+    items = []
+    for n, line in enumerate(raw):
+        item = Item(index=n, id=n + 1, rule=shared)
+        try:
+            text = line.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            item.error = f"line {n + 1} is not UTF-8 text (byte {exc.start})"
+            items.append(item)
+            continue
+        if request.input_path is not None:
+            _from_json(item, text, n + 1)
+        else:
+            if not text.strip():
+                item.error = f"line {n + 1} is empty"
+            else:
+                item.prompt = request.template.replace("{}", text) if request.template else text
+        items.append(item)
+    return items
+
+
+def _from_json(item: Item, text: str, line: int) -> None:
+    if not text.strip():
+        item.error = f"line {line} is empty"
+        return
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as exc:
+        item.error = f"line {line} is not JSON ({exc.msg} at column {exc.colno})"
+        return
+    if not isinstance(obj, dict):
+        item.error = f"line {line} is not a JSON object"
+        return
+    item.id = obj.get("id", item.id)
+    unknown = sorted(set(obj) - FIELDS)
+    if unknown:
+        item.error = f"line {line}: unknown field {', '.join(unknown)} (known: {', '.join(sorted(FIELDS))})"
+        return
+    prompt, system = obj.get("prompt"), obj.get("system")
+    if not isinstance(prompt, str) or not prompt.strip():
+        item.error = f'line {line}: "prompt" must be a non-empty string'
+        return
+    if system is not None and not isinstance(system, str):
+        item.error = f'line {line}: "system" must be a string'
+        return
+    item.prompt, item.system = prompt, system
+    item.sampling = {k: obj[k] for k in SAMPLING_FIELDS if k in obj}
+    try:
+        if "max_tokens" in obj:
+            if not isinstance(obj["max_tokens"], int):
+                raise UsageError('"max_tokens" must be an integer')
+            check_answer_limits(obj["max_tokens"], ())
+            item.max_tokens = obj["max_tokens"]
+        if "schema" in obj:
+            schema = obj["schema"]
+            item.rule = constraint(schema=json.dumps(schema) if isinstance(schema, dict) else str(schema))
+    except RunnerError as exc:
+        item.error = f"line {line}: {exc}"
+
+
+def _answer(loaded: LoadedModel, request: BatchRequest, items: list[Item], out: TextIO) -> int:
+    engine = loaded.engine
+    jobs: list[Job] = []
+    errors: dict[int, str] = {i.index: i.error for i in items if i.error}
+    for item in items:
+        if item.error:
+            continue
+        try:
+            sampling, _ = sampling_for(loaded, {**request.sampling, **item.sampling})
+            system = item.system if item.system is not None else request.system
+            if system is None and loaded.entry is not None:
+                system = loaded.entry.system
+            prompt = render_prompt(engine, loaded.header, build_messages(item.prompt, system), quiet=True)
+        except (RunnerError, TypeError) as exc:
+            errors[item.index] = f"line {item.index + 1}: {exc}"
+            continue
+        jobs.append(
+            Job(
+                item.index,
+                prompt.tokens,
+                sampling,
+                max_tokens=item.max_tokens or request.max_tokens,
+                stop=request.stop,
+                grammar=item.rule.grammar if item.rule else None,
+            )
+        )
+    writer = _OrderedWriter(out, items, request.jsonl, loaded.name, errors)
+    writer.flush_ready()
+    with ui.batch_progress(len(items), enabled=ui.stderr_is_tty()) as progress:
+
+        def done(result: Done) -> None:
+            writer.add(result)
+            if progress is not None:
+                progress(writer.finished, writer.tokens)
+
+        if jobs:
+            run_batch(engine, jobs, done, parallel=engine.n_seq)
+    writer.flush_ready()
+    if writer.rejected:
+        return 2
+    return 1 if writer.failed else 0
+
+
+class _OrderedWriter:
+    """Answers as they finish, written in input order: one waits for those before it."""
+
+    def __init__(
+        self, out: TextIO, items: list[Item], jsonl: bool, model: str, errors: dict[int, str]
+    ) -> None:
+        self.out, self.items, self.jsonl, self.model = out, {i.index: i for i in items}, jsonl, model
+        self.total = len(items)
+        self.ready: dict[int, dict[str, Any]] = {}
+        self.next = 0
+        self.finished = 0
+        self.tokens = 0
+        self.rejected = 0  # bad input
+        self.failed = 0  # an answer that is not what was asked
+        self.start = time.perf_counter()
+        for index, error in errors.items():
+            self.ready[index] = {"id": self.items[index].id, "error": error}
+            self.rejected += 1
+            self.finished += 1
+
+    def add(self, result: Done) -> None:
+        item = self.items[result.index]
+        self.finished += 1
+        self.tokens += result.completion_tokens
+        if result.error is not None:
+            self.rejected += 1
+            self.ready[result.index] = {"id": item.id, "error": f"line {result.index + 1}: {result.error}"}
+        else:
+            text = result.text
+            if item.rule is not None:
+                try:
+                    text = item.rule.check(text, result.finish_reason)
+                except ConstraintError as exc:
+                    self.failed += 1
+                    self.ready[result.index] = {"id": item.id, "error": f"line {result.index + 1}: {exc}"}
+                    self.flush_ready()
+                    return
+            self.ready[result.index] = {
+                "id": item.id,
+                "text": text,
+                "finish_reason": result.finish_reason,
+                "usage": {
+                    "prompt_tokens": result.prompt_tokens,
+                    "completion_tokens": result.completion_tokens,
+                },
+                "timings": {
+                    "ttft_s": round(result.ttft_s, 4),
+                    "total_s": round(result.total_s, 4),
+                    "prefill_tokens": result.prefill_tokens,
+                },
+            }
+        self.flush_ready()
+
+    def flush_ready(self) -> None:
+        while self.next in self.ready:
+            record = self.ready.pop(self.next)
+            if self.jsonl:
+                self.out.write(json.dumps(record, ensure_ascii=False) + "\n")
+            elif "error" in record:
+                ui.error(record["error"])
+                self.out.write("\n")
+            else:
+                self.out.write(" ".join(record["text"].split("\n")).strip() + "\n")
+            self.out.flush()
+            self.next += 1

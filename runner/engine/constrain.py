@@ -1,0 +1,192 @@
+"""Output a script can rely on: --format json, --schema, --grammar as a GBNF grammar for llama.cpp.
+
+The grammar sampler runs in the engine's native sampler chain (llama_sampler_init_grammar), so every
+token is one the grammar allows: the answer is the JSON and nothing else, and it ends where the JSON
+ends. A schema becomes GBNF with llama-cpp-python's converter (llama_cpp.llama_grammar, the port of
+llama.cpp's json-schema-to-grammar), after jsonschema has checked it is a valid schema; both happen
+before any model loads. What the grammar cannot guarantee is said, not hidden: an answer cut by
+--max-tokens or the context before its JSON closed is an error, and so is one that does not validate.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from runner.errors import InvalidSetting, RunnerError
+
+FORMATS = ("json",)
+
+
+class ConstraintError(RunnerError):
+    """The answer is not what --format/--schema asked for (cut short, or not valid): exit 1."""
+
+
+@dataclass(frozen=True)
+class Constraint:
+    kind: str  # "json", "schema" or "grammar"
+    grammar: str  # GBNF, root rule "root"
+    schema: dict[str, Any] | None = None
+
+    @property
+    def is_json(self) -> bool:
+        return self.kind in ("json", "schema")
+
+    def check(self, text: str, finish_reason: str) -> str:
+        """The answer as it goes to stdout: the JSON, trimmed; ConstraintError when it is not whole."""
+        answer = text.strip()
+        if not self.is_json:
+            return answer
+        try:
+            value = json.loads(answer)
+        except json.JSONDecodeError as exc:
+            if finish_reason != "stop":
+                raise ConstraintError(
+                    f"the answer ended ({finish_reason}) before its JSON closed; "
+                    "raise --max-tokens (or --ctx) for a longer answer"
+                ) from None
+            raise ConstraintError(f"the answer is not JSON ({exc})") from None
+        if self.schema is not None:
+            import jsonschema
+
+            errors = sorted(jsonschema.Draft202012Validator(self.schema).iter_errors(value), key=str)
+            if errors:
+                where = "/".join(str(p) for p in errors[0].absolute_path) or "the top level"
+                raise ConstraintError(f"the answer does not match the schema at {where}: {errors[0].message}")
+        return answer
+
+
+def constraint(
+    *, schema: str | None = None, format: str | None = None, grammar: str | None = None
+) -> Constraint | None:
+    """The constraint the flags ask for, checked; InvalidSetting (exit 2) for anything wrong with them."""
+    given = [name for name, v in (("--schema", schema), ("--format", format), ("--grammar", grammar)) if v]
+    if len(given) > 1:
+        raise InvalidSetting(f"{' and '.join(given)} do not go together: choose one")
+    if format is not None:
+        if format.strip().lower() not in FORMATS:
+            raise InvalidSetting(f"--format must be json (got {format!r})")
+        from llama_cpp.llama_grammar import JSON_GBNF
+
+        return Constraint("json", JSON_GBNF)
+    if schema is not None:
+        parsed = _load_schema(schema)
+        return Constraint("schema", schema_grammar(parsed), parsed)
+    if grammar is not None:
+        path = Path(grammar)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            reason = getattr(exc, "strerror", None) or exc
+            raise InvalidSetting(f"--grammar: cannot read {grammar}: {reason}") from None
+        if "root" not in text:
+            raise InvalidSetting(f"--grammar: {grammar} has no rule named root")
+        return Constraint("grammar", text)
+    return None
+
+
+def _load_schema(value: str) -> dict[str, Any]:
+    """--schema: inline JSON (it starts with `{`), else a path to a JSON file."""
+    text = value
+    if not value.lstrip().startswith("{"):
+        try:
+            text = Path(value).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            reason = getattr(exc, "strerror", None) or exc
+            raise InvalidSetting(
+                f"--schema: cannot read {value}: {reason} (inline JSON starts with {{)"
+            ) from None
+    try:
+        parsed = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InvalidSetting(f"--schema is not JSON: {exc}") from None
+    if not isinstance(parsed, dict):
+        raise InvalidSetting("--schema must be a JSON object (a JSON Schema)")
+    import jsonschema
+
+    try:
+        jsonschema.validators.validator_for(parsed).check_schema(parsed)
+    except jsonschema.SchemaError as exc:
+        raise InvalidSetting(f"--schema is not a valid JSON Schema: {exc.message}") from None
+    return parsed
+
+
+# JSON Schema assertions llama-cpp-python's converter ignores: a grammar from such a schema would let
+# answers through that break it, so they are refused rather than half kept.
+UNSUPPORTED = frozenset(
+    {
+        "minimum",
+        "maximum",
+        "exclusiveMinimum",
+        "exclusiveMaximum",
+        "multipleOf",
+        "minProperties",
+        "maxProperties",
+        "uniqueItems",
+        "not",
+        "if",
+        "then",
+        "else",
+        "patternProperties",
+        "propertyNames",
+        "dependentRequired",
+        "dependentSchemas",
+        "dependencies",
+        "contains",
+        "minContains",
+        "maxContains",
+        "unevaluatedProperties",
+        "unevaluatedItems",
+    }
+)
+
+
+def _unsupported(schema: Any, where: str = "") -> tuple[str, str] | None:
+    """The first assertion the grammar cannot enforce, and where: (keyword, path), or None."""
+    if not isinstance(schema, dict):
+        return None
+    for key in schema:
+        if key in UNSUPPORTED:
+            return key, where or "the top level"
+    subs: list[tuple[str, Any]] = []
+    for key in ("properties", "$defs", "definitions"):
+        if isinstance(schema.get(key), dict):
+            subs += [(f"{where}/{key}/{k}", v) for k, v in schema[key].items()]
+    for key in ("items", "additionalProperties"):
+        if isinstance(schema.get(key), dict):
+            subs.append((f"{where}/{key}", schema[key]))
+    for key in ("items", "prefixItems", "anyOf", "oneOf", "allOf"):
+        if isinstance(schema.get(key), list):
+            subs += [(f"{where}/{key}/{i}", v) for i, v in enumerate(schema[key])]
+    for path, sub in subs:
+        found = _unsupported(sub, path.lstrip("/"))
+        if found:
+            return found
+    return None
+
+
+def schema_grammar(schema: dict[str, Any]) -> str:
+    """GBNF for a schema, by llama-cpp-python's converter; InvalidSetting where it cannot express it."""
+    from llama_cpp.llama_grammar import json_schema_to_gbnf
+
+    found = _unsupported(schema)
+    if found is not None:
+        raise InvalidSetting(
+            f"--schema: llama.cpp's grammar cannot enforce {found[0]} (at {found[1]}); "
+            "remove it, or use --format json and check the answer yourself"
+        )
+    try:
+        grammar = json_schema_to_gbnf(json.dumps(schema))
+    except Exception as exc:  # the converter raises plain exceptions (ValueError, KeyError, ...)
+        raise InvalidSetting(f"--schema: llama.cpp's grammar cannot express it ({exc})") from None
+    if not grammar.strip():
+        raise InvalidSetting("--schema: llama.cpp's grammar cannot express it (empty grammar)")
+    # This converter lets a string hold raw control characters, which JSON forbids (llama.cpp's own
+    # C++ converter excludes them, as its json.gbnf does): the same rule, with them excluded.
+    return str(grammar).replace(LOOSE_CHAR, STRICT_CHAR)
+
+
+LOOSE_CHAR = r'char ::= [^"\\] |'
+STRICT_CHAR = r'char ::= [^"\\\x7F\x00-\x1F] |'
