@@ -483,6 +483,27 @@ def search(
 
 @app.command(no_args_is_help=True)
 @edge
+def bench(
+    model: o.ModelArg,
+    repetitions: o.Repetitions = 3,
+    threads: o.Threads = None,
+    json: o.JsonObject = False,
+    debug: o.Debug = False,
+) -> None:
+    """How fast this machine runs a model: pp512, tg128, TTFT, end to end, --parallel 1, 4, 16.
+
+    \b
+    Examples:
+      runner bench smollm2
+      runner bench ./model.gguf --json
+    """
+    from runner.commands.bench import bench as run_bench
+
+    run_bench(model, out=sys.stdout, as_json=json, repetitions=repetitions, threads=threads)
+
+
+@app.command(no_args_is_help=True)
+@edge
 def fit(
     model: o.ModelArg,
     ctx: o.Ctx = None,

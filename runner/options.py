@@ -144,6 +144,7 @@ Grammar = Annotated[
         show_default=False,
     ),
 ]
+Repetitions = Annotated[int, typer.Option("--repetitions", "-r", help="Runs of each test (medians).")]
 BATCH = "Many prompts"
 EachLine = Annotated[
     bool,

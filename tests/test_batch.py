@@ -221,3 +221,13 @@ def test_the_plan_lowers_parallel_to_what_fits(smollm2_path: Path, monkeypatch: 
     monkeypatch.setattr(devices, "probe", lambda **_: Machine(ram, ram))
     plan = plan_for(header, "smollm2", ctx=8192, kv_type="f16", parallel=8, most_parallel=True)
     assert plan.fits and (plan.n_seq, plan.n_ctx) == (2, 2 * 8192)
+
+
+def test_runner_bench_reports_every_figure(smollm2_path: Path) -> None:
+    done = run_cli("bench", str(smollm2_path), "--repetitions", "1", "--json", timeout=300)
+    assert done.returncode == 0, done.stderr
+    figures = json.loads(done.stdout)
+    assert figures["pp_tokens_per_s"] > figures["tg_tokens_per_s"] > 0  # a batch of 512 beats one at a time
+    assert 0 < figures["ttft_s"] < 10
+    assert figures["end_to_end"]["wall_s"] > 0 and figures["end_to_end"]["tokens_per_s"] > 0
+    assert set(figures["parallel"]) == {"1", "4", "16"} and all(v > 0 for v in figures["parallel"].values())
