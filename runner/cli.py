@@ -490,7 +490,7 @@ def bench(
     json: o.JsonObject = False,
     debug: o.Debug = False,
 ) -> None:
-    """How fast this machine runs a model: pp512, tg128, TTFT, end to end, --parallel 1, 4, 16.
+    """Measure a model here: pp512, tg128, TTFT, end to end, batched.
 
     \b
     Examples:
