@@ -190,7 +190,10 @@ Force = Annotated[
     bool,
     typer.Option("--force", help="Load even when the estimate says it will not fit.", rich_help_panel=LIMITS),
 ]
-Parallel = Annotated[int, typer.Option(help="Sequences decoded at once (each gets its KV cache).")]
+Parallel = Annotated[
+    int,
+    typer.Option(help="Sequences decoded at once, as run --parallel: --ctx is each one's [default: 2048]."),
+]
 
 Json = Annotated[
     bool,

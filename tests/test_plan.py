@@ -372,3 +372,12 @@ def test_fit_reports_flash_attention(smollm2_path: Path) -> None:
     assert (
         bad.stderr.decode().strip() == "runner: error: --flash-attn must be auto, on or off (got 'sometimes')"
     )
+
+
+def test_fit_parallel_counts_each_sequence_s_context(smollm2_path: Path) -> None:
+    # as run --parallel: --ctx is each sequence's, the KV cache holds all of them
+    one = json.loads(run_cli("fit", str(smollm2_path), "--ctx", "1024", "--json").stdout)
+    four = json.loads(run_cli("fit", str(smollm2_path), "--ctx", "1024", "--parallel", "4", "--json").stdout)
+    assert (one["ctx"], one["parallel"]) == (1024, 1)
+    assert (four["ctx"], four["parallel"]) == (4096, 4)
+    assert four["estimate"]["kv_bytes"] == 4 * one["estimate"]["kv_bytes"]

@@ -44,9 +44,11 @@ class Request:
 
     @property
     def asked(self) -> dict[str, Any]:
-        """What the user set of the plan, as make_plan, confirm and departures take it."""
+        """What the user set of the plan, as make_plan, confirm and departures take it. With
+        --parallel N, as `run --parallel`: --ctx is each sequence's (default 2048), N of them in all."""
+        ctx = (self.ctx or loader.DEFAULT_BATCH_CTX) * self.parallel if self.parallel > 1 else self.ctx
         return dict(
-            ctx=self.ctx,
+            ctx=ctx,
             gpu_layers=self.gpu_layers,
             kv_type=self.kv_type,
             flash_attn=flash_attn_setting(self.flash_attn),
@@ -116,6 +118,7 @@ def to_json(
         "trained_ctx": trained_context(model.headers[0]),
         "gpu_layers": plan.n_gpu_layers,
         "layers": est.n_layers,
+        "parallel": plan.n_seq,
         "kv_type": plan.type_k,
         "flash_attn": flash_attn_name(plan.flash_attn),
         "fits": plan.fits,
@@ -171,7 +174,11 @@ def _describe(
             "model",
             f"{ref.display} ({h.architecture}, {est.n_layers - 1} layers, {ui.human_bytes(model.size)})",
         ),
-        ("context", f"{plan.n_ctx:,} tokens" + (f" (trained {trained:,})" if trained else "")),
+        (
+            "context",
+            (f"{plan.n_seq} sequences x {plan.n_ctx // plan.n_seq:,} tokens" if plan.n_seq > 1 else "")
+            or f"{plan.n_ctx:,} tokens" + (f" (trained {trained:,})" if trained else ""),
+        ),
         ("KV cache type", plan.type_k),
         ("flash attention", flash_attn_name(plan.flash_attn)),
     ]
