@@ -144,7 +144,7 @@ def plan_for(
         ui.echo("\n".join(device_table(plan)))
         quants = smaller() if smaller is not None else []
         raise WontFit(describe_refusal(name, plan, quants))
-    chose = departures(plan, header, here, ctx=ctx, gpu_layers=gpu_layers, kv_type=kv_type)
+    chose = departures(plan, header, here, ctx=asked["ctx"], gpu_layers=gpu_layers, kv_type=kv_type)
     final = path is not None or plan.estimate.exact  # else a check with the file follows: say it then
     if chose and plan.fits and final:
         ui.info(f"{name} runs with {' and '.join(chose)}")

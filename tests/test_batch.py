@@ -231,3 +231,37 @@ def test_runner_bench_reports_every_figure(smollm2_path: Path) -> None:
     assert 0 < figures["ttft_s"] < 10
     assert figures["end_to_end"]["wall_s"] > 0 and figures["end_to_end"]["tokens_per_s"] > 0
     assert set(figures["parallel"]) == {"1", "4", "16"} and all(v > 0 for v in figures["parallel"].values())
+
+
+def test_ctrl_c_keeps_the_answers_already_written(smollm2_path: Path) -> None:
+    import signal
+    import subprocess
+    import sys
+
+    lines = "".join(f"Write a long story about a {w}.\n" for w in ["cat", "dog", "owl", "fox", "cow", "pig"])
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "runner",
+            "run",
+            str(smollm2_path),
+            "--each-line",
+            "--parallel",
+            "2",
+            "--max-tokens",
+            "60",
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert child.stdin is not None and child.stdout is not None and child.stderr is not None
+    child.stdin.write(lines.encode())
+    child.stdin.close()
+    first = child.stdout.readline()  # the first answer is out: the others are still being written
+    child.send_signal(signal.SIGINT)
+    rest = child.stdout.read()
+    assert child.wait(timeout=60) == 130
+    assert first.strip() and b"Traceback" not in child.stderr.read()
+    assert (first + rest).count(b"\n") < 6  # stopped before the end, every line written whole
