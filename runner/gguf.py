@@ -23,6 +23,7 @@ import stat
 import struct
 import sys
 from array import array
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from itertools import accumulate
 from math import prod
@@ -145,6 +146,48 @@ class FileSource:
                 return f.read(size)
         except OSError as exc:
             raise GGUFError(f"cannot read {self.name}: {exc.strerror}") from exc
+
+
+LAZY_STRINGS = 1024  # arrays of at least this many strings are decoded on first use
+
+
+class LazyStrings(Sequence[str]):
+    """A GGUF string array as its raw bytes (u64 length, then the bytes, for each), decoded on first use."""
+
+    def __init__(self, data: bytes, n: int) -> None:
+        self._data: bytes | None = data
+        self._n = n
+        self._items: list[str] | None = None
+
+    def _decoded(self) -> list[str]:
+        if self._items is None:
+            assert self._data is not None
+            data, out, i = self._data, [], 0
+            for _ in range(self._n):
+                j = i + 8 + _U64.unpack_from(data, i)[0]
+                out.append(data[i + 8 : j].decode("utf-8", "replace"))
+                i = j
+            self._items, self._data = out, None
+        return self._items
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __getitem__(self, index: Any) -> Any:
+        return self._decoded()[index]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._decoded())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, (LazyStrings, list, tuple)):
+            return list(self) == list(other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"LazyStrings({self._n} strings)"
 
 
 class HTTPSource:
@@ -371,8 +414,22 @@ class _Reader:
         i = self.take(n, what)
         return self.buf[i : i + n].decode("utf-8", "replace")
 
-    def strings(self, n: int) -> list[str]:
-        """n strings; the common case, all in buf, without a call per string."""
+    def strings(self, n: int) -> Sequence[str]:
+        """n strings. A long array wholly in buf (a vocabulary: ~50-150k tokens and merges) is walked
+        for its lengths only and kept as bytes, decoded when something reads it (LazyStrings): the
+        plan needs its length, not 100k decoded strings on every start. Else one by one."""
+        if n >= LAZY_STRINGS:
+            buf, i, limit = self.buf, self.pos - self.start, self.limits.max_string_bytes
+            first, k = i, 0
+            unpack = _U64.unpack_from
+            while k < n and i + 8 <= len(buf):
+                j = i + 8 + unpack(buf, i)[0]
+                if j > len(buf) or j - i - 8 > limit:
+                    break
+                i, k = j, k + 1
+            if k == n:
+                self.pos = self.start + i
+                return LazyStrings(bytes(buf[first:i]), n)
         out: list[str] = []
         limit = self.limits.max_string_bytes
         while len(out) < n:

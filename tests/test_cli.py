@@ -74,6 +74,7 @@ def test_json_has_the_documented_fields() -> None:
     assert set(report["usage"]) == {"prompt_tokens", "completion_tokens"}
     assert report["usage"]["prompt_tokens"] > 10 and 0 < report["usage"]["completion_tokens"] <= 30
     assert set(report["timings"]) == {
+        "startup_s",
         "load_s",
         "ttft_s",
         "prefill_tokens_per_s",
@@ -81,6 +82,8 @@ def test_json_has_the_documented_fields() -> None:
         "total_s",
     }
     assert all(v > 0 for v in report["timings"].values())
+    t = report["timings"]
+    assert t["load_s"] < t["startup_s"]  # the process's start to its first prefill, the load within
     assert report["text"].strip()
     # the streamed text is the JSON text
     plain = run_cli("run", "smollm2", "What is 2+2?", *FIXED)

@@ -667,3 +667,13 @@ def test_default_limits_fit_real_models() -> None:
     assert DEFAULT_LIMITS.max_array_len >= 500_000  # merges of the largest BPE vocabularies
     assert DEFAULT_LIMITS.max_tensors >= 3_000  # MoE models
     assert DEFAULT_LIMITS.max_string_bytes >= 1 << 20  # chat templates are tens of KB
+
+
+def test_a_vocabulary_is_decoded_on_first_use_and_matches_an_eager_read(smollm2_path, monkeypatch) -> None:
+    import runner.gguf as g
+
+    lazy = g.read_header(smollm2_path).get("tokenizer.ggml.tokens")
+    assert isinstance(lazy, g.LazyStrings) and len(lazy) == 49152
+    monkeypatch.setattr(g, "LAZY_STRINGS", 10**9)  # every array decoded as it is read
+    eager = g.read_header(smollm2_path).get("tokenizer.ggml.tokens")
+    assert isinstance(eager, list) and lazy == eager and lazy[100] == eager[100] and list(lazy) == eager

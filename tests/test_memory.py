@@ -297,3 +297,23 @@ def test_synthetic_sliding_window_model_matches_llama_cpp(tmp_path: Path):
 
     path = synth.write_model(tmp_path / "gemma3.gguf", synth.SPECS["gemma3"])
     assert_matches_log(path, 1024)
+
+
+def test_the_compute_replay_is_remembered_on_disk_and_a_bad_entry_is_ignored(
+    smollm2_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from runner.memory import estimate as est
+
+    monkeypatch.setenv("RUNNER_HOME", str(tmp_path))
+    calls: list[int] = []  # the replays, counted through the allocator they run
+    real = est.compute_buffer_size
+    monkeypatch.setattr(est, "compute_buffer_size", lambda *a, **k: calls.append(1) or real(*a, **k))
+    header = read_header(smollm2_path)
+    first = memory.estimate(header, n_ctx=2048)
+    replays = len(calls)
+    assert replays > 0 and list((tmp_path / "cache" / "compute").glob("*.json"))
+    again = memory.estimate(header, n_ctx=2048)
+    assert len(calls) == replays and again == first  # read back, not replayed
+    for f in (tmp_path / "cache" / "compute").glob("*.json"):
+        f.write_text("{not json")
+    assert memory.estimate(header, n_ctx=2048) == first and len(calls) == 2 * replays

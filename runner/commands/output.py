@@ -139,6 +139,7 @@ def to_json(model: str, answer: Answer) -> dict[str, Any]:
             "finish_reason": result.finish_reason,
             "usage": {"prompt_tokens": t.prompt_tokens, "completion_tokens": t.completion_tokens},
             "timings": {
+                "startup_s": round(t.startup_s, 3),
                 "load_s": round(t.load_s, 4),
                 "ttft_s": round(t.ttft_s, 4),
                 "prefill_tokens_per_s": round(t.prefill_tokens_per_s, 2),
@@ -171,7 +172,8 @@ def describe_timings(result: Result) -> str:
     if result.finish_reason == FINISH_LENGTH and not result.context_full:
         reason += " (--max-tokens)"
     return (
-        f"load {t.load_s:.2f} s · prompt {t.prompt_tokens} tokens · ttft {t.ttft_s:.3f} s · "
+        f"start-up {t.startup_s:.2f} s · load {t.load_s:.2f} s · prompt {t.prompt_tokens} tokens · "
+        f"ttft {t.ttft_s:.3f} s · "
         f"prefill {t.prefill_tokens_per_s:.1f} tok/s · generated {t.completion_tokens} tokens · "
         f"decode {t.decode_tokens_per_s:.1f} tok/s · finish {reason}"
     )

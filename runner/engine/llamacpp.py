@@ -53,9 +53,38 @@ class _LlamaLog:
 LLAMA_LOG = _LlamaLog()
 
 
+def _low_level() -> Any:
+    """llama-cpp-python's ctypes layer (llama_cpp.llama_cpp) without its package's __init__.
+
+    That __init__ imports the high-level API (Llama, chat formats) and numpy: ~0.18 s of every
+    start, for nothing runner calls. Unless something imported the package already, the package is
+    put in sys.modules unexecuted, with a module __getattr__ that runs its real __init__ the first
+    time anything asks for a name it lacks (`llama_cpp.Llama`, `from llama_cpp import ...`), so
+    other code in the process still finds the whole package. No file of llama-cpp-python is touched.
+    """
+    import importlib
+    import importlib.util
+    import sys
+
+    if "llama_cpp" not in sys.modules:
+        spec = importlib.util.find_spec("llama_cpp")
+        if spec is not None and spec.loader is not None and spec.submodule_search_locations:
+            package = importlib.util.module_from_spec(spec)
+            loader = spec.loader
+
+            def complete(name: str) -> Any:
+                del package.__dict__["__getattr__"]  # once: the real __init__ defines the rest
+                loader.exec_module(package)
+                return getattr(package, name)
+
+            setattr(package, "__getattr__", complete)  # noqa: B010 - a module's own __getattr__ (PEP 562)
+            sys.modules["llama_cpp"] = package
+    return importlib.import_module("llama_cpp.llama_cpp")
+
+
 def llama() -> Any:
     """The llama_cpp module, imported on first use (it loads a shared library) with logging routed."""
-    import llama_cpp
+    llama_cpp = _low_level()
 
     if LLAMA_LOG.callback is None:
         with interrupt.deferred():  # the backends log as they start: no KeyboardInterrupt in a callback

@@ -26,6 +26,8 @@ architecture without its own graph builder, or a CUDA device (compute buffers no
 
 from __future__ import annotations
 
+import functools
+import os
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -303,6 +305,69 @@ def graph_params(hp: Hparams, cs: ContextSize, n_tokens: int, n_outputs: int, **
     )
 
 
+def _replays_cached(replay: Any) -> Any:
+    """compute_bytes, remembered on disk: the allocator replay of two graphs costs ~0.1 s per call, and
+    a one-shot `runner run` plans the same file with the same settings every time. The key is every
+    input (frozen dataclasses, by repr) and a hash of the modelling code itself, so a changed model of
+    llama.cpp's graphs never reads an old figure; an unreadable or unwritable cache is no cache."""
+
+    def cached(hp: Hparams, cs: ContextSize, **kw: Any) -> int:
+        import hashlib
+        import json
+
+        from runner.paths import cache_dir
+
+        key = hashlib.sha256(repr(_canonical((_code_hash(), hp, cs, kw))).encode()).hexdigest()
+        path = cache_dir() / "compute" / f"{key[:32]}.json"
+        try:
+            return int(json.loads(path.read_text())["bytes"])
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+        value = int(replay(hp, cs, **kw))
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps({"bytes": value}))
+            os.replace(tmp, path)
+        except OSError:
+            pass
+        return value
+
+    return cached
+
+
+def _canonical(value: Any) -> Any:
+    """value with every set sorted and every dataclass as its fields: the same repr in every process
+    (a frozenset of strings prints in an order that changes with Python's hash seed)."""
+    import dataclasses
+
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return (
+            type(value).__name__,
+            [(f.name, _canonical(getattr(value, f.name))) for f in dataclasses.fields(value)],
+        )
+    if isinstance(value, (set, frozenset)):
+        return sorted((_canonical(v) for v in value), key=repr)
+    if isinstance(value, dict):
+        return sorted(((k, _canonical(v)) for k, v in value.items()), key=repr)
+    if isinstance(value, (list, tuple)):
+        return [_canonical(v) for v in value]
+    return value
+
+
+@functools.cache
+def _code_hash() -> str:
+    import hashlib
+    from pathlib import Path
+
+    here = Path(__file__).parent
+    digest = hashlib.sha256()
+    for name in ("arch.py", "build.py", "graph.py", "estimate.py"):
+        digest.update((here / name).read_bytes())
+    return digest.hexdigest()
+
+
+@_replays_cached
 def compute_bytes(
     hp: Hparams,
     cs: ContextSize,

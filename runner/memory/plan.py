@@ -215,7 +215,8 @@ def make_plan(
     first = _try(header, machine, contexts[0], layers, kvs[0], n_seq, adjust=adjust, flash_attn=flash_attn)
     for n_ctx in contexts:
         for kv in kvs:
-            plan = attempt(n_ctx, layers, kv)
+            same = (n_ctx, kv) == (contexts[0], kvs[0])  # the first attempt is `first`: not twice
+            plan = first if same else attempt(n_ctx, layers, kv)
             if plan is not None and plan.fits:
                 return plan
     if gpu and gpu_layers is None:
