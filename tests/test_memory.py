@@ -317,3 +317,13 @@ def test_the_compute_replay_is_remembered_on_disk_and_a_bad_entry_is_ignored(
     for f in (tmp_path / "cache" / "compute").glob("*.json"):
         f.write_text("{not json")
     assert memory.estimate(header, n_ctx=2048) == first and len(calls) == 2 * replays
+
+
+def test_llama_cpp_s_log_stays_runner_s_when_the_whole_package_is_imported_later(smollm2_path: Path) -> None:
+    from runner.engine.llamacpp import llama
+
+    llama()  # runner's first: the package is only its ctypes layer (as in tests/test_devices.py)
+    import llama_cpp
+
+    llama_cpp.Llama  # noqa: B018 - completes the package: its _logger sets its own log callback
+    assert logged_buffers(smollm2_path, 512)  # llama.cpp's buffer lines still reach runner

@@ -60,7 +60,8 @@ def _low_level() -> Any:
     start, for nothing runner calls. Unless something imported the package already, the package is
     put in sys.modules unexecuted, with a module __getattr__ that runs its real __init__ the first
     time anything asks for a name it lacks (`llama_cpp.Llama`, `from llama_cpp import ...`), so
-    other code in the process still finds the whole package. No file of llama-cpp-python is touched.
+    other code in the process still finds the whole package (and llama.cpp's log stays runner's,
+    which the package's _logger would take). No file of llama-cpp-python is touched.
     """
     import importlib
     import importlib.util
@@ -75,6 +76,8 @@ def _low_level() -> Any:
             def complete(name: str) -> Any:
                 del package.__dict__["__getattr__"]  # once: the real __init__ defines the rest
                 loader.exec_module(package)
+                if LLAMA_LOG.callback is not None:  # its _logger took llama.cpp's log: runner's again
+                    package.llama_log_set(LLAMA_LOG.callback, ctypes.c_void_p(0))
                 return getattr(package, name)
 
             setattr(package, "__getattr__", complete)  # noqa: B010 - a module's own __getattr__ (PEP 562)
