@@ -43,6 +43,12 @@ CPU_CHAT_FLASH_ATTN = False
 DEFAULT_BATCH_CTX = 2048  # each sequence's context in a batch without --ctx: prompts and answers are short
 
 
+def total_ctx(ctx: int | None, n_seq: int) -> int | None:
+    """The context to plan for: with n_seq > 1 sequences (a batch, fit --parallel) --ctx is each one's
+    (default DEFAULT_BATCH_CTX), n_seq of them in all; else --ctx as given."""
+    return (ctx or DEFAULT_BATCH_CTX) * n_seq if n_seq > 1 else ctx
+
+
 @dataclass
 class LoadedModel:
     name: str
@@ -117,9 +123,10 @@ def plan_for(
     if hint:
         ui.warn(f"this llama.cpp build cannot use the {here.gpus[0].name}; for a GPU build: {hint}")
 
-    def asking(n: int) -> dict[str, Any]:  # a batch's --ctx is each sequence's: n of them in all
-        total = (ctx or DEFAULT_BATCH_CTX) * n if n > 1 else ctx
-        return dict(ctx=total, gpu_layers=gpu_layers, kv_type=kv_type, flash_attn=flash_attn, n_seq=n)
+    def asking(n: int) -> dict[str, Any]:
+        return dict(
+            ctx=total_ctx(ctx, n), gpu_layers=gpu_layers, kv_type=kv_type, flash_attn=flash_attn, n_seq=n
+        )
 
     n_seq = parallel
     while most_parallel and n_seq > 1 and not make_plan(header, here, **asking(n_seq)).fits:
@@ -221,6 +228,16 @@ def open_model(
         check_range(threads, "--threads", 1, MAX_THREADS)
     ref = resolve(model, load_catalog())
     plan = None
+    asked: dict[str, Any] = dict(  # plan_for's options, for the remote header and the file alike
+        ctx=ctx,
+        gpu_layers=gpu_layers,
+        kv_type=kv_type,
+        flash_attn=flash_attn,
+        growing=growing,
+        parallel=parallel,
+        most_parallel=most_parallel,
+        force=force,
+    )
     if isinstance(ref, HubRef):
         from runner.hub import fetch
 
@@ -228,38 +245,15 @@ def open_model(
             from runner.hub.headers import read_model
 
             remote = read_model(ref)  # the header only: refuse before downloading what will not fit
-            plan = plan_for(
-                remote.merged,
-                ref.display,
-                ctx=ctx,
-                gpu_layers=gpu_layers,
-                kv_type=kv_type,
-                flash_attn=flash_attn,
-                growing=growing,
-                parallel=parallel,
-                most_parallel=most_parallel,
-                force=force,
-                smaller=smaller_quants(ref, remote.size, ctx=ctx, kv_type=kv_type),
-            )
+            smaller = smaller_quants(ref, remote.size, ctx=ctx, kv_type=kv_type)
+            plan = plan_for(remote.merged, ref.display, smaller=smaller, **asked)
         path = fetch.locate(ref, offline=offline)
     else:
         path = ref.path
     header = read_header(path)
     header.check_complete()
     if plan is None or not plan.estimate.exact:  # again with the file, unless the remote plan was exact
-        plan = plan_for(
-            header,
-            ref.display,
-            ctx=ctx,
-            gpu_layers=gpu_layers,
-            kv_type=kv_type,
-            flash_attn=flash_attn,
-            growing=growing,
-            parallel=parallel,
-            most_parallel=most_parallel,
-            force=force,
-            path=path,
-        )
+        plan = plan_for(header, ref.display, path=path, **asked)
     engine = Engine(
         path,
         n_ctx=plan.n_ctx if plan.n_seq > 1 else ctx or plan.n_ctx,

@@ -12,7 +12,6 @@ otherwise (JSON cut short or not matching its schema); the other prompts are ans
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO, TextIO
 
@@ -215,7 +214,7 @@ def _answer(loaded: LoadedModel, request: BatchRequest, items: list[Item], out: 
                 grammar=item.rule.grammar if item.rule else None,
             )
         )
-    writer = _OrderedWriter(out, items, request.jsonl, loaded.name, errors)
+    writer = _OrderedWriter(out, items, request.jsonl, errors)
     writer.flush_ready()
     with ui.batch_progress(len(items), enabled=ui.stderr_is_tty()) as progress:
 
@@ -235,18 +234,14 @@ def _answer(loaded: LoadedModel, request: BatchRequest, items: list[Item], out: 
 class _OrderedWriter:
     """Answers as they finish, written in input order: one waits for those before it."""
 
-    def __init__(
-        self, out: TextIO, items: list[Item], jsonl: bool, model: str, errors: dict[int, str]
-    ) -> None:
-        self.out, self.items, self.jsonl, self.model = out, {i.index: i for i in items}, jsonl, model
-        self.total = len(items)
+    def __init__(self, out: TextIO, items: list[Item], jsonl: bool, errors: dict[int, str]) -> None:
+        self.out, self.items, self.jsonl = out, {i.index: i for i in items}, jsonl
         self.ready: dict[int, dict[str, Any]] = {}
         self.next = 0
         self.finished = 0
         self.tokens = 0
         self.rejected = 0  # bad input
         self.failed = 0  # an answer that is not what was asked
-        self.start = time.perf_counter()
         for index, error in errors.items():
             self.ready[index] = {"id": self.items[index].id, "error": error}
             self.rejected += 1

@@ -46,9 +46,8 @@ class Request:
     def asked(self) -> dict[str, Any]:
         """What the user set of the plan, as make_plan, confirm and departures take it. With
         --parallel N, as `run --parallel`: --ctx is each sequence's (default 2048), N of them in all."""
-        ctx = (self.ctx or loader.DEFAULT_BATCH_CTX) * self.parallel if self.parallel > 1 else self.ctx
         return dict(
-            ctx=ctx,
+            ctx=loader.total_ctx(self.ctx, self.parallel),
             gpu_layers=self.gpu_layers,
             kv_type=self.kv_type,
             flash_attn=flash_attn_setting(self.flash_attn),

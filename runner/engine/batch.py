@@ -131,13 +131,11 @@ class _Batch:
     def run(self, jobs: Sequence[Job], share_prefix: bool) -> BatchStats:
         start = time.perf_counter()
         self.stats.prompts = len(jobs)
-        self.engine.reset()
-        self.lib.llama_memory_clear(self.memory, True)
+        self.engine.reset()  # the KV cache cleared, the engine's record of it too
         try:
             self._run(jobs, share_prefix)
         finally:
             self.lib.llama_batch_free(self.batch)
-            self.lib.llama_memory_clear(self.memory, True)
             self.engine.reset()
             self.stats.wall_s = time.perf_counter() - start
         return self.stats

@@ -85,15 +85,22 @@ def _low_level() -> Any:
     return importlib.import_module("llama_cpp.llama_cpp")
 
 
-def llama() -> Any:
-    """The llama_cpp module, imported on first use (it loads a shared library) with logging routed."""
-    llama_cpp = _low_level()
+_LIB: Any = None  # the module llama() returns, once set up
 
+
+def llama() -> Any:
+    """The llama_cpp module, imported on first use (it loads a shared library) with logging routed.
+    Called per token (token_bytes, is_end): after the first call, one global read."""
+    global _LIB
+    if _LIB is not None:
+        return _LIB
+    llama_cpp = _low_level()
     if LLAMA_LOG.callback is None:
         with interrupt.deferred():  # the backends log as they start: no KeyboardInterrupt in a callback
             LLAMA_LOG.callback = llama_cpp.llama_log_callback(LLAMA_LOG)
             llama_cpp.llama_log_set(LLAMA_LOG.callback, ctypes.c_void_p(0))
             llama_cpp.llama_backend_init()
+    _LIB = llama_cpp
     return llama_cpp
 
 
