@@ -37,6 +37,21 @@ def flash_attn_setting(value: str | None) -> bool | None:
         raise InvalidSetting(f"--flash-attn must be auto, on or off (got {value!r})") from None
 
 
+SPEC = ("ngram", "none")  # --spec; a draft model is --draft MODEL (runner.engine.speculate)
+
+
+def spec_setting(value: str | None, draft: str | None) -> str:
+    """--spec and --draft as the engine takes them: "ngram" (the default), "none" or "draft"."""
+    mode = (value or "").strip().lower() or None
+    if mode is not None and mode not in SPEC:
+        raise InvalidSetting(f"--spec must be ngram or none (got {value!r}); a draft model is --draft MODEL")
+    if draft is not None:
+        if mode is not None:
+            raise InvalidSetting(f"--draft drafts with a model, --spec {mode} otherwise: give one of them")
+        return "draft"
+    return mode or "ngram"
+
+
 def flash_attn_name(value: bool | None) -> str:
     return next(name for name, v in FLASH_ATTN.items() if v is value)
 

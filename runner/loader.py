@@ -15,7 +15,8 @@ from typing import Any
 
 from runner import ui
 from runner.engine.engine import Engine
-from runner.errors import WontFit
+from runner.engine.speculate import SPEC_DRAFT, draft_mismatch
+from runner.errors import InvalidSetting, WontFit
 from runner.gguf import GGUFHeader, read_header
 from runner.hub.catalog import CatalogEntry, load_catalog
 from runner.hub.refs import HubRef, resolve
@@ -206,6 +207,49 @@ def describe_refusal(name: str, plan: Plan, smaller_quants: list[str] | None = N
     )
 
 
+def _draft_file(
+    draft: str, target: GGUFHeader, target_path: Path, offline: bool
+) -> tuple[str, Path, GGUFHeader]:
+    """--draft MODEL, located (fetched if need be) and checked against the target before it loads."""
+    ref = resolve(draft, load_catalog())
+    if isinstance(ref, HubRef):
+        from runner.hub import fetch
+
+        path = fetch.locate(ref, offline=offline)
+    else:
+        path = ref.path
+    header = read_header(path)
+    header.check_complete()
+    why = draft_mismatch(target, header)
+    if why is not None:
+        raise InvalidSetting(f"--draft {ref.display} cannot draft for this model: {why}")
+    size, target_size = path.stat().st_size, target_path.stat().st_size
+    if size > target_size:
+        raise InvalidSetting(
+            f"--draft {ref.display} ({size / 1e6:,.0f} MB) is bigger than the model it would draft for "
+            f"({target_size / 1e6:,.0f} MB): it would slow it down; use a smaller model of its family"
+        )
+    return ref.display, path, header
+
+
+def _load_draft(
+    drafting: tuple[str, Path, GGUFHeader], target: Engine, threads: int | None, force: bool, debug: bool
+) -> Engine:
+    """The draft model's engine, planned (it must fit beside the loaded target) at the target's context."""
+    name, path, header = drafting
+    plan = plan_for(header, name, path=path, ctx=target.n_ctx, kv_type=target.kv_type, force=force)
+    return Engine(
+        path,
+        n_ctx=target.n_ctx,
+        n_threads=threads,
+        n_gpu_layers=plan.n_gpu_layers,
+        kv_type=target.kv_type,
+        use_gpu=plan.use_gpu,
+        flash_attn=target.flash_attn,
+        debug=debug,
+    )
+
+
 def open_model(
     model: str,
     *,
@@ -220,9 +264,13 @@ def open_model(
     force: bool = False,
     offline: bool = False,
     debug: bool = False,
+    spec: str = "none",
+    draft: str | None = None,
 ) -> LoadedModel:
     """Resolve, fetch if needed, check the header, plan, then load. flash_attn None: the plan's
-    choice (llama.cpp's "auto", or off for a `growing` context on the CPU: CPU_CHAT_FLASH_ATTN)."""
+    choice (llama.cpp's "auto", or off for a `growing` context on the CPU: CPU_CHAT_FLASH_ATTN).
+    `spec` (limits.spec_setting): speculative decoding, "ngram", "none", or "draft" with the `draft`
+    model, which is checked against the target (vocabulary, size) before either loads."""
     check_asked(ctx=ctx, gpu_layers=gpu_layers)
     if threads is not None:
         check_range(threads, "--threads", 1, MAX_THREADS)
@@ -252,6 +300,7 @@ def open_model(
         path = ref.path
     header = read_header(path)
     header.check_complete()
+    drafting = _draft_file(draft, header, path, offline) if spec == SPEC_DRAFT and draft else None
     if plan is None or not plan.estimate.exact:  # again with the file, unless the remote plan was exact
         plan = plan_for(header, ref.display, path=path, **asked)
     engine = Engine(
@@ -265,5 +314,13 @@ def open_model(
         n_seq=plan.n_seq,
         debug=debug,
     )
+    if drafting is not None:
+        try:
+            engine.speculate(SPEC_DRAFT, _load_draft(drafting, engine, threads, force, debug))
+        except BaseException:
+            engine.close()
+            raise
+    else:
+        engine.speculate(spec)
     entry = ref.entry if isinstance(ref, HubRef) else None
     return LoadedModel(name=ref.display, path=path, header=header, plan=plan, engine=engine, entry=entry)

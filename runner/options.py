@@ -10,6 +10,7 @@ import typer
 SAMPLING = "Sampling (defaults: the GGUF's sampling keys, else the catalog's, else llama.cpp's)"
 LIMITS = "Context and limits"
 OUTPUT = "Output"
+SPEED = "Speed"
 
 ModelArg = Annotated[
     str,
@@ -183,6 +184,26 @@ FlashAttn = Annotated[
         help="Flash attention: auto, on or off [default: auto, but off for a chat on the CPU, "
         "where it slows as the context fills]",
         rich_help_panel=LIMITS,
+        show_default=False,
+    ),
+]
+Spec = Annotated[
+    Optional[str],
+    typer.Option(
+        "--spec",
+        help="Speculative decoding: ngram (drafts what follows an earlier match of the last tokens, "
+        "only while it pays) or none [default: ngram]",
+        rich_help_panel=SPEED,
+        show_default=False,
+    ),
+]
+Draft = Annotated[
+    Optional[str],
+    typer.Option(
+        "--draft",
+        metavar="MODEL",
+        help="Speculative decoding with a small draft model of the same vocabulary (as MODEL is given).",
+        rich_help_panel=SPEED,
         show_default=False,
     ),
 ]

@@ -46,6 +46,9 @@ class Spec:
     swa: int = 0  # sliding window (gemma3)
     swa_pattern: int = 0
     extra: dict[str, object] = field(default_factory=dict)
+    # a real model's tokenizer (every tokenizer.* key of that GGUF), n_vocab its size: a draft model
+    tokenizer: Path | None = None
+    token_edits: dict[int, str] = field(default_factory=dict)  # tokens of it to change (a mismatch)
 
 
 SPECS: dict[str, Spec] = {
@@ -143,8 +146,11 @@ def write_model(path: str | Path, spec: Spec, seed: int = 0) -> Path:
     w.add_block_count(s.n_layer)
     w.add_context_length(s.n_ctx_train)
     w.add_embedding_length(s.n_embd)
+    if s.tokenizer is not None:
+        s = spec = _with_tokenizer(w, s)
+    else:
+        w.add_tokenizer_model("none")
     w.add_uint32(f"{a}.vocab_size", s.n_vocab)
-    w.add_tokenizer_model("none")
     if a == "mamba":
         return _write_mamba(path, x)
     w.add_feed_forward_length(s.n_ff)
@@ -213,6 +219,30 @@ def write_model(path: str | Path, spec: Spec, seed: int = 0) -> Path:
     if not s.tied:
         x.tensor("output.weight", s.n_embd, s.n_vocab)
     return _finish(w, path)
+
+
+def _with_tokenizer(w: GGUFWriter, s: Spec) -> Spec:
+    """Copy the tokenizer.* keys of s.tokenizer's GGUF into w; the spec with n_vocab to match."""
+    from dataclasses import replace
+
+    from gguf import GGUFReader, GGUFValueType
+
+    assert s.tokenizer is not None
+    n_vocab = s.n_vocab
+    for name, f in GGUFReader(s.tokenizer).fields.items():
+        if not name.startswith("tokenizer."):
+            continue
+        value = f.contents()
+        if name == "tokenizer.ggml.tokens":
+            value = list(value)
+            for i, text in s.token_edits.items():
+                value[i] = text
+            n_vocab = len(value)
+        if f.types[0] == GGUFValueType.ARRAY:
+            w.add_key_value(name, value, GGUFValueType.ARRAY, sub_type=f.types[-1])
+        else:
+            w.add_key_value(name, value, f.types[0])
+    return replace(s, n_vocab=n_vocab)
 
 
 SSM = {"d_conv": 4, "d_state": 16}  # mamba's d_inner is 2 * n_embd, dt_rank n_embd / 16

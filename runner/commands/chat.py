@@ -22,8 +22,10 @@ from runner.commands.output import (
     AnswerWriter,
     describe_load,
     describe_sampling,
+    describe_speculation,
     describe_timings,
     sampling_for,
+    speculation_json,
     stream_answer,
     to_json,
 )
@@ -34,7 +36,7 @@ from runner.engine.reasoning import style_of
 from runner.engine.template import TEMPLATE_KEY, Message
 from runner.errors import InvalidSetting, PromptTooLong, RunnerError, UsageError
 from runner.hub.catalog import load_catalog
-from runner.limits import check_answer_limits, flash_attn_setting
+from runner.limits import check_answer_limits, flash_attn_setting, spec_setting
 from runner.loader import LoadedModel, open_model
 from runner.paths import data_dir
 from runner.store import (
@@ -96,6 +98,8 @@ class ChatRequest:
     gpu_layers: int | None = None
     kv_type: str | None = None
     flash_attn: str | None = None  # --flash-attn as typed: auto, on, off; None: not given
+    spec: str | None = None  # --spec as typed
+    draft: str | None = None  # --draft MODEL
     force: bool = False
     offline: bool = False
     debug: bool = False
@@ -241,6 +245,8 @@ class Session:
             "prefill_tokens_per_s": round(t.prefill_tokens_per_s, 2),
             "decode_tokens_per_s": round(t.decode_tokens_per_s, 2),
         }
+        if t.speculation.mode != "none":
+            stats["speculation"] = speculation_json(t.speculation)
         message = StoredMessage(
             "assistant", answer.text, reasoning=answer.reasoning or None, interrupted=interrupted, stats=stats
         )
@@ -388,7 +394,7 @@ class Session:
             f"ttft {t.ttft_s:.3f} s · prompt {t.prompt_tokens} tokens, {t.prefill_tokens} evaluated "
             f"(the rest from the KV cache) · prefill {t.prefill_tokens_per_s:.1f} tok/s · "
             f"{t.completion_tokens} tokens at {t.decode_tokens_per_s:.1f} tok/s · "
-            f"finish {self.last.result.finish_reason}"
+            f"finish {self.last.result.finish_reason}{describe_speculation(t.speculation)}"
         )
 
     def history(self) -> str:
@@ -499,6 +505,8 @@ def _open(request: ChatRequest, model: str) -> LoadedModel:
         force=request.force,
         offline=request.offline,
         debug=request.debug,
+        spec=spec_setting(request.spec, request.draft),
+        draft=request.draft,
     )
 
 
@@ -506,6 +514,7 @@ def chat(request: ChatRequest, *, stdin: TextIO, out: TextIO, interactive: bool)
     """The chat: on a terminal, the REPL; through a pipe, one user turn per line, answers on out."""
     check_answer_limits(request.max_tokens, request.stop)
     flash_attn_setting(request.flash_attn)  # a bad value: one line before anything opens
+    spec_setting(request.spec, request.draft)
     store = open_store(request.save)
     try:
         stored, stored_here = None, False
@@ -578,6 +587,7 @@ def continue_last(request: ChatRequest, prompt: str, *, out: TextIO, as_json: bo
     """`runner run -c PROMPT`: one more turn of the last conversation, the answer alone on stdout."""
     check_answer_limits(request.max_tokens, request.stop)
     flash_attn_setting(request.flash_attn)
+    spec_setting(request.spec, request.draft)
     store = open_store(True)
     if store is None:
         raise UsageError("-c continues the last stored conversation, and the store is off")

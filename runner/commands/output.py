@@ -16,6 +16,7 @@ from runner.engine.engine import FINISH_LENGTH, Result, Timings, supports_gpu_of
 from runner.engine.prompt import Prompt
 from runner.engine.reasoning import ANSWER, Splitter
 from runner.engine.sampling import SamplingConfig, catalog_defaults, resolve_sources
+from runner.engine.speculate import SpecStats
 from runner.limits import flash_attn_name
 from runner.loader import LoadedModel
 
@@ -148,7 +149,33 @@ def to_json(model: str, answer: Answer) -> dict[str, Any]:
             },
         }
     )
+    if t.speculation.mode != "none":
+        data["speculation"] = speculation_json(t.speculation)
     return data
+
+
+def speculation_json(spec: SpecStats) -> dict[str, Any]:
+    return {
+        "mode": spec.mode,
+        "drafted": spec.drafted,
+        "accepted": spec.accepted,
+        "acceptance_rate": round(spec.acceptance, 4),
+        "mean_accepted": round(spec.mean_accepted, 3),
+        "stopped": spec.stopped,
+    }
+
+
+def describe_speculation(spec: SpecStats) -> str:
+    """One line part: how speculation went, or "" when it was off."""
+    if spec.mode == "none":
+        return ""
+    if not spec.steps:
+        return f" · spec {spec.mode}: nothing drafted"
+    stopped = ", then off: it did not pay" if spec.stopped else ""
+    return (
+        f" · spec {spec.mode}: {spec.accepted}/{spec.drafted} drafts kept ({spec.acceptance:.0%}), "
+        f"{spec.mean_accepted:.1f} per batch{stopped}"
+    )
 
 
 def describe_load(loaded: LoadedModel) -> str:
@@ -175,7 +202,7 @@ def describe_timings(result: Result) -> str:
         f"start-up {t.startup_s:.2f} s · load {t.load_s:.2f} s · prompt {t.prompt_tokens} tokens · "
         f"ttft {t.ttft_s:.3f} s · "
         f"prefill {t.prefill_tokens_per_s:.1f} tok/s · generated {t.completion_tokens} tokens · "
-        f"decode {t.decode_tokens_per_s:.1f} tok/s · finish {reason}"
+        f"decode {t.decode_tokens_per_s:.1f} tok/s · finish {reason}{describe_speculation(t.speculation)}"
     )
 
 

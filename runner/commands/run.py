@@ -21,7 +21,7 @@ from runner.engine.constrain import constraint
 from runner.engine.engine import FINISH_INTERRUPTED, Result
 from runner.engine.prompt import read_prompt, render_prompt
 from runner.engine.template import build_messages
-from runner.limits import check_answer_limits, flash_attn_setting
+from runner.limits import check_answer_limits, flash_attn_setting, spec_setting
 from runner.loader import open_model
 
 
@@ -39,6 +39,8 @@ class RunRequest:
     gpu_layers: int | None = None
     kv_type: str | None = None
     flash_attn: str | None = None  # --flash-attn as typed: auto, on, off; None: not given
+    spec: str | None = None  # --spec as typed
+    draft: str | None = None  # --draft MODEL
     force: bool = False
     offline: bool = False
     as_json: bool = False
@@ -54,6 +56,7 @@ class RunRequest:
 def run_once(request: RunRequest, *, stdin: BinaryIO | None, out: TextIO) -> Result:
     check_answer_limits(request.max_tokens, request.stop)
     flash_attn = flash_attn_setting(request.flash_attn)
+    spec = spec_setting(request.spec, request.draft)
     constrained = constraint(schema=request.schema, format=request.format, grammar=request.grammar)
     prompt = read_prompt(request.prompt, stdin)
     loaded = open_model(
@@ -66,6 +69,8 @@ def run_once(request: RunRequest, *, stdin: BinaryIO | None, out: TextIO) -> Res
         force=request.force,
         offline=request.offline,
         debug=request.debug,
+        spec=spec,
+        draft=request.draft,
     )
     try:
         sampling, sources = sampling_for(loaded, request.sampling)

@@ -32,6 +32,7 @@ from runner.engine.llamacpp import (
     supports_gpu_offload,
 )
 from runner.engine.sampling import SamplingConfig
+from runner.engine.speculate import SPEC_NONE, SpecStats, Speculator
 from runner.errors import EngineError, InvalidModelFile, InvalidSetting, PromptTooLong
 from runner.limits import DEFAULT_CTX
 
@@ -58,6 +59,7 @@ class Timings:
     decode_s: float = 0.0  # after the first token, to the last
     total_s: float = 0.0
     startup_s: float = 0.0  # the process's start to this request's first prefill (0: unknown)
+    speculation: SpecStats = SpecStats()
 
     @property
     def prefill_tokens_per_s(self) -> float:
@@ -167,6 +169,31 @@ class Engine:
         self._cached: list[int] = []  # the tokens whose keys and values are in the KV cache
         self.last_prefill_tokens = 0  # prompt tokens the last prefill evaluated (the rest were cached)
         self._piece = ctypes.create_string_buffer(256)
+        self.speculator: Speculator | None = None  # runner.engine.speculate; None: one token a step
+        self._verify_batch: Any = None  # llama_batch for [last, drafts…], made on first use
+        self._verify_batch_size = 0
+
+    def speculate(self, mode: str, draft: Engine | None = None, fixed: int | None = None) -> bool:
+        """Turn speculative decoding on (runner.engine.speculate): "ngram", or a draft model's engine
+        (this engine owns it from now on). False where this model's memory cannot drop a rejected
+        suffix (recurrent and hybrid models) or the context holds several sequences: plain decoding.
+        `fixed`: always draft that many tokens where there is a draft, never adapt (tests, benchmarks)."""
+        from runner.engine.speculate import SPEC_DRAFT, ModelDrafter, NgramDrafter
+
+        lib = llama()
+        if self.speculator is not None:
+            self.speculator.close()
+            self.speculator = None
+        drops_suffix = not (
+            lib.llama_model_is_recurrent(self._model) or lib.llama_model_is_hybrid(self._model)
+        )
+        if mode == SPEC_NONE or self.n_seq > 1 or not drops_suffix:
+            if draft is not None:
+                draft.close()
+            return mode == SPEC_NONE
+        drafter = ModelDrafter(draft) if mode == SPEC_DRAFT and draft is not None else NgramDrafter()
+        self.speculator = Speculator(drafter, fixed)
+        return True
 
     # -- tokens ---------------------------------------------------------------------------------
 
@@ -266,7 +293,8 @@ class Engine:
         add(chain, lib.llama_sampler_init_dist(seed))
         return chain
 
-    def _decode(self, tokens: Sequence[int]) -> None:
+    def extend(self, tokens: Sequence[int]) -> None:
+        """Evaluate tokens after those in the KV cache (at most n_batch)."""
         lib = llama()
         array = (lib.llama_token * len(tokens))(*tokens)
         rc = lib.llama_decode(self._ctx, lib.llama_batch_get_one(array, len(tokens)))
@@ -275,9 +303,7 @@ class Engine:
             del self._cached[max(0, lib.llama_memory_seq_pos_max(self._memory, 0) + 1) :]
             raise _Interrupted
         if rc != 0:
-            self._cached.clear()
-            lib.llama_memory_clear(self._memory, True)
-            raise EngineError(f"llama_decode failed ({rc}): {LLAMA_LOG.last_error() or 'no log'}")
+            self._failed(rc)
         self._cached.extend(tokens)
 
     def prefill(self, tokens: Sequence[int]) -> int:
@@ -302,34 +328,104 @@ class Engine:
             for start in range(keep, len(tokens), self.n_batch):
                 if interrupt.requested():
                     raise _Interrupted
-                self._decode(tokens[start : start + self.n_batch])
+                self.extend(tokens[start : start + self.n_batch])
         finally:
             lib.llama_set_abort_callback(self._ctx, lib.ggml_abort_callback(0), None)  # NULL
         return self.last_prefill_tokens
 
     def generate_step(
-        self, prompt_tokens: Sequence[int], sampling: SamplingConfig, grammar: str | None = None
+        self,
+        prompt_tokens: Sequence[int],
+        sampling: SamplingConfig,
+        grammar: str | None = None,
+        max_tokens: int | None = None,
     ) -> Generator[int, None, None]:
-        """Token ids, forever: the caller stops at an end-of-generation token or its limits."""
+        """Token ids, forever: the caller stops at an end-of-generation token or its limits
+        (max_tokens only bounds how far a speculative draft looks ahead)."""
         lib = llama()
         sampler = self._sampler(sampling, prompt_tokens, grammar)
+        spec = self.speculator
+        if spec is not None:
+            spec.begin()
         try:
             self.prefill(prompt_tokens)
+            history = list(prompt_tokens)  # the prompt and every token yielded
             token_array = (lib.llama_token * 1)()
             batch = lib.llama_batch_get_one(token_array, 1)
+            token = lib.llama_sampler_sample(sampler, self._ctx, -1)  # also accepts it into the chain
             while True:
-                token = lib.llama_sampler_sample(sampler, self._ctx, -1)  # also accepts it into the chain
                 yield token
+                history.append(token)
+                drafts: list[int] = []
+                if spec is not None:
+                    # drafts past --max-tokens or the context would be verified for nothing
+                    left = max_tokens - (len(history) - len(prompt_tokens)) if max_tokens else self.n_ctx
+                    room = min(left - 1, self.n_ctx - len(self._cached) - 2, self.n_batch - 1)
+                    started = time.perf_counter()
+                    drafts = spec.draft(history, room)
+                    drafted_s = time.perf_counter() - started
+                if drafts:
+                    kept = self._verify(sampler, token, drafts)
+                    assert spec is not None
+                    spec.verified(len(drafts), len(kept) - 1, time.perf_counter() - started, drafted_s)
+                    for token in kept[:-1]:
+                        yield token
+                        history.append(token)
+                    token = kept[-1]
+                    continue
                 # decode_one_token: the caller resumes us only when it wants the next one
+                started = time.perf_counter()
                 token_array[0] = token
                 rc = lib.llama_decode(self._ctx, batch)  # no abort callback here: checked between tokens
                 if rc != 0:
-                    self._cached.clear()
-                    lib.llama_memory_clear(self._memory, True)
-                    raise EngineError(f"llama_decode failed ({rc}): {LLAMA_LOG.last_error() or 'no log'}")
+                    self._failed(rc)
                 self._cached.append(token)
+                token = lib.llama_sampler_sample(sampler, self._ctx, -1)
+                if spec is not None:
+                    spec.plain_step(time.perf_counter() - started)
         finally:
             lib.llama_sampler_free(sampler)
+
+    def _verify(self, sampler: Any, last: int, drafts: Sequence[int]) -> list[int]:
+        """Evaluate [last, drafts…] in one batch and sample each position in order: the drafts the
+        target's own samples agree with, then its sample where they part (or after the last draft).
+        The rejected drafts leave the KV cache."""
+        lib = llama()
+        n = len(drafts) + 1
+        if self._verify_batch is None or self._verify_batch_size < n:
+            if self._verify_batch is not None:
+                lib.llama_batch_free(self._verify_batch)
+            self._verify_batch_size = max(n, 64)
+            self._verify_batch = lib.llama_batch_init(self._verify_batch_size, 0, 1)
+        b = self._verify_batch
+        base = len(self._cached)
+        for i, token in enumerate([last, *drafts]):
+            b.token[i] = token
+            b.pos[i] = base + i
+            b.n_seq_id[i] = 1
+            b.seq_id[i][0] = 0
+            b.logits[i] = 1
+        b.n_tokens = n
+        rc = lib.llama_decode(self._ctx, b)
+        if rc != 0:
+            self._failed(rc)
+        self._cached.append(last)
+        kept: list[int] = []
+        for i in range(n):
+            token = lib.llama_sampler_sample(sampler, self._ctx, i)
+            kept.append(token)
+            if i == len(drafts) or token != drafts[i] or self.is_end(token):
+                break
+            self._cached.append(token)  # a kept draft: its keys and values stay
+        if not lib.llama_memory_seq_rm(self._memory, 0, len(self._cached), -1):
+            self._failed(-1, "llama.cpp could not drop the rejected draft tokens")
+        return kept
+
+    def _failed(self, rc: int, what: str | None = None) -> None:
+        self._cached.clear()
+        lib = llama()
+        lib.llama_memory_clear(self._memory, True)
+        raise EngineError(what or f"llama_decode failed ({rc}): {LLAMA_LOG.last_error() or 'no log'}")
 
     def is_end(self, token: int) -> bool:
         return bool(llama().llama_vocab_is_eog(self._vocab, token))
@@ -370,7 +466,7 @@ class Engine:
         text = _TextAssembler(stop)
         finish, context_full = FINISH_LENGTH, False
         n_out, first_at = 0, None
-        steps = self.generate_step(prompt_tokens, sampling, grammar)
+        steps = self.generate_step(prompt_tokens, sampling, grammar, max_tokens)
         try:
             for token in steps:
                 if first_at is None:
@@ -414,6 +510,7 @@ class Engine:
             decode_s=end - first,
             total_s=end - start,
             startup_s=startup,
+            speculation=self.speculator.stats() if self.speculator is not None else SpecStats(),
         )
         yield Chunk(tail, finish_reason=finish, timings=timings, context_full=context_full)
 
@@ -438,6 +535,13 @@ class Engine:
     def close(self) -> None:
         lib = llama()
         with interrupt.deferred():  # llama_free logs through a ctypes callback: no KeyboardInterrupt there
+            speculator = getattr(self, "speculator", None)
+            if speculator is not None:
+                speculator.close()  # a draft model's engine
+                self.speculator = None
+            if getattr(self, "_verify_batch", None) is not None:
+                lib.llama_batch_free(self._verify_batch)
+                self._verify_batch = None
             if getattr(self, "_ctx", None):
                 lib.llama_free(self._ctx)
                 self._ctx = None

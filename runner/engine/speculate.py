@@ -1,0 +1,368 @@
+"""Speculative decoding: propose several tokens cheaply, let the target verify them in one batch.
+
+The engine's loop (Engine.generate_step) does the verifying: it evaluates [last, d0 … dk-1] in one
+llama_decode with logits at every position, samples each position in order with the answer's own
+native sampler chain, keeps the drafts up to the first one its sample differs from, plus that sample,
+and drops the rest from the KV cache. Each kept token is the target's own sample, drawn by the same
+chain in the same order as without speculation, so the answer does not change (up to llama.cpp's
+batch-size-dependent kernels, which can flip a near tie).
+
+This module proposes, and decides how many to propose:
+  NgramDrafter   prompt lookup: the tokens that followed the latest earlier match of the answer's last
+                 n-gram (keys of 4, then 3, then 2 tokens) in the prompt and the answer so far
+  ModelDrafter   a small model with the same vocabulary, decoding greedily in its own context
+  Speculator     the adaptive length: from the measured cost of a plain step, of a verify batch per
+                 drafted token, of drafting, and the measured acceptance, the draft length with the
+                 best expected tokens per second, or none; speculation stops for the rest of an answer
+                 when the verified steps, as measured, did not pay.
+
+Where runner differs from llama.cpp's (common/speculative.cpp, pinned build):
+  ngram-simple looks up a 12-token key and drafts up to 48 tokens whenever it matches; runner looks up
+  4, 3 or 2 tokens (the longest that matches) and sizes the draft by its acceptance at that key length,
+  so a 135M model's short copies are found and spurious short matches do not cost a verify batch.
+  A draft model: llama.cpp drafts --spec-draft-n-max (3) tokens; runner adapts 1 … 16 as above.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from runner.engine.engine import Engine
+
+SPEC_NONE = "none"
+SPEC_NGRAM = "ngram"
+SPEC_DRAFT = "draft"
+SPEC_MODES = (SPEC_NGRAM, SPEC_NONE)  # --spec; a draft model is --draft MODEL
+
+NGRAM_KEYS = (4, 3, 2)  # key lengths looked up, longest first
+NGRAM_MAX = 32  # most tokens an n-gram draft proposes
+DRAFT_MAX = 16  # most tokens a draft model proposes
+WINDOW = 8  # verify steps the "does it pay" check looks back over
+PAYS = 0.85  # below this measured gain (time a plain loop would have taken / time taken) it stops
+# A verify batch of k drafts costs 1 + scale * (FIXED + PER_TOKEN * k) plain steps: the shape measured
+# on this CPU (SmolLM2, 2 cores: 1 draft 1.7 steps, 8 drafts 4.7, 16 drafts 8.9), scale 1 until a batch
+# is measured; a GPU's batches are nearly free and its scale soon falls near 0.
+BATCH_COST_FIXED = 0.2
+BATCH_COST_PER_TOKEN = 0.48
+VOCAB_SIZE_SLACK = 128  # llama.cpp's SPEC_VOCAB_MAX_SIZE_DIFFERENCE
+VOCAB_CHECK_FROM = 5  # llama.cpp's SPEC_VOCAB_CHECK_START_TOKEN_ID: the first few are often specials
+EMA = 0.3  # weight of a new timing measurement
+FORGET = 0.9  # per verify batch, the weight left to older batch costs
+
+
+@dataclass(frozen=True)
+class SpecStats:
+    mode: str = SPEC_NONE
+    steps: int = 0  # verify batches
+    drafted: int = 0  # tokens proposed and verified
+    accepted: int = 0  # of those, kept
+    stopped: bool = False  # switched off for the rest of the answer: it did not pay
+
+    @property
+    def acceptance(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def mean_accepted(self) -> float:
+        """Drafted tokens kept per verify batch (each batch also yields one token of the target's)."""
+        return self.accepted / self.steps if self.steps else 0.0
+
+
+class Drafter(Protocol):
+    mode: str
+    costs_time: bool  # drafting itself takes time worth measuring (a model, not a lookup)
+
+    def reset(self) -> None:
+        """A new answer begins."""
+
+    def candidates(self, history: Sequence[int]) -> tuple[int, int]:
+        """(kind, most): a key for the acceptance to use, and how many tokens could be proposed."""
+
+    def propose(self, history: Sequence[int], n: int) -> list[int]: ...
+
+    def close(self) -> None: ...
+
+
+class NgramDrafter:
+    """Prompt lookup over an index of every n-gram seen so far: O(1) per token."""
+
+    mode = SPEC_NGRAM
+    costs_time = False
+
+    def __init__(self, keys: Sequence[int] = NGRAM_KEYS, most: int = NGRAM_MAX) -> None:
+        self.keys = tuple(keys)
+        self.most = most
+        self.reset()
+
+    def reset(self) -> None:
+        self._follow: dict[int, dict[tuple[int, ...], int]] = {k: {} for k in self.keys}
+        self._indexed = 0  # history[:_indexed] has had its n-grams entered
+        self._match: tuple[int, int] | None = None  # (key length, start of the continuation)
+
+    def _index(self, history: Sequence[int]) -> None:
+        # an n-gram ending at i is entered once its follower (i + 1) exists: the latest match of the
+        # current suffix is then always an earlier one, never the suffix itself
+        for end in range(max(self._indexed, 1), len(history)):
+            for k, table in self._follow.items():
+                if end >= k:
+                    table[tuple(history[end - k : end])] = end
+        self._indexed = max(self._indexed, len(history))
+
+    def candidates(self, history: Sequence[int]) -> tuple[int, int]:
+        self._index(history)
+        self._match = None
+        for k in self.keys:
+            if len(history) < k:
+                continue
+            start = self._follow[k].get(tuple(history[-k:]))
+            if start is not None:
+                self._match = (k, start)
+                return k, min(self.most, len(history) - start)
+        return 0, 0
+
+    def propose(self, history: Sequence[int], n: int) -> list[int]:
+        if self._match is None:
+            return []
+        _, start = self._match
+        return list(history[start : start + n])
+
+    def close(self) -> None:
+        pass
+
+
+class ModelDrafter:
+    """A small model with the target's vocabulary, in its own context, drafting greedily. Its KV cache
+    follows the answer by the engine's own prefix reuse: only what changed is evaluated."""
+
+    mode = SPEC_DRAFT
+    costs_time = True
+
+    def __init__(self, engine: Engine, most: int = DRAFT_MAX) -> None:
+        from runner.engine.llamacpp import llama
+
+        self.engine = engine
+        self.most = most
+        lib = llama()
+        self._greedy = lib.llama_sampler_init_greedy()
+
+    def reset(self) -> None:
+        pass  # the draft's KV cache keeps what the next prompt shares, as the target's does
+
+    def candidates(self, history: Sequence[int]) -> tuple[int, int]:
+        return 1, min(self.most, self.engine.n_ctx - len(history) - 1)
+
+    def propose(self, history: Sequence[int], n: int) -> list[int]:
+        from runner.engine.llamacpp import llama
+
+        lib = llama()
+        engine = self.engine
+        engine.prefill(history)
+        out: list[int] = []
+        for i in range(n):
+            token = lib.llama_sampler_sample(self._greedy, engine._ctx, -1)
+            out.append(token)
+            if engine.is_end(token):
+                break
+            if i + 1 < n:
+                engine.extend([token])
+        return out
+
+    def close(self) -> None:
+        from runner.engine.llamacpp import llama
+
+        if self._greedy:
+            llama().llama_sampler_free(self._greedy)
+            self._greedy = None
+        self.engine.close()
+
+
+# Acceptance before anything is measured, by the kind of draft: (kept, missed) pseudo-counts. A 4-token
+# key that matches is most often a copy under way; a 2-token key is often chance. A draft model: 3 in 4.
+ACCEPTANCE_PRIOR = {4: (9.0, 1.0), 3: (6.0, 1.0), 2: (3.0, 1.0), 1: (3.0, 1.0)}
+
+
+class _Acceptance:
+    """Per-token acceptance: a slowly decaying count of kept and rejected drafts, from a prior."""
+
+    def __init__(self, kind: int) -> None:
+        self.kept, self.missed = ACCEPTANCE_PRIOR.get(kind, (3.0, 1.0))
+
+    def add(self, kept: int, missed: int) -> None:
+        self.kept = self.kept * 0.9 + kept
+        self.missed = self.missed * 0.9 + missed
+
+    @property
+    def p(self) -> float:
+        return self.kept / (self.kept + self.missed)
+
+
+class Speculator:
+    """An engine's speculation: what to draft at each step, and whether it still pays. The measured
+    costs carry over from answer to answer; acceptance and the "does it pay" record are per answer."""
+
+    def __init__(self, drafter: Any, fixed: int | None = None) -> None:
+        self.drafter = drafter
+        self.fixed = fixed  # draft this many whenever possible, never stop (tests, benchmarks)
+        self.step_s: float | None = None  # a plain step (decode one token, sample), measured
+        self.batch_cost = _BatchCost()  # a verify batch's extra cost, in plain steps, by its drafts
+        self.draft_s = 0.0  # drafting time per drafted token (a draft model), measured
+        self.begin()
+
+    @property
+    def mode(self) -> str:
+        return str(self.drafter.mode)
+
+    def begin(self) -> None:
+        """A new answer."""
+        self.drafter.reset()
+        self._kind = 0
+        self._acceptance: dict[int, _Acceptance] = {}
+        self._recent: list[tuple[float, float]] = []  # (time a plain loop would take, time taken)
+        self._shadow: tuple[int, list[int], int] | None = None  # an n-gram draft not verified
+        self.steps = self.drafted = self.accepted = 0
+        self.stopped = False
+
+    # -- what to draft ------------------------------------------------------------------------
+
+    def draft(self, history: Sequence[int], room: int) -> list[int]:
+        """Tokens to verify after history's last token (at most `room`), or none for a plain step."""
+        if self.stopped or room < 1:
+            return []
+        self._check_shadow(history)
+        if self.step_s is None:  # the first step is plain: it measures what a plain step costs
+            return []
+        kind, most = self.drafter.candidates(history)
+        most = min(most, room)
+        if most < 1:
+            return []
+        n = min(self.fixed, most) if self.fixed else self._best_length(self._accept(kind).p, most)
+        if n == 0:
+            if self.drafter.costs_time:  # nothing would change the estimate again: off for this answer
+                self.stopped = True
+            elif self._shadow is None:
+                # a free draft: see, as the answer goes on, whether it would have been kept
+                self._shadow = (kind, self.drafter.propose(history, most), len(history))
+            return []
+        self._shadow = None
+        start = time.perf_counter()
+        proposal = self.drafter.propose(history, n)
+        if self.drafter.costs_time and proposal:
+            self.draft_s = _ema(self.draft_s or None, (time.perf_counter() - start) / len(proposal))
+        self._kind = kind
+        return proposal
+
+    def _best_length(self, p: float, most: int) -> int:
+        """The draft length with the best expected tokens per second; 0 if a plain step is better."""
+        assert self.step_s is not None
+        best_n, best_rate = 0, 1.0 / self.step_s
+        expected, p_i = 1.0, 1.0
+        for n in range(1, most + 1):
+            p_i *= p
+            expected += p_i  # the target's own token, plus each draft kept only if all before were
+            cost = self.step_s * (1.0 + self.batch_cost(n)) + self.draft_s * n
+            rate = expected / cost
+            if rate > best_rate * 1.02:
+                best_n, best_rate = n, rate
+        return best_n
+
+    def _accept(self, kind: int) -> _Acceptance:
+        if kind not in self._acceptance:
+            self._acceptance[kind] = _Acceptance(kind)
+        return self._acceptance[kind]
+
+    def _check_shadow(self, history: Sequence[int]) -> None:
+        """Score an n-gram draft that was not verified against the tokens that came instead, as they
+        come: each one that matches counts as kept, the first that does not as missed."""
+        if self._shadow is None:
+            return
+        kind, proposal, at = self._shadow
+        came = history[at : at + len(proposal)]
+        kept = 0
+        for want, got in zip(proposal, came, strict=False):
+            if want != got:
+                self._accept(kind).add(kept, 1)
+                self._shadow = None
+                return
+            kept += 1
+        self._accept(kind).add(kept, 0)
+        rest = proposal[kept:]
+        self._shadow = (kind, rest, at + kept) if rest else None
+
+    # -- what happened ------------------------------------------------------------------------
+
+    def plain_step(self, seconds: float) -> None:
+        self.step_s = _ema(self.step_s, seconds)
+
+    def verified(self, drafted: int, kept: int, seconds: float, draft_seconds: float) -> None:
+        """A verify batch of `drafted` drafts (plus the last token) took `seconds` (drafting
+        included); `kept` drafts were the target's own samples."""
+        assert self.step_s is not None
+        self.steps += 1
+        self.drafted += drafted
+        self.accepted += kept
+        self._accept(self._kind).add(kept, int(kept < drafted))
+        verify_s = seconds - draft_seconds
+        self.batch_cost.add(drafted, verify_s / self.step_s - 1.0)
+        self._recent = (self._recent + [((kept + 1) * self.step_s, seconds)])[-WINDOW:]
+        if len(self._recent) == WINDOW and not self.fixed:
+            worth = sum(w for w, _ in self._recent)
+            spent = sum(s for _, s in self._recent)
+            if worth < PAYS * spent:
+                self.stopped = True
+
+    def stats(self) -> SpecStats:
+        return SpecStats(self.mode, self.steps, self.drafted, self.accepted, self.stopped)
+
+    def close(self) -> None:
+        self.drafter.close()
+
+
+class _BatchCost:
+    """extra(k) = scale * (PRIOR_FIXED + PRIOR_PER_TOKEN * k): the CPU's shape, scaled by least squares
+    to the measured batches (older ones weigh less). One parameter: batches of one size define it."""
+
+    def __init__(self) -> None:
+        self._shape_y = self._shape_shape = 0.0  # Σ y·shape(k), Σ shape(k)² over the measurements
+        self.scale = 1.0
+
+    def add(self, k: int, y: float) -> None:
+        shape = _shape(k)
+        self._shape_y = self._shape_y * FORGET + max(0.0, y) * shape
+        self._shape_shape = self._shape_shape * FORGET + shape * shape
+        self.scale = self._shape_y / self._shape_shape
+
+    def __call__(self, k: int) -> float:
+        return self.scale * _shape(k)
+
+
+def _shape(k: int) -> float:
+    return BATCH_COST_FIXED + BATCH_COST_PER_TOKEN * k
+
+
+def _ema(old: float | None, new: float) -> float:
+    return new if old is None else old + EMA * (new - old)
+
+
+def draft_mismatch(target: Any, draft: Any) -> str | None:
+    """Why a draft model (its GGUF header) cannot draft for the target, or None: llama.cpp's own test
+    (common_speculative_are_compatible) on the headers, so it runs before either model loads."""
+    tokenizer = "tokenizer.ggml.model"
+    if target.get(tokenizer) != draft.get(tokenizer):
+        return f"its tokenizer is {draft.get(tokenizer)!r}, the target's {target.get(tokenizer)!r}"
+    for flag, token in (("add_bos_token", "bos_token_id"), ("add_eos_token", "eos_token_id")):
+        adds = target.get(f"tokenizer.ggml.{flag}")
+        if adds != draft.get(f"tokenizer.ggml.{flag}") or (
+            adds and target.get(f"tokenizer.ggml.{token}") != draft.get(f"tokenizer.ggml.{token}")
+        ):
+            return f"its {token.split('_')[0].upper()} token differs from the target's"
+    ours, theirs = target.get("tokenizer.ggml.tokens") or [], draft.get("tokenizer.ggml.tokens") or []
+    if abs(len(ours) - len(theirs)) > VOCAB_SIZE_SLACK:
+        return f"its vocabulary has {len(theirs):,} tokens, the target's {len(ours):,}"
+    for i in range(VOCAB_CHECK_FROM, min(len(ours), len(theirs))):
+        if ours[i] != theirs[i]:
+            return f"token {i} is {theirs[i]!r} in it, {ours[i]!r} in the target"
+    return None

@@ -1,0 +1,256 @@
+"""Speculative decoding with the real model: the same answers, drafts kept where they should be."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from runner.engine.engine import Engine
+from runner.engine.prompt import render_prompt
+from runner.engine.sampling import SamplingConfig
+from runner.engine.speculate import NgramDrafter, Speculator, draft_mismatch
+from runner.engine.template import Message
+from runner.gguf import read_header
+from tests.conftest import run_cli
+from tests.synth import SPECS, Spec, write_model
+from tests.test_batch import same_or_near_tie
+
+GREEDY = SamplingConfig(temperature=0)
+PARAGRAPH = (
+    "The old lighthouse stood on the northern cliff for two hundred years. Every night its keeper "
+    "climbed the spiral stairs, trimmed the wick and polished the great lens until it shone. Ships "
+    "passing in the dark trusted its beam to guide them past the rocks."
+)
+COPY = f"Rewrite the following paragraph, changing 'keeper' to 'guardian'.\n\n{PARAGRAPH}"
+FREE = ["Write a short story about a dragon who bakes bread.", "Name three colors.", "What is 7 times 6?"]
+
+
+@pytest.fixture(scope="module")
+def target(smollm2_path: Path):
+    with Engine(smollm2_path, n_ctx=2048, n_threads=2) as engine:
+        yield engine
+
+
+@pytest.fixture(scope="module")
+def draft_path(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random-weight llama with SmolLM2's tokenizer: a valid draft that is almost always wrong."""
+    spec = Spec("llama", n_layer=2, n_embd=64, n_head=2, n_head_kv=1, n_ff=128, n_ctx_train=8192)
+    return write_model(tmp_path_factory.mktemp("draft") / "draft.gguf", _tokenized(spec, smollm2_path))
+
+
+def _tokenized(spec: Spec, source: Path, edits: dict[int, str] | None = None) -> Spec:
+    from dataclasses import replace
+
+    return replace(spec, tokenizer=source, token_edits=edits or {})
+
+
+def tokens_for(engine: Engine, path: Path, text: str) -> list[int]:
+    return render_prompt(engine, read_header(path), [Message("user", text)]).tokens
+
+
+def answer(
+    engine: Engine,
+    prompt: list[int],
+    mode: str,
+    sampling: SamplingConfig = GREEDY,
+    max_tokens: int = 120,
+    **kw: object,
+):
+    engine.speculate(mode, **kw)  # type: ignore[arg-type]
+    try:
+        engine.reset()
+        return engine.generate(prompt, sampling, max_tokens=max_tokens)
+    finally:
+        engine.speculate("none")
+
+
+# -- the drafting logic, on token lists -------------------------------------------------------------
+
+
+def test_ngram_drafts_what_followed_the_latest_earlier_match() -> None:
+    d = NgramDrafter()
+    history = [1, 2, 3, 4, 5, 6, 9, 1, 2, 3, 4, 7, 8, 1, 2, 3, 4]
+    kind, most = d.candidates(history)
+    assert kind == 4  # the longest key that matches: [1, 2, 3, 4]
+    assert d.propose(history, most) == [7, 8, 1, 2, 3, 4]  # the latest match, not the first
+    assert d.propose(history, 2) == [7, 8]
+    history += [7, 8]  # the answer goes on: the index grows with it
+    assert d.candidates(history)[0] == 4 and d.propose(history, 3) == [1, 2, 3]
+
+
+def test_ngram_falls_back_to_shorter_keys_and_never_matches_itself() -> None:
+    d = NgramDrafter()
+    assert d.candidates([10, 11, 12]) == (0, 0)  # the suffix alone is no earlier match
+    d = NgramDrafter()
+    history = [7, 8, 30, 40, 9, 7, 8]
+    kind, most = d.candidates(history)
+    assert (kind, d.propose(history, most)) == (2, [30, 40, 9, 7, 8])
+
+
+class _Fixed:
+    """A drafter that proposes a given continuation (for the controller's arithmetic)."""
+
+    mode = "test"
+    costs_time = False
+
+    def reset(self) -> None: ...
+
+    def candidates(self, history: list[int]) -> tuple[int, int]:
+        return 1, 32
+
+    def propose(self, history: list[int], n: int) -> list[int]:
+        return [0] * n
+
+    def close(self) -> None: ...
+
+
+def test_the_draft_length_follows_acceptance_and_batch_cost() -> None:
+    spec = Speculator(_Fixed())
+    spec.plain_step(0.010)
+    assert spec._best_length(0.99, 32) >= 8  # nearly every draft kept: long drafts
+    assert spec._best_length(0.3, 32) == 0  # mostly rejected: a plain step is faster
+    for _ in range(6):  # a GPU-like machine: a verify batch costs little more than one token
+        spec.verified(8, 8, 0.0105, 0.0)
+    assert spec._best_length(0.9, 32) > 8 and spec.batch_cost(8) < 0.2
+
+
+def test_speculation_stops_for_the_answer_when_it_does_not_pay() -> None:
+    spec = Speculator(_Fixed())
+    spec.plain_step(0.010)
+    spec.draft([1, 2, 3], 32)
+    for _ in range(8):  # each batch: 4 drafts, none kept, 3 steps' time for 1 token
+        spec.verified(4, 0, 0.030, 0.0)
+    assert spec.stopped and spec.draft([1, 2, 3], 32) == []
+    assert spec.stats().stopped and spec.stats().acceptance == 0.0
+    spec.begin()  # a new answer tries again
+    assert not spec.stopped
+
+
+# -- the engine, with the real model ---------------------------------------------------------------
+
+
+def test_ngram_speculation_keeps_the_greedy_answer_of_a_copy_task(target: Engine, smollm2_path: Path) -> None:
+    prompt = tokens_for(target, smollm2_path, COPY)
+    plain = answer(target, prompt, "none")
+    fixed = answer(target, prompt, "ngram", fixed=8)
+    adaptive = answer(target, prompt, "ngram")
+    assert same_or_near_tie(target, prompt, plain.text, fixed.text)
+    assert same_or_near_tie(target, prompt, plain.text, adaptive.text)
+    s = fixed.timings.speculation
+    assert s.mode == "ngram" and s.steps > 3
+    assert s.acceptance > 0.6 and s.mean_accepted > 3  # the paragraph is copied: most drafts kept
+    assert fixed.timings.completion_tokens == plain.timings.completion_tokens
+    assert PARAGRAPH[:40] in plain.text  # the task really is a copy for this model
+
+
+def test_the_model_as_its_own_draft_keeps_nearly_every_draft(target: Engine, smollm2_path: Path) -> None:
+    for text in FREE:
+        prompt = tokens_for(target, smollm2_path, text)
+        plain = answer(target, prompt, "none")
+        drafted = answer(target, prompt, "draft", draft=Engine(smollm2_path, n_ctx=2048), fixed=4)
+        assert same_or_near_tie(target, prompt, plain.text, drafted.text)
+        s = drafted.timings.speculation
+        assert s.mode == "draft" and s.steps > 0 and s.acceptance > 0.9, s
+
+
+def test_a_bad_draft_is_rejected_and_the_answer_stays_the_same(
+    target: Engine, smollm2_path: Path, draft_path: Path
+) -> None:
+    prompt = tokens_for(target, smollm2_path, FREE[0])
+    plain = answer(target, prompt, "none")
+    drafted = answer(target, prompt, "draft", draft=Engine(draft_path, n_ctx=2048), fixed=4)
+    assert same_or_near_tie(target, prompt, plain.text, drafted.text)
+    s = drafted.timings.speculation
+    assert s.steps > 10 and s.acceptance < 0.3, s
+
+
+def test_sampling_with_a_seed_gives_the_same_answer_with_speculation(
+    target: Engine, smollm2_path: Path
+) -> None:
+    """Each kept token is the target's own draw, by the same chain in the same order: a seeded answer
+    at temperature > 0 does not change (checked by token, where a flip would begin)."""
+    prompt = tokens_for(target, smollm2_path, COPY)
+    sampling = SamplingConfig(temperature=0.7, seed=42)
+    plain = answer(target, prompt, "none", sampling)
+    drafted = answer(target, prompt, "ngram", sampling, fixed=8)
+    assert drafted.timings.speculation.accepted > 0
+    assert plain.text == drafted.text
+
+
+def test_drafts_stop_at_max_tokens_and_the_context(target: Engine, smollm2_path: Path) -> None:
+    prompt = tokens_for(target, smollm2_path, COPY)
+    for limit in (1, 2, 5, 17):
+        result = answer(target, prompt, "ngram", fixed=16, max_tokens=limit)
+        assert result.timings.completion_tokens == limit
+    with Engine(smollm2_path, n_ctx=512, n_threads=2) as small:
+        filler = ""
+        while len(long := tokens_for(small, smollm2_path, filler + COPY)) < small.n_ctx - 24:
+            filler += "Read this carefully. "  # the copy task, 24 tokens short of the context's end
+        small.speculate("ngram", fixed=16)
+        result = small.generate(long, GREEDY)
+        assert result.context_full and result.timings.speculation.steps > 0
+        assert len(long) + result.timings.completion_tokens == small.n_ctx >= small.n_cached
+
+
+def test_a_recurrent_model_decodes_plainly(tmp_path: Path) -> None:
+    path = write_model(tmp_path / "mamba.gguf", SPECS["mamba"])
+    with Engine(path, n_ctx=256, n_threads=2) as engine:
+        assert engine.speculate("ngram") is False and engine.speculator is None
+
+
+# -- draft models checked before loading; the CLI ----------------------------------------------------
+
+
+def test_draft_vocabularies_are_compared_as_llama_cpp_does(smollm2_path: Path, tmp_path: Path) -> None:
+    target = read_header(smollm2_path)
+    base = Spec("llama", n_layer=1, n_embd=64, n_head=2, n_head_kv=1, n_ff=128)
+    same = write_model(tmp_path / "same.gguf", _tokenized(base, smollm2_path))
+    assert draft_mismatch(target, read_header(same)) is None
+    edited = write_model(tmp_path / "edit.gguf", _tokenized(base, smollm2_path, {300: "zzz"}))
+    assert "token 300" in (draft_mismatch(target, read_header(edited)) or "")
+    none = write_model(tmp_path / "none.gguf", base)
+    assert "tokenizer" in (draft_mismatch(target, read_header(none)) or "")
+
+
+@pytest.mark.parametrize(
+    "make, words",
+    [
+        ("other-vocab", "cannot draft for this model: its tokenizer is"),
+        ("missing", "no-such-draft.gguf"),
+        ("bigger", "is bigger than the model it would draft for"),
+        ("spec-too", "give one of them"),
+        ("bad-spec", "--spec must be ngram or none"),
+    ],
+)
+def test_bad_draft_usage_is_one_line_and_exit_2(
+    smollm2_path: Path, draft_path: Path, tmp_path: Path, make: str, words: str
+) -> None:
+    model, extra = str(smollm2_path), ["--draft", str(draft_path)]
+    if make == "other-vocab":
+        extra = ["--draft", str(write_model(tmp_path / "v.gguf", Spec("llama", n_layer=1, n_embd=64)))]
+    elif make == "missing":
+        extra = ["--draft", str(tmp_path / "no-such-draft.gguf")]
+    elif make == "bigger":
+        model, extra = str(draft_path), ["--draft", str(smollm2_path)]
+    elif make == "spec-too":
+        extra += ["--spec", "ngram"]
+    elif make == "bad-spec":
+        extra = ["--spec", "eagle"]
+    proc = run_cli("run", model, "Hi", "--max-tokens", "4", *extra)
+    err = proc.stderr.decode()
+    assert proc.returncode == 2, err
+    assert proc.stdout == b"" and words in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_json_and_verbose_report_the_speculation(smollm2_path: Path) -> None:
+    args = ["run", str(smollm2_path), COPY, "--temperature", "0", "--max-tokens", "80"]
+    data = json.loads(run_cli(*args, "--json").stdout)
+    spec = data["speculation"]
+    assert spec["mode"] == "ngram" and spec["accepted"] <= spec["drafted"]
+    assert set(spec) == {"mode", "drafted", "accepted", "acceptance_rate", "mean_accepted", "stopped"}
+    off = json.loads(run_cli(*args, "--json", "--spec", "none").stdout)
+    assert "speculation" not in off and off["text"] == data["text"]
+    verbose = run_cli(*args, "--verbose").stderr.decode()
+    assert "spec ngram:" in verbose
