@@ -191,7 +191,10 @@ class Engine:
             if draft is not None:
                 draft.close()
             return mode == SPEC_NONE
-        drafter = ModelDrafter(draft) if mode == SPEC_DRAFT and draft is not None else NgramDrafter()
+        if mode == SPEC_DRAFT and draft is not None:
+            drafter: ModelDrafter | NgramDrafter = ModelDrafter(draft)
+        else:
+            drafter = NgramDrafter(is_end=self.is_end)
         self.speculator = Speculator(drafter, fixed)
         return True
 
