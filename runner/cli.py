@@ -121,6 +121,8 @@ def run(
     flash_attn: o.FlashAttn = None,
     spec: o.Spec = None,
     draft: o.Draft = None,
+    no_prompt_cache: o.NoPromptCache = False,
+    prompt_cache_size: o.PromptCacheSize = None,
     force: o.Force = False,
     offline: o.Offline = False,
     json: o.Json = False,
@@ -204,6 +206,8 @@ def run(
             flash_attn=flash_attn,
             spec=spec,
             draft=draft,
+            prompt_cache=not no_prompt_cache,
+            prompt_cache_size=prompt_cache_size,
             force=force,
             offline=offline,
             save=not no_save,
@@ -238,6 +242,8 @@ def run(
             flash_attn=flash_attn,
             spec=spec,
             draft=draft,
+            prompt_cache=not no_prompt_cache,
+            prompt_cache_size=prompt_cache_size,
             force=force,
             offline=offline,
             as_json=json,
@@ -276,6 +282,8 @@ def chat(
     flash_attn: o.FlashAttn = None,
     spec: o.Spec = None,
     draft: o.Draft = None,
+    no_prompt_cache: o.NoPromptCache = False,
+    prompt_cache_size: o.PromptCacheSize = None,
     force: o.Force = False,
     offline: o.Offline = False,
     resume: o.Resume = None,
@@ -315,6 +323,8 @@ def chat(
         flash_attn=flash_attn,
         spec=spec,
         draft=draft,
+        prompt_cache=not no_prompt_cache,
+        prompt_cache_size=prompt_cache_size,
         force=force,
         offline=offline,
         debug=debug,
@@ -471,6 +481,21 @@ def rm(model: o.ModelArg, yes: o.Yes = False, debug: o.Debug = False) -> None:
     from runner.commands.rm import remove_model
 
     remove_model(model, yes=yes, interactive=sys.stdin is not None and sys.stdin.isatty())
+
+
+@app.command()
+@edge
+def cache(clear: o.ClearCache = False, json: o.JsonObject = False, debug: o.Debug = False) -> None:
+    """Show the prompt cache on disk (evaluated prompt heads), or clear it.
+
+    \b
+    Examples:
+      runner cache
+      runner cache --clear
+    """
+    from runner.commands.cache import show_cache
+
+    show_cache(clear=clear, as_json=json, out=sys.stdout)
 
 
 @app.command(no_args_is_help=True)

@@ -207,6 +207,25 @@ Draft = Annotated[
         show_default=False,
     ),
 ]
+NoPromptCache = Annotated[
+    bool,
+    typer.Option(
+        "--no-prompt-cache",
+        help="Neither load nor store the evaluated prompt head on disk (runner cache shows it).",
+        rich_help_panel=SPEED,
+    ),
+]
+PromptCacheSize = Annotated[
+    Optional[str],
+    typer.Option(
+        "--prompt-cache-size",
+        metavar="SIZE",
+        help="The prompt cache's limit on disk, e.g. 500M; least recently used heads go first [default: 2G]",
+        rich_help_panel=SPEED,
+        show_default=False,
+    ),
+]
+ClearCache = Annotated[bool, typer.Option("--clear", help="Remove every entry.")]
 Force = Annotated[
     bool,
     typer.Option("--force", help="Load even when the estimate says it will not fit.", rich_help_panel=LIMITS),

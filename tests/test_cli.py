@@ -68,7 +68,8 @@ def test_json_has_the_documented_fields() -> None:
     done = run_cli("run", "smollm2", "What is 2+2?", "--json", *FIXED)
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
-    assert set(report) == {"model", "text", "finish_reason", "usage", "timings"}
+    # speculation: on by default (n-gram); prompt_cache only where a head was loaded or stored
+    assert set(report) == {"model", "text", "finish_reason", "usage", "timings", "speculation"}
     assert report["model"] == "smollm2"
     assert report["finish_reason"] in {"stop", "length"}
     assert set(report["usage"]) == {"prompt_tokens", "completion_tokens"}

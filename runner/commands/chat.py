@@ -24,6 +24,7 @@ from runner.commands.output import (
     describe_sampling,
     describe_speculation,
     describe_timings,
+    open_prompt_cache,
     sampling_for,
     speculation_json,
     stream_answer,
@@ -32,6 +33,7 @@ from runner.commands.output import (
 from runner.engine.constrain import Constraint, ConstraintError, constraint
 from runner.engine.conversation import Fitted, fit
 from runner.engine.engine import FINISH_INTERRUPTED
+from runner.engine.promptcache import MIN_HEAD
 from runner.engine.reasoning import style_of
 from runner.engine.template import TEMPLATE_KEY, Message
 from runner.errors import InvalidSetting, PromptTooLong, RunnerError, UsageError
@@ -100,6 +102,8 @@ class ChatRequest:
     flash_attn: str | None = None  # --flash-attn as typed: auto, on, off; None: not given
     spec: str | None = None  # --spec as typed
     draft: str | None = None  # --draft MODEL
+    prompt_cache: bool = True  # --no-prompt-cache: False
+    prompt_cache_size: str | None = None  # --prompt-cache-size as typed
     force: bool = False
     offline: bool = False
     debug: bool = False
@@ -143,6 +147,8 @@ class Session:
         self.conversation: int | None = None
         self.first = 0  # the first turn sent to the model (older exchanges dropped to fit)
         self.last: Any = None  # the last Answer
+        # the conversation's evaluated state is kept on disk at the end, loaded by --resume and -c
+        self.prompt_cache = open_prompt_cache(request.prompt_cache, request.prompt_cache_size)
 
     # -- the conversation and its store ------------------------------------------------------------
 
@@ -226,6 +232,7 @@ class Session:
                 max_tokens=self.max_tokens,
                 stop=self.request.stop,
                 grammar=self.constraint.grammar if self.constraint else None,
+                prompt_cache=self.prompt_cache,
             )
         writer.end()
         result = answer.result
@@ -261,6 +268,30 @@ class Session:
             if not self.interactive:
                 raise KeyboardInterrupt  # a scripted chat stops here; what came is saved
             ui.info("interrupted: the partial answer stays in the conversation (/retry answers again)")
+
+    def keep_state(self) -> None:
+        """Store the evaluated conversation in the prompt cache, so that `--resume` and `run -c` load
+        it instead of evaluating the history again: the tokens the KV cache shares with the prompt the
+        next turn will send (the answer's own tokens may differ from their re-rendered text)."""
+        engine = self.loaded.engine
+        if self.prompt_cache is None or not self.turns or engine.n_cached < MIN_HEAD:
+            return
+        messages = [Message(t.role, t.content) for t in [*self.turns, StoredMessage("user", "\x00")]]
+        try:
+            upcoming = fit(
+                engine,
+                self.loaded.header,
+                self.system,
+                messages,
+                first=self.first,
+                max_tokens=self.max_tokens,
+                enable_thinking=self.think,
+            ).prompt.tokens
+        except RunnerError:
+            return
+        shared = engine.shared_prefix(upcoming)
+        if shared >= MIN_HEAD and engine.drop_after(shared):
+            self.prompt_cache.store(engine, upcoming[:shared])
 
     def retry(self) -> None:
         answers = []
@@ -528,7 +559,11 @@ def chat(request: ChatRequest, *, stdin: TextIO, out: TextIO, interactive: bool)
             session = Session(loaded, request, store, out, interactive)
             if stored is not None:
                 session.adopt(stored, stored_here=stored_here)
-            _loop(session, interactive, stdin)
+            try:
+                _loop(session, interactive, stdin)
+            finally:
+                with interrupt.deferred():
+                    session.keep_state()
         finally:
             loaded.close()
     finally:
@@ -601,6 +636,7 @@ def continue_last(request: ChatRequest, prompt: str, *, out: TextIO, as_json: bo
                 session.store = None
             with interrupt.deferred():
                 session.send(prompt)
+                session.keep_state()
             if as_json:
                 out.write(json.dumps(to_json(loaded.name, session.last), ensure_ascii=False) + "\n")
         finally:

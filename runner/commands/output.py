@@ -14,6 +14,7 @@ from typing import Any, TextIO
 from runner import ui
 from runner.engine.engine import FINISH_LENGTH, Result, Timings, supports_gpu_offload
 from runner.engine.prompt import Prompt
+from runner.engine.promptcache import CacheUse, PromptCache
 from runner.engine.reasoning import ANSWER, Splitter
 from runner.engine.sampling import SamplingConfig, catalog_defaults, resolve_sources
 from runner.engine.speculate import SpecStats
@@ -108,15 +109,25 @@ def stream_answer(
     max_tokens: int | None = None,
     stop: tuple[str, ...] = (),
     grammar: str | None = None,
+    prompt_cache: PromptCache | None = None,
+    head: int = 0,
 ) -> Answer:
-    """The one loop run and chat share: generate, split reasoning from answer, write as it comes."""
+    """The one loop run and chat share: generate, split reasoning from answer, write as it comes.
+    `prompt_cache` and `head`: see Engine.stream."""
     splitter = Splitter(prompt.reasoning_style, prompt.opens_reasoning)
     special = prompt.reasoning_style == "channels"
     answer: list[str] = []
     reasoning: list[str] = []
     last = None
     for chunk in loaded.engine.stream(
-        prompt.tokens, sampling, max_tokens=max_tokens, stop=stop, special=special, grammar=grammar
+        prompt.tokens,
+        sampling,
+        max_tokens=max_tokens,
+        stop=stop,
+        special=special,
+        grammar=grammar,
+        prompt_cache=prompt_cache,
+        head=head,
     ):
         parts = splitter.push(chunk.text) + (splitter.flush() if chunk.finish_reason else [])
         for kind, text in parts:
@@ -151,7 +162,34 @@ def to_json(model: str, answer: Answer) -> dict[str, Any]:
     )
     if t.speculation.mode != "none":
         data["speculation"] = speculation_json(t.speculation)
+    if t.prompt_cache.loaded_tokens or t.prompt_cache.stored_tokens:
+        data["prompt_cache"] = {
+            "loaded_tokens": t.prompt_cache.loaded_tokens,
+            "stored_tokens": t.prompt_cache.stored_tokens,
+            "write_s": round(t.prompt_cache.write_s, 4),
+        }
     return data
+
+
+def open_prompt_cache(enabled: bool, size: str | None) -> PromptCache | None:
+    """The prompt cache run and chat use (runner.engine.promptcache), or None with --no-prompt-cache;
+    a bad --prompt-cache-size is refused before anything loads."""
+    from runner.engine import promptcache
+
+    limit = promptcache.parse_size(size) if size is not None else promptcache.DEFAULT_LIMIT
+    if not enabled or limit == 0:
+        return None
+    return promptcache.PromptCache(promptcache.folder(), limit, ui.warn)
+
+
+def describe_prompt_cache(use: CacheUse) -> str:
+    if use.loaded_tokens:
+        return f" · {use.loaded_tokens:,} prompt tokens from the prompt cache"
+    if use.stored_tokens:
+        return (
+            f" · {use.stored_tokens:,} prompt tokens stored in the prompt cache ({use.write_s * 1000:.0f} ms)"
+        )
+    return ""
 
 
 def speculation_json(spec: SpecStats) -> dict[str, Any]:
@@ -203,6 +241,7 @@ def describe_timings(result: Result) -> str:
         f"ttft {t.ttft_s:.3f} s · "
         f"prefill {t.prefill_tokens_per_s:.1f} tok/s · generated {t.completion_tokens} tokens · "
         f"decode {t.decode_tokens_per_s:.1f} tok/s · finish {reason}{describe_speculation(t.speculation)}"
+        f"{describe_prompt_cache(t.prompt_cache)}"
     )
 
 

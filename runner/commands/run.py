@@ -13,6 +13,7 @@ from runner.commands.output import (
     describe_load,
     describe_sampling,
     describe_timings,
+    open_prompt_cache,
     sampling_for,
     stream_answer,
     to_json,
@@ -22,7 +23,7 @@ from runner.engine.engine import FINISH_INTERRUPTED, Result
 from runner.engine.prompt import read_prompt, render_prompt
 from runner.engine.template import build_messages
 from runner.limits import check_answer_limits, flash_attn_setting, spec_setting
-from runner.loader import open_model
+from runner.loader import LoadedModel, open_model
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,8 @@ class RunRequest:
     flash_attn: str | None = None  # --flash-attn as typed: auto, on, off; None: not given
     spec: str | None = None  # --spec as typed
     draft: str | None = None  # --draft MODEL
+    prompt_cache: bool = True  # --no-prompt-cache: False
+    prompt_cache_size: str | None = None  # --prompt-cache-size as typed
     force: bool = False
     offline: bool = False
     as_json: bool = False
@@ -57,6 +60,7 @@ def run_once(request: RunRequest, *, stdin: BinaryIO | None, out: TextIO) -> Res
     check_answer_limits(request.max_tokens, request.stop)
     flash_attn = flash_attn_setting(request.flash_attn)
     spec = spec_setting(request.spec, request.draft)
+    cache = open_prompt_cache(request.prompt_cache, request.prompt_cache_size)
     constrained = constraint(schema=request.schema, format=request.format, grammar=request.grammar)
     prompt = read_prompt(request.prompt, stdin)
     loaded = open_model(
@@ -85,6 +89,7 @@ def run_once(request: RunRequest, *, stdin: BinaryIO | None, out: TextIO) -> Res
             enable_thinking=request.think,
         )
         loaded.engine.check_fits(rendered.tokens, request.max_tokens)
+        head = stable_head(loaded, rendered.tokens, prompt, request, system) if cache is not None else 0
         if request.verbose:
             ui.info(describe_load(loaded))
             ui.info(f"sampling: {describe_sampling(sampling, sources)}")
@@ -100,6 +105,8 @@ def run_once(request: RunRequest, *, stdin: BinaryIO | None, out: TextIO) -> Res
                 max_tokens=request.max_tokens,
                 stop=request.stop,
                 grammar=constrained.grammar if constrained else None,
+                prompt_cache=cache,
+                head=head,
             )
             if constrained is not None and answer.result.finish_reason != FINISH_INTERRUPTED:
                 answer = replace(answer, text=constrained.check(answer.text, answer.result.finish_reason))
@@ -118,6 +125,34 @@ def run_once(request: RunRequest, *, stdin: BinaryIO | None, out: TextIO) -> Res
     if request.verbose:
         ui.info(describe_timings(result))
     return result
+
+
+def stable_head(
+    loaded: LoadedModel, tokens: list[int], prompt: str, request: RunRequest, system: str | None
+) -> int:
+    """How many of the prompt's tokens are its stable head: the system prompt and piped stdin, not
+    the final argument (which a shell loop changes from call to call). The tokens it shares with the
+    same prompt rendered with other text in the argument's place, so a template's or tokenizer's
+    joins are never counted in."""
+    stable = (
+        prompt[: len(prompt) - len(request.prompt)]
+        if request.prompt and prompt.endswith(request.prompt)
+        else prompt
+    )
+    probe = render_prompt(
+        loaded.engine,
+        loaded.header,
+        build_messages(stable.rstrip("\n") + "\n\n\x00", system),
+        raw=request.raw,
+        enable_thinking=request.think,
+        quiet=True,
+    )
+    n = 0
+    for a, b in zip(probe.tokens, tokens, strict=False):
+        if a != b:
+            break
+        n += 1
+    return n
 
 
 def _finish(out: TextIO, writer: AnswerWriter, answer: Answer, model: str, as_json: bool) -> None:

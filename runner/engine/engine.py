@@ -31,6 +31,7 @@ from runner.engine.llamacpp import (
     model_params,
     supports_gpu_offload,
 )
+from runner.engine.promptcache import MIN_HEAD, CacheUse, PromptCache
 from runner.engine.sampling import SamplingConfig
 from runner.engine.speculate import SPEC_NONE, SpecStats, Speculator
 from runner.errors import EngineError, InvalidModelFile, InvalidSetting, PromptTooLong
@@ -60,6 +61,7 @@ class Timings:
     total_s: float = 0.0
     startup_s: float = 0.0  # the process's start to this request's first prefill (0: unknown)
     speculation: SpecStats = SpecStats()
+    prompt_cache: CacheUse = CacheUse()  # tokens of the prompt loaded from, or written to, the disk cache
 
     @property
     def prefill_tokens_per_s(self) -> float:
@@ -336,6 +338,47 @@ class Engine:
             lib.llama_set_abort_callback(self._ctx, lib.ggml_abort_callback(0), None)  # NULL
         return self.last_prefill_tokens
 
+    def shared_prefix(self, tokens: Sequence[int]) -> int:
+        """Tokens at the start of `tokens` whose keys and values the KV cache holds already."""
+        n = 0
+        for a, b in zip(self._cached, tokens, strict=False):
+            if a != b:
+                break
+            n += 1
+        return n
+
+    def drop_after(self, n: int) -> bool:
+        """Keep the first n cached tokens only; False where the memory cannot drop a suffix."""
+        if n < len(self._cached):
+            if not llama().llama_memory_seq_rm(self._memory, 0, n, -1):
+                return False
+            del self._cached[n:]
+        return True
+
+    def state_bytes(self) -> bytes:
+        """The KV cache's state (sequence 0), as llama.cpp serializes it."""
+        lib = llama()
+        size = lib.llama_state_seq_get_size(self._ctx, 0)
+        buffer = (ctypes.c_uint8 * size)()
+        n = lib.llama_state_seq_get_data(self._ctx, buffer, size, 0)
+        return ctypes.string_at(buffer, n)
+
+    def load_state(self, data: bytes, tokens: Sequence[int]) -> bool:
+        """Replace the KV cache with a state from state_bytes() that holds `tokens`; False (and an
+        empty cache) where llama.cpp refuses it."""
+        lib = llama()
+        self.reset()
+        buffer = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
+        with interrupt.deferred():
+            if lib.llama_state_seq_set_data(self._ctx, buffer, len(data), 0) == 0:
+                self.reset()
+                return False
+        if lib.llama_memory_seq_pos_max(self._memory, 0) != len(tokens) - 1:
+            self.reset()  # not the tokens it claims: never trusted
+            return False
+        self._cached = list(tokens)
+        return True
+
     def generate_step(
         self,
         prompt_tokens: Sequence[int],
@@ -442,6 +485,8 @@ class Engine:
         stop: Sequence[str] = (),
         special: bool = False,
         grammar: str | None = None,
+        prompt_cache: PromptCache | None = None,
+        head: int = 0,
     ) -> Iterator[Chunk]:
         """The answer as text pieces, UTF-8 safe, with stop strings held back until they cannot match.
 
@@ -449,10 +494,14 @@ class Engine:
         "interrupted": what was generated is kept, and the interrupt counts as reported (the flag is
         cleared). `special` renders control tokens as text (a parser of gpt-oss's channels needs them).
         `grammar` (GBNF, root rule "root") constrains every token (runner.engine.constrain).
+        `prompt_cache`: the longest stored head of the prompt is loaded from it; where none is and
+        the prompt's stable `head` tokens are at least MIN_HEAD, they are evaluated and stored first.
         """
         self.check_fits(prompt_tokens)
         with interrupt.deferred():
-            yield from self._stream(prompt_tokens, sampling, max_tokens, stop, special, grammar)
+            yield from self._stream(
+                prompt_tokens, sampling, max_tokens, stop, special, grammar, prompt_cache, head
+            )
 
     def _stream(
         self,
@@ -462,9 +511,14 @@ class Engine:
         stop: Sequence[str],
         special: bool,
         grammar: str | None = None,
+        prompt_cache: PromptCache | None = None,
+        head: int = 0,
     ) -> Iterator[Chunk]:
         start = time.perf_counter()
         startup = since_process_start()
+        cache_use = CacheUse()
+        if prompt_cache is not None:
+            cache_use = self._use_cache(prompt_cache, prompt_tokens, head)
         evaluated = 0
         text = _TextAssembler(stop)
         finish, context_full = FINISH_LENGTH, False
@@ -514,8 +568,21 @@ class Engine:
             total_s=end - start,
             startup_s=startup,
             speculation=self.speculator.stats() if self.speculator is not None else SpecStats(),
+            prompt_cache=cache_use,
         )
         yield Chunk(tail, finish_reason=finish, timings=timings, context_full=context_full)
+
+    def _use_cache(self, cache: PromptCache, prompt: Sequence[int], head: int) -> CacheUse:
+        used = cache.restore(self, prompt)
+        head = min(head, len(prompt) - 1)
+        if used.loaded_tokens or head < MIN_HEAD or self.shared_prefix(prompt) >= head:
+            return used
+        try:
+            self.prefill(prompt[:head])
+        except _Interrupted:
+            return used  # the prompt's own prefill sees the interrupt next
+        stored = cache.store(self, prompt[:head])
+        return CacheUse(stored_tokens=stored.stored_tokens, write_s=stored.write_s, read_s=used.read_s)
 
     def generate(self, prompt_tokens: Sequence[int], sampling: SamplingConfig, **kwargs: Any) -> Result:
         parts: list[str] = []

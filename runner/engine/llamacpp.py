@@ -11,6 +11,7 @@ import functools
 import os
 import re
 from collections import deque
+from pathlib import Path
 from typing import Any
 
 from runner import interrupt
@@ -102,6 +103,12 @@ def llama() -> Any:
             llama_cpp.llama_backend_init()
     _LIB = llama_cpp
     return llama_cpp
+
+
+def library_file() -> Path | None:
+    """The llama.cpp shared library this process loaded (its build is part of a saved state's key)."""
+    name = getattr(getattr(_low_level(), "_lib", None), "_name", None)
+    return Path(name) if isinstance(name, str) else None
 
 
 def supports_gpu_offload() -> bool:

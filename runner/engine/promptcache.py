@@ -1,0 +1,268 @@
+"""A prompt cache on disk: the evaluated KV state of a prompt's stable head, loaded instead of prefilled.
+
+Shell loops call runner again and again with the same head (a long system prompt, a document on
+stdin) and a different question. The head's state (llama_state_seq_get_data, written by runner) is
+kept in one file per head, named by what it must match:
+
+    {identity}-{n_tokens}-{tokens}.kv   identity: the model file (path, size, mtime), the KV cache type,
+                                        flash attention, GPU offload, the llama.cpp library file;
+                                        tokens: a hash of the head's token ids
+
+so a different model, quant, cache type or llama.cpp build never matches. A file is
+MAGIC, a version, a JSON header (identity, token hash, payload size and BLAKE2b checksum), then the
+payload; all of it is checked before llama.cpp reads a byte, and a file that fails (truncated,
+corrupt, foreign) is deleted, never loaded. Writes go to a temporary file renamed into place, so two
+processes writing one entry at once leave one whole file and a reader never sees half of one. Reads
+refresh a file's mtime; past the size limit the least recently used files go (LRU).
+
+Any error of the cache's folder (unwritable, full) turns the cache off for the call with one
+warning: the answer never depends on it.
+"""
+
+from __future__ import annotations
+
+import array
+import contextlib
+import hashlib
+import json
+import os
+import struct
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from runner.engine.engine import Engine
+
+MAGIC = b"RUNNERKV"
+VERSION = 1
+_HEAD = struct.Struct("<8sII")  # magic, version, JSON length
+# Heads shorter than this are not stored: measured on SmolLM2 (2 cores), loading a stored state costs
+# ~5 ms plus ~0.02 ms a token, prefilling ~5 ms a token, so even 64 tokens would pay; the floor is
+# there so that the short prompts of a loop (a template head of a few dozen tokens) do not fill the
+# disk with entries that save a few milliseconds each.
+MIN_HEAD = 256
+DEFAULT_LIMIT = 2 << 30  # bytes on disk (--prompt-cache-size)
+
+
+@dataclass(frozen=True)
+class CacheUse:
+    """What the cache did for one prompt."""
+
+    loaded_tokens: int = 0  # tokens whose state came from disk
+    stored_tokens: int = 0  # tokens whose state was written (a cold head)
+    write_s: float = 0.0
+    read_s: float = 0.0
+
+
+def folder() -> Path:
+    from runner.paths import cache_dir
+
+    return cache_dir() / "prompts"
+
+
+def parse_size(text: str) -> int:
+    """--prompt-cache-size: bytes, or a number with K, M, G (powers of 1024; B and iB optional)."""
+    value = text.strip().upper().removesuffix("B").removesuffix("I")
+    scale = 1
+    for suffix, factor in (("K", 1 << 10), ("M", 1 << 20), ("G", 1 << 30), ("T", 1 << 40)):
+        if value.endswith(suffix):
+            value, scale = value[:-1], factor
+            break
+    try:
+        number = float(value)
+    except ValueError:
+        number = -1.0
+    if not number >= 0 or number * scale > 1 << 50:
+        from runner.errors import InvalidSetting
+
+        raise InvalidSetting(f"--prompt-cache-size must be a size such as 2G or 500M (got {text!r})")
+    return int(number * scale)
+
+
+def _token_hash(tokens: Sequence[int]) -> str:
+    return hashlib.blake2b(array.array("i", tokens).tobytes(), digest_size=16).hexdigest()
+
+
+class PromptCache:
+    def __init__(self, path: Path, limit: int, warn: Callable[[str], None]) -> None:
+        self.path = path
+        self.limit = limit
+        self._warn = warn
+        self.off = limit <= 0
+
+    def _failed(self, what: str, exc: OSError) -> None:
+        if not self.off:
+            self._warn(f"the prompt cache is off for this call: {what} {self.path}: {exc.strerror or exc}")
+        self.off = True
+
+    @staticmethod
+    def identity(engine: Engine) -> str:
+        from runner.engine.llamacpp import library_file
+
+        model = engine.path.resolve()
+        lib = library_file()
+        facts = {
+            "model": [str(model), *_stat(model)],
+            "kv": engine.kv_type,
+            "flash_attn": engine.flash_attn,
+            "gpu": engine.n_gpu_layers != 0,
+            "llama.cpp": [str(lib), *_stat(lib)] if lib else None,
+            "format": VERSION,
+        }
+        return hashlib.blake2b(json.dumps(facts, sort_keys=True).encode(), digest_size=8).hexdigest()
+
+    def _file(self, identity: str, tokens: Sequence[int]) -> Path:
+        return self.path / f"{identity}-{len(tokens)}-{_token_hash(tokens)}.kv"
+
+    # -- reading ------------------------------------------------------------------------------------
+
+    def restore(self, engine: Engine, prompt: Sequence[int]) -> CacheUse:
+        """Load the longest stored head of `prompt` that is longer than what the KV cache already
+        shares with it (and leaves at least the last prompt token to evaluate)."""
+        if self.off:
+            return CacheUse()
+        start = time.perf_counter()
+        identity = self.identity(engine)
+        shared = engine.shared_prefix(prompt)
+        try:
+            names = [p.name for p in self.path.glob(f"{identity}-*.kv")] if self.path.is_dir() else []
+        except OSError as exc:
+            self._failed("cannot read", exc)
+            return CacheUse()
+        lengths = sorted({int(n.split("-")[1]) for n in names if n.count("-") == 2}, reverse=True)
+        for n in lengths:
+            if not shared < n < len(prompt):
+                continue
+            file = self._file(identity, prompt[:n])
+            if file.name not in names:
+                continue
+            payload = self._read(file, identity, prompt[:n])
+            if payload is not None and engine.load_state(payload, prompt[:n]):
+                with contextlib.suppress(OSError):
+                    os.utime(file)  # recently used
+                return CacheUse(loaded_tokens=n, read_s=time.perf_counter() - start)
+            _discard(file)  # it failed a check, or llama.cpp refused it: never again
+        return CacheUse(read_s=time.perf_counter() - start)
+
+    def _read(self, file: Path, identity: str, tokens: Sequence[int]) -> bytes | None:
+        try:
+            data = file.read_bytes()
+        except OSError:
+            return None
+        if len(data) < _HEAD.size:
+            return None
+        magic, version, size = _HEAD.unpack_from(data)
+        if magic != MAGIC or version != VERSION or _HEAD.size + size > len(data):
+            return None
+        try:
+            meta = json.loads(data[_HEAD.size : _HEAD.size + size])
+        except ValueError:
+            return None
+        payload = data[_HEAD.size + size :]
+        ok = (
+            isinstance(meta, dict)
+            and meta.get("identity") == identity
+            and meta.get("tokens") == _token_hash(tokens)
+            and meta.get("n_tokens") == len(tokens)
+            and meta.get("payload_bytes") == len(payload)
+            and meta.get("payload_blake2b") == hashlib.blake2b(payload).hexdigest()
+        )
+        return payload if ok else None
+
+    # -- writing ------------------------------------------------------------------------------------
+
+    def store(self, engine: Engine, tokens: Sequence[int]) -> CacheUse:
+        """Write the state of the KV cache, which holds exactly `tokens`; evict past the limit."""
+        if self.off:
+            return CacheUse()
+        start = time.perf_counter()
+        identity = self.identity(engine)
+        payload = engine.state_bytes()
+        meta = json.dumps(
+            {
+                "identity": identity,
+                "n_tokens": len(tokens),
+                "tokens": _token_hash(tokens),
+                "payload_bytes": len(payload),
+                "payload_blake2b": hashlib.blake2b(payload).hexdigest(),
+                "model": str(engine.path),
+            }
+        ).encode()
+        if _HEAD.size + len(meta) + len(payload) > self.limit:
+            return CacheUse()  # larger than the whole cache: not worth evicting everything for
+        file = self._file(identity, tokens)
+        temp = file.with_name(f".{file.name}.{os.getpid()}.{time.monotonic_ns()}.tmp")
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+            with open(temp, "wb") as out:
+                out.write(_HEAD.pack(MAGIC, VERSION, len(meta)))
+                out.write(meta)
+                out.write(payload)
+            os.replace(temp, file)  # whole, or not there: a reader never sees half a file
+        except OSError as exc:
+            _discard(temp)
+            self._failed("cannot write to", exc)
+            return CacheUse()
+        self.evict()
+        return CacheUse(stored_tokens=len(tokens), write_s=time.perf_counter() - start)
+
+    def evict(self) -> None:
+        """Remove the least recently used entries until the cache is within its limit."""
+        entries = []
+        for f in _entries(self.path):
+            with contextlib.suppress(OSError):
+                st = f.stat()
+                entries.append((st.st_mtime, st.st_size, f))
+        total = sum(size for _, size, _ in entries)
+        for _, size, f in sorted(entries, key=lambda e: e[0]):
+            if total <= self.limit:
+                break
+            _discard(f)
+            total -= size
+
+
+def usage(path: Path) -> tuple[int, int]:
+    """(entries, bytes) of the cache at path."""
+    files = list(_entries(path))
+    return len(files), sum(_size(f) for f in files)
+
+
+def clear(path: Path) -> tuple[int, int]:
+    """Remove every entry; returns what was removed, as usage() counts it."""
+    removed = usage(path)
+    for f in _entries(path):
+        _discard(f)
+    if path.is_dir():
+        for stale in path.glob(".*.tmp"):  # a write that a killed process never finished
+            _discard(stale)
+    return removed
+
+
+def _entries(path: Path) -> list[Path]:
+    try:
+        return list(path.glob("*.kv")) if path.is_dir() else []
+    except OSError:
+        return []
+
+
+def _size(f: Path) -> int:
+    try:
+        return f.stat().st_size
+    except OSError:
+        return 0
+
+
+def _stat(path: Path) -> tuple[int, int]:
+    try:
+        st = path.stat()
+    except OSError:
+        return (0, 0)
+    return (st.st_size, st.st_mtime_ns)
+
+
+def _discard(f: Path) -> None:
+    with contextlib.suppress(OSError):
+        f.unlink()

@@ -1,0 +1,242 @@
+"""The prompt cache on disk, with the real model: hits, misses, bad files, concurrent writers."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from runner.engine import promptcache
+from runner.engine.engine import Engine
+from runner.engine.promptcache import MIN_HEAD, PromptCache
+from runner.engine.sampling import SamplingConfig
+from tests.conftest import run_cli
+from tests.test_batch import same_or_near_tie
+
+GREEDY = SamplingConfig(temperature=0)
+WORDS = [
+    "river",
+    "mountain",
+    "city",
+    "lighthouse",
+    "keeper",
+    "ship",
+    "storm",
+    "harbour",
+    "bread",
+    "market",
+    "garden",
+    "forest",
+]
+
+
+def document(seed: int = 1, words: int = 500) -> str:
+    rng = random.Random(seed)
+    return " ".join(rng.choice(WORDS) for _ in range(words))
+
+
+@pytest.fixture
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("RUNNER_HOME", str(tmp_path))
+    return tmp_path
+
+
+def ask(model: Path, question: str, doc: str, *extra: str) -> dict:
+    proc = run_cli(
+        "run",
+        str(model),
+        question,
+        "--temperature",
+        "0",
+        "--max-tokens",
+        "16",
+        "--json",
+        *extra,
+        input=doc.encode(),
+    )
+    assert proc.returncode == 0, proc.stderr.decode()
+    return json.loads(proc.stdout)
+
+
+def entries(home: Path) -> list[Path]:
+    return sorted((home / "cache" / "prompts").glob("*.kv"))
+
+
+def test_a_second_call_with_the_same_head_loads_it(smollm2_path: Path, home: Path) -> None:
+    doc = document()
+    cold = ask(smollm2_path, "What is this about?", doc)
+    assert cold["prompt_cache"]["stored_tokens"] >= MIN_HEAD and len(entries(home)) == 1
+    warm = ask(smollm2_path, "What is this about?", doc)
+    assert warm["prompt_cache"] == {
+        "loaded_tokens": cold["prompt_cache"]["stored_tokens"],
+        "stored_tokens": 0,
+        "write_s": 0.0,
+    }
+    assert warm["text"] == cold["text"]  # the same split of the prefill: the same answer
+    other = ask(smollm2_path, "Name a word in it.", doc)  # another question, the same head
+    assert other["prompt_cache"]["loaded_tokens"] == cold["prompt_cache"]["stored_tokens"]
+    off = ask(smollm2_path, "What is this about?", doc, "--no-prompt-cache")
+    assert "prompt_cache" not in off and len(entries(home)) == 1  # (answers: the in-process test)
+    changed = ask(smollm2_path, "What is this about?", document(seed=2))  # another document: a miss
+    assert changed["prompt_cache"]["loaded_tokens"] == 0 and len(entries(home)) == 2
+
+
+def test_greedy_answers_are_the_same_with_and_without_the_cache(
+    engine: Engine, smollm2_path: Path, tmp_path: Path
+) -> None:
+    from runner.engine.prompt import render_prompt
+    from runner.engine.template import Message
+    from runner.gguf import read_header
+
+    cache = PromptCache(tmp_path, promptcache.DEFAULT_LIMIT, pytest.fail)
+    header = read_header(smollm2_path)
+    for seed in (3, 4):
+        head_text = document(seed, 300)
+        prompt = render_prompt(engine, header, [Message("user", head_text + "\n\nSummarize this.")]).tokens
+        probe = render_prompt(engine, header, [Message("user", head_text + "\n\n\x00")]).tokens
+        head = next(i for i, (a, b) in enumerate(zip(prompt, probe, strict=False)) if a != b)
+        engine.reset()
+        plain = engine.generate(prompt, GREEDY, max_tokens=40)
+        engine.reset()
+        cold = engine.generate(prompt, GREEDY, max_tokens=40, prompt_cache=cache, head=head)
+        engine.reset()
+        warm = engine.generate(prompt, GREEDY, max_tokens=40, prompt_cache=cache, head=head)
+        assert cold.timings.prompt_cache.stored_tokens == head == warm.timings.prompt_cache.loaded_tokens
+        assert warm.timings.prefill_tokens == len(prompt) - head
+        assert warm.text == cold.text
+        assert same_or_near_tie(engine, prompt, plain.text, warm.text)
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate", "foreign", "empty"])
+def test_a_bad_file_is_never_loaded_and_is_replaced(smollm2_path: Path, home: Path, damage: str) -> None:
+    doc = document()
+    first = ask(smollm2_path, "What is this about?", doc)
+    [file] = entries(home)
+    data = bytearray(file.read_bytes())
+    if damage == "flip":
+        data[len(data) // 2] ^= 0xFF
+    elif damage == "truncate":
+        data = data[: len(data) // 3]
+    elif damage == "foreign":  # a valid file of another head, under this one's name
+        other = document(seed=9)
+        ask(smollm2_path, "What is this about?", other)
+        data = bytearray(next(f for f in entries(home) if f != file).read_bytes())
+    else:
+        data = bytearray()
+    file.write_bytes(bytes(data))
+    again = ask(smollm2_path, "What is this about?", doc)
+    assert again["prompt_cache"]["loaded_tokens"] == 0  # not loaded: stored afresh
+    assert again["prompt_cache"]["stored_tokens"] == first["prompt_cache"]["stored_tokens"]
+    assert again["text"] == first["text"]
+    assert ask(smollm2_path, "What is this about?", doc)["prompt_cache"]["loaded_tokens"] > 0
+
+
+def test_an_unwritable_cache_warns_once_and_answers(smollm2_path: Path, home: Path) -> None:
+    (home / "cache").mkdir()
+    (home / "cache" / "prompts").write_text("not a folder")  # unwritable even for root
+    proc = run_cli(
+        "run",
+        str(smollm2_path),
+        "What is this about?",
+        "--temperature",
+        "0",
+        "--max-tokens",
+        "8",
+        input=document().encode(),
+    )
+    err = proc.stderr.decode()
+    assert proc.returncode == 0 and proc.stdout.strip(), err
+    assert err.count("the prompt cache is off for this call") == 1 and len(err.strip().splitlines()) == 1, err
+
+
+def test_two_processes_writing_one_entry_leave_one_whole_file(smollm2_path: Path, home: Path) -> None:
+    doc = document()
+    args = [
+        sys.executable,
+        "-m",
+        "runner",
+        "run",
+        str(smollm2_path),
+        "What is this about?",
+        "--temperature",
+        "0",
+        "--max-tokens",
+        "4",
+        "--json",
+    ]
+    procs = [
+        subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        for _ in range(2)
+    ]
+    outs = [p.communicate(doc.encode(), timeout=300) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [o[1] for o in outs]
+    assert len(entries(home)) == 1 and not list((home / "cache" / "prompts").glob(".*"))
+    assert ask(smollm2_path, "What is this about?", doc)["prompt_cache"]["loaded_tokens"] > 0
+
+
+def test_least_recently_used_entries_go_first(engine: Engine, tmp_path: Path) -> None:
+    heads = [engine.tokenize(document(seed, 300)) for seed in range(3)]
+    cache = PromptCache(tmp_path, 1 << 40, pytest.fail)
+
+    def store(head: list[int]) -> Path:
+        engine.reset()
+        engine.prefill(head)
+        assert cache.store(engine, head).stored_tokens == len(head)
+        return cache._file(cache.identity(engine), head)
+
+    files = [store(heads[0]), store(heads[1])]
+    os.utime(files[0], (1, 1))
+    os.utime(files[1], (2, 2))  # both old; then a use refreshes the second
+    engine.reset()
+    assert cache.restore(engine, heads[1] + [13]).loaded_tokens == len(heads[1])
+    cache.limit = int(max(f.stat().st_size for f in files) * 2.5)
+    files.append(store(heads[2]))
+    assert [f.exists() for f in files] == [False, True, True]  # the least recently used went
+    engine.reset()
+    assert cache.restore(engine, heads[0] + [13]).loaded_tokens == 0
+
+
+def test_another_kv_type_never_matches(smollm2_path: Path, home: Path) -> None:
+    doc = document()
+    ask(smollm2_path, "What is this about?", doc)
+    q8 = ask(smollm2_path, "What is this about?", doc, "--kv-type", "q8_0")
+    assert q8["prompt_cache"]["loaded_tokens"] == 0 and len(entries(home)) == 2
+
+
+def test_runner_cache_shows_and_clears(smollm2_path: Path, home: Path) -> None:
+    ask(smollm2_path, "What is this about?", document())
+    shown = json.loads(run_cli("cache", "--json").stdout)
+    assert shown["entries"] == 1 and shown["bytes"] == entries(home)[0].stat().st_size
+    cleared = run_cli("cache", "--clear")
+    assert cleared.returncode == 0 and b"removed 1 prompt cache entry" in cleared.stdout
+    assert entries(home) == []
+    bad = run_cli("run", str(smollm2_path), "Hi", "--prompt-cache-size", "lots")
+    assert bad.returncode == 2 and b"--prompt-cache-size" in bad.stderr
+
+
+def test_a_resumed_conversation_loads_its_state(smollm2_path: Path, home: Path) -> None:
+    first = f"Here are my notes: {document(words=400)} What is the first word?\n"
+    chat = run_cli(
+        "chat", str(smollm2_path), "--temperature", "0", "--max-tokens", "12", input=first.encode()
+    )
+    assert chat.returncode == 0, chat.stderr.decode()
+    assert len(entries(home)) == 1  # kept as the chat ended
+    more = run_cli(
+        "run",
+        "-c",
+        "And the last word?",
+        "--json",
+        "--temperature",
+        "0",
+        "--max-tokens",
+        "8",
+        env={"RUNNER_NO_SAVE": ""},
+    )
+    assert more.returncode == 0, more.stderr.decode()
+    data = json.loads(more.stdout)
+    assert data["prompt_cache"]["loaded_tokens"] > 400
