@@ -5,15 +5,25 @@ interleaved, `--repeats` times, in one process with one engine (the commands' ow
 Engine.generate). Per task: decode tok/s of each (medians), their ratio, the acceptance rate, the mean
 drafts kept per verify batch, and whether the answers are the same.
 
-    .venv/bin/python scripts/bench_speed.py [--repeats 3] [--max-tokens 300] [--json]
+Prompt cache: `runner run` as a process, a ~2,000-token document on stdin and a question, in a fresh
+RUNNER_HOME: the cold call (which stores the head) and then cached calls, TTFT of each (from --json),
+the cost of writing the head on the cold call, disk bytes per cached token; and, in process, what
+loading a stored head costs against prefilling it, by head length (the threshold MIN_HEAD).
+
+    .venv/bin/python scripts/bench_speed.py [--repeats 3] [--max-tokens 300] [--json] [--only spec|cache]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import random
 import statistics
+import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -103,11 +113,87 @@ def speculation(path: Path, repeats: int, max_tokens: int) -> list[dict]:
     return rows
 
 
+def document(words: int) -> str:
+    rng = random.Random(7)
+    vocab = LIGHTHOUSE.lower().replace(".", "").replace(",", "").split()
+    return " ".join(rng.choice(vocab) for _ in range(words))
+
+
+def prompt_cache(path: Path, repeats: int) -> dict:
+    doc = document(2000)
+    question = "What is this text about? Answer in one sentence."
+    with tempfile.TemporaryDirectory() as home:
+        env = {**os.environ, "RUNNER_HOME": home, "RUNNER_NO_SAVE": "1"}
+
+        def call(*extra: str) -> dict:
+            args = [sys.executable, "-m", "runner", "run", str(path), question, "--temperature", "0"]
+            proc = subprocess.run(
+                [*args, "--max-tokens", "16", "--json", *extra],
+                input=doc.encode(),
+                capture_output=True,
+                env=env,
+                check=True,
+            )
+            return json.loads(proc.stdout)
+
+        plain = [call("--no-prompt-cache")["timings"]["ttft_s"] for _ in range(repeats)]
+        cold = call()
+        warm = [call() for _ in range(repeats)]
+        files = list(Path(home, "cache", "prompts").glob("*.kv"))
+        stored = cold["prompt_cache"]["stored_tokens"]
+        size = sum(f.stat().st_size for f in files)
+    warm_ttft = statistics.median(w["timings"]["ttft_s"] for w in warm)
+    result = {
+        "prompt_tokens": cold["usage"]["prompt_tokens"],
+        "head_tokens": stored,
+        "ttft_no_cache_s": round(statistics.median(plain), 3),
+        "ttft_cold_s": round(cold["timings"]["ttft_s"], 3),
+        "ttft_cached_s": round(warm_ttft, 3),
+        "cached_over_cold": round(warm_ttft / cold["timings"]["ttft_s"], 3),
+        "write_s": cold["prompt_cache"]["write_s"],
+        "write_share_of_cold_ttft": round(cold["prompt_cache"]["write_s"] / cold["timings"]["ttft_s"], 3),
+        "bytes_per_token": round(size / stored) if stored else None,
+        "same_answer": all(w["text"] == cold["text"] for w in warm),
+        "threshold": threshold(path),
+    }
+    print(json.dumps(result), file=sys.stderr)
+    return result
+
+
+def threshold(path: Path) -> list[dict]:
+    """Loading a stored head against prefilling it, by head length (in process, medians of 5)."""
+    from runner.engine.engine import Engine
+    from runner.engine.promptcache import PromptCache
+
+    rows = []
+    with Engine(path, n_ctx=4096) as engine, tempfile.TemporaryDirectory() as folder:
+        cache = PromptCache(Path(folder), 1 << 40, print)
+        tokens = engine.tokenize(document(1500))
+        for n in (32, 64, 128, 256, 512, 1024):
+            head = tokens[:n]
+            prefill, load = [], []
+            for _ in range(5):
+                engine.reset()
+                start = time.perf_counter()
+                engine.prefill(head)
+                prefill.append(time.perf_counter() - start)
+            cache.store(engine, head)
+            for _ in range(5):
+                engine.reset()
+                start = time.perf_counter()
+                assert cache.restore(engine, [*head, 0]).loaded_tokens == n
+                load.append(time.perf_counter() - start)
+            p, q = statistics.median(prefill), statistics.median(load)
+            rows.append({"tokens": n, "prefill_ms": round(p * 1000, 1), "load_ms": round(q * 1000, 1)})
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--max-tokens", type=int, default=300)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--only", choices=["spec", "cache"])
     args = parser.parse_args()
 
     from runner.hub.catalog import load_catalog
@@ -117,9 +203,24 @@ def main() -> None:
     entry = load_catalog().get("smollm2")
     assert entry is not None
     path = locate(from_entry(entry))
-    rows = speculation(path, args.repeats, args.max_tokens)
+    rows = speculation(path, args.repeats, args.max_tokens) if args.only != "cache" else []
+    cache = prompt_cache(path, args.repeats) if args.only != "spec" else None
     if args.json:
-        print(json.dumps({"speculation": rows}, indent=2))
+        print(json.dumps({"speculation": rows, "prompt_cache": cache}, indent=2))
+        return
+    if cache is not None:
+        c = cache
+        print(
+            f"prompt cache: {c['prompt_tokens']:,}-token prompt, {c['head_tokens']:,}-token head · "
+            f"TTFT without the cache {c['ttft_no_cache_s']} s, cold (storing) {c['ttft_cold_s']} s, cached "
+            f"{c['ttft_cached_s']} s = **{c['cached_over_cold']}× the cold call** · writing took "
+            f"{c['write_s']} s = {c['write_share_of_cold_ttft']:.1%} of the cold TTFT · "
+            f"{c['bytes_per_token']:,} bytes per cached token · same answer: {c['same_answer']}"
+        )
+        print("| head tokens | prefill ms | load ms |\n|---|---|---|")
+        for r in c["threshold"]:
+            print(f"| {r['tokens']} | {r['prefill_ms']} | {r['load_ms']} |")
+    if not rows:
         return
     head = "task | kind | tokens | plain tok/s | ngram tok/s | ratio | acceptance | kept per batch | same"
     print(f"| {head} |")

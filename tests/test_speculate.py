@@ -10,7 +10,7 @@ import pytest
 from runner.engine.engine import Engine
 from runner.engine.prompt import render_prompt
 from runner.engine.sampling import SamplingConfig
-from runner.engine.speculate import NgramDrafter, Speculator, draft_mismatch
+from runner.engine.speculate import CONTINUING, NGRAM_KEYS, NgramDrafter, Speculator, draft_mismatch
 from runner.engine.template import Message
 from runner.gguf import read_header
 from tests.conftest import run_cli
@@ -18,6 +18,7 @@ from tests.synth import SPECS, Spec, write_model
 from tests.test_batch import same_or_near_tie
 
 GREEDY = SamplingConfig(temperature=0)
+COPYING = NGRAM_KEYS[0] + CONTINUING  # the kind of a draft that carries on a copy under way
 PARAGRAPH = (
     "The old lighthouse stood on the northern cliff for two hundred years. Every night its keeper "
     "climbed the spiral stairs, trimmed the wick and polished the great lens until it shone. Ships "
@@ -76,8 +77,36 @@ def test_ngram_drafts_what_followed_the_latest_earlier_match() -> None:
     assert kind == 4  # the longest key that matches: [1, 2, 3, 4]
     assert d.propose(history, most) == [7, 8, 1, 2, 3, 4]  # the latest match, not the first
     assert d.propose(history, 2) == [7, 8]
-    history += [7, 8]  # the answer goes on: the index grows with it
-    assert d.candidates(history)[0] == 4 and d.propose(history, 3) == [1, 2, 3]
+    history += [7, 8]  # the answer copies what was proposed: a copy under way, followed at its place
+    assert d.candidates(history)[0] == COPYING and d.propose(history, 3) == [1, 2, 3]
+    history += [5]  # it parts from its source: back to lookups
+    assert d.candidates(history) == (0, 0)
+
+
+def test_a_copy_is_followed_at_its_own_place_where_the_text_repeats() -> None:
+    d = NgramDrafter()
+    source = [1, 2, 3, 4, 50, 51, 1, 2, 3, 4, 60, 61, 62]
+    history = [*source, 9, 1, 2, 3, 4]
+    d.candidates(history)
+    assert d.propose(history, 1) == [60]  # the latest match
+    history += [50]  # the model copies the first place instead
+    assert d.candidates(history)[0] == 4 and d.propose(history, 2) == [51, 1]
+
+
+def test_unverified_drafts_are_scored_as_the_answer_goes_on() -> None:
+    spec = Speculator(NgramDrafter())
+    spec.plain_step(0.010)
+    spec.batch_cost.scale = 50.0  # verify batches far too dear: nothing is drafted, only scored
+    source = list(range(100, 140))
+    history = [*source, 1, 2, *source[:3]]
+    before = None
+    for token in source[3:20]:
+        assert spec.draft(history, 32) == []
+        history.append(token)
+        p = spec._accept(COPYING).p
+        assert before is None or p >= before  # each copied token raises the copy's acceptance
+        before = p
+    assert before is not None and before > 0.97
 
 
 def test_ngram_falls_back_to_shorter_keys_and_never_matches_itself() -> None:

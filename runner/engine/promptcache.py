@@ -39,11 +39,11 @@ if TYPE_CHECKING:
 MAGIC = b"RUNNERKV"
 VERSION = 1
 _HEAD = struct.Struct("<8sII")  # magic, version, JSON length
-# Heads shorter than this are not stored: measured on SmolLM2 (2 cores), loading a stored state costs
-# ~5 ms plus ~0.02 ms a token, prefilling ~5 ms a token, so even 64 tokens would pay; the floor is
-# there so that the short prompts of a loop (a template head of a few dozen tokens) do not fill the
-# disk with entries that save a few milliseconds each.
-MIN_HEAD = 256
+# Heads shorter than this are not stored. Measured (scripts/bench_speed.py, SmolLM2, 2 cores): loading
+# a stored head takes 6 ms at 32 tokens, 9 ms at 64, 28 ms at 256, 59 ms at 1,024, against prefills of
+# 0.2, 0.4, 1.5 and 6.0 s, so any head pays once it is used again; the floor keeps the few-token heads
+# of plain one-shot prompts (a template's system line) from writing an entry per call for ~0.1 s.
+MIN_HEAD = 64
 DEFAULT_LIMIT = 2 << 30  # bytes on disk (--prompt-cache-size)
 
 

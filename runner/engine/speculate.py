@@ -103,7 +103,10 @@ class NgramDrafter:
         self._follow: dict[int, dict[tuple[int, ...], int]] = {k: {} for k in self.keys}
         self._indexed = 0  # history[:_indexed] has had its n-grams entered
         self._match: tuple[int, int] | None = None  # (key length, start of the continuation)
-        self._source_end = -1  # where the last proposal's source ended
+        # a copy under way: the history index whose token the next one would copy, and how far the
+        # history had been followed (set by each proposal, verified or not; None: no copy now)
+        self._aligned: int | None = None
+        self._followed = 0
 
     def _index(self, history: Sequence[int]) -> None:
         # an n-gram ending at i is entered once its follower (i + 1) exists: the latest match of the
@@ -115,14 +118,14 @@ class NgramDrafter:
         self._indexed = max(self._indexed, len(history))
 
     def candidates(self, history: Sequence[int]) -> tuple[int, int]:
-        """The kind is the key length, or CONTINUING + it where the last two tokens carry on the last
-        proposal's source: a copy under way, kept far more often, and aligned with its source even
-        where the text repeats itself (the latest match could be another place)."""
+        """The kind is the key length, or CONTINUING + the longest while the tokens that came since
+        the last proposal copied its source: a copy under way, kept far more often, and followed at
+        its own place even where the text repeats itself (the latest match could be another)."""
         self._index(history)
-        end = self._source_end
-        if 0 < end < len(history) - 1 and history[-2:] == history[end - 1 : end + 1]:
-            self._match = (2, end + 1)
-            return NGRAM_KEYS[0] + CONTINUING, min(self.most, len(history) - end - 1)
+        if self._follow_copy(history):
+            assert self._aligned is not None
+            self._match = (0, self._aligned)
+            return NGRAM_KEYS[0] + CONTINUING, min(self.most, len(history) - self._aligned)
         self._match = None
         for k in self.keys:
             if len(history) < k:
@@ -133,6 +136,21 @@ class NgramDrafter:
                 return k, min(self.most, len(history) - start)
         return 0, 0
 
+    def _follow_copy(self, history: Sequence[int]) -> bool:
+        """Walk the aligned source over the tokens that came: True while every one copied it."""
+        if self._aligned is None:
+            return False
+        came = range(self._followed, len(history))
+        self._followed = len(history)
+        if not came:
+            return False
+        for i in came:
+            if self._aligned >= i or history[i] != history[self._aligned]:
+                self._aligned = None
+                return False
+            self._aligned += 1
+        return True
+
     def propose(self, history: Sequence[int], n: int) -> list[int]:
         if self._match is None:
             return []
@@ -141,7 +159,7 @@ class NgramDrafter:
         if self.is_end is not None:  # what follows an end in the source (a template's turn) is never next
             cut = next((i for i, t in enumerate(proposal) if self.is_end(t)), None)
             proposal = proposal if cut is None else proposal[: cut + 1]
-        self._source_end = start + len(proposal)
+        self._aligned, self._followed = start, len(history)  # the next token would copy history[start]
         return proposal
 
     def close(self) -> None:
@@ -314,7 +332,9 @@ class Speculator:
             kept += 1
         self._accept(kind).add(kept, 0)
         rest = proposal[kept:]
-        self._shadow = (kind, rest, at + kept) if rest else None
+        # once its first token came, the rest is a copy under way: scored as such
+        going_on = NGRAM_KEYS[0] + CONTINUING if kept else kind
+        self._shadow = (going_on, rest, at + kept) if rest else None
 
     # -- what happened ------------------------------------------------------------------------
 
