@@ -419,17 +419,9 @@ class _Reader:
         for its lengths only and kept as bytes, decoded when something reads it (LazyStrings): the
         plan needs its length, not 100k decoded strings on every start. Else one by one."""
         if n >= LAZY_STRINGS:
-            buf, i, limit = self.buf, self.pos - self.start, self.limits.max_string_bytes
-            first, k = i, 0
-            unpack = _U64.unpack_from
-            while k < n and i + 8 <= len(buf):
-                j = i + 8 + unpack(buf, i)[0]
-                if j > len(buf) or j - i - 8 > limit:
-                    break
-                i, k = j, k + 1
-            if k == n:
-                self.pos = self.start + i
-                return LazyStrings(bytes(buf[first:i]), n)
+            lazy = self._lazy_strings(n)
+            if lazy is not None:
+                return lazy
         out: list[str] = []
         limit = self.limits.max_string_bytes
         while len(out) < n:
@@ -444,6 +436,31 @@ class _Reader:
             if len(out) < n:
                 out.append(self.string(limit, "string"))
         return out
+
+    def _lazy_strings(self, n: int) -> LazyStrings | None:
+        """The n strings at pos as LazyStrings, reading more blocks as the walk needs them (an array
+        larger than a block is the rule: SmolLM2's 49k tokens take ~0.5 MB); None where one string is
+        over the limit or the file ends: the slow path then fails with the right message."""
+        unpack, limit = _U64.unpack_from, self.limits.max_string_bytes
+        at, k = self.pos, 0  # the walk's position in the file, strings walked
+        while k < n:
+            buf, base = self.buf, self.start
+            i = at - base
+            while k < n and i + 8 <= len(buf):
+                length = unpack(buf, i)[0]
+                if length > limit:
+                    return None
+                if i + 8 + length > len(buf):
+                    break
+                i, k = i + 8 + length, k + 1
+            at = base + i
+            if k < n:
+                need = at - self.pos + 8 + (unpack(buf, i)[0] if i + 8 <= len(buf) else 0)
+                if self.pos + need > self.limits.max_header_bytes or not self.fill(need):
+                    return None
+        data = bytes(self.buf[self.pos - self.start : at - self.start])
+        self.pos = at
+        return LazyStrings(data, n)
 
     def value(self, vtype: int, key: str) -> Any:
         """The value of `key`, of GGUF type vtype."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from pathlib import Path
 
 import pytest
 
@@ -164,3 +165,25 @@ def test_loading_with_no_gpu_device_runs_on_the_cpu(smollm2_path) -> None:
         assert cpu.n_gpu_layers == 0
         result = cpu.generate(cpu.tokenize("1, 2, 3,"), GREEDY, max_tokens=4)
     assert result.text.strip().startswith("4")
+
+
+def test_a_context_grows_as_it_fills_and_answers_do_not_change(
+    smollm2_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A one-sequence context starts at START_CTX and grows (the KV cache's state moved over) up to
+    n_ctx: the same greedy answer as a context allocated whole, across two growths."""
+    from runner.engine import engine as engine_module
+
+    words = " ".join(f"item{i}" for i in range(75))
+    texts = {}
+    for start in (256, 1 << 20):
+        monkeypatch.setattr(engine_module, "START_CTX", start)
+        with Engine(smollm2_path, n_ctx=4096, n_threads=2) as engine:
+            prompt = engine.tokenize(f"List: {words}\nContinue the list:")
+            assert 200 < len(prompt) < 256 and engine.n_ctx == 4096
+            assert engine._allocated == min(start, 4096)
+            result = engine.generate(prompt, SamplingConfig(temperature=0), max_tokens=300)
+            assert len(prompt) + result.timings.completion_tokens > 512  # past two growths
+            texts[start] = result.text
+            assert engine._allocated == (1024 if start == 256 else 4096)
+    assert texts[256] == texts[1 << 20]

@@ -38,6 +38,8 @@ from runner.errors import EngineError, InvalidModelFile, InvalidSetting, PromptT
 from runner.limits import DEFAULT_CTX
 
 CTX_STEP = 256  # a suggested --ctx is rounded up to this
+CTX_PAD = 256  # llama.cpp rounds a context up to this
+START_CTX = 2048  # a one-sequence context is first allocated at most this large, then grows (_reserve)
 
 FINISH_STOP = "stop"  # end-of-generation token or a stop string
 FINISH_LENGTH = "length"  # --max-tokens reached, or the context is full
@@ -148,32 +150,63 @@ class Engine:
         self._vocab = lib.llama_model_get_vocab(self._model)
 
         threads = n_threads or default_threads()
-        cparams = context_params(
-            lib,
-            n_ctx or min(DEFAULT_CTX, self.n_ctx_train or DEFAULT_CTX),
-            threads,
-            kv_type,
-            flash_attn,
-            self.n_seq,
-        )
-        self._ctx = lib.llama_init_from_model(self._model, cparams)
-        if not self._ctx:
+        self._settings = (threads, kv_type, flash_attn)
+        asked = n_ctx or min(DEFAULT_CTX, self.n_ctx_train or DEFAULT_CTX)
+        # one sequence: the context is allocated small and grows as it fills (_reserve); n_ctx is the
+        # size it may grow to, as llama.cpp would have made it (a multiple of 256)
+        growing = self.n_seq == 1
+        self.n_ctx = -(-asked // CTX_PAD) * CTX_PAD if growing else asked
+        self._ctx = None
+        try:
+            self._new_context(min(self.n_ctx, START_CTX) if growing else asked)
+        except EngineError:
             lib.llama_model_free(self._model)
-            raise EngineError(
-                f"llama.cpp could not create a context of {cparams.n_ctx} tokens: {LLAMA_LOG.last_error()}"
-            )
-        self.n_ctx = int(lib.llama_n_ctx(self._ctx))
-        self.n_batch = int(lib.llama_n_batch(self._ctx))
+            self._model = None
+            raise
+        if not growing:
+            self.n_ctx = self._allocated
         self.n_threads = threads
         self.kv_type = kv_type or "f16"
         self.n_vocab = int(lib.llama_vocab_n_tokens(self._vocab))
-        self._memory = lib.llama_get_memory(self._ctx)
         self._cached: list[int] = []  # the tokens whose keys and values are in the KV cache
         self.last_prefill_tokens = 0  # prompt tokens the last prefill evaluated (the rest were cached)
         self._piece = ctypes.create_string_buffer(256)
         self.speculator: Speculator | None = None  # runner.engine.speculate; None: one token a step
         self._verify_batch: Any = None  # llama_batch for [last, drafts…], made on first use
         self._verify_batch_size = 0
+
+    def _new_context(self, size: int) -> None:
+        """(Re)create the llama.cpp context with room for `size` tokens."""
+        lib = llama()
+        threads, kv_type, flash_attn = self._settings
+        cparams = context_params(lib, size, threads, kv_type, flash_attn, self.n_seq)
+        self._ctx = lib.llama_init_from_model(self._model, cparams)
+        if not self._ctx:
+            raise EngineError(
+                f"llama.cpp could not create a context of {cparams.n_ctx} tokens: {LLAMA_LOG.last_error()}"
+            )
+        self._allocated = int(lib.llama_n_ctx(self._ctx))
+        self.n_batch = int(lib.llama_n_batch(self._ctx))
+        self._memory = lib.llama_get_memory(self._ctx)
+
+    def _reserve(self, tokens: int) -> None:
+        """Have the context hold `tokens` cells: past its allocation (and within n_ctx), a context twice
+        as large takes the KV cache's state over (llama_state_seq_get/set_data, through host memory:
+        the old one is freed before the new one is made, so the peak stays within the plan's).
+        A one-shot answer so starts with a 2,048-token context: allocating 8,192 took 0.17 s of each
+        start here, 2,048 0.04 s."""
+        if tokens <= self._allocated or self._allocated >= self.n_ctx:
+            return
+        size = min(self.n_ctx, max(-(-tokens // CTX_PAD) * CTX_PAD, 2 * self._allocated))
+        lib = llama()
+        with interrupt.deferred():
+            state = self.state_bytes() if self._cached else b""
+            lib.llama_free(self._ctx)
+            self._ctx = None
+            self._new_context(size)
+            if state and not self._set_state(state):
+                self._cached.clear()
+                raise EngineError("llama.cpp could not move the KV cache into a larger context")
 
     def speculate(self, mode: str, draft: Engine | None = None, fixed: int | None = None) -> bool:
         """Turn speculative decoding on (runner.engine.speculate): "ngram", or a draft model's engine
@@ -300,6 +333,7 @@ class Engine:
 
     def extend(self, tokens: Sequence[int]) -> None:
         """Evaluate tokens after those in the KV cache (at most n_batch)."""
+        self._reserve(len(self._cached) + len(tokens))
         lib = llama()
         array = (lib.llama_token * len(tokens))(*tokens)
         rc = lib.llama_decode(self._ctx, lib.llama_batch_get_one(array, len(tokens)))
@@ -324,6 +358,7 @@ class Engine:
             keep = 0  # e.g. recurrent memory cannot drop a suffix: start over
             lib.llama_memory_clear(self._memory, True)
         del self._cached[keep:]
+        self._reserve(len(tokens))  # before the abort callback is set on the context
         self.last_prefill_tokens = len(tokens) - keep
         # llama.cpp asks the abort callback at every graph node: a Python call each time, ~8% of a
         # one-token decode here, nothing next to a batch. So it is set for the prefill only; a decode
@@ -366,18 +401,18 @@ class Engine:
     def load_state(self, data: bytes, tokens: Sequence[int]) -> bool:
         """Replace the KV cache with a state from state_bytes() that holds `tokens`; False (and an
         empty cache) where llama.cpp refuses it."""
-        lib = llama()
         self.reset()
-        buffer = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
-        with interrupt.deferred():
-            if lib.llama_state_seq_set_data(self._ctx, buffer, len(data), 0) == 0:
-                self.reset()
-                return False
-        if lib.llama_memory_seq_pos_max(self._memory, 0) != len(tokens) - 1:
-            self.reset()  # not the tokens it claims: never trusted
+        self._reserve(len(tokens) + 1)
+        if not self._set_state(data) or llama().llama_memory_seq_pos_max(self._memory, 0) != len(tokens) - 1:
+            self.reset()  # refused, or not the tokens it claims: never trusted
             return False
         self._cached = list(tokens)
         return True
+
+    def _set_state(self, data: bytes) -> bool:
+        buffer = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
+        with interrupt.deferred():
+            return bool(llama().llama_state_seq_set_data(self._ctx, buffer, len(data), 0))
 
     def generate_step(
         self,
@@ -421,6 +456,7 @@ class Engine:
                     continue
                 # decode_one_token: the caller resumes us only when it wants the next one
                 started = time.perf_counter()
+                self._reserve(len(self._cached) + 1)
                 token_array[0] = token
                 rc = lib.llama_decode(self._ctx, batch)  # no abort callback here: checked between tokens
                 if rc != 0:
@@ -445,6 +481,7 @@ class Engine:
             self._verify_batch = lib.llama_batch_init(self._verify_batch_size, 0, 1)
         b = self._verify_batch
         base = len(self._cached)
+        self._reserve(base + n)
         for i, token in enumerate([last, *drafts]):
             b.token[i] = token
             b.pos[i] = base + i
