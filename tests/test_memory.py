@@ -253,15 +253,21 @@ LOG_LINE = re.compile(r"(\w+):\s+(\S+)\s+(model|KV|RS|output|compute) buffer siz
 
 
 def logged_buffers(path: Path, n_ctx: int, flash_attn: bool | None = None) -> list[tuple[str, str, float]]:
-    """Load through runner's engine, as runner does, and collect llama.cpp's buffer lines."""
-    from runner.engine.engine import Engine
+    """Load through runner's engine, as runner does, and collect llama.cpp's buffer lines; the context
+    allocated whole (the size it grows to as it fills, which the plan must hold)."""
+    from unittest import mock
+
+    from runner.engine import engine as engine_module
     from runner.engine.llamacpp import LLAMA_LOG
 
     lines: list[str] = []
     listener = lambda _level, text: lines.append(text)  # noqa: E731
     LLAMA_LOG.listeners.append(listener)
     try:
-        with Engine(path, n_ctx=n_ctx, n_threads=2, flash_attn=flash_attn):
+        with (
+            mock.patch.object(engine_module, "START_CTX", 1 << 30),
+            engine_module.Engine(path, n_ctx=n_ctx, n_threads=2, flash_attn=flash_attn),
+        ):
             pass
     finally:
         LLAMA_LOG.listeners.remove(listener)
