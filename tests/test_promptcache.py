@@ -240,3 +240,20 @@ def test_a_resumed_conversation_loads_its_state(smollm2_path: Path, home: Path) 
     assert more.returncode == 0, more.stderr.decode()
     data = json.loads(more.stdout)
     assert data["prompt_cache"]["loaded_tokens"] > 400
+
+
+def test_a_longer_head_is_stored_after_a_shorter_one_was_loaded(smollm2_path: Path, home: Path) -> None:
+    """`-s @style.md` alone stores the system head; with a document piped in, that head is loaded and
+    the longer one (system and document) is stored too, and loaded by the next call."""
+    system = "You are a careful assistant. " + document(seed=5, words=80)
+    args = ["--system", system]
+    first = ask(smollm2_path, "Say hi.", "", *args)
+    short = first["prompt_cache"]["stored_tokens"]
+    assert short >= MIN_HEAD
+    doc = document(seed=6, words=200)
+    second = ask(smollm2_path, "What is this about?", doc, *args)
+    assert second["prompt_cache"]["loaded_tokens"] == short
+    longer = second["prompt_cache"]["stored_tokens"]
+    assert longer > short + 150 and len(entries(home)) == 2
+    third = ask(smollm2_path, "Name a word in it.", doc, *args)
+    assert third["prompt_cache"] == {"loaded_tokens": longer, "stored_tokens": 0, "write_s": 0.0}

@@ -17,7 +17,7 @@ import ctypes
 import os
 import time
 from collections.abc import Generator, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -610,16 +610,21 @@ class Engine:
         yield Chunk(tail, finish_reason=finish, timings=timings, context_full=context_full)
 
     def _use_cache(self, cache: PromptCache, prompt: Sequence[int], head: int) -> CacheUse:
+        """Load the longest stored head of the prompt; then, where the stable head is longer than what
+        came from disk and not stored yet, evaluate it alone and store it (the prompt's own prefill
+        goes on from there)."""
         used = cache.restore(self, prompt)
         head = min(head, len(prompt) - 1)
-        if used.loaded_tokens or head < MIN_HEAD or self.shared_prefix(prompt) >= head:
+        if head < MIN_HEAD or head <= used.loaded_tokens or cache.holds(self, prompt[:head]):
             return used
         try:
+            if not self.drop_after(head):  # the state stored must be the head's alone
+                return used
             self.prefill(prompt[:head])
         except _Interrupted:
             return used  # the prompt's own prefill sees the interrupt next
         stored = cache.store(self, prompt[:head])
-        return CacheUse(stored_tokens=stored.stored_tokens, write_s=stored.write_s, read_s=used.read_s)
+        return replace(used, stored_tokens=stored.stored_tokens, write_s=stored.write_s)
 
     def generate(self, prompt_tokens: Sequence[int], sampling: SamplingConfig, **kwargs: Any) -> Result:
         parts: list[str] = []

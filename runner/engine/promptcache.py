@@ -119,6 +119,10 @@ class PromptCache:
 
     # -- reading ------------------------------------------------------------------------------------
 
+    def holds(self, engine: Engine, tokens: Sequence[int]) -> bool:
+        """Whether an entry for exactly these tokens is stored (not whether it is sound)."""
+        return not self.off and self._file(self.identity(engine), tokens).is_file()
+
     def restore(self, engine: Engine, prompt: Sequence[int]) -> CacheUse:
         """Load the longest stored head of `prompt` that is longer than what the KV cache already
         shares with it (and leaves at least the last prompt token to evaluate)."""
