@@ -316,7 +316,10 @@ def open_model(
     )
     if drafting is not None:
         try:
-            engine.speculate(SPEC_DRAFT, _load_draft(drafting, engine, threads, force, debug))
+            if not engine.speculate(SPEC_DRAFT, _load_draft(drafting, engine, threads, force, debug)):
+                ui.warn(
+                    f"{ref.display} cannot drop rejected drafts (a recurrent model): decoding without --draft"
+                )
         except BaseException:
             engine.close()
             raise

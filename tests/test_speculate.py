@@ -283,3 +283,11 @@ def test_json_and_verbose_report_the_speculation(smollm2_path: Path) -> None:
     assert "speculation" not in off and off["text"] == data["text"]
     verbose = run_cli(*args, "--verbose").stderr.decode()
     assert "spec ngram:" in verbose
+
+
+def test_a_draft_for_a_recurrent_model_is_refused_with_a_warning(tmp_path: Path) -> None:
+    target = write_model(tmp_path / "mamba.gguf", SPECS["mamba"])
+    draft = write_model(tmp_path / "tiny.gguf", Spec("llama", n_layer=1, n_embd=64, n_head=2, n_ff=128))
+    assert draft.stat().st_size < target.stat().st_size
+    proc = run_cli("run", str(target), "Hi", "--max-tokens", "2", "--draft", str(draft))
+    assert "cannot drop rejected drafts" in proc.stderr.decode(), proc.stderr.decode()
