@@ -1,13 +1,16 @@
 """Load a model and run the one generation loop every command shares.
 
 Layers, each a generator over the one below (as mlx-lm's generate.py):
-  Engine.generate_step   token ids: prefill the prompt, then sample and decode one token at a time
+  Engine.generate_step   token ids: prefill the prompt, then sample and decode one token at a time,
+                         or verify several drafted at once (runner.engine.speculate)
   Engine.stream          Chunk(text, ...): UTF-8-safe detokenization, stop strings, limits, timings
   Engine.generate        the whole answer as one Result
 
 Everything runs on llama.cpp's low-level API (runner.engine.llamacpp): sampling in
 llama.cpp's native sampler chain, one token piece converted per step (no re-detokenizing of earlier
-tokens), and a KV cache that keeps the prompt prefix a later request shares (chat turns).
+tokens), and a KV cache that keeps the prompt prefix a later request shares (chat turns), or loads a
+stored one from disk (runner.engine.promptcache). A one-sequence context is allocated small and grows
+as it fills (_reserve).
 """
 
 from __future__ import annotations

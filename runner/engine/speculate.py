@@ -9,18 +9,21 @@ batch-size-dependent kernels, which can flip a near tie).
 
 This module proposes, and decides how many to propose:
   NgramDrafter   prompt lookup: the tokens that followed the latest earlier match of the answer's last
-                 n-gram (keys of 4, then 3, then 2 tokens) in the prompt and the answer so far
+                 n-gram (keys of 4, then 3, then 2 tokens) in the prompt and the answer so far; while
+                 the answer copies a proposal's source, it is followed at that place
   ModelDrafter   a small model with the same vocabulary, decoding greedily in its own context
   Speculator     the adaptive length: from the measured cost of a plain step, of a verify batch per
                  drafted token, of drafting, and the measured acceptance, the draft length with the
-                 best expected tokens per second, or none; speculation stops for the rest of an answer
-                 when the verified steps, as measured, did not pay.
+                 best expected tokens per second, or none (a copy kept whole at least doubles its
+                 next draft); speculation stops for the rest of an answer when the last verify
+                 batches, as measured, did not pay.
 
 Where runner differs from llama.cpp's (common/speculative.cpp, pinned build):
   ngram-simple looks up a 12-token key and drafts up to 48 tokens whenever it matches; runner looks up
   4, 3 or 2 tokens (the longest that matches) and sizes the draft by its acceptance at that key length,
   so a 135M model's short copies are found and spurious short matches do not cost a verify batch.
-  A draft model: llama.cpp drafts --spec-draft-n-max (3) tokens; runner adapts 1 … 16 as above.
+  A draft model: llama.cpp drafts --spec-draft-n-max (3) tokens; runner adapts 1 … 16 as above
+  (n-gram drafts: 1 … 32).
 """
 
 from __future__ import annotations
@@ -36,7 +39,6 @@ if TYPE_CHECKING:
 SPEC_NONE = "none"
 SPEC_NGRAM = "ngram"
 SPEC_DRAFT = "draft"
-SPEC_MODES = (SPEC_NGRAM, SPEC_NONE)  # --spec; a draft model is --draft MODEL
 
 NGRAM_KEYS = (4, 3, 2)  # key lengths looked up, longest first
 NGRAM_MAX = 32  # most tokens an n-gram draft proposes
@@ -279,8 +281,8 @@ class Speculator:
         n = min(self.fixed, most) if self.fixed else self._best_length(self._accept(kind).p, most)
         if kind > CONTINUING and self._full_run and not self.fixed:
             # a copy whose last draft was kept whole: the longer it has run, the likelier it goes
-            # on (a geometric guess undersells that), so at least double the last draft
-            # bounded by the best length were nearly every draft kept: the price of a miss stays sane
+            # on (a geometric guess undersells that), so at least double the last draft, up to the
+            # best length were nearly every draft kept (so the price of a miss stays bounded)
             n = max(n, min(2 * self._full_run, self._best_length(COPY_ACCEPTANCE, most)))
         if n == 0:
             if self.drafter.costs_time:  # nothing would change the estimate again: off for this answer
