@@ -257,3 +257,28 @@ def test_a_longer_head_is_stored_after_a_shorter_one_was_loaded(smollm2_path: Pa
     assert longer > short + 150 and len(entries(home)) == 2
     third = ask(smollm2_path, "Name a word in it.", doc, *args)
     assert third["prompt_cache"] == {"loaded_tokens": longer, "stored_tokens": 0, "write_s": 0.0}
+
+
+def test_a_full_disk_turns_the_cache_off_with_one_warning(
+    engine: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import errno
+
+    warnings: list[str] = []
+    cache = PromptCache(tmp_path, promptcache.DEFAULT_LIMIT, warnings.append)
+    head = engine.tokenize(document(seed=8, words=100))
+    engine.reset()
+    engine.prefill(head)
+    real_write = promptcache.os.replace
+
+    def full(*_: object) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(promptcache.os, "replace", full)
+    assert cache.store(engine, head).stored_tokens == 0
+    assert cache.store(engine, head).stored_tokens == 0  # off: not tried again, not warned again
+    assert len(warnings) == 1 and "No space left on device" in warnings[0]
+    assert list(tmp_path.iterdir()) == []  # the partial file is gone
+    monkeypatch.setattr(promptcache.os, "replace", real_write)
+    engine.reset()
+    assert cache.restore(engine, [*head, 13]).loaded_tokens == 0
