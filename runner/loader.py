@@ -19,7 +19,7 @@ from runner.engine.speculate import SPEC_DRAFT, draft_mismatch
 from runner.errors import InvalidSetting, WontFit
 from runner.gguf import GGUFHeader, read_header
 from runner.hub.catalog import CatalogEntry, load_catalog
-from runner.hub.refs import HubRef, resolve
+from runner.hub.refs import HubRef, ModelRef, resolve
 from runner.limits import MAX_THREADS, check_range
 from runner.memory import devices
 from runner.memory.devices import Machine
@@ -207,11 +207,8 @@ def describe_refusal(name: str, plan: Plan, smaller_quants: list[str] | None = N
     )
 
 
-def _draft_file(
-    draft: str, target: GGUFHeader, target_path: Path, offline: bool
-) -> tuple[str, Path, GGUFHeader]:
-    """--draft MODEL, located (fetched if need be) and checked against the target before it loads."""
-    ref = resolve(draft, load_catalog())
+def _checked_file(ref: ModelRef, offline: bool) -> tuple[Path, GGUFHeader]:
+    """A model's local file (fetched if a Hub model is not cached) and its header, checked whole."""
     if isinstance(ref, HubRef):
         from runner.hub import fetch
 
@@ -220,6 +217,15 @@ def _draft_file(
         path = ref.path
     header = read_header(path)
     header.check_complete()
+    return path, header
+
+
+def _draft_file(
+    draft: str, target: GGUFHeader, target_path: Path, offline: bool
+) -> tuple[str, Path, GGUFHeader]:
+    """--draft MODEL, located (fetched if need be) and checked against the target before it loads."""
+    ref = resolve(draft, load_catalog())
+    path, header = _checked_file(ref, offline)
     why = draft_mismatch(target, header)
     if why is not None:
         raise InvalidSetting(f"--draft {ref.display} cannot draft for this model: {why}")
@@ -295,11 +301,7 @@ def open_model(
             remote = read_model(ref)  # the header only: refuse before downloading what will not fit
             smaller = smaller_quants(ref, remote.size, ctx=ctx, kv_type=kv_type)
             plan = plan_for(remote.merged, ref.display, smaller=smaller, **asked)
-        path = fetch.locate(ref, offline=offline)
-    else:
-        path = ref.path
-    header = read_header(path)
-    header.check_complete()
+    path, header = _checked_file(ref, offline)
     drafting = _draft_file(draft, header, path, offline) if spec == SPEC_DRAFT and draft else None
     if plan is None or not plan.estimate.exact:  # again with the file, unless the remote plan was exact
         plan = plan_for(header, ref.display, path=path, **asked)

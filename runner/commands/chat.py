@@ -189,17 +189,20 @@ class Session:
 
     # -- turns -----------------------------------------------------------------------------------
 
-    def _fit(self, turns: list[StoredMessage]) -> Fitted:
-        messages = [Message(t.role, t.content) for t in turns]
-        fitted = fit(
+    def _fitted(self, turns: list[StoredMessage]) -> Fitted:
+        """What the model would be sent for these turns (nothing changes: see _fit)."""
+        return fit(
             self.loaded.engine,
             self.loaded.header,
             self.system,
-            messages,
+            [Message(t.role, t.content) for t in turns],
             first=self.first,
             max_tokens=self.max_tokens,
             enable_thinking=self.think,
         )
+
+    def _fit(self, turns: list[StoredMessage]) -> Fitted:
+        fitted = self._fitted(turns)
         if fitted.first > self.first:
             dropped = fitted.dropped_exchanges
             ui.info(
@@ -276,17 +279,8 @@ class Session:
         engine = self.loaded.engine
         if self.prompt_cache is None or not self.turns or engine.n_cached < MIN_HEAD:
             return
-        messages = [Message(t.role, t.content) for t in [*self.turns, StoredMessage("user", "\x00")]]
         try:
-            upcoming = fit(
-                engine,
-                self.loaded.header,
-                self.system,
-                messages,
-                first=self.first,
-                max_tokens=self.max_tokens,
-                enable_thinking=self.think,
-            ).prompt.tokens
+            upcoming = self._fitted([*self.turns, StoredMessage("user", "\x00")]).prompt.tokens
         except RunnerError:
             return
         shared = engine.shared_prefix(upcoming)

@@ -19,7 +19,7 @@ from runner.commands.output import (
     to_json,
 )
 from runner.engine.constrain import constraint
-from runner.engine.engine import FINISH_INTERRUPTED, Result
+from runner.engine.engine import FINISH_INTERRUPTED, Result, common_prefix
 from runner.engine.prompt import read_prompt, render_prompt
 from runner.engine.template import build_messages
 from runner.limits import check_answer_limits, flash_attn_setting, spec_setting
@@ -147,12 +147,7 @@ def stable_head(
         enable_thinking=request.think,
         quiet=True,
     )
-    n = 0
-    for a, b in zip(probe.tokens, tokens, strict=False):
-        if a != b:
-            break
-        n += 1
-    return n
+    return common_prefix(probe.tokens, tokens)
 
 
 def _finish(out: TextIO, writer: AnswerWriter, answer: Answer, model: str, as_json: bool) -> None:

@@ -23,6 +23,7 @@ from runner.engine.engine import (
     FINISH_STOP,
     Engine,
     _TextAssembler,
+    common_prefix,
 )
 from runner.engine.llamacpp import LLAMA_LOG, llama
 from runner.engine.sampling import SamplingConfig
@@ -86,12 +87,8 @@ def shared_prefix(prompts: Sequence[Sequence[int]]) -> int:
     if len(prompts) < 2:
         return 0
     n = min(len(p) for p in prompts) - 1
-    first = prompts[0]
     for p in prompts[1:]:
-        i = 0
-        while i < n and p[i] == first[i]:
-            i += 1
-        n = i
+        n = min(n, common_prefix(prompts[0], p))
     return n if n >= MIN_SHARED else 0
 
 

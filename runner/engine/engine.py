@@ -351,12 +351,9 @@ class Engine:
     def prefill(self, tokens: Sequence[int]) -> int:
         """Evaluate the prompt, reusing the prefix already in the KV cache; returns tokens evaluated."""
         lib = llama()
-        keep = 0
-        for a, b in zip(self._cached, tokens, strict=False):
-            if a != b:
-                break
-            keep += 1
-        keep = min(keep, len(tokens) - 1)  # the last prompt token is always evaluated, for its logits
+        keep = min(
+            self.shared_prefix(tokens), len(tokens) - 1
+        )  # the last prompt token is always evaluated, for its logits
         if keep < len(self._cached) and not lib.llama_memory_seq_rm(self._memory, -1, keep, -1):
             keep = 0  # e.g. recurrent memory cannot drop a suffix: start over
             lib.llama_memory_clear(self._memory, True)
@@ -378,12 +375,7 @@ class Engine:
 
     def shared_prefix(self, tokens: Sequence[int]) -> int:
         """Tokens at the start of `tokens` whose keys and values the KV cache holds already."""
-        n = 0
-        for a, b in zip(self._cached, tokens, strict=False):
-            if a != b:
-                break
-            n += 1
-        return n
+        return common_prefix(self._cached, tokens)
 
     def drop_after(self, n: int) -> bool:
         """Keep the first n cached tokens only; False where the memory cannot drop a suffix."""
@@ -669,6 +661,16 @@ class Engine:
 
     def __exit__(self, *_: object) -> None:
         self.close()
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many tokens a and b start with in common."""
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
 
 
 def since_process_start() -> float:

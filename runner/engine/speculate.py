@@ -33,6 +33,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+from runner.engine.llamacpp import llama
+
 if TYPE_CHECKING:
     from runner.engine.engine import Engine
 
@@ -176,8 +178,6 @@ class ModelDrafter:
     costs_time = True
 
     def __init__(self, engine: Engine, most: int = DRAFT_MAX) -> None:
-        from runner.engine.llamacpp import llama
-
         self.engine = engine
         self.most = most
         lib = llama()
@@ -190,8 +190,6 @@ class ModelDrafter:
         return 1, min(self.most, self.engine.n_ctx - len(history) - 1)
 
     def propose(self, history: Sequence[int], n: int) -> list[int]:
-        from runner.engine.llamacpp import llama
-
         lib = llama()
         engine = self.engine
         engine.prefill(history)
@@ -206,8 +204,6 @@ class ModelDrafter:
         return out
 
     def close(self) -> None:
-        from runner.engine.llamacpp import llama
-
         if self._greedy:
             llama().llama_sampler_free(self._greedy)
             self._greedy = None
