@@ -7,13 +7,19 @@ against one token for one sequence, the same context sizes. Rounds interleave; m
 64 tokens each. Then the per-prompt latency batching costs, and 16 prompts sharing a 500-token system
 prompt: prompt tokens evaluated with and without the shared head copied (llama_memory_seq_cp).
 
-    .venv/bin/python scripts/bench_batch.py [--rounds 3] [--tokens 64]
+With --batched-bench PATH (llama.cpp's own llama-batched-bench, built from the sdist's
+vendor/llama.cpp: `cmake -B build && cmake --build build --target llama-batched-bench`), the peer's
+figure for the same model: its S_TG at 16 sequences against 1.
+
+    .venv/bin/python scripts/bench_batch.py [--rounds 3] [--tokens 64] [--batched-bench PATH]
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -53,10 +59,27 @@ def raw_tokens_per_s(path: Path, n_seq: int, steps: int = 48) -> float:
             lib.llama_batch_free(batch)
 
 
+def batched_bench(tool: str, path: Path, tokens: int) -> dict[int, float]:
+    """llama-batched-bench's S_TG (generation tok/s over all sequences) at 1 and 16 sequences."""
+    out = subprocess.run(
+        [tool, "-m", str(path), "-c", "16384", "-npp", "32", "-ntg", str(tokens), "-npl", "1,16", "-t", "2"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    rates = {}
+    for line in out.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 10 and re.fullmatch(r"\d+", cells[2]):
+            rates[int(cells[2])] = float(cells[7])
+    return rates
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--batched-bench", metavar="PATH", help="llama.cpp's llama-batched-bench")
     args = parser.parse_args()
 
     from runner.engine.batch import Job, run_batch, shared_prefix
@@ -121,6 +144,12 @@ def main() -> None:
         f"{statistics.median(raw[1]):.1f} tok/s: {limit:.2f}x; runner's --parallel 16 reaches "
         f"{statistics.median(results['--parallel 16']) / base / limit:.2f} of that gain"
     )
+    if args.batched_bench:
+        peer = batched_bench(args.batched_bench, path, args.tokens)
+        print(
+            f"peer, llama-batched-bench (-npp 32 -ntg {args.tokens} -t 2): S_TG 16 sequences "
+            f"{peer[16]:.1f} tok/s, one {peer[1]:.1f} tok/s: {peer[16] / peer[1]:.2f}x"
+        )
 
     system = "You are a careful assistant. Answer briefly and stay on topic. " * 40
     with Engine(path, n_ctx=1024 * 16, n_threads=2, n_seq=16) as many:
