@@ -17,6 +17,7 @@ and a corrupt count in a small file costs nothing.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import stat
@@ -138,6 +139,7 @@ class FileSource:
         if stat.S_ISDIR(st.st_mode):
             raise ModelNotFound(f"no such file: {self.name} (it is a directory)")
         self.size: int = st.st_size
+        self.stat = st
 
     def read_at(self, offset: int, size: int) -> bytes:
         try:
@@ -162,11 +164,17 @@ class LazyStrings(Sequence[str]):
     def _decoded(self) -> list[str]:
         if self._items is None:
             assert self._data is not None
-            data, out, i = self._data, [], 0
+            data, out, i, size = self._data, [], 0, len(self._data)
             for _ in range(self._n):
-                j = i + 8 + _U64.unpack_from(data, i)[0]
+                j = i + 8 + _U64.unpack_from(data, i)[0] if i + 8 <= size else size + 1
+                if j > size:
+                    break
                 out.append(data[i + 8 : j].decode("utf-8", "replace"))
                 i = j
+            if len(out) != self._n or i != size:  # bounds from a walk remembered for a file since changed
+                raise GGUFError(
+                    f"a string array of {self._n} does not fill its {size} bytes: the file changed"
+                )
             self._items, self._data = out, None
         return self._items
 
@@ -358,15 +366,76 @@ class GGUFHeader:
         return next((t for t in self.tensors if t.name == name), None)
 
 
+class Walks:
+    """Where a local file's long string arrays end, remembered on disk: finding the end of SmolLM2's
+    49k tokens and 49k merges means reading ~100k length prefixes in a Python loop, ~0.05 s of every
+    start. Keyed by the file's device, inode, size and modification and change times, so a file
+    written again is walked again. A remembered end is still checked against the file before it is
+    used (the first string fits, the last string ends exactly there) and LazyStrings checks the whole
+    chain when it decodes, so a stale entry can only cost a walk or fail as a changed file, never
+    give other strings. An unreadable or unwritable cache is no cache."""
+
+    VERSION = 1
+
+    def __init__(self, source: FileSource) -> None:
+        import hashlib
+
+        from runner.paths import cache_dir
+
+        st = source.stat
+        key = f"{Walks.VERSION}:{os.path.realpath(source.path)}:{st.st_dev}:{st.st_ino}:{st.st_size}"
+        key += f":{st.st_mtime_ns}:{st.st_ctime_ns}"
+        self.path = cache_dir() / "headers" / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.json"
+        self.arrays: dict[int, tuple[int, int, int]] = {}  # start -> (n, last string's start, end)
+        self.changed = False
+        try:
+            for start, n, last, end in json.loads(self.path.read_text())["arrays"]:
+                self.arrays[int(start)] = (int(n), int(last), int(end))
+        except (OSError, ValueError, KeyError, TypeError):
+            self.arrays = {}
+
+    def known(self, start: int, n: int, reader: _Reader) -> int | None:
+        """The end of the n-string array at start, when remembered and the file still agrees."""
+        entry = self.arrays.get(start)
+        if entry is None or entry[0] != n or not start <= entry[1] <= entry[2] - 8:
+            return None
+        _, last, end = entry
+        if end > reader.limits.max_header_bytes or not reader.fill(end - start):
+            return None
+        buf, base = reader.buf, reader.start
+        first = _U64.unpack_from(buf, start - base)[0]
+        tail = _U64.unpack_from(buf, last - base)[0]
+        if start + 8 + first > end or last + 8 + tail != end or tail > reader.limits.max_string_bytes:
+            return None
+        return end
+
+    def walked(self, start: int, n: int, last: int, end: int) -> None:
+        self.arrays[start] = (n, last, end)
+        self.changed = True
+
+    def save(self) -> None:
+        if not self.changed:
+            return
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.path.with_suffix(f".{os.getpid()}.tmp")
+            rows = [[start, *entry] for start, entry in sorted(self.arrays.items())]
+            tmp.write_text(json.dumps({"arrays": rows}))
+            os.replace(tmp, self.path)
+        except OSError:
+            pass
+
+
 class _Reader:
     """Sequential little-endian reads from a RangeSource, in blocks, within the header limit."""
 
-    def __init__(self, source: RangeSource, limits: Limits) -> None:
+    def __init__(self, source: RangeSource, limits: Limits, walks: Walks | None = None) -> None:
         self.source = source
         self.limits = limits
         self.buf = b""  # the bytes of the source from start on
         self.start = 0
         self.pos = 0  # the next byte to read
+        self.walks = walks  # long string arrays' bounds, remembered from an earlier read of this file
 
     def fail(self, what: str, kind: str = "corrupt") -> NoReturn:
         raise GGUFError(f"{self.source.name} is {kind}: {what}")
@@ -442,24 +511,33 @@ class _Reader:
         larger than a block is the rule: SmolLM2's 49k tokens take ~0.5 MB); None where one string is
         over the limit or the file ends: the slow path then fails with the right message."""
         unpack, limit = _U64.unpack_from, self.limits.max_string_bytes
-        at, k = self.pos, 0  # the walk's position in the file, strings walked
+        known = self.walks.known(self.pos, n, self) if self.walks is not None else None
+        if known is not None:
+            data = bytes(self.buf[self.pos - self.start : known - self.start])
+            self.pos = known
+            return LazyStrings(data, n)
+        start, at, k, last = self.pos, self.pos, 0, self.pos  # in the file: the walk, the last string walked
         while k < n:
             buf, base = self.buf, self.start
-            i = at - base
-            while k < n and i + 8 <= len(buf):
+            i, size, mark = at - base, len(buf), -1
+            while k < n and i + 8 <= size:
                 length = unpack(buf, i)[0]
                 if length > limit:
                     return None
-                if i + 8 + length > len(buf):
+                if i + 8 + length > size:
                     break
-                i, k = i + 8 + length, k + 1
+                mark, i, k = i, i + 8 + length, k + 1
             at = base + i
+            if mark >= 0:
+                last = base + mark
             if k < n:
-                need = at - self.pos + 8 + (unpack(buf, i)[0] if i + 8 <= len(buf) else 0)
+                need = at - self.pos + 8 + (unpack(buf, i)[0] if i + 8 <= size else 0)
                 if self.pos + need > self.limits.max_header_bytes or not self.fill(need):
                     return None
         data = bytes(self.buf[self.pos - self.start : at - self.start])
         self.pos = at
+        if self.walks is not None:
+            self.walks.walked(start, n, last, at)
         return LazyStrings(data, n)
 
     def value(self, vtype: int, key: str) -> Any:
@@ -558,7 +636,8 @@ def read_header(
 ) -> GGUFHeader:
     """Read and check a GGUF header: a path, an http(s) URL or any RangeSource."""
     src = _open(source)
-    r = _Reader(src, limits)
+    walks = Walks(src) if isinstance(src, FileSource) else None
+    r = _Reader(src, limits, walks)
     if not r.fill(4) or r.buf[:4] != GGUF_MAGIC:
         raise GGUFError(f"{src.name} is not a GGUF file")
     r.pos = 4
@@ -597,4 +676,6 @@ def read_header(
         expected += _pad(t.nbytes, alignment)
         if expected > UINT64_MAX:
             r.fail(f"tensor data overflows 64 bits at tensor {t.name!r}")
+    if walks is not None:
+        walks.save()  # only a header that passed every check
     return GGUFHeader(src.name, version, metadata, tensors, alignment, data_offset, src.size)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 import re
 import struct
 import tempfile
@@ -677,3 +678,96 @@ def test_a_vocabulary_is_decoded_on_first_use_and_matches_an_eager_read(smollm2_
     monkeypatch.setattr(g, "LAZY_STRINGS", 10**9)  # every array decoded as it is read
     eager = g.read_header(smollm2_path).get("tokenizer.ggml.tokens")
     assert isinstance(eager, list) and lazy == eager and lazy[100] == eager[100] and list(lazy) == eager
+
+
+# --- remembered walks of long string arrays (gguf.Walks) -----------------------------------
+
+
+def _vocab_file(tmp_path: Path, lengths: list[int]) -> Path:
+    """A header with a string array of len(lengths) strings (over LAZY_STRINGS) and a key after it."""
+    strings = b"".join(_s(bytes([97 + i % 26]) * n) for i, n in enumerate(lengths))
+    array = _kv("tokenizer.ggml.tokens", GGUFValueType.ARRAY, _string_array(len(lengths)) + strings)
+    return _write(tmp_path, _gguf((array, _u32("after", 42))))
+
+
+def _walk_uses(monkeypatch: pytest.MonkeyPatch) -> list[int | None]:
+    import runner.gguf as g
+
+    uses: list[int | None] = []
+    known = g.Walks.known
+
+    def spy(self: g.Walks, start: int, n: int, reader: Any) -> int | None:
+        uses.append(known(self, start, n, reader))
+        return uses[-1]
+
+    monkeypatch.setattr(g.Walks, "known", spy)
+    return uses
+
+
+def test_a_long_array_is_walked_once_then_its_end_is_remembered(tmp_path, monkeypatch) -> None:
+    import runner.gguf as g
+
+    monkeypatch.setenv("RUNNER_HOME", str(tmp_path / "home"))
+    lengths = [1 + i % 7 for i in range(3000)]
+    path = _vocab_file(tmp_path, lengths)
+    uses = _walk_uses(monkeypatch)
+    first = read_header(path)
+    assert uses == [None] and len(list((tmp_path / "home" / "cache" / "headers").glob("*.json"))) == 1
+    second = read_header(path)
+    assert uses[1] is not None  # the end came from the cache, not from a walk
+    tokens = second.get("tokenizer.ggml.tokens")
+    assert isinstance(tokens, g.LazyStrings) and second.get("after") == 42
+    assert (
+        list(tokens)
+        == list(first.get("tokenizer.ggml.tokens"))
+        == [chr(97 + i % 26) * n for i, n in enumerate(lengths)]
+    )
+
+
+def test_a_rewritten_file_or_a_stale_entry_is_walked_again(tmp_path, monkeypatch) -> None:
+    import runner.gguf as g
+
+    monkeypatch.setenv("RUNNER_HOME", str(tmp_path / "home"))
+    path = _vocab_file(tmp_path, [3] * 2000)
+    read_header(path)
+    # the same size and count, other string bounds, the old modification time: the change time differs
+    stat = path.stat()
+    _vocab_file(tmp_path, [2, 4] * 1000)
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert read_header(path).get("tokenizer.ggml.tokens")[:2] == ["a" * 2, "b" * 4]
+    # an entry for this very file with wrong bounds (a stale or edited cache) is checked, not trusted
+    walks = g.Walks(g.FileSource(path))
+    ((start, (n, last, end)),) = walks.arrays.items()
+    for wrong in ((n, last + 2, end + 2), (n, last - 1, end), (n, start, end)):
+        walks.arrays = {start: wrong}
+        walks.changed = True
+        walks.save()
+        uses = _walk_uses(monkeypatch)
+        header = read_header(path)
+        assert uses == [None] and header.get("after") == 42
+        assert header.get("tokenizer.ggml.tokens")[-1] == chr(97 + 1999 % 26) * 4
+        monkeypatch.undo()
+        monkeypatch.setenv("RUNNER_HOME", str(tmp_path / "home"))
+
+
+def test_a_corrupt_or_unwritable_walk_cache_is_no_cache(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("RUNNER_HOME", str(tmp_path / "home"))
+    path = _vocab_file(tmp_path, [5] * 1500)
+    read_header(path)
+    (entry,) = (tmp_path / "home" / "cache" / "headers").glob("*.json")
+    for junk in ("", "{", '{"arrays": 7}', '{"arrays": [["x"]]}', '{"arrays": [[1, 2]]}'):
+        entry.write_text(junk)
+        assert len(read_header(path).get("tokenizer.ggml.tokens")) == 1500
+    monkeypatch.setenv("RUNNER_HOME", str(tmp_path / "file"))
+    (tmp_path / "file").write_text("not a folder")
+    assert read_header(path).get("after") == 42
+
+
+def test_lazy_strings_that_do_not_fill_their_bytes_fail_as_a_changed_file() -> None:
+    import runner.gguf as g
+
+    good = _s("ab") + _s("c")
+    assert list(g.LazyStrings(good, 2)) == ["ab", "c"]
+    for data, n in ((good, 3), (good, 1), (good[:-1], 2), (good + b"\0", 2), (struct.pack("<Q", 99), 1)):
+        with pytest.raises(g.GGUFError, match="the file changed"):
+            list(g.LazyStrings(data, n))
