@@ -91,6 +91,17 @@ def test_json_has_the_documented_fields() -> None:
     assert plain.stdout.decode().rstrip("\n") == report["text"].rstrip("\n")
 
 
+def test_the_start_up_figure_is_within_the_process_s_own_lifetime() -> None:
+    """since_process_start, in a fresh process, reads no more than the time the parent saw it take
+    (plus one clock tick): psutil's create_time ran long by the boot time's lost fraction of a second."""
+    code = "from runner.engine.engine import since_process_start as s; print(s())"
+    for _ in range(3):
+        start = time.monotonic()
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+        wall = time.monotonic() - start
+        assert 0 < float(done.stdout) <= wall + 0.011
+
+
 def test_stdin_comes_first_then_the_argument() -> None:
     piped = b"The secret word is PINEAPPLE.\n"
     both = run_cli(
