@@ -23,6 +23,7 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
+    suggest_commands=False,  # Click 8.2+ suggests the closest itself: with Typer's too, it said it twice
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 
@@ -584,12 +585,25 @@ def fit(
 OPTIONAL_VALUES = {("chat", "resume"): "last"}  # --resume alone means the last conversation
 
 
-def command() -> click.Command:
+def command(only: str | None = None) -> click.Command:
     """The Click command Typer builds, with what Typer cannot say itself: an option whose value may be
-    left out (`--resume` or `--resume ID`; Typer dropped flag_value), as Click's own flag_value does."""
-    built = typer.main.get_command(app)
+    left out (`--resume` or `--resume ID`; Typer dropped flag_value), as Click's own flag_value does.
+
+    `only`: the subcommand the command line names, built alone where it is one of the app's own
+    commands (Typer builds every command's options from its signature: ~24 ms of each start, of which
+    `runner run` needs its own). Anything else (no command, `--help`, a typo Click suggests a name
+    for, a group such as `history`) gets the whole app."""
+    registered = app.registered_commands
+    mine = [info for info in registered if _name_of(info) == only]
+    app.registered_commands = mine or registered
+    try:
+        built = typer.main.get_command(app)
+    finally:
+        app.registered_commands = registered
     assert isinstance(built, click.Group)
     for (name, param), default in OPTIONAL_VALUES.items():
+        if name not in built.commands:
+            continue
         sub = built.commands[name]
         option = next(p for p in sub.params if p.name == param)
         assert isinstance(option, click.Option)
@@ -597,6 +611,14 @@ def command() -> click.Command:
     return built
 
 
+def _name_of(info: typer.models.CommandInfo) -> str | None:
+    """A registered command's name as Typer gives it (its own, or the function's, with - for _)."""
+    if info.name:
+        return info.name
+    callback = info.callback
+    return typer.main.get_command_name(callback.__name__) if callback is not None else None
+
+
 def main() -> None:
     """Entry point of the console script and `python -m runner`."""
-    command()(prog_name="runner")
+    command(sys.argv[1] if len(sys.argv) > 1 else None)(prog_name="runner")

@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+import click
 import pytest
 
 from tests.conftest import run_cli
@@ -37,6 +38,26 @@ def test_help_for_every_command() -> None:
         assert b"Examples:" in done.stdout
         if b"MODEL" in done.stdout:
             assert b"An alias from models.toml" in done.stdout  # arguments keep their help text
+
+
+def test_a_command_built_alone_is_the_command_built_with_the_app() -> None:
+    """main() builds only the subcommand the command line names (start-up); its options and help are
+    those of the whole app's, and a typo still gets the whole app's suggestion, once."""
+    from runner.cli import command
+
+    whole = command()
+    assert isinstance(whole, click.Group)
+    for name in COMMANDS + ["bench", "cache", "ls"]:
+        alone = command(name)
+        assert isinstance(alone, click.Group) and name in alone.commands
+        ctx = click.Context(whole)
+        ours, theirs = alone.commands[name], whole.commands[name]
+        assert [p.to_info_dict() for p in ours.params] == [p.to_info_dict() for p in theirs.params]
+        assert ours.get_help(click.Context(ours, parent=ctx, info_name=name)) == theirs.get_help(
+            click.Context(theirs, parent=ctx, info_name=name)
+        )
+    typo = run_cli("rnu", "hi")
+    assert typo.returncode == 2 and typo.stderr.count(b"Did you mean 'run'?") == 1
 
 
 def test_help_does_not_import_heavy_modules() -> None:
