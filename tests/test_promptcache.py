@@ -46,19 +46,13 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return tmp_path
 
 
+def greedy_run(model: Path, question: str, max_tokens: int, *extra: str) -> list[str]:
+    """`runner run`'s arguments for a greedy answer of at most max_tokens."""
+    return ["run", str(model), question, "--temperature", "0", "--max-tokens", str(max_tokens), *extra]
+
+
 def ask(model: Path, question: str, doc: str, *extra: str) -> dict:
-    proc = run_cli(
-        "run",
-        str(model),
-        question,
-        "--temperature",
-        "0",
-        "--max-tokens",
-        "16",
-        "--json",
-        *extra,
-        input=doc.encode(),
-    )
+    proc = run_cli(*greedy_run(model, question, 16, "--json", *extra), input=doc.encode())
     assert proc.returncode == 0, proc.stderr.decode()
     return json.loads(proc.stdout)
 
@@ -139,16 +133,7 @@ def test_a_bad_file_is_never_loaded_and_is_replaced(smollm2_path: Path, home: Pa
 def test_an_unwritable_cache_warns_once_and_answers(smollm2_path: Path, home: Path) -> None:
     (home / "cache").mkdir()
     (home / "cache" / "prompts").write_text("not a folder")  # unwritable even for root
-    proc = run_cli(
-        "run",
-        str(smollm2_path),
-        "What is this about?",
-        "--temperature",
-        "0",
-        "--max-tokens",
-        "8",
-        input=document().encode(),
-    )
+    proc = run_cli(*greedy_run(smollm2_path, "What is this about?", 8), input=document().encode())
     err = proc.stderr.decode()
     assert proc.returncode == 0 and proc.stdout.strip(), err
     assert err.count("the prompt cache is off for this call") == 1 and len(err.strip().splitlines()) == 1, err
@@ -156,19 +141,7 @@ def test_an_unwritable_cache_warns_once_and_answers(smollm2_path: Path, home: Pa
 
 def test_two_processes_writing_one_entry_leave_one_whole_file(smollm2_path: Path, home: Path) -> None:
     doc = document()
-    args = [
-        sys.executable,
-        "-m",
-        "runner",
-        "run",
-        str(smollm2_path),
-        "What is this about?",
-        "--temperature",
-        "0",
-        "--max-tokens",
-        "4",
-        "--json",
-    ]
+    args = [sys.executable, "-m", "runner", *greedy_run(smollm2_path, "What is this about?", 4, "--json")]
     procs = [
         subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         for _ in range(2)
