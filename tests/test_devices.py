@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
-import psutil
+import sys
+from pathlib import Path
 
+import psutil
+import pytest
+
+from runner import host
 from runner.loader import machine
 from runner.memory.devices import Gpu, Machine, parse_nvidia_smi
 
@@ -36,3 +41,40 @@ def test_probe_this_machine() -> None:
     import llama_cpp
 
     assert here.can_offload is bool(llama_cpp.llama_supports_gpu_offload())
+
+
+def test_host_reads_what_psutil_reports(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """runner.host reads the kernel itself (psutil's import cost 15-20 ms of each start): the same
+    figures as psutil on this machine, and psutil's own wherever the kernel's files say otherwise."""
+    total, available = host.ram()
+    memory = psutil.virtual_memory()
+    assert total == memory.total
+    assert abs(available - psutil.virtual_memory().available) < 0.05 * total  # it moves meanwhile
+    assert host.physical_cores() == psutil.cpu_count(logical=False)
+    if sys.platform == "linux":  # the kernel's files, not psutil, gave those
+        read = host._meminfo()
+        assert read is not None and read[0] == total
+        assert host._sysfs_cores() == psutil.cpu_count(logical=False)
+
+    odd = tmp_path / "meminfo"
+    odd.write_text("MemTotal:       1000 kB\nMemFree:        10 kB\n")  # an old kernel: no MemAvailable
+    monkeypatch.setattr(host, "MEMINFO", str(odd))
+    assert host._meminfo() is None
+    assert host.ram()[0] == psutil.virtual_memory().total
+    odd.write_text("MemTotal:       1000 MB\nMemAvailable:   10 kB\n")  # a unit it does not know
+    assert host._meminfo() is None
+    odd.write_text("MemTotal:       1000 kB\nMemAvailable:   10 kB\n")
+    assert host._meminfo() == (1000 * 1024, 10 * 1024)
+
+    (tmp_path / "cpu0" / "topology").mkdir(parents=True)
+    (tmp_path / "cpu1" / "topology").mkdir(parents=True)
+    (tmp_path / "cpu2").mkdir()  # no topology: not counted
+    (tmp_path / "cpufreq").mkdir()  # not a CPU
+    (tmp_path / "cpu0" / "topology" / "core_cpus_list").write_text("0,1\n")
+    (tmp_path / "cpu1" / "topology" / "thread_siblings_list").write_text("0,1\n")  # the older name
+    monkeypatch.setattr(host, "CPU_DIR", str(tmp_path))
+    assert host._sysfs_cores() == 1  # two hyperthreads of one core
+    (tmp_path / "cpu1" / "topology" / "thread_siblings_list").write_text("2\n")
+    assert host._sysfs_cores() == 2
+    monkeypatch.setattr(host, "CPU_DIR", str(tmp_path / "missing"))
+    assert host.physical_cores() == psutil.cpu_count(logical=False)

@@ -16,6 +16,7 @@ from typing import Any
 
 from runner import interrupt
 from runner.errors import EngineError
+from runner.host import physical_cores
 
 
 class _LlamaLog:
@@ -146,9 +147,7 @@ def kv_type_id(name: str) -> int:
 
 def default_threads() -> int:
     """Physical cores, as llama.cpp picks: decode speed is bound by memory, not by hyperthreads."""
-    import psutil
-
-    return max(1, psutil.cpu_count(logical=False) or os.cpu_count() or 1)
+    return max(1, physical_cores() or os.cpu_count() or 1)
 
 
 @functools.cache

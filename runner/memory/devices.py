@@ -15,6 +15,7 @@ import sys
 from dataclasses import dataclass, field
 
 from runner.gguf import REPACK_TYPES
+from runner.host import ram
 
 NVIDIA_SMI_TIMEOUT_S = 5.0
 APPLE_GPU_SHARE = 0.75  # Metal's recommendedMaxWorkingSetSize is about 3/4 of RAM on Apple Silicon
@@ -50,13 +51,6 @@ class Machine:
             return None
         flag = "-DGGML_METAL=on" if self.gpus[0].backend == "metal" else "-DGGML_CUDA=on"
         return f'CMAKE_ARGS="{flag}" pip install --force-reinstall --no-cache-dir {LLAMA_CPP_PIN}'
-
-
-def ram() -> tuple[int, int]:
-    import psutil
-
-    memory = psutil.virtual_memory()
-    return int(memory.total), int(memory.available)
 
 
 def nvidia_gpus() -> list[Gpu]:
