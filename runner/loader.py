@@ -16,6 +16,7 @@ from typing import Any
 from runner import ui
 from runner.engine.engine import Engine
 from runner.engine.speculate import SPEC_DRAFT, draft_mismatch
+from runner.engine.template import TEMPLATE_KEY, compile_ahead
 from runner.errors import InvalidSetting, WontFit
 from runner.gguf import GGUFHeader, read_header
 from runner.hub.catalog import CatalogEntry, load_catalog
@@ -272,11 +273,14 @@ def open_model(
     debug: bool = False,
     spec: str = "none",
     draft: str | None = None,
+    chat_template: bool = True,
 ) -> LoadedModel:
     """Resolve, fetch if needed, check the header, plan, then load. flash_attn None: the plan's
     choice (llama.cpp's "auto", or off for a `growing` context on the CPU: CPU_CHAT_FLASH_ATTN).
     `spec` (limits.spec_setting): speculative decoding, "ngram", "none", or "draft" with the `draft`
-    model, which is checked against the target (vocabulary, size) before either loads."""
+    model, which is checked against the target (vocabulary, size) before either loads.
+    `chat_template`: the caller will render the file's chat template, so it is compiled beside the
+    load (--raw does not)."""
     check_asked(ctx=ctx, gpu_layers=gpu_layers)
     if threads is not None:
         check_range(threads, "--threads", 1, MAX_THREADS)
@@ -305,6 +309,8 @@ def open_model(
     drafting = _draft_file(draft, header, path, offline) if spec == SPEC_DRAFT and draft else None
     if plan is None or not plan.estimate.exact:  # again with the file, unless the remote plan was exact
         plan = plan_for(header, ref.display, path=path, **asked)
+    if chat_template:
+        compile_ahead(header.get(TEMPLATE_KEY))
     engine = Engine(
         path,
         n_ctx=plan.n_ctx if plan.n_seq > 1 else ctx or plan.n_ctx,

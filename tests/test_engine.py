@@ -187,3 +187,44 @@ def test_a_context_grows_as_it_fills_and_answers_do_not_change(
             texts[start] = result.text
             assert engine._allocated == (1024 if start == 256 else 4096)
     assert texts[256] == texts[1 << 20]
+
+
+def test_a_load_runs_with_the_log_muted_and_a_failed_one_still_says_why(
+    smollm2_path: Path, tmp_path: Path
+) -> None:
+    """A load's ~1,200 log lines go to a C no-op (no GIL taken per line, so the template compiles
+    beside it); a load that fails is asked again with the log heard, for llama.cpp's reason."""
+    import numpy as np
+    from gguf import GGUFWriter
+
+    from runner.engine.llamacpp import LLAMA_LOG, llama
+    from runner.errors import InvalidModelFile
+
+    lib = llama()
+    params = lib.llama_model_default_params()
+    params.vocab_only = True
+    LLAMA_LOG.recent.clear()
+    with LLAMA_LOG.muted() as muted:
+        assert muted  # nothing echoes (--debug) or listens here
+        model = lib.llama_model_load_from_file(str(smollm2_path).encode(), params)
+    lib.llama_model_free(model)
+    assert not LLAMA_LOG.recent  # nothing reached Python
+    model = lib.llama_model_load_from_file(str(smollm2_path).encode(), params)
+    lib.llama_model_free(model)
+    assert LLAMA_LOG.recent  # and the log is runner's again
+    LLAMA_LOG.listeners.append(lambda *_: None)
+    try:
+        with LLAMA_LOG.muted() as muted:
+            assert not muted  # a listener hears every line, as --debug does
+    finally:
+        LLAMA_LOG.listeners.pop()
+
+    odd = tmp_path / "odd.gguf"
+    writer = GGUFWriter(str(odd), "foobar")
+    writer.add_tensor("x.weight", np.ones(64, dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(InvalidModelFile, match="unknown model architecture: 'foobar'"):
+        Engine(odd)

@@ -92,3 +92,26 @@ def test_template_errors_are_the_model_files_fault() -> None:
         render("{{ raise_exception('roles must alternate') }}", build_messages("Hi"))
     with pytest.raises(InvalidModelFile, match="failed to render"):
         render("{% for %}", build_messages("Hi"))
+
+
+def test_a_template_compiled_ahead_renders_the_same_and_fails_the_same() -> None:
+    """compile_ahead (beside the model load) only fills the compile cache: the render that follows
+    gives the same text, and a template that does not compile still fails at the render."""
+    from runner.engine import template
+
+    source = "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}<ahead>"
+    template.compile_ahead(source)
+    template.compile_ahead(source)  # a second call while the first runs starts nothing
+    assert list(template._AHEAD) == [source]
+    ahead = template._AHEAD[source]
+    assert render(source, build_messages("Hi", "Be brief.")) == "<system>Be brief.<user>Hi<ahead>"
+    assert not template._AHEAD and not ahead.is_alive()  # the render waited for it, then took its work
+    assert template._compiled.cache_info().currsize >= 1
+
+    broken = "{% for %}<ahead>"
+    template.compile_ahead(broken)
+    with pytest.raises(InvalidModelFile, match="failed to render"):
+        render(broken, build_messages("Hi"))
+    template.compile_ahead(None)  # no template in the file: nothing to do
+    template.compile_ahead("  ")
+    assert not template._AHEAD

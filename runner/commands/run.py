@@ -75,6 +75,7 @@ def run_once(request: RunRequest, *, stdin: BinaryIO | None, out: TextIO) -> Res
         debug=request.debug,
         spec=spec,
         draft=request.draft,
+        chat_template=not request.raw,
     )
     try:
         sampling, sources = sampling_for(loaded, request.sampling)

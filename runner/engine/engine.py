@@ -141,7 +141,11 @@ class Engine:
             n_gpu_layers = -1 if supports_gpu_offload() else 0
         self.n_gpu_layers = n_gpu_layers if use_gpu else 0
         mparams, self._no_devices = model_params(lib, n_gpu_layers, use_gpu)
-        self._model = lib.llama_model_load_from_file(os.fsencode(self.path), mparams)
+        path = os.fsencode(self.path)
+        with LLAMA_LOG.muted() as muted:  # the load's ~1,200 log lines, without taking the GIL
+            self._model = lib.llama_model_load_from_file(path, mparams)
+        if not self._model and muted and not interrupt.requested():
+            self._model = lib.llama_model_load_from_file(path, mparams)  # again, for llama.cpp's reason
         if not self._model:
             if interrupt.requested():  # the progress callback stopped it
                 return  # deferred() raises KeyboardInterrupt as the block ends

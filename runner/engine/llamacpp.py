@@ -6,11 +6,13 @@ Only the low-level API: llama-cpp-python's high-level `Llama` (and numpy) is nev
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import os
 import re
 from collections import deque
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +38,27 @@ class _LlamaLog:
         if self.echo:
             os.write(2, text)
 
+    @contextlib.contextmanager
+    def muted(self) -> Iterator[bool]:
+        """llama.cpp's log sent nowhere in C, for a call that logs a lot: a model load writes ~1,200
+        lines, and each would call into Python and take the GIL, so no other Python thread could run
+        beside the load (the chat template's compile does: runner.engine.template.compile_ahead).
+        Yields whether it muted: not while the log is echoed (--debug) or listened to. The lines are
+        lost, so a caller that fails under it and wants llama.cpp's reason asks again unmuted.
+
+        The no-op is Py_IsInitialized, a C function that reads no argument, changes nothing and needs
+        no GIL; the three arguments llama.cpp passes it are ignored, as the caller-cleaned C calling
+        conventions (x86-64, AArch64, cdecl) allow."""
+        if self.echo or self.listeners or self.callback is None:
+            yield False
+            return
+        lib = llama()
+        lib.llama_log_set(_silent_callback(), ctypes.c_void_p(0))
+        try:
+            yield True
+        finally:
+            lib.llama_log_set(self.callback, ctypes.c_void_p(0))
+
     def last_error(self) -> str:
         lines = [line.strip() for line in "".join(self.recent).splitlines() if line.strip()]
         errors = [line for line in lines if "error" in line.lower()] or [
@@ -53,6 +76,11 @@ class _LlamaLog:
 
 
 LLAMA_LOG = _LlamaLog()
+
+
+@functools.cache
+def _silent_callback() -> Any:
+    return ctypes.cast(ctypes.pythonapi.Py_IsInitialized, llama().llama_log_callback)
 
 
 def _low_level() -> Any:

@@ -3,11 +3,16 @@
 A chat template is untrusted input (CVE-2024-34359 was a template that ran code through an unsandboxed
 Jinja environment), so it only ever renders in jinja2's ImmutableSandboxedEnvironment, with the few
 helpers Hugging Face templates expect (raise_exception, strftime_now, a tojson that keeps Unicode).
+
+Importing jinja2 and compiling a template takes ~40 ms, so a caller about to load the model can start
+it beside the load (compile_ahead): llama.cpp builds the vocabulary without holding the GIL.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import threading
 from dataclasses import dataclass
 from datetime import datetime
 from functools import lru_cache
@@ -49,8 +54,37 @@ def _strftime_now(fmt: str) -> str:
     return datetime.now().strftime(fmt)
 
 
-@lru_cache(maxsize=8)
+_AHEAD: dict[str, threading.Thread] = {}  # compiles started by compile_ahead, until they are waited for
+_AHEAD_LOCK = threading.Lock()
+
+
+def compile_ahead(source: object) -> None:
+    """Import jinja2 and compile `source` (a GGUF's chat template) on a thread, for a render to come.
+    What it finds wrong, it leaves for that render to raise again: it only ever fills the cache."""
+    if not isinstance(source, str) or not source.strip():
+        return
+
+    def work() -> None:
+        with contextlib.suppress(Exception):  # the render compiles again, and reports it
+            _compiled(source)
+
+    with _AHEAD_LOCK:
+        if source in _AHEAD:
+            return
+        _AHEAD[source] = thread = threading.Thread(target=work, name="runner-template", daemon=True)
+    thread.start()
+
+
 def _compile(source: str) -> Any:
+    with _AHEAD_LOCK:
+        ahead = _AHEAD.pop(source, None)
+    if ahead is not None:
+        ahead.join()  # its result (or nothing, if it failed) is in _compiled's cache
+    return _compiled(source)
+
+
+@lru_cache(maxsize=8)
+def _compiled(source: str) -> Any:
     from jinja2.ext import loopcontrols
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
