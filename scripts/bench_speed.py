@@ -10,7 +10,12 @@ RUNNER_HOME: the cold call (which stores the head) and then cached calls, TTFT o
 the cost of writing the head on the cold call, disk bytes per cached token; and, in process, what
 loading a stored head costs against prefilling it, by head length (the threshold MIN_HEAD).
 
-    .venv/bin/python scripts/bench_speed.py [--repeats 3] [--max-tokens 300] [--json] [--only spec|cache]
+Verify cost: what bounds speculation on a machine. Raw llama_decode (no runner code) of batches of
+1 + k tokens with logits at every position, as a verify batch has them, after a 100-token prompt;
+medians of 15, in ms and in plain steps. A copy kept whole at k drafts gains at most (1 + k) / steps.
+
+    .venv/bin/python scripts/bench_speed.py [--repeats 3] [--max-tokens 300] [--json]
+                                            [--only spec|cache|verify]
 """
 
 from __future__ import annotations
@@ -188,12 +193,60 @@ def threshold(path: Path) -> list[dict]:
     return rows
 
 
+def verify_cost(path: Path, sizes: tuple[int, ...] = (1, 2, 3, 5, 9, 17, 33)) -> list[dict]:
+    """Raw llama_decode of [last, d0 … dk-1] with logits at every position, by batch size."""
+    from runner.engine.llamacpp import cpu_repacks, default_threads, llama
+
+    lib = llama()
+    mp = lib.llama_model_default_params()
+    mp.n_gpu_layers = -1 if lib.llama_supports_gpu_offload() else 0
+    mp.use_extra_bufts = cpu_repacks()
+    model = lib.llama_model_load_from_file(os.fsencode(path), mp)
+    cp = lib.llama_context_default_params()
+    cp.n_ctx, cp.n_threads = 1024, default_threads()
+    cp.n_threads_batch = cp.n_threads
+    ctx = lib.llama_init_from_model(model, cp)
+    memory = lib.llama_get_memory(ctx)
+    batch = lib.llama_batch_init(512, 0, 1)
+    prefix = 100
+
+    def fill(tokens: range, start: int, all_logits: bool) -> None:
+        batch.n_tokens = len(tokens)
+        for i, token in enumerate(tokens):
+            batch.token[i], batch.pos[i], batch.n_seq_id[i] = token, start + i, 1
+            batch.seq_id[i][0] = 0
+            batch.logits[i] = all_logits or i == len(tokens) - 1
+
+    rows = []
+    try:
+        for n in sizes:
+            times = []
+            for _ in range(15):
+                lib.llama_memory_clear(memory, True)
+                fill(range(100, 100 + prefix), 0, False)
+                assert lib.llama_decode(ctx, batch) == 0
+                fill(range(300, 300 + n), prefix, True)
+                start = time.perf_counter()
+                assert lib.llama_decode(ctx, batch) == 0
+                times.append(time.perf_counter() - start)
+            rows.append({"tokens": n, "ms": round(statistics.median(times) * 1000, 1)})
+    finally:
+        lib.llama_batch_free(batch)
+        lib.llama_free(ctx)
+        lib.llama_model_free(model)
+    step = rows[0]["ms"]
+    for r in rows:
+        r["steps"] = round(r["ms"] / step, 2)
+        r["whole_copy_gain"] = round(r["tokens"] / r["steps"], 2)
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--max-tokens", type=int, default=300)
     parser.add_argument("--json", action="store_true")
-    parser.add_argument("--only", choices=["spec", "cache"])
+    parser.add_argument("--only", choices=["spec", "cache", "verify"])
     args = parser.parse_args()
 
     from runner.hub.catalog import load_catalog
@@ -203,11 +256,16 @@ def main() -> None:
     entry = load_catalog().get("smollm2")
     assert entry is not None
     path = locate(from_entry(entry))
-    rows = speculation(path, args.repeats, args.max_tokens) if args.only != "cache" else []
-    cache = prompt_cache(path, args.repeats) if args.only != "spec" else None
+    verify = verify_cost(path) if args.only in (None, "verify") else []
+    rows = speculation(path, args.repeats, args.max_tokens) if args.only in (None, "spec") else []
+    cache = prompt_cache(path, args.repeats) if args.only in (None, "cache") else None
     if args.json:
-        print(json.dumps({"speculation": rows, "prompt_cache": cache}, indent=2))
+        print(json.dumps({"verify_cost": verify, "speculation": rows, "prompt_cache": cache}, indent=2))
         return
+    if verify:
+        print("| batch (last + drafts) | ms | plain steps | gain of a copy kept whole |\n|---|---|---|---|")
+        for v in verify:
+            print(f"| {v['tokens']} | {v['ms']} | {v['steps']} | {v['whole_copy_gain']}× |")
     if cache is not None:
         c = cache
         print(
