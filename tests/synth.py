@@ -296,6 +296,14 @@ def _finish(w: GGUFWriter, path: Path) -> Path:
     return path
 
 
+def write_unknown_arch(path: str | Path) -> Path:
+    """A well-formed GGUF of an architecture llama.cpp does not know ("foobar"): the header reader
+    takes it, llama.cpp's load refuses it with its own reason."""
+    w = GGUFWriter(str(path), "foobar")
+    w.add_tensor("x.weight", np.ones(64, dtype=np.float32))
+    return _finish(w, Path(path))
+
+
 def write_all(folder: str | Path, names: list[str] | None = None) -> dict[str, Path]:
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)

@@ -386,16 +386,9 @@ def test_python_dash_m_runner_works() -> None:
 
 
 def test_a_gguf_llama_cpp_cannot_load_says_why(tmp_path: Path) -> None:
-    import numpy as np
-    from gguf import GGUFWriter
+    import synth
 
-    odd = tmp_path / "odd.gguf"
-    writer = GGUFWriter(str(odd), "foobar")
-    writer.add_tensor("x.weight", np.ones(64, dtype=np.float32))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    odd = synth.write_unknown_arch(tmp_path / "odd.gguf")
     done = run_cli("run", str(odd), "Hi")
     assert done.returncode == 2
     assert (

@@ -194,8 +194,7 @@ def test_a_load_runs_with_the_log_muted_and_a_failed_one_still_says_why(
 ) -> None:
     """A load's ~1,200 log lines go to a C no-op (no GIL taken per line, so the template compiles
     beside it); a load that fails is asked again with the log heard, for llama.cpp's reason."""
-    import numpy as np
-    from gguf import GGUFWriter
+    import synth
 
     from runner.engine.llamacpp import LLAMA_LOG, llama
     from runner.errors import InvalidModelFile
@@ -219,12 +218,6 @@ def test_a_load_runs_with_the_log_muted_and_a_failed_one_still_says_why(
     finally:
         LLAMA_LOG.listeners.pop()
 
-    odd = tmp_path / "odd.gguf"
-    writer = GGUFWriter(str(odd), "foobar")
-    writer.add_tensor("x.weight", np.ones(64, dtype=np.float32))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    odd = synth.write_unknown_arch(tmp_path / "odd.gguf")
     with pytest.raises(InvalidModelFile, match="unknown model architecture: 'foobar'"):
         Engine(odd)
