@@ -195,17 +195,12 @@ def threshold(path: Path) -> list[dict]:
 
 def verify_cost(path: Path, sizes: tuple[int, ...] = (1, 2, 3, 5, 9, 17, 33)) -> list[dict]:
     """Raw llama_decode of [last, d0 … dk-1] with logits at every position, by batch size."""
-    from runner.engine.llamacpp import cpu_repacks, default_threads, llama
+    from bench_engine import Raw  # the raw loop's model and context, loaded as runner loads
 
-    lib = llama()
-    mp = lib.llama_model_default_params()
-    mp.n_gpu_layers = -1 if lib.llama_supports_gpu_offload() else 0
-    mp.use_extra_bufts = cpu_repacks()
-    model = lib.llama_model_load_from_file(os.fsencode(path), mp)
-    cp = lib.llama_context_default_params()
-    cp.n_ctx, cp.n_threads = 1024, default_threads()
-    cp.n_threads_batch = cp.n_threads
-    ctx = lib.llama_init_from_model(model, cp)
+    from runner.engine.llamacpp import default_threads
+
+    raw = Raw(path, default_threads())
+    lib, ctx = raw.lib, raw.ctx
     memory = lib.llama_get_memory(ctx)
     batch = lib.llama_batch_init(512, 0, 1)
     prefix = 100
@@ -232,8 +227,6 @@ def verify_cost(path: Path, sizes: tuple[int, ...] = (1, 2, 3, 5, 9, 17, 33)) ->
             rows.append({"tokens": n, "ms": round(statistics.median(times) * 1000, 1)})
     finally:
         lib.llama_batch_free(batch)
-        lib.llama_free(ctx)
-        lib.llama_model_free(model)
     step = rows[0]["ms"]
     for r in rows:
         r["steps"] = round(r["ms"] / step, 2)
