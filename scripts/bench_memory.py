@@ -84,7 +84,7 @@ def child(path: str, n_ctx: int, variant: dict, fill: bool) -> None:
     LLAMA_LOG.listeners.append(lambda _level, text: log.append(text))
     if set(variant) <= {"n_gpu_layers"}:
         engine = Engine(path, n_ctx=n_ctx, n_threads=2, n_gpu_layers=variant.get("n_gpu_layers", 0))
-        ctx, n_ubatch = engine._ctx, 512
+        ctx, n_ubatch = engine.ctx, 512
     else:  # what Engine does, plus the variant's context params
         mparams = lib.llama_model_default_params()
         mparams.n_gpu_layers = 0

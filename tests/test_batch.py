@@ -49,7 +49,7 @@ def top2_gap(engine: Engine, tokens: list[int]) -> float:
 
     engine.reset()
     engine.prefill(tokens)
-    row = llama().llama_get_logits_ith(engine._ctx, -1)
+    row = llama().llama_get_logits_ith(engine.ctx, -1)
     logits = sorted(ctypes.cast(row, ctypes.POINTER(ctypes.c_float))[: engine.n_vocab], reverse=True)
     return logits[0] - logits[1]
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import jsonschema
 import pytest
 
+from runner.engine.answer import FINISH_STOP
 from runner.engine.constrain import ConstraintError, constraint
-from runner.engine.engine import FINISH_STOP
 from runner.engine.sampling import SamplingConfig
 from runner.engine.template import Message
 from runner.errors import InvalidSetting

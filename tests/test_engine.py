@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from runner.engine.engine import FINISH_LENGTH, FINISH_STOP, Engine, _TextAssembler
+from runner.engine.answer import FINISH_LENGTH, FINISH_STOP, TextAssembler
+from runner.engine.engine import Engine
 from runner.engine.sampling import SamplingConfig
 from runner.engine.template import build_messages, render
 from runner.errors import PromptTooLong
@@ -74,7 +75,7 @@ def test_utf8_split_across_tokens_is_neither_broken_nor_dropped(engine: Engine) 
     assert split, "the test needs tokens that each carry part of a character"
     whole = b"".join(pieces)
     complete = whole[: len(whole) - _incomplete_tail(whole)].decode("utf-8")
-    text = _TextAssembler(stop=())
+    text = TextAssembler(stop=())
     out = "".join(text.push(p)[0] for p in pieces) + text.flush()
     assert out == complete
     assert "\ufffd" not in out
@@ -111,7 +112,7 @@ def _incomplete_tail(data: bytes) -> int:
 def test_text_assembler_hand_picked(
     pieces: list[bytes], stop: list[str], expected_out: str, stopped: bool
 ) -> None:
-    text = _TextAssembler(stop=stop)
+    text = TextAssembler(stop=stop)
     out = ""
     hit = False
     for piece in pieces:
@@ -125,7 +126,7 @@ def test_text_assembler_hand_picked(
 
 
 def test_held_back_text_is_released_before_it_could_match() -> None:
-    text = _TextAssembler(stop=["</answer>"])
+    text = TextAssembler(stop=["</answer>"])
     assert text.push(b"42 <") == ("42 ", False)
     assert text.push(b"/ans") == ("", False)
     assert text.push(b"wer!") == ("</answer!", False)  # cannot be the stop string any more

@@ -21,7 +21,8 @@ from pathlib import Path
 import pytest
 
 from runner import interrupt
-from runner.engine.engine import FINISH_INTERRUPTED, Engine
+from runner.engine.answer import FINISH_INTERRUPTED
+from runner.engine.engine import Engine
 from runner.engine.sampling import SamplingConfig
 
 GREEDY = SamplingConfig(temperature=0)

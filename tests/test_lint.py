@@ -51,3 +51,16 @@ def test_an_import_up_a_layer_is_caught(tmp_path: Path) -> None:
     assert "runner.memory.plan -> runner.engine.llamacpp" in done.stdout
     assert "runner.commands.fit -> runner.commands.run" in done.stdout
     assert "2 broken" in done.stdout
+
+
+def test_an_import_cycle_is_caught(tmp_path: Path) -> None:
+    """The prompt cache asking for the engine back (the cycle the engine's protocols removed) is a
+    cycle between siblings and an import up the engine's own layers: both contracts say so."""
+    shutil.copytree(ROOT / "runner", tmp_path / "runner", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "pyproject.toml", tmp_path)
+    add_import(tmp_path / "runner" / "engine" / "promptcache.py", "from runner.engine.engine import Engine")
+    done = lint_imports(tmp_path)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "No cycles are allowed in runner.engine" in done.stdout
+    assert "runner.engine.promptcache is not allowed to import runner.engine.engine" in done.stdout
+    assert "2 broken" in done.stdout

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from typing import Any, TextIO
 
 from runner import ui
-from runner.engine.engine import FINISH_LENGTH, Result, Timings, supports_gpu_offload
+from runner.engine.answer import FINISH_LENGTH, Result, Timings
+from runner.engine.llamacpp import supports_gpu_offload
 from runner.engine.prompt import Prompt
 from runner.engine.promptcache import CacheUse, PromptCache
 from runner.engine.reasoning import ANSWER, Splitter

@@ -18,8 +18,9 @@ from runner.commands.output import (
     stream_answer,
     to_json,
 )
+from runner.engine.answer import FINISH_INTERRUPTED, Result
 from runner.engine.constrain import constraint
-from runner.engine.engine import FINISH_INTERRUPTED, Result, common_prefix
+from runner.engine.context import common_prefix
 from runner.engine.prompt import read_prompt, render_prompt
 from runner.engine.template import build_messages
 from runner.limits import check_answer_limits, flash_attn_setting, spec_setting

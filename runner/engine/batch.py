@@ -18,13 +18,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from runner import interrupt
-from runner.engine.engine import (
-    FINISH_LENGTH,
-    FINISH_STOP,
-    Engine,
-    _TextAssembler,
-    common_prefix,
-)
+from runner.engine.answer import FINISH_LENGTH, FINISH_STOP, TextAssembler
+from runner.engine.context import common_prefix
+from runner.engine.engine import Engine
 from runner.engine.llamacpp import LLAMA_LOG, llama
 from runner.engine.sampling import SamplingConfig
 from runner.errors import EngineError, InvalidSetting
@@ -72,7 +68,7 @@ class _Slot:
     seq: int
     job: Job
     sampler: Any
-    text: _TextAssembler
+    text: TextAssembler
     start: float
     pos: int = 0
     last: int = 0
@@ -115,7 +111,7 @@ class _Batch:
             raise InvalidSetting(f"--parallel {parallel}: the context holds {engine.n_seq} sequences")
         self.engine = engine
         self.lib = llama()
-        self.ctx = engine._ctx
+        self.ctx = engine.ctx
         self.memory = engine._memory
         self.parallel = parallel
         self.on_done = on_done
@@ -227,7 +223,7 @@ class _Batch:
         except InvalidSetting as exc:
             self._fail(job, str(exc))
             return None
-        slot = _Slot(seq, job, sampler, _TextAssembler(job.stop), time.perf_counter(), pos=begin)
+        slot = _Slot(seq, job, sampler, TextAssembler(job.stop), time.perf_counter(), pos=begin)
         tail = job.tokens[begin:]
         if evaluate:
             for at in range(0, len(tail), self.engine.n_batch):

@@ -9,31 +9,34 @@ Layers, each a generator over the one below (as mlx-lm's generate.py):
 Everything runs on llama.cpp's low-level API (runner.engine.llamacpp): sampling in
 llama.cpp's native sampler chain, one token piece converted per step (no re-detokenizing of earlier
 tokens), and a KV cache that keeps the prompt prefix a later request shares (chat turns), or loads a
-stored one from disk (runner.engine.promptcache). A one-sequence context is allocated small and grows
-as it fills (_reserve).
+stored one from disk (runner.engine.promptcache). The context and its KV cache (evaluating, dropping,
+growing, the verify step) are runner.engine.context's KVContext, the Engine's base; what an answer
+carries (Chunk, Result, Timings, the text assembly) is runner.engine.answer's.
 """
 
 from __future__ import annotations
 
-import codecs
 import ctypes
 import os
 import time
 from collections.abc import Generator, Iterator, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from runner import interrupt
-from runner.engine.llamacpp import (
-    LLAMA_LOG,
-    context_params,
-    default_threads,
-    interrupt_callbacks,
-    llama,
-    model_params,
-    supports_gpu_offload,
+from runner.engine.answer import (
+    FINISH_INTERRUPTED,
+    FINISH_LENGTH,
+    FINISH_STOP,
+    Chunk,
+    Result,
+    TextAssembler,
+    Timings,
+    since_process_start,
 )
+from runner.engine.context import CTX_PAD, START_CTX, Interrupted, KVContext
+from runner.engine.llamacpp import LLAMA_LOG, default_threads, llama, model_params, supports_gpu_offload
 from runner.engine.promptcache import MIN_HEAD, CacheUse, PromptCache
 from runner.engine.sampling import SamplingConfig
 from runner.engine.speculate import SPEC_NONE, SpecStats, Speculator
@@ -41,62 +44,9 @@ from runner.errors import EngineError, InvalidModelFile, InvalidSetting, PromptT
 from runner.limits import DEFAULT_CTX
 
 CTX_STEP = 256  # a suggested --ctx is rounded up to this
-CTX_PAD = 256  # llama.cpp rounds a context up to this
-START_CTX = 512  # a one-sequence context is first allocated at most this large, then grows (_reserve)
-
-FINISH_STOP = "stop"  # end-of-generation token or a stop string
-FINISH_LENGTH = "length"  # --max-tokens reached, or the context is full
-FINISH_INTERRUPTED = "interrupted"  # Ctrl-C: the answer stopped within a token, what came is kept
-DECODE_ABORTED = 2  # llama_decode's status when the abort callback stopped it
 
 
-class _Interrupted(Exception):
-    """Ctrl-C during a prefill: llama.cpp aborted the batch (the engine's own, never seen outside)."""
-
-
-@dataclass(frozen=True)
-class Timings:
-    load_s: float = 0.0
-    prompt_tokens: int = 0  # tokens in the prompt
-    prefill_tokens: int = 0  # of those, tokens evaluated (the rest came from the KV cache)
-    prefill_s: float = 0.0
-    ttft_s: float = 0.0  # start of the request to the first generated token
-    completion_tokens: int = 0
-    decode_s: float = 0.0  # after the first token, to the last
-    total_s: float = 0.0
-    startup_s: float = 0.0  # the process's start to this request's first prefill (0: unknown)
-    speculation: SpecStats = SpecStats()
-    prompt_cache: CacheUse = CacheUse()  # tokens of the prompt loaded from, or written to, the disk cache
-
-    @property
-    def prefill_tokens_per_s(self) -> float:
-        return self.prefill_tokens / self.prefill_s if self.prefill_s > 0 else 0.0
-
-    @property
-    def decode_tokens_per_s(self) -> float:
-        steps = self.completion_tokens - 1
-        return steps / self.decode_s if steps > 0 and self.decode_s > 0 else 0.0
-
-
-@dataclass(frozen=True)
-class Chunk:
-    """A piece of the answer; finish_reason and timings are set on the last one only."""
-
-    text: str
-    finish_reason: str | None = None
-    timings: Timings | None = None
-    context_full: bool = False
-
-
-@dataclass(frozen=True)
-class Result:
-    text: str
-    finish_reason: str
-    timings: Timings
-    context_full: bool = False
-
-
-class Engine:
+class Engine(KVContext):
     """One loaded model and its context."""
 
     def __init__(
@@ -181,41 +131,6 @@ class Engine:
         self.speculator: Speculator | None = None  # runner.engine.speculate; None: one token a step
         self._verify_batch: Any = None  # llama_batch for [last, drafts…], made on first use
         self._verify_batch_size = 0
-
-    def _new_context(self, size: int) -> None:
-        """(Re)create the llama.cpp context with room for `size` tokens."""
-        lib = llama()
-        threads, kv_type, flash_attn = self._settings
-        cparams = context_params(lib, size, threads, kv_type, flash_attn, self.n_seq)
-        self._ctx = lib.llama_init_from_model(self._model, cparams)
-        if not self._ctx:
-            raise EngineError(
-                f"llama.cpp could not create a context of {cparams.n_ctx} tokens: {LLAMA_LOG.last_error()}"
-            )
-        self._allocated = int(lib.llama_n_ctx(self._ctx))
-        self.n_batch = int(lib.llama_n_batch(self._ctx))
-        self._memory = lib.llama_get_memory(self._ctx)
-
-    def _reserve(self, tokens: int) -> None:
-        """Have the context hold `tokens` cells: past its allocation (and within n_ctx), a context twice
-        as large takes the KV cache's state over (llama_state_seq_get/set_data, through host memory:
-        the old one is freed before the new one is made, so the peak stays within the plan's).
-        A one-shot answer so starts with a 512-token context: allocating 8,192 took 0.17 s of each
-        start here, 2,048 0.037 s, 512 0.010-0.015 s. A longer prompt grows it once, before its
-        prefill, to the size it needs; an answer that fills it doubles it (SmolLM2: ~12 MB of state
-        moved at 512 tokens)."""
-        if tokens <= self._allocated or self._allocated >= self.n_ctx:
-            return
-        size = min(self.n_ctx, max(-(-tokens // CTX_PAD) * CTX_PAD, 2 * self._allocated))
-        lib = llama()
-        with interrupt.deferred():
-            state = self.state_bytes() if self._cached else b""
-            lib.llama_free(self._ctx)
-            self._ctx = None
-            self._new_context(size)
-            if state and not self._set_state(state):
-                self._cached.clear()
-                raise EngineError("llama.cpp could not move the KV cache into a larger context")
 
     def speculate(self, mode: str, draft: Engine | None = None, fixed: int | None = None) -> bool:
         """Turn speculative decoding on (runner.engine.speculate): "ngram", or a draft model's engine
@@ -340,81 +255,6 @@ class Engine:
         add(chain, lib.llama_sampler_init_dist(seed))
         return chain
 
-    def extend(self, tokens: Sequence[int]) -> None:
-        """Evaluate tokens after those in the KV cache (at most n_batch)."""
-        self._reserve(len(self._cached) + len(tokens))
-        lib = llama()
-        array = (lib.llama_token * len(tokens))(*tokens)
-        rc = lib.llama_decode(self._ctx, lib.llama_batch_get_one(array, len(tokens)))
-        if rc == DECODE_ABORTED:  # Ctrl-C: llama.cpp kept the ubatches it finished, dropped the rest
-            self._cached.extend(tokens)
-            del self._cached[max(0, lib.llama_memory_seq_pos_max(self._memory, 0) + 1) :]
-            raise _Interrupted
-        if rc != 0:
-            self._failed(rc)
-        self._cached.extend(tokens)
-
-    def prefill(self, tokens: Sequence[int]) -> int:
-        """Evaluate the prompt, reusing the prefix already in the KV cache; returns tokens evaluated."""
-        lib = llama()
-        keep = min(
-            self.shared_prefix(tokens), len(tokens) - 1
-        )  # the last prompt token is always evaluated, for its logits
-        if keep < len(self._cached) and not lib.llama_memory_seq_rm(self._memory, -1, keep, -1):
-            keep = 0  # e.g. recurrent memory cannot drop a suffix: start over
-            lib.llama_memory_clear(self._memory, True)
-        del self._cached[keep:]
-        self._reserve(len(tokens))  # before the abort callback is set on the context
-        self.last_prefill_tokens = len(tokens) - keep
-        # llama.cpp asks the abort callback at every graph node: a Python call each time, ~8% of a
-        # one-token decode here, nothing next to a batch. So it is set for the prefill only; a decode
-        # step is checked between tokens instead.
-        lib.llama_set_abort_callback(self._ctx, interrupt_callbacks()[1], None)
-        try:
-            for start in range(keep, len(tokens), self.n_batch):
-                if interrupt.requested():
-                    raise _Interrupted
-                self.extend(tokens[start : start + self.n_batch])
-        finally:
-            lib.llama_set_abort_callback(self._ctx, lib.ggml_abort_callback(0), None)  # NULL
-        return self.last_prefill_tokens
-
-    def shared_prefix(self, tokens: Sequence[int]) -> int:
-        """Tokens at the start of `tokens` whose keys and values the KV cache holds already."""
-        return common_prefix(self._cached, tokens)
-
-    def drop_after(self, n: int) -> bool:
-        """Keep the first n cached tokens only; False where the memory cannot drop a suffix."""
-        if n < len(self._cached):
-            if not llama().llama_memory_seq_rm(self._memory, 0, n, -1):
-                return False
-            del self._cached[n:]
-        return True
-
-    def state_bytes(self) -> bytes:
-        """The KV cache's state (sequence 0), as llama.cpp serializes it."""
-        lib = llama()
-        size = lib.llama_state_seq_get_size(self._ctx, 0)
-        buffer = (ctypes.c_uint8 * size)()
-        n = lib.llama_state_seq_get_data(self._ctx, buffer, size, 0)
-        return ctypes.string_at(buffer, n)
-
-    def load_state(self, data: bytes, tokens: Sequence[int]) -> bool:
-        """Replace the KV cache with a state from state_bytes() that holds `tokens`; False (and an
-        empty cache) where llama.cpp refuses it."""
-        self.reset()
-        self._reserve(len(tokens) + 1)
-        if not self._set_state(data) or llama().llama_memory_seq_pos_max(self._memory, 0) != len(tokens) - 1:
-            self.reset()  # refused, or not the tokens it claims: never trusted
-            return False
-        self._cached = list(tokens)
-        return True
-
-    def _set_state(self, data: bytes) -> bool:
-        buffer = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
-        with interrupt.deferred():
-            return bool(llama().llama_state_seq_set_data(self._ctx, buffer, len(data), 0))
-
     def generate_step(
         self,
         prompt_tokens: Sequence[int],
@@ -469,51 +309,6 @@ class Engine:
         finally:
             lib.llama_sampler_free(sampler)
 
-    def _verify(self, sampler: Any, last: int, drafts: Sequence[int]) -> list[int]:
-        """Evaluate [last, drafts…] in one batch and sample each position in order: the drafts the
-        target's own samples agree with, then its sample where they part (or after the last draft).
-        The rejected drafts leave the KV cache."""
-        lib = llama()
-        n = len(drafts) + 1
-        if self._verify_batch is None or self._verify_batch_size < n:
-            if self._verify_batch is not None:
-                lib.llama_batch_free(self._verify_batch)
-            self._verify_batch_size = max(n, 64)
-            self._verify_batch = lib.llama_batch_init(self._verify_batch_size, 0, 1)
-        b = self._verify_batch
-        base = len(self._cached)
-        self._reserve(base + n)
-        for i, token in enumerate([last, *drafts]):
-            b.token[i] = token
-            b.pos[i] = base + i
-            b.n_seq_id[i] = 1
-            b.seq_id[i][0] = 0
-            b.logits[i] = 1
-        b.n_tokens = n
-        rc = lib.llama_decode(self._ctx, b)
-        if rc != 0:
-            self._failed(rc)
-        self._cached.append(last)
-        kept: list[int] = []
-        for i in range(n):
-            token = lib.llama_sampler_sample(sampler, self._ctx, i)
-            kept.append(token)
-            if i == len(drafts) or token != drafts[i] or self.is_end(token):
-                break
-            self._cached.append(token)  # a kept draft: its keys and values stay
-        if not lib.llama_memory_seq_rm(self._memory, 0, len(self._cached), -1):
-            self._failed(-1, "llama.cpp could not drop the rejected draft tokens")
-        return kept
-
-    def _failed(self, rc: int, what: str | None = None) -> None:
-        self._cached.clear()
-        lib = llama()
-        lib.llama_memory_clear(self._memory, True)
-        raise EngineError(what or f"llama_decode failed ({rc}): {LLAMA_LOG.last_error() or 'no log'}")
-
-    def is_end(self, token: int) -> bool:
-        return bool(llama().llama_vocab_is_eog(self._vocab, token))
-
     def stream(
         self,
         prompt_tokens: Sequence[int],
@@ -558,7 +353,7 @@ class Engine:
         if prompt_cache is not None:
             cache_use = self._use_cache(prompt_cache, prompt_tokens, head)
         evaluated = 0
-        text = _TextAssembler(stop)
+        text = TextAssembler(stop)
         finish, context_full = FINISH_LENGTH, False
         n_out, first_at = 0, None
         steps = self.generate_step(prompt_tokens, sampling, grammar, max_tokens)
@@ -585,7 +380,7 @@ class Engine:
                 if len(prompt_tokens) + n_out >= self.n_ctx:
                     context_full = True
                     break
-        except _Interrupted:
+        except Interrupted:
             finish = FINISH_INTERRUPTED
             evaluated = evaluated or self.last_prefill_tokens
         finally:
@@ -622,7 +417,7 @@ class Engine:
             if not self.drop_after(head):  # the state stored must be the head's alone
                 return used
             self.prefill(prompt[:head])
-        except _Interrupted:
+        except Interrupted:
             return used  # the prompt's own prefill sees the interrupt next
         stored = cache.store(self, prompt[:head])
         return replace(used, stored_tokens=stored.stored_tokens, write_s=stored.write_s)
@@ -634,16 +429,6 @@ class Engine:
             last = chunk
         assert last.finish_reason is not None and last.timings is not None
         return Result("".join(parts), last.finish_reason, last.timings, last.context_full)
-
-    @property
-    def n_cached(self) -> int:
-        """Tokens whose keys and values are in the KV cache now (how full the context is)."""
-        return len(self._cached)
-
-    def reset(self) -> None:
-        """Forget the KV cache (a new conversation; benchmarks that measure a cold prefill)."""
-        llama().llama_memory_clear(self._memory, True)
-        self._cached.clear()
 
     def close(self) -> None:
         lib = llama()
@@ -667,75 +452,3 @@ class Engine:
 
     def __exit__(self, *_: object) -> None:
         self.close()
-
-
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    """How many tokens a and b start with in common."""
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
-
-
-def since_process_start() -> float:
-    """Seconds since this process started, to one clock tick (10 ms); 0.0 where unknown.
-
-    On Linux from the kernel's clock since boot alone: the process's start in ticks (/proc/self/stat)
-    against CLOCK_BOOTTIME. psutil's create_time() adds the boot time as /proc/stat gives it, in whole
-    seconds, so time.time() minus it runs long by the boot time's lost fraction: up to 1 s, 0.19 s on
-    the machine that found it (every start-up figure it gave was that much too long). Elsewhere psutil.
-    """
-    try:
-        with open("/proc/self/stat", "rb") as f:
-            stat = f.read()
-        started = int(stat[stat.rindex(b")") + 2 :].split()[19]) / os.sysconf("SC_CLK_TCK")
-        return max(0.0, time.clock_gettime(time.CLOCK_BOOTTIME) - started)
-    except (OSError, ValueError, IndexError, AttributeError):  # not Linux
-        pass
-    try:
-        import psutil
-
-        return max(0.0, time.time() - psutil.Process().create_time())
-    except Exception:  # noqa: BLE001 - a figure for --verbose, never a failure
-        return 0.0
-
-
-@dataclass
-class _TextAssembler:
-    """Bytes in, text out: holds a split UTF-8 character and any tail that may begin a stop string."""
-
-    stop: Sequence[str]
-    pending: str = ""
-    stopped: bool = False
-    _decoder: Any = field(default_factory=lambda: codecs.getincrementaldecoder("utf-8")(errors="replace"))
-
-    def push(self, data: bytes) -> tuple[str, bool]:
-        self.pending += self._decoder.decode(data)
-        if not self.stop:
-            out, self.pending = self.pending, ""
-            return out, False
-        hits = [i for i in (self.pending.find(s) for s in self.stop if s) if i >= 0]
-        if hits:
-            self.stopped = True
-            out, self.pending = self.pending[: min(hits)], ""
-            return out, True
-        hold = max((_overlap(self.pending, s) for s in self.stop), default=0)
-        cut = len(self.pending) - hold
-        out, self.pending = self.pending[:cut], self.pending[cut:]
-        return out, False
-
-    def flush(self) -> str:
-        """What is held back; bytes of a character the model never finished are dropped, not mangled."""
-        out, self.pending = self.pending, ""
-        self._decoder.reset()
-        return out
-
-
-def _overlap(text: str, stop: str) -> int:
-    """Length of the longest suffix of text that is a proper prefix of stop."""
-    for n in range(min(len(text), len(stop) - 1), 0, -1):
-        if text.endswith(stop[:n]):
-            return n
-    return 0

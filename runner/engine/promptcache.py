@@ -31,10 +31,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from runner.engine.engine import Engine
+from typing import Protocol
 
 MAGIC = b"RUNNERKV"
 VERSION = 1
@@ -55,6 +52,22 @@ class CacheUse:
     stored_tokens: int = 0  # tokens whose state was written (a cold head)
     write_s: float = 0.0
     read_s: float = 0.0
+
+
+class Cacheable(Protocol):
+    """What the cache needs of an engine (runner.engine.engine.Engine is one): what its state must
+    match, which prefix of a prompt it holds, and its state as bytes, out and in."""
+
+    path: Path
+    kv_type: str
+    flash_attn: bool | None
+    n_gpu_layers: int
+
+    def shared_prefix(self, tokens: Sequence[int]) -> int: ...
+
+    def state_bytes(self) -> bytes: ...
+
+    def load_state(self, data: bytes, tokens: Sequence[int]) -> bool: ...
 
 
 def folder() -> Path:
@@ -99,7 +112,7 @@ class PromptCache:
         self.off = True
 
     @staticmethod
-    def identity(engine: Engine) -> str:
+    def identity(engine: Cacheable) -> str:
         from runner.engine.llamacpp import library_file
 
         model = engine.path.resolve()
@@ -119,11 +132,11 @@ class PromptCache:
 
     # -- reading ------------------------------------------------------------------------------------
 
-    def holds(self, engine: Engine, tokens: Sequence[int]) -> bool:
+    def holds(self, engine: Cacheable, tokens: Sequence[int]) -> bool:
         """Whether an entry for exactly these tokens is stored (not whether it is sound)."""
         return not self.off and self._file(self.identity(engine), tokens).is_file()
 
-    def restore(self, engine: Engine, prompt: Sequence[int]) -> CacheUse:
+    def restore(self, engine: Cacheable, prompt: Sequence[int]) -> CacheUse:
         """Load the longest stored head of `prompt` that is longer than what the KV cache already
         shares with it (and leaves at least the last prompt token to evaluate)."""
         if self.off:
@@ -178,7 +191,7 @@ class PromptCache:
 
     # -- writing ------------------------------------------------------------------------------------
 
-    def store(self, engine: Engine, tokens: Sequence[int]) -> CacheUse:
+    def store(self, engine: Cacheable, tokens: Sequence[int]) -> CacheUse:
         """Write the state of the KV cache, which holds exactly `tokens`; evict past the limit."""
         if self.off:
             return CacheUse()

@@ -31,12 +31,9 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from runner.engine.llamacpp import llama
-
-if TYPE_CHECKING:
-    from runner.engine.engine import Engine
 
 SPEC_NONE = "none"
 SPEC_NGRAM = "ngram"
@@ -170,6 +167,24 @@ class NgramDrafter:
         pass
 
 
+class DraftEngine(Protocol):
+    """What a draft model's engine must do (runner.engine.engine.Engine does): evaluate a history
+    reusing its cached prefix, one more token, and give its context to sample from."""
+
+    n_ctx: int
+
+    @property
+    def ctx(self) -> Any: ...
+
+    def prefill(self, tokens: Sequence[int]) -> int: ...
+
+    def extend(self, tokens: Sequence[int]) -> None: ...
+
+    def is_end(self, token: int) -> bool: ...
+
+    def close(self) -> None: ...
+
+
 class ModelDrafter:
     """A small model with the target's vocabulary, in its own context, drafting greedily. Its KV cache
     follows the answer by the engine's own prefix reuse: only what changed is evaluated."""
@@ -177,7 +192,7 @@ class ModelDrafter:
     mode = SPEC_DRAFT
     costs_time = True
 
-    def __init__(self, engine: Engine, most: int = DRAFT_MAX) -> None:
+    def __init__(self, engine: DraftEngine, most: int = DRAFT_MAX) -> None:
         self.engine = engine
         self.most = most
         lib = llama()
@@ -195,7 +210,7 @@ class ModelDrafter:
         engine.prefill(history)
         out: list[int] = []
         for i in range(n):
-            token = lib.llama_sampler_sample(self._greedy, engine._ctx, -1)
+            token = lib.llama_sampler_sample(self._greedy, engine.ctx, -1)
             out.append(token)
             if engine.is_end(token):
                 break

@@ -1,0 +1,125 @@
+"""What the engine hands out: an answer's pieces (Chunk), the whole of it (Result), its Timings and
+finish reasons; the text assembly between token bytes and those pieces (a UTF-8 character split across
+tokens held until complete, a tail that may begin a stop string held until it cannot); and the clock
+since the process started (start-up in --json and --verbose).
+"""
+
+from __future__ import annotations
+
+import codecs
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from runner.engine.promptcache import CacheUse
+from runner.engine.speculate import SpecStats
+
+FINISH_STOP = "stop"  # end-of-generation token or a stop string
+FINISH_LENGTH = "length"  # --max-tokens reached, or the context is full
+FINISH_INTERRUPTED = "interrupted"  # Ctrl-C: the answer stopped within a token, what came is kept
+
+
+@dataclass(frozen=True)
+class Timings:
+    load_s: float = 0.0
+    prompt_tokens: int = 0  # tokens in the prompt
+    prefill_tokens: int = 0  # of those, tokens evaluated (the rest came from the KV cache)
+    prefill_s: float = 0.0
+    ttft_s: float = 0.0  # start of the request to the first generated token
+    completion_tokens: int = 0
+    decode_s: float = 0.0  # after the first token, to the last
+    total_s: float = 0.0
+    startup_s: float = 0.0  # the process's start to this request's first prefill (0: unknown)
+    speculation: SpecStats = SpecStats()
+    prompt_cache: CacheUse = CacheUse()  # tokens of the prompt loaded from, or written to, the disk cache
+
+    @property
+    def prefill_tokens_per_s(self) -> float:
+        return self.prefill_tokens / self.prefill_s if self.prefill_s > 0 else 0.0
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        steps = self.completion_tokens - 1
+        return steps / self.decode_s if steps > 0 and self.decode_s > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """A piece of the answer; finish_reason and timings are set on the last one only."""
+
+    text: str
+    finish_reason: str | None = None
+    timings: Timings | None = None
+    context_full: bool = False
+
+
+@dataclass(frozen=True)
+class Result:
+    text: str
+    finish_reason: str
+    timings: Timings
+    context_full: bool = False
+
+
+def since_process_start() -> float:
+    """Seconds since this process started, to one clock tick (10 ms); 0.0 where unknown.
+
+    On Linux from the kernel's clock since boot alone: the process's start in ticks (/proc/self/stat)
+    against CLOCK_BOOTTIME. psutil's create_time() adds the boot time as /proc/stat gives it, in whole
+    seconds, so time.time() minus it runs long by the boot time's lost fraction: up to 1 s, 0.19 s on
+    the machine that found it (every start-up figure it gave was that much too long). Elsewhere psutil.
+    """
+    try:
+        with open("/proc/self/stat", "rb") as f:
+            stat = f.read()
+        started = int(stat[stat.rindex(b")") + 2 :].split()[19]) / os.sysconf("SC_CLK_TCK")
+        return max(0.0, time.clock_gettime(time.CLOCK_BOOTTIME) - started)
+    except (OSError, ValueError, IndexError, AttributeError):  # not Linux
+        pass
+    try:
+        import psutil
+
+        return max(0.0, time.time() - psutil.Process().create_time())
+    except Exception:  # noqa: BLE001 - a figure for --verbose, never a failure
+        return 0.0
+
+
+@dataclass
+class TextAssembler:
+    """Bytes in, text out: holds a split UTF-8 character and any tail that may begin a stop string."""
+
+    stop: Sequence[str]
+    pending: str = ""
+    stopped: bool = False
+    _decoder: Any = field(default_factory=lambda: codecs.getincrementaldecoder("utf-8")(errors="replace"))
+
+    def push(self, data: bytes) -> tuple[str, bool]:
+        self.pending += self._decoder.decode(data)
+        if not self.stop:
+            out, self.pending = self.pending, ""
+            return out, False
+        hits = [i for i in (self.pending.find(s) for s in self.stop if s) if i >= 0]
+        if hits:
+            self.stopped = True
+            out, self.pending = self.pending[: min(hits)], ""
+            return out, True
+        hold = max((_overlap(self.pending, s) for s in self.stop), default=0)
+        cut = len(self.pending) - hold
+        out, self.pending = self.pending[:cut], self.pending[cut:]
+        return out, False
+
+    def flush(self) -> str:
+        """What is held back; bytes of a character the model never finished are dropped, not mangled."""
+        out, self.pending = self.pending, ""
+        self._decoder.reset()
+        return out
+
+
+def _overlap(text: str, stop: str) -> int:
+    """Length of the longest suffix of text that is a proper prefix of stop."""
+    for n in range(min(len(text), len(stop) - 1), 0, -1):
+        if text.endswith(stop[:n]):
+            return n
+    return 0
