@@ -57,8 +57,10 @@ def top2_gap(engine: Engine, tokens: list[int]) -> float:
 NEAR_TIE = 0.5  # logits: where llama.cpp's batch-size-dependent kernels may choose either token
 
 
-def same_or_near_tie(engine: Engine, prompt: list[int], a: str, b: str) -> bool:
-    """True when a == b; else asserts their first different token was a near tie of the top two."""
+def same_unless_near_tie(engine: Engine, prompt: list[int], a: str, b: str) -> bool:
+    """True when a == b; False when they part at a near tie of the top two candidates (a flip that
+    llama.cpp's batch-size-dependent kernels may make, which a caller may count); an AssertionError
+    when they part anywhere else. Never assert its value: a near tie is allowed, not a failure."""
     if a == b:
         return True
     ta, tb = engine.tokenize(a, add_special=False), engine.tokenize(b, add_special=False)
@@ -83,7 +85,7 @@ def test_greedy_answers_are_the_same_alone_and_batched(
     for i, t in enumerate(tokens):
         engine.reset()
         alone = engine.generate(t, GREEDY, max_tokens=32).text
-        same += same_or_near_tie(engine, t, alone, done[i].text)  # type: ignore[attr-defined]
+        same += same_unless_near_tie(engine, t, alone, done[i].text)  # type: ignore[attr-defined]
     assert same >= len(QUESTIONS) - 2  # measured here: all 8 the same
 
 
@@ -103,7 +105,7 @@ def test_the_shared_head_is_evaluated_once(batch_engine: Engine, engine: Engine,
     # the same answers, but for near ties: a head evaluated alone is a different batch shape, and
     # llama.cpp's CPU kernels round differently by batch size (measured: 2 of 8 flip, one token in)
     for i, t in enumerate(tokens):
-        same_or_near_tie(engine, t, texts[False][i], texts[True][i])
+        same_unless_near_tie(engine, t, texts[False][i], texts[True][i])
 
 
 def test_each_line_keeps_input_order_and_answers_around_a_bad_line(smollm2_path: Path) -> None:

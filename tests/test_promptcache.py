@@ -16,7 +16,7 @@ from runner.engine.engine import Engine
 from runner.engine.promptcache import MIN_HEAD, PromptCache
 from runner.engine.sampling import SamplingConfig
 from tests.conftest import run_cli
-from tests.test_batch import same_or_near_tie
+from tests.test_batch import same_unless_near_tie
 
 GREEDY = SamplingConfig(temperature=0)
 WORDS = [
@@ -103,7 +103,7 @@ def test_greedy_answers_are_the_same_with_and_without_the_cache(
         assert cold.timings.prompt_cache.stored_tokens == head == warm.timings.prompt_cache.loaded_tokens
         assert warm.timings.prefill_tokens == len(prompt) - head
         assert warm.text == cold.text
-        assert same_or_near_tie(engine, prompt, plain.text, warm.text)
+        same_unless_near_tie(engine, prompt, plain.text, warm.text)
 
 
 @pytest.mark.parametrize("damage", ["flip", "truncate", "foreign", "empty"])

@@ -15,7 +15,7 @@ from runner.engine.template import Message
 from runner.gguf import read_header
 from tests.conftest import run_cli
 from tests.synth import SPECS, Spec, write_model
-from tests.test_batch import same_or_near_tie
+from tests.test_batch import same_unless_near_tie
 
 GREEDY = SamplingConfig(temperature=0)
 COPYING = NGRAM_KEYS[0] + CONTINUING  # the kind of a draft that carries on a copy under way
@@ -165,8 +165,8 @@ def test_ngram_speculation_keeps_the_greedy_answer_of_a_copy_task(target: Engine
     plain = answer(target, prompt, "none")
     fixed = answer(target, prompt, "ngram", fixed=8)
     adaptive = answer(target, prompt, "ngram")
-    assert same_or_near_tie(target, prompt, plain.text, fixed.text)
-    assert same_or_near_tie(target, prompt, plain.text, adaptive.text)
+    same_unless_near_tie(target, prompt, plain.text, fixed.text)
+    same_unless_near_tie(target, prompt, plain.text, adaptive.text)
     s = fixed.timings.speculation
     assert s.mode == "ngram" and s.steps > 3
     assert s.acceptance > 0.6 and s.mean_accepted > 3  # the paragraph is copied: most drafts kept
@@ -179,7 +179,7 @@ def test_the_model_as_its_own_draft_keeps_nearly_every_draft(target: Engine, smo
         prompt = tokens_for(target, smollm2_path, text)
         plain = answer(target, prompt, "none")
         drafted = answer(target, prompt, "draft", draft=Engine(smollm2_path, n_ctx=2048), fixed=4)
-        assert same_or_near_tie(target, prompt, plain.text, drafted.text)
+        same_unless_near_tie(target, prompt, plain.text, drafted.text)
         s = drafted.timings.speculation
         assert s.mode == "draft" and s.steps > 0 and s.acceptance > 0.9, s
 
@@ -190,7 +190,7 @@ def test_a_bad_draft_is_rejected_and_the_answer_stays_the_same(
     prompt = tokens_for(target, smollm2_path, FREE[0])
     plain = answer(target, prompt, "none")
     drafted = answer(target, prompt, "draft", draft=Engine(draft_path, n_ctx=2048), fixed=4)
-    assert same_or_near_tie(target, prompt, plain.text, drafted.text)
+    same_unless_near_tie(target, prompt, plain.text, drafted.text)
     s = drafted.timings.speculation
     assert s.steps > 10 and s.acceptance < 0.3, s
 
