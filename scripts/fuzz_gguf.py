@@ -24,7 +24,7 @@ import numpy as np
 from gguf import GGMLQuantizationType, GGUFValueType, GGUFWriter
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import runner.gguf  # noqa: E402
+import runner.gguf.reader  # noqa: E402
 from runner.gguf import BytesSource, GGUFError, read_header  # noqa: E402
 
 HUGE = [1 << 31, (1 << 32) - 1, 1 << 40, 1 << 62, (1 << 63) - 1, (1 << 64) - 1]
@@ -100,7 +100,7 @@ def outcome(message: str) -> str:
 
 def parse(source: BytesSource, read_block: int) -> str:
     """read_header's result, as text to compare: the header's repr or the error's message."""
-    runner.gguf.READ_BLOCK = read_block
+    runner.gguf.reader.READ_BLOCK = read_block
     try:
         return repr(read_header(source))
     except GGUFError as exc:

@@ -24,7 +24,8 @@ from huggingface_hub import constants as hf_constants
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import runner.gguf
+import runner.gguf.reader
+import runner.gguf.strings
 from runner.errors import DownloadError, InvalidModelFile, ModelNotFound, exit_code_for
 from runner.gguf import (
     DEFAULT_LIMITS,
@@ -38,6 +39,7 @@ from runner.gguf import (
     TensorInfo,
     read_header,
 )
+from runner.gguf.strings import LazyStrings, Walks
 
 SMOLLM2_SIZE = 98_362_432
 Q = GGMLQuantizationType
@@ -394,7 +396,7 @@ def test_any_read_block_gives_the_same_header(
     synthetic: Path, monkeypatch: pytest.MonkeyPatch, block: int
 ) -> None:
     expected = read_header(synthetic)
-    monkeypatch.setattr(runner.gguf, "READ_BLOCK", block)  # every field straddles a block boundary somewhere
+    monkeypatch.setattr(runner.gguf.reader, "READ_BLOCK", block)  # every field straddles a block boundary
     assert read_header(synthetic) == expected
 
 
@@ -428,7 +430,7 @@ def test_real_model(smollm2_path: Path, monkeypatch: pytest.MonkeyPatch) -> None
     assert h.expected_file_size == h.file_size == SMOLLM2_SIZE
     h.check_complete()
     assert elapsed < 1.0  # ~0.04 s here
-    monkeypatch.setattr(runner.gguf, "READ_BLOCK", 4093)  # ~440 reads, fields straddling their boundaries
+    monkeypatch.setattr(runner.gguf.reader, "READ_BLOCK", 4093)  # ~440 reads, fields straddling boundaries
     assert read_header(smollm2_path) == h
 
 
@@ -634,7 +636,7 @@ def _mutate(data: bytes, mutations: list[tuple[str, int, int]]) -> bytes:
 
 def _outcome(source: BytesSource, read_block: int) -> str:
     """read_header's header (repr) or GGUFError message; any other exception propagates."""
-    with mock.patch.object(runner.gguf, "READ_BLOCK", read_block):
+    with mock.patch.object(runner.gguf.reader, "READ_BLOCK", read_block):
         try:
             return repr(read_header(source))
         except GGUFError as exc:
@@ -671,16 +673,14 @@ def test_default_limits_fit_real_models() -> None:
 
 
 def test_a_vocabulary_is_decoded_on_first_use_and_matches_an_eager_read(smollm2_path, monkeypatch) -> None:
-    import runner.gguf as g
-
-    lazy = g.read_header(smollm2_path).get("tokenizer.ggml.tokens")
-    assert isinstance(lazy, g.LazyStrings) and len(lazy) == 49152
-    monkeypatch.setattr(g, "LAZY_STRINGS", 10**9)  # every array decoded as it is read
-    eager = g.read_header(smollm2_path).get("tokenizer.ggml.tokens")
+    lazy = read_header(smollm2_path).get("tokenizer.ggml.tokens")
+    assert isinstance(lazy, LazyStrings) and len(lazy) == 49152
+    monkeypatch.setattr(runner.gguf.strings, "LAZY_STRINGS", 10**9)  # every array decoded as it is read
+    eager = read_header(smollm2_path).get("tokenizer.ggml.tokens")
     assert isinstance(eager, list) and lazy == eager and lazy[100] == eager[100] and list(lazy) == eager
 
 
-# --- remembered walks of long string arrays (gguf.Walks) -----------------------------------
+# --- remembered walks of long string arrays (runner.gguf.strings.Walks) -----------------------
 
 
 def _vocab_file(tmp_path: Path, lengths: list[int]) -> Path:
@@ -691,22 +691,18 @@ def _vocab_file(tmp_path: Path, lengths: list[int]) -> Path:
 
 
 def _walk_uses(monkeypatch: pytest.MonkeyPatch) -> list[int | None]:
-    import runner.gguf as g
-
     uses: list[int | None] = []
-    known = g.Walks.known
+    known = Walks.known
 
-    def spy(self: g.Walks, start: int, n: int, reader: Any) -> int | None:
+    def spy(self: Walks, start: int, n: int, reader: Any) -> int | None:
         uses.append(known(self, start, n, reader))
         return uses[-1]
 
-    monkeypatch.setattr(g.Walks, "known", spy)
+    monkeypatch.setattr(Walks, "known", spy)
     return uses
 
 
 def test_a_long_array_is_walked_once_then_its_end_is_remembered(tmp_path, monkeypatch) -> None:
-    import runner.gguf as g
-
     monkeypatch.setenv("RUNNER_HOME", str(tmp_path / "home"))
     lengths = [1 + i % 7 for i in range(3000)]
     path = _vocab_file(tmp_path, lengths)
@@ -716,7 +712,7 @@ def test_a_long_array_is_walked_once_then_its_end_is_remembered(tmp_path, monkey
     second = read_header(path)
     assert uses[1] is not None  # the end came from the cache, not from a walk
     tokens = second.get("tokenizer.ggml.tokens")
-    assert isinstance(tokens, g.LazyStrings) and second.get("after") == 42
+    assert isinstance(tokens, LazyStrings) and second.get("after") == 42
     assert (
         list(tokens)
         == list(first.get("tokenizer.ggml.tokens"))
@@ -725,8 +721,6 @@ def test_a_long_array_is_walked_once_then_its_end_is_remembered(tmp_path, monkey
 
 
 def test_a_rewritten_file_or_a_stale_entry_is_walked_again(tmp_path, monkeypatch) -> None:
-    import runner.gguf as g
-
     monkeypatch.setenv("RUNNER_HOME", str(tmp_path / "home"))
     path = _vocab_file(tmp_path, [3] * 2000)
     read_header(path)
@@ -736,7 +730,7 @@ def test_a_rewritten_file_or_a_stale_entry_is_walked_again(tmp_path, monkeypatch
     os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
     assert read_header(path).get("tokenizer.ggml.tokens")[:2] == ["a" * 2, "b" * 4]
     # an entry for this very file with wrong bounds (a stale or edited cache) is checked, not trusted
-    walks = g.Walks(g.FileSource(path))
+    walks = Walks(FileSource(path))
     ((start, (n, last, end)),) = walks.arrays.items()
     for wrong in ((n, last + 2, end + 2), (n, last - 1, end), (n, start, end)):
         walks.arrays = {start: wrong}
@@ -764,10 +758,8 @@ def test_a_corrupt_or_unwritable_walk_cache_is_no_cache(tmp_path, monkeypatch) -
 
 
 def test_lazy_strings_that_do_not_fill_their_bytes_fail_as_a_changed_file() -> None:
-    import runner.gguf as g
-
     good = _s("ab") + _s("c")
-    assert list(g.LazyStrings(good, 2)) == ["ab", "c"]
+    assert list(LazyStrings(good, 2)) == ["ab", "c"]
     for data, n in ((good, 3), (good, 1), (good[:-1], 2), (good + b"\0", 2), (struct.pack("<Q", 99), 1)):
-        with pytest.raises(g.GGUFError, match="the file changed"):
-            list(g.LazyStrings(data, n))
+        with pytest.raises(GGUFError, match="the file changed"):
+            list(LazyStrings(data, n))
