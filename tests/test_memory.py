@@ -9,7 +9,10 @@ import pytest
 
 from runner.gguf import GGUFHeader, TensorInfo, read_header
 from runner.memory import estimate as memory
-from runner.memory.graph import OUTPUT, Ctx, Graph, compute_buffer_size
+from runner.memory.arch import hparams_from_header
+from runner.memory.graph import OUTPUT, Ctx, Graph, compute_buffer_size, pad
+from runner.memory.kv import context_size, kv_cache_bytes
+from runner.memory.weights import gpu_start
 
 MiB = 1 << 20
 F32, F16, Q4_0, Q8_0 = 0, 1, 2, 8
@@ -70,14 +73,14 @@ def llama_like(
 
 
 def test_context_is_padded_to_256_cells_but_the_batch_is_not():
-    hp = memory.hparams_from_header(llama_like())
-    cs = memory.context_size(hp, 300)
+    hp = hparams_from_header(llama_like())
+    cs = context_size(hp, 300)
     assert (cs.n_ctx, cs.n_batch, cs.n_ubatch) == (512, 300, 300)
 
 
 def test_each_sequence_gets_a_padded_stream():
-    hp = memory.hparams_from_header(llama_like())
-    cs = memory.context_size(hp, 4096, n_seq=3)  # 4096 / 3 = 1365 -> 1536 cells a stream
+    hp = hparams_from_header(llama_like())
+    cs = context_size(hp, 4096, n_seq=3)  # 4096 / 3 = 1365 -> 1536 cells a stream
     assert (cs.n_ctx_seq, cs.n_ctx, cs.n_stream) == (1536, 4608, 3)
 
 
@@ -86,19 +89,19 @@ def test_each_sequence_gets_a_padded_stream():
 
 def test_kv_cache_of_smollm2_by_hand():
     # 30 layers x (K + V) x 3 heads x 64 x f16 = 23040 bytes a cell; 2048 cells
-    assert memory.kv_cache_bytes(llama_like(), n_ctx=2048) == 30 * 2 * 3 * 64 * 2 * 2048 == 45 * MiB
-    assert memory.kv_cache_bytes(llama_like(), n_ctx=2000) == 45 * MiB  # 2000 -> 2048 cells
+    assert kv_cache_bytes(llama_like(), n_ctx=2048) == 30 * 2 * 3 * 64 * 2 * 2048 == 45 * MiB
+    assert kv_cache_bytes(llama_like(), n_ctx=2000) == 45 * MiB  # 2000 -> 2048 cells
 
 
 def test_kv_cache_quantized_rows():
     # q8_0: 34 bytes per 32 values; K row 192 -> 204 bytes, V f16 row 384 bytes
-    assert memory.kv_cache_bytes(llama_like(), n_ctx=1024, type_k="q8_0") == 30 * (204 + 384) * 1024
+    assert kv_cache_bytes(llama_like(), n_ctx=1024, type_k="q8_0") == 30 * (204 + 384) * 1024
 
 
 def test_kv_cache_per_layer_head_counts():
     h = llama_like(n_layer=4, n_embd=256, n_head=8, n_head_kv=[8, 2, 0, 1], arch="deci")
     # head dim 32: (8 + 2 + 0 + 1) heads x 32 x (K + V) x 2 bytes = 1408 bytes a cell
-    assert memory.kv_cache_bytes(h, n_ctx=512) == 1408 * 512
+    assert kv_cache_bytes(h, n_ctx=512) == 1408 * 512
 
 
 def test_sliding_window_layers_are_full_size_under_the_defaults():
@@ -110,12 +113,12 @@ def test_sliding_window_layers_are_full_size_under_the_defaults():
         arch="gemma3",
         **{"attention.key_length": 128, "attention.value_length": 128, "attention.sliding_window": 512},
     )
-    hp = memory.hparams_from_header(h)
+    hp = hparams_from_header(h)
     assert hp.is_swa == (True, True, True, True, True, False)  # pattern 6: every 6th layer is global
     per_cell = 6 * 128 * 2 * 2
-    assert memory.kv_cache_bytes(h, n_ctx=8192) == per_cell * 8192
+    assert kv_cache_bytes(h, n_ctx=8192) == per_cell * 8192
     # with swa_full=False the window layers would keep PAD(512 + n_ubatch 512, 256) = 1024 cells
-    assert memory.kv_cache_bytes(h, n_ctx=8192, swa_full=False) == 128 * 2 * 2 * (8192 + 5 * 1024)
+    assert kv_cache_bytes(h, n_ctx=8192, swa_full=False) == 128 * 2 * 2 * (8192 + 5 * 1024)
 
 
 def test_mla_keeps_no_v():
@@ -132,7 +135,7 @@ def test_mla_keeps_no_v():
             "attention.value_length": 512,
         },
     )
-    assert memory.kv_cache_bytes(h, n_ctx=1024) == 2 * 576 * 2 * 1024
+    assert kv_cache_bytes(h, n_ctx=1024) == 2 * 576 * 2 * 1024
 
 
 def test_recurrent_state_does_not_grow_with_the_context():
@@ -149,8 +152,8 @@ def test_recurrent_state_does_not_grow_with_the_context():
         [("token_embd.weight", (256, 4096), F16)],
     )
     per_layer = 3 * 512 * 4 + 16 * 512 * 4  # conv state (d_conv - 1) x d_inner + ssm state, f32
-    assert memory.kv_cache_bytes(h, n_ctx=512) == memory.kv_cache_bytes(h, n_ctx=32768) == 3 * per_layer
-    assert memory.kv_cache_bytes(h, n_ctx=512, n_seq=2) == 6 * per_layer
+    assert kv_cache_bytes(h, n_ctx=512) == kv_cache_bytes(h, n_ctx=32768) == 3 * per_layer
+    assert kv_cache_bytes(h, n_ctx=512, n_seq=2) == 6 * per_layer
 
 
 def test_hybrid_keeps_kv_only_for_its_attention_layers():
@@ -161,11 +164,11 @@ def test_hybrid_keeps_kv_only_for_its_attention_layers():
                              "attention.value_length": 128, "ssm.conv_kernel": 4, "ssm.inner_size": 1024,
                              "ssm.state_size": 128, "ssm.group_count": 4, "vocab_size": 1000},
                [("token_embd.weight", (512, 1000), F16)])  # fmt: skip
-    hp = memory.hparams_from_header(h)
+    hp = hparams_from_header(h)
     assert hp.attn_layers() == [3, 7]
     kv = 2 * (2 * 128 * 2 * 2) * 4096  # 2 layers x (K + V) x 2 heads x 128 x f16, 4096 cells
     state = 6 * (3 * (1024 + 2 * 4 * 128) * 4 + 128 * 1024 * 4)  # 6 layers x (conv + ssm state), f32
-    assert memory.kv_cache_bytes(h, n_ctx=4096) == kv + state
+    assert kv_cache_bytes(h, n_ctx=4096) == kv + state
 
 
 # -- weights and output -------------------------------------------------------------------------
@@ -194,15 +197,15 @@ def test_cpu_repack_takes_q4_0_matmul_weights_and_the_tied_output():
 
 def test_gpu_layers_count_the_output_layer_last():
     h = llama_like(n_layer=4)
-    assert memory.gpu_start(4, 1) == 4  # only the output layer
-    assert memory.gpu_start(4, 3) == 2
-    assert memory.gpu_start(4, -1) == memory.gpu_start(4, 99) == 0
+    assert gpu_start(4, 1) == 4  # only the output layer
+    assert gpu_start(4, 3) == 2
+    assert gpu_start(4, -1) == gpu_start(4, 99) == 0
     e = memory.estimate(h, n_ctx=1024, n_gpu_layers=1)
     gpu = {b.kind: b.nbytes for b in e.buffers if b.device == "gpu"}
     # tied: the output layer gets a copy of token_embd, q8_0 rows padded from 576 to 1024 values for
     # the whole tensor (448 values more), and output_norm; each rounded to 128 bytes
     embd = 576 // 32 * 34 * 49152 + 448 // 32 * 34
-    assert gpu["model"] == memory.pad(embd, 128) + 576 * 4
+    assert gpu["model"] == pad(embd, 128) + 576 * 4
     assert "KV" not in gpu  # no repeating layer on the GPU: the whole cache stays on the CPU
     assert e.n_gpu_layers == 1 and e.n_layers == 5
     assert [b.name for b in e.buffers if b.kind == "output"] == ["CUDA_Host"]
@@ -308,12 +311,12 @@ def test_synthetic_sliding_window_model_matches_llama_cpp(tmp_path: Path):
 def test_the_compute_replay_is_remembered_on_disk_and_a_bad_entry_is_ignored(
     smollm2_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from runner.memory import estimate as est
+    from runner.memory import compute
 
     monkeypatch.setenv("RUNNER_HOME", str(tmp_path))
     calls: list[int] = []  # the replays, counted through the allocator they run
-    real = est.compute_buffer_size
-    monkeypatch.setattr(est, "compute_buffer_size", lambda *a, **k: calls.append(1) or real(*a, **k))
+    real = compute.compute_buffer_size
+    monkeypatch.setattr(compute, "compute_buffer_size", lambda *a, **k: calls.append(1) or real(*a, **k))
     header = read_header(smollm2_path)
     first = memory.estimate(header, n_ctx=2048)
     replays = len(calls)

@@ -6,14 +6,14 @@ n_ctx, threads and (when asked) type_k/type_v/n_seq_max. Each figure is the size
 buffer llama.cpp allocates, computed the way the pinned llama.cpp computes it (file:line
 references are to vendor/llama.cpp of llama-cpp-python 0.3.36; see /tmp/memory_notes.md):
 
-- weights: the mmap'd range of the CPU tensors ("CPU_Mapped model buffer"), the CPU
-  weights that are repacked for faster matmuls ("CPU_REPACK", CPU-only builds), and the
+- weights (weights.py): the mmap'd range of the CPU tensors ("CPU_Mapped model buffer"), the
+  CPU weights that are repacked for faster matmuls ("CPU_REPACK", CPU-only builds), and the
   offloaded layers ("CUDA0 model buffer");
-- KV cache: per layer, row(type_k, n_embd_k_gqa(il)) + row(type_v, n_embd_v_gqa(il)) per
+- KV cache (kv.py): per layer, row(type_k, n_embd_k_gqa(il)) + row(type_v, n_embd_v_gqa(il)) per
   cell, n_ctx rounded up to 256 cells; sliding-window layers are full size too, because
   the default swa_full is true; recurrent layers keep one state per sequence instead;
-- compute: the worst-case graph llama_context reserves (n_ubatch tokens, n_ubatch logits),
-  built as llama.cpp builds it (build.py) and placed by a replay of ggml-alloc
+- compute (compute.py): the worst-case graph llama_context reserves (n_ubatch tokens, n_ubatch
+  logits), built as llama.cpp builds it (build.py) and placed by a replay of ggml-alloc
   (graph.py): to the byte on CPU;
 - output: the host buffer for one row of logits per sequence (n_vocab * n_seq * 4).
 
@@ -26,26 +26,23 @@ architecture without its own graph builder, or a CUDA device (compute buffers no
 
 from __future__ import annotations
 
-import functools
-import os
 from dataclasses import dataclass, replace
 from typing import Any
 
-from runner.gguf import GGML_TYPES, REPACK_TYPES
+from runner.gguf import REPACK_TYPES
 from runner.memory.arch import Hparams, hparams_from_header
-from runner.memory.build import GraphParams, build_graph, rotation_sizes
-from runner.memory.graph import compute_buffer_size, pad, row_size
+from runner.memory.compute import compute_bytes, host_inputs_bytes
+from runner.memory.kv import (
+    N_BATCH,
+    N_UBATCH,
+    OFFLOAD_KQV,
+    ContextSize,
+    check_kv_type,
+    context_size,
+    kv_per_layer,
+)
+from runner.memory.weights import GPU_ALIGNMENT, cuda_size, gpu_start, place_weights, tensor_layer
 
-# -- llama.cpp's defaults, as runner's engine leaves them (llama-context.cpp:3754-3796) --------
-N_BATCH = 2048  # llama_context_default_params().n_batch
-N_UBATCH = 512  # .n_ubatch
-SWA_FULL = True  # .swa_full: sliding-window layers get a full-size cache
-KV_UNIFIED = False  # .kv_unified: one KV stream per sequence
-OFFLOAD_KQV = True  # .offload_kqv: a layer's KV cache lives with the layer
-N_CTX_PAD = 256  # llama-context.cpp:290: n_ctx = GGML_PAD(n_ctx, 256)
-CPU_ALIGNMENT = 32  # TENSOR_ALIGNMENT, ggml-impl.h:44
-GPU_ALIGNMENT = 128  # CUDA buffer alignment
-CUDA_ROW_PADDING = 512  # MATRIX_ROW_PADDING: quantized rows are padded in CUDA buffers
 # not in any buffer, but host memory the process needs (fitted to RSS measured here, see
 # host_overhead): a fixed part, per vocabulary entry, per tokenizer string (token or merge)
 HOST_OVERHEAD = 5 << 20
@@ -54,7 +51,6 @@ HOST_PER_STRING = 160
 HOST_PER_CELL = 160  # llama_kv_cells: pos, shift, a 256-bit sequence set, and std::set nodes once used
 GPU_OVERHEAD = 512 << 20  # CUDA context + cuBLAS workspace: a typical figure, not measured here
 CUDA_FA_HEAD_DIMS = frozenset({40, 64, 72, 80, 96, 112, 128, 192, 256, 512, 576})
-KV_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl")
 
 
 @dataclass(frozen=True)
@@ -115,299 +111,6 @@ class Estimate:
         return next((d for d in self.devices if d.device == name), None)
 
 
-@dataclass(frozen=True)
-class ContextSize:
-    """What llama_context's constructor makes of the asked sizes (llama-context.cpp:128-320)."""
-
-    n_ctx: int
-    n_ctx_seq: int  # cells per KV stream
-    n_batch: int
-    n_ubatch: int
-    n_seq: int
-    n_stream: int
-
-
-def context_size(
-    hp: Hparams, n_ctx: int, *, n_seq: int = 1, n_batch: int = N_BATCH, n_ubatch: int = N_UBATCH
-) -> ContextSize:
-    n_seq = max(1, n_seq)
-    n_ctx = n_ctx or hp.n_ctx_train
-    n_batch = min(n_ctx, n_batch)  # before padding: llama-context.cpp:246
-    n_ubatch = min(n_batch, n_ubatch or n_batch)
-    n_ctx = pad(n_ctx, N_CTX_PAD)
-    if KV_UNIFIED:
-        return ContextSize(n_ctx, n_ctx, n_batch, n_ubatch, n_seq, 1)
-    n_ctx_seq = pad(n_ctx // n_seq, N_CTX_PAD)
-    return ContextSize(n_ctx_seq * n_seq, n_ctx_seq, n_batch, n_ubatch, n_seq, n_seq)
-
-
-def _check_kv_type(name: str) -> str:
-    t = name.lower()
-    if t not in KV_TYPES:
-        raise ValueError(f"unsupported KV cache type {name!r}: one of {', '.join(KV_TYPES)}")
-    return t
-
-
-def swa_cells(hp: Hparams, cs: ContextSize, swa_full: bool = SWA_FULL) -> int:
-    """Cells of the sliding-window cache (llama-kv-cache-iswa.cpp:71-79)."""
-    if swa_full or not hp.swa_any:
-        return cs.n_ctx_seq
-    streams = cs.n_seq if KV_UNIFIED else 1
-    return pad(min(cs.n_ctx_seq, hp.n_swa * streams + cs.n_ubatch), 256)
-
-
-def kv_layer_bytes(
-    hp: Hparams, il: int, cells: int, *, type_k: str = "f16", type_v: str = "f16", v_trans: bool = False
-) -> int:
-    """One layer's K and V tensors for `cells` cells (all streams): llama-kv-cache.cpp:224-242."""
-    n_v = max(hp.n_embd_v_gqa(i) for i in range(hp.n_layer)) if v_trans else hp.n_embd_v_gqa(il)
-    k = pad(row_size(_check_kv_type(type_k), hp.n_embd_k_gqa(il)) * cells, CPU_ALIGNMENT)
-    v = pad(row_size(_check_kv_type(type_v), n_v) * cells, CPU_ALIGNMENT) if not hp.is_mla else 0
-    return k + v
-
-
-def recurrent_layer_bytes(hp: Hparams, n_seq: int = 1) -> int:
-    """One recurrent layer's state: r and s rows, f32, one per sequence (llama-memory-recurrent.cpp)."""
-    rows = max(1, n_seq)
-    return pad(hp.n_embd_r * 4 * rows, CPU_ALIGNMENT) + pad(hp.n_embd_s * 4 * rows, CPU_ALIGNMENT)
-
-
-def kv_per_layer(
-    hp: Hparams,
-    cs: ContextSize,
-    *,
-    type_k: str = "f16",
-    type_v: str = "f16",
-    v_trans: bool = False,
-    swa_full: bool = SWA_FULL,
-) -> list[tuple[int, str, int]]:
-    """(layer, cache, bytes) for every layer that keeps state: cache is "KV", "KV_SWA" (the
-    sliding-window layers, a cache of their own) or "RS" (recurrent state)."""
-    entries = []
-    swa = swa_cells(hp, cs, swa_full)
-    for il in hp.attn_layers():
-        cells = (swa if hp.is_swa[il] else cs.n_ctx_seq) * cs.n_stream
-        nbytes = kv_layer_bytes(hp, il, cells, type_k=type_k, type_v=type_v, v_trans=v_trans)
-        entries.append((il, "KV_SWA" if hp.is_swa[il] else "KV", nbytes))
-    entries += [(il, "RS", recurrent_layer_bytes(hp, cs.n_seq)) for il, r in enumerate(hp.recurrent) if r]
-    return entries
-
-
-def kv_cache_bytes(
-    header: Any,
-    *,
-    n_ctx: int,
-    n_seq: int = 1,
-    type_k: str = "f16",
-    type_v: str = "f16",
-    swa_full: bool = SWA_FULL,
-) -> int:
-    """Bytes llama.cpp allocates for the KV cache (and recurrent state) of this context."""
-    hp = hparams_from_header(header)
-    cs = context_size(hp, n_ctx, n_seq=n_seq)
-    return sum(b for _, _, b in kv_per_layer(hp, cs, type_k=type_k, type_v=type_v, swa_full=swa_full))
-
-
-# -- weights ------------------------------------------------------------------------------------
-
-
-def tensor_layer(name: str, n_layer: int) -> int:
-    """The "layer" llama.cpp assigns a tensor to: -1 input (always CPU), n_layer for the output."""
-    if name.startswith("blk."):
-        return int(name.split(".")[1])
-    if name.startswith(("output", "cls", "enc.output", "dec.output")):
-        return n_layer
-    if name.startswith("rope_"):
-        return 0
-    return -1
-
-
-def gpu_start(n_layer: int, n_gpu_layers: int) -> int:
-    """The first layer on the GPU (llama-model.cpp:1589: i_gpu_start); n_layer is the output."""
-    n_gpu = n_layer + 1 if n_gpu_layers < 0 else min(n_gpu_layers, n_layer + 1)
-    return n_layer + 1 - n_gpu
-
-
-def _repacked(t: Any, layer: int, types: frozenset[str]) -> bool:
-    """A CPU weight that CPU_REPACK takes: a matmul weight of a repackable type (repack.cpp:4974)."""
-    if layer < 0 or t.type_name not in types or not t.name.endswith(".weight"):
-        return False
-    return len(t.shape) in (2, 3) and t.shape[1] % 8 == 0 and "norm" not in t.name
-
-
-def _cuda_size(t: Any) -> int:
-    """ggml_backend_cuda_buffer_type_get_alloc_size(): quantized rows padded to 512 elements."""
-    size = t.nbytes
-    name, block, type_size = GGML_TYPES[t.ggml_type]
-    if name not in ("F32", "F16", "BF16") and t.shape[0] % CUDA_ROW_PADDING:
-        size += (CUDA_ROW_PADDING - t.shape[0] % CUDA_ROW_PADDING) // block * type_size
-    return pad(size, GPU_ALIGNMENT)
-
-
-def weight_buffers(
-    header: Any, hp: Hparams, start: int, gpu: bool, repack_types: frozenset[str] = REPACK_TYPES
-) -> tuple[list[Buffer], dict[str, int]]:
-    """The model buffers llama_model::load_tensors() logs (llama-model.cpp:1930), and the weight
-    bytes each device must hold: of CPU_Mapped only the tensors read from the mapping, since
-    its range also spans the repacked and offloaded tensors, pages the kernel can drop.
-
-    start is the first layer on the GPU (hp.n_layer + 1: none). With a GPU device, CPU
-    weights are never repacked: the host buffer type comes first in the CPU list and becomes
-    plain CPU memory under mmap (llama-model.cpp:1093-1107, llama-model-loader.cpp:1270).
-    """
-    mapped: list[Any] = []
-    repack, on_gpu = 0, 0
-    tied = header.tensor("output.weight") is None
-    for t in header.tensors:
-        layer = tensor_layer(t.name, hp.n_layer)
-        if layer >= start:
-            on_gpu += _cuda_size(t)
-        elif not gpu and _repacked(t, layer, repack_types):
-            repack += pad(t.nbytes, CPU_ALIGNMENT)
-        else:
-            mapped.append(t)
-        if tied and t.name == "token_embd.weight":  # the output layer uses a duplicate of it
-            if start <= hp.n_layer:
-                on_gpu += _cuda_size(t)
-            elif not gpu and _repacked(t, hp.n_layer, repack_types):
-                repack += pad(t.nbytes, CPU_ALIGNMENT)
-    buffers = []
-    if mapped:
-        first = min(t.offset for t in mapped)
-        last = max(t.offset + t.nbytes for t in mapped)
-        buffers.append(Buffer("CPU_Mapped", "model", "cpu", last - first))
-    if repack:
-        buffers.append(Buffer("CPU_REPACK", "model", "cpu", repack))
-    if on_gpu:
-        buffers.append(Buffer("CUDA0", "model", "gpu", on_gpu))
-    resident = {"cpu": sum(t.nbytes for t in mapped) + repack, "gpu": on_gpu}
-    return buffers, resident
-
-
-# -- compute ------------------------------------------------------------------------------------
-
-
-def graph_params(hp: Hparams, cs: ContextSize, n_tokens: int, n_outputs: int, **kw: Any) -> GraphParams:
-    """The ubatch graph_reserve() builds: n_tokens rounded up to a multiple of n_seq
-    (llama-context.cpp:2527), cells per stream, and the Hadamard sizes for quantized K/V."""
-    rot_k, rot_v = rotation_sizes(hp, kw["type_k"], kw["type_v"])
-    n_kv_swa = swa_cells(hp, cs, kw.pop("swa_full", SWA_FULL))
-    return GraphParams(
-        pad(n_tokens, cs.n_seq),
-        cs.n_seq,
-        n_outputs,
-        cs.n_ctx_seq,
-        n_kv_swa,
-        cs.n_stream,
-        rot_k=rot_k,
-        rot_v=rot_v,
-        **kw,
-    )
-
-
-def _replays_cached(replay: Any) -> Any:
-    """compute_bytes, remembered on disk: the allocator replay of two graphs costs ~0.1 s per call, and
-    a one-shot `runner run` plans the same file with the same settings every time. The key is every
-    input (frozen dataclasses, by repr) and a hash of the modelling code itself, so a changed model of
-    llama.cpp's graphs never reads an old figure; an unreadable or unwritable cache is no cache."""
-
-    def cached(hp: Hparams, cs: ContextSize, **kw: Any) -> int:
-        import hashlib
-        import json
-
-        from runner.paths import cache_dir
-
-        key = hashlib.sha256(repr(_canonical((_code_hash(), hp, cs, kw))).encode()).hexdigest()
-        path = cache_dir() / "compute" / f"{key[:32]}.json"
-        try:
-            return int(json.loads(path.read_text())["bytes"])
-        except (OSError, ValueError, KeyError, TypeError):
-            pass
-        value = int(replay(hp, cs, **kw))
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(json.dumps({"bytes": value}))
-            os.replace(tmp, path)
-        except OSError:
-            pass
-        return value
-
-    return cached
-
-
-def _canonical(value: Any) -> Any:
-    """value with every set sorted and every dataclass as its fields: the same repr in every process
-    (a frozenset of strings prints in an order that changes with Python's hash seed)."""
-    import dataclasses
-
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return (
-            type(value).__name__,
-            [(f.name, _canonical(getattr(value, f.name))) for f in dataclasses.fields(value)],
-        )
-    if isinstance(value, (set, frozenset)):
-        return sorted((_canonical(v) for v in value), key=repr)
-    if isinstance(value, dict):
-        return sorted(((k, _canonical(v)) for k, v in value.items()), key=repr)
-    if isinstance(value, (list, tuple)):
-        return [_canonical(v) for v in value]
-    return value
-
-
-@functools.cache
-def _code_hash() -> str:
-    import hashlib
-    from pathlib import Path
-
-    here = Path(__file__).parent
-    digest = hashlib.sha256()
-    for name in ("arch.py", "build.py", "graph.py", "estimate.py"):
-        digest.update((here / name).read_bytes())
-    return digest.hexdigest()
-
-
-@_replays_cached
-def compute_bytes(
-    hp: Hparams,
-    cs: ContextSize,
-    *,
-    flash_attn: bool,
-    v_trans: bool,
-    type_k: str = "f16",
-    type_v: str = "f16",
-    alignment: int = CPU_ALIGNMENT,
-    touched: bool = False,
-) -> int:
-    """The compute buffer llama_context::sched_reserve() allocates (llama-context.cpp:612-760).
-
-    The prompt-processing graph (n_ubatch tokens, all of them output: n_outputs_max defaults
-    to n_batch) and the one-token graph are reserved into the same buffer, which keeps the
-    larger size. touched: the part the engine's batches really write (one output per batch,
-    the last token's), which is what a CPU buffer costs in resident memory: malloc'd pages
-    that nothing writes are never backed.
-    """
-    n_pp = min(cs.n_ctx, cs.n_ubatch)
-    sizes = []
-    for n_tokens, n_out in ((n_pp, cs.n_seq if touched else min(n_pp, cs.n_batch)), (cs.n_seq, cs.n_seq)):
-        gp = graph_params(
-            hp, cs, n_tokens, n_out, flash_attn=flash_attn, v_trans=v_trans, type_k=type_k, type_v=type_v
-        )
-        sizes.append(compute_buffer_size(build_graph(hp, gp), alignment))
-    return max(sizes)
-
-
-def host_inputs_bytes(hp: Hparams, cs: ContextSize, *, flash_attn: bool, v_trans: bool) -> int:
-    """The graph inputs and the token embeddings, which stay in host memory when layers are offloaded."""
-    t = min(cs.n_ctx, cs.n_ubatch)
-    n_masks = 2 if hp.swa_any else 1
-    v_rows = t * max(hp.n_embd_v_gqa(il) for il in range(hp.n_layer)) if v_trans else t
-    # tokens, positions, embeddings (the input and the lookup), out_ids, then masks and indices
-    sizes = [t * 4, t * 4, hp.n_embd * t * 4 * 2, t * 4]
-    sizes += [cs.n_ctx_seq * t * (2 if flash_attn else 4), t * 8, v_rows * 8] * n_masks
-    return sum(pad(s, CPU_ALIGNMENT) for s in sizes)
-
-
 # -- the estimate -------------------------------------------------------------------------------
 
 
@@ -443,7 +146,7 @@ def estimate(
     """
     hp = hparams_from_header(header)
     cs = context_size(hp, n_ctx, n_seq=n_seq, n_batch=n_batch, n_ubatch=n_ubatch)
-    type_k, type_v = _check_kv_type(type_k), _check_kv_type(type_v)
+    type_k, type_v = check_kv_type(type_k), check_kv_type(type_v)
     gpu = n_gpu_layers != 0 if gpu is None else gpu
     start = gpu_start(hp.n_layer, n_gpu_layers) if gpu else hp.n_layer + 1
     fa = auto_flash_attn(hp, gpu) if flash_attn is None else flash_attn
@@ -519,6 +222,29 @@ def with_compute(est: Estimate, compute: dict[str, int]) -> Estimate:
     )
 
 
+# -- llama.cpp's buffers by device, and the host memory in none ---------------------------------
+
+
+def weight_buffers(
+    header: Any, hp: Hparams, start: int, gpu: bool, repack_types: frozenset[str] = REPACK_TYPES
+) -> tuple[list[Buffer], dict[str, int]]:
+    """The model buffers llama_model::load_tensors() logs (llama-model.cpp:1930), and the weight
+    bytes each device must hold: of CPU_Mapped only the tensors read from the mapping, since
+    its range also spans the repacked and offloaded tensors, pages the kernel can drop."""
+    mapped, repack, on_gpu = place_weights(header, hp, start, gpu, repack_types)
+    buffers = []
+    if mapped:
+        first = min(t.offset for t in mapped)
+        last = max(t.offset + t.nbytes for t in mapped)
+        buffers.append(Buffer("CPU_Mapped", "model", "cpu", last - first))
+    if repack:
+        buffers.append(Buffer("CPU_REPACK", "model", "cpu", repack))
+    if on_gpu:
+        buffers.append(Buffer("CUDA0", "model", "gpu", on_gpu))
+    resident = {"cpu": sum(t.nbytes for t in mapped) + repack, "gpu": on_gpu}
+    return buffers, resident
+
+
 def state_buffers(
     hp: Hparams, cs: ContextSize, start: int, *, type_k: str, type_v: str, v_trans: bool
 ) -> list[Buffer]:
@@ -579,6 +305,6 @@ def _gpu_compute(header: Any, hp: Hparams, cs: ContextSize, start: int, **kw: An
         out = header.tensor("output.weight") or header.tensor("token_embd.weight")
         if min(cs.n_ctx, cs.n_ubatch) >= 32 and out is not None:
             n_out = min(cs.n_ctx, cs.n_ubatch)
-            buffers.append(Buffer("CUDA0", "compute", "gpu", _cuda_size(out) + hp.n_vocab_out * n_out * 4))
+            buffers.append(Buffer("CUDA0", "compute", "gpu", cuda_size(out) + hp.n_vocab_out * n_out * 4))
     buffers.append(Buffer("CUDA_Host", "compute", "cpu", host))
     return buffers
