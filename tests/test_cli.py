@@ -43,7 +43,7 @@ def test_help_for_every_command() -> None:
 def test_a_command_built_alone_is_the_command_built_with_the_app() -> None:
     """main() builds only the subcommand the command line names (start-up); its options and help are
     those of the whole app's, and a typo still gets the whole app's suggestion, once."""
-    from runner.cli import command
+    from runner.cli.app import command
 
     whole = command()
     assert isinstance(whole, click.Group)
@@ -115,7 +115,7 @@ def test_json_has_the_documented_fields() -> None:
 def test_the_start_up_figure_is_within_the_process_s_own_lifetime() -> None:
     """since_process_start, in a fresh process, reads no more than the time the parent saw it take
     (plus one clock tick): psutil's create_time ran long by the boot time's lost fraction of a second."""
-    code = "from runner.engine.engine import since_process_start as s; print(s())"
+    code = "from runner.engine.answer import since_process_start as s; print(s())"
     for _ in range(3):
         start = time.monotonic()
         done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

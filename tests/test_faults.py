@@ -182,7 +182,7 @@ def test_fault_matrix(
     from typer.testing import CliRunner
 
     from runner import retry
-    from runner.cli import app
+    from runner.cli.app import app
 
     spec, outcomes = dict(MATRIX[fault][0]), MATRIX[fault][1]
     expected = outcomes[path]

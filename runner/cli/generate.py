@@ -1,0 +1,272 @@
+"""The commands that load a model and generate: run (one prompt, a pipe, a batch of prompts, or a chat
+when there is no prompt) and chat. Both take the sampling flags, passed on by SamplingConfig's names.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import typer
+
+from runner import options as o
+from runner.cli.app import app, edge
+
+SAMPLING_FLAGS = (
+    "temperature",
+    "top_k",
+    "top_p",
+    "min_p",
+    "repeat_penalty",
+    "presence_penalty",
+    "frequency_penalty",
+    "seed",
+)
+
+
+def _sampling(given: dict[str, Any]) -> dict[str, Any]:
+    """The sampling flags of a command's parameters, by SamplingConfig's names (None: not given)."""
+    return {name: given[name] for name in SAMPLING_FLAGS}
+
+
+@app.command(no_args_is_help=True)
+@edge
+def run(
+    model: o.ModelArg,
+    prompt: o.PromptArg = None,
+    system: o.System = None,
+    raw: o.Raw = False,
+    temperature: o.Temperature = None,
+    top_k: o.TopK = None,
+    top_p: o.TopP = None,
+    min_p: o.MinP = None,
+    repeat_penalty: o.RepeatPenalty = None,
+    presence_penalty: o.PresencePenalty = None,
+    frequency_penalty: o.FrequencyPenalty = None,
+    seed: o.Seed = None,
+    max_tokens: o.MaxTokens = None,
+    stop: o.Stop = None,
+    ctx: o.Ctx = None,
+    threads: o.Threads = None,
+    gpu_layers: o.GpuLayers = None,
+    kv_type: o.KvType = None,
+    flash_attn: o.FlashAttn = None,
+    spec: o.Spec = None,
+    draft: o.Draft = None,
+    no_prompt_cache: o.NoPromptCache = False,
+    prompt_cache_size: o.PromptCacheSize = None,
+    force: o.Force = False,
+    offline: o.Offline = False,
+    json: o.Json = False,
+    verbose: o.Verbose = False,
+    think: o.Think = None,
+    hide_reasoning: o.HideReasoning = False,
+    schema: o.Schema = None,
+    format: o.Format = None,
+    grammar: o.Grammar = None,
+    each_line: o.EachLine = False,
+    input: o.InputFile = None,
+    parallel: o.RunParallel = None,
+    jsonl: o.Jsonl = False,
+    continue_: o.Continue = False,
+    no_save: o.NoSave = False,
+    debug: o.Debug = False,
+) -> None:
+    """Answer one prompt; the answer alone goes to stdout.
+
+    With no prompt and no pipe, a chat opens (as runner chat MODEL).
+
+    \b
+    Examples:
+      runner run smollm2 "Why is the sky blue?"
+      cat notes.txt | runner run smollm2 "Summarize this"
+      runner run ./model.gguf "Hi" --temperature 0 --max-tokens 50 --json
+      runner run -c "And in one word?"             # one more turn of the last chat
+      runner run smollm2 "Translate to French: {}" --each-line < lines.txt
+      runner run smollm2 --input prompts.jsonl --jsonl --parallel 8
+      runner run smollm2 "Name a city" --schema '{"type":"object","properties":{"city":{"type":"string"}}}'
+    """
+    sampling = _sampling(locals())
+    tty = sys.stdin is None or sys.stdin.isatty()
+    if each_line or input is not None:
+        from runner.commands.batch import BatchRequest, run_batch_command
+
+        code = run_batch_command(
+            BatchRequest(
+                model=model,
+                template=prompt,
+                each_line=each_line,
+                input_path=str(input) if input is not None else None,
+                parallel=parallel,
+                jsonl=jsonl,
+                system=system,
+                sampling=sampling,
+                max_tokens=max_tokens,
+                stop=tuple(stop or ()),
+                schema=schema,
+                format=format,
+                grammar=str(grammar) if grammar is not None else None,
+                ctx=ctx,
+                threads=threads,
+                gpu_layers=gpu_layers,
+                kv_type=kv_type,
+                flash_attn=flash_attn,
+                force=force,
+                offline=offline,
+                verbose=verbose,
+                debug=debug,
+            ),
+            stdin=None if tty else sys.stdin.buffer,
+            out=sys.stdout,
+        )
+        raise typer.Exit(code)
+    if continue_ or (prompt is None and tty and not json and not raw):
+        from runner.commands.chat import ChatRequest, chat, continue_last
+
+        # runner run -c PROMPT: the one argument is the prompt, and the model the chat's
+        text, name = (model, None) if continue_ and prompt is None else (prompt, model)
+        request = ChatRequest(
+            model=name,
+            system=system,
+            sampling=sampling,
+            max_tokens=max_tokens,
+            stop=tuple(stop or ()),
+            ctx=ctx,
+            threads=threads,
+            gpu_layers=gpu_layers,
+            kv_type=kv_type,
+            flash_attn=flash_attn,
+            spec=spec,
+            draft=draft,
+            prompt_cache=not no_prompt_cache,
+            prompt_cache_size=prompt_cache_size,
+            force=force,
+            offline=offline,
+            save=not no_save,
+            think=think,
+            hide_reasoning=hide_reasoning,
+            verbose=verbose,
+            debug=debug,
+        )
+        if continue_:
+            from runner.engine.prompt import read_prompt
+
+            prompt_text = read_prompt(text, None if tty else sys.stdin.buffer)
+            continue_last(request, prompt_text, out=sys.stdout, as_json=json)
+        else:
+            chat(request, stdin=sys.stdin, out=sys.stdout, interactive=True)
+        return
+    from runner.commands.run import RunRequest, run_once
+
+    run_once(
+        RunRequest(
+            model=model,
+            prompt=prompt,
+            system=system,
+            raw=raw,
+            sampling=sampling,
+            max_tokens=max_tokens,
+            stop=tuple(stop or ()),
+            ctx=ctx,
+            threads=threads,
+            gpu_layers=gpu_layers,
+            kv_type=kv_type,
+            flash_attn=flash_attn,
+            spec=spec,
+            draft=draft,
+            prompt_cache=not no_prompt_cache,
+            prompt_cache_size=prompt_cache_size,
+            force=force,
+            offline=offline,
+            as_json=json,
+            verbose=verbose,
+            debug=debug,
+            think=think,
+            hide_reasoning=hide_reasoning,
+            schema=schema,
+            format=format,
+            grammar=str(grammar) if grammar is not None else None,
+        ),
+        stdin=None if tty else sys.stdin.buffer,
+        out=sys.stdout,
+    )
+
+
+@app.command()
+@edge
+def chat(
+    model: o.OptionalModelArg = None,
+    system: o.System = None,
+    temperature: o.Temperature = None,
+    top_k: o.TopK = None,
+    top_p: o.TopP = None,
+    min_p: o.MinP = None,
+    repeat_penalty: o.RepeatPenalty = None,
+    presence_penalty: o.PresencePenalty = None,
+    frequency_penalty: o.FrequencyPenalty = None,
+    seed: o.Seed = None,
+    max_tokens: o.MaxTokens = None,
+    stop: o.Stop = None,
+    ctx: o.Ctx = None,
+    threads: o.Threads = None,
+    gpu_layers: o.GpuLayers = None,
+    kv_type: o.KvType = None,
+    flash_attn: o.FlashAttn = None,
+    spec: o.Spec = None,
+    draft: o.Draft = None,
+    no_prompt_cache: o.NoPromptCache = False,
+    prompt_cache_size: o.PromptCacheSize = None,
+    force: o.Force = False,
+    offline: o.Offline = False,
+    resume: o.Resume = None,
+    load: o.Load = None,
+    no_save: o.NoSave = False,
+    markdown: o.Markdown = False,
+    think: o.Think = None,
+    hide_reasoning: o.HideReasoning = False,
+    verbose: o.Verbose = False,
+    debug: o.Debug = False,
+) -> None:
+    """Chat in the terminal; every turn is kept (runner history).
+
+    Piped, each line of stdin is one turn and each answer goes to stdout. In the chat, /help lists
+    the commands; Ctrl-C stops an answer, Ctrl-D or /bye quits.
+
+    \b
+    Examples:
+      runner chat                                  # the default model
+      runner chat qwen2.5:7b -s "Answer briefly."
+      runner chat --resume                         # the last conversation (or --resume ID)
+      printf 'Hi\\nAnd you?\\n' | runner chat smollm2
+    """
+    from runner.commands.chat import ChatRequest
+    from runner.commands.chat import chat as run_chat
+
+    request = ChatRequest(
+        model=model,
+        system=system,
+        sampling=_sampling(locals()),
+        max_tokens=max_tokens,
+        stop=tuple(stop or ()),
+        ctx=ctx,
+        threads=threads,
+        gpu_layers=gpu_layers,
+        kv_type=kv_type,
+        flash_attn=flash_attn,
+        spec=spec,
+        draft=draft,
+        prompt_cache=not no_prompt_cache,
+        prompt_cache_size=prompt_cache_size,
+        force=force,
+        offline=offline,
+        debug=debug,
+        verbose=verbose,
+        save=not no_save,
+        resume=resume,
+        load=load,
+        markdown=markdown,
+        think=think,
+        hide_reasoning=hide_reasoning,
+    )
+    interactive = sys.stdin is not None and sys.stdin.isatty()
+    run_chat(request, stdin=sys.stdin, out=sys.stdout, interactive=interactive)
