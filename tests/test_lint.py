@@ -34,6 +34,12 @@ def test_imports_point_down_only() -> None:
     assert "0 broken" in done.stdout
 
 
+def copy_of_runner(root: Path) -> None:
+    """runner's code and its contracts under root, to break on purpose."""
+    shutil.copytree(ROOT / "runner", root / "runner", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "pyproject.toml", root)
+
+
 def add_import(module: Path, statement: str) -> None:
     """A function-level import, as runner's lazy imports are: the contracts see those too."""
     module.write_text(module.read_text() + f"\n\ndef _added() -> None:\n    {statement}\n")
@@ -42,8 +48,7 @@ def add_import(module: Path, statement: str) -> None:
 def test_an_import_up_a_layer_is_caught(tmp_path: Path) -> None:
     """The contracts can fail: the planner asking the engine for its dry run directly (the import
     this layout removed) breaks the layers, a command importing another breaks their independence."""
-    shutil.copytree(ROOT / "runner", tmp_path / "runner", ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copy(ROOT / "pyproject.toml", tmp_path)
+    copy_of_runner(tmp_path)
     add_import(tmp_path / "runner" / "memory" / "plan.py", "from runner.engine.llamacpp import dry_run")
     add_import(tmp_path / "runner" / "commands" / "fit.py", "from runner.commands.run import run_once")
     done = lint_imports(tmp_path)
@@ -56,8 +61,7 @@ def test_an_import_up_a_layer_is_caught(tmp_path: Path) -> None:
 def test_an_import_cycle_is_caught(tmp_path: Path) -> None:
     """The prompt cache asking for the engine back (the cycle the engine's protocols removed) is a
     cycle between siblings and an import up the engine's own layers: both contracts say so."""
-    shutil.copytree(ROOT / "runner", tmp_path / "runner", ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copy(ROOT / "pyproject.toml", tmp_path)
+    copy_of_runner(tmp_path)
     add_import(tmp_path / "runner" / "engine" / "promptcache.py", "from runner.engine.engine import Engine")
     done = lint_imports(tmp_path)
     assert done.returncode == 1, done.stdout + done.stderr
