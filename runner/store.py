@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +61,12 @@ def m001_conversations(db: sqlite3.Connection) -> None:
     db.execute("CREATE INDEX messages_of_conversation ON messages (conversation_id, id)")
 
 
+@migration
+def m002_settings(db: sqlite3.Connection) -> None:
+    # what /set (or a flag) chose for the conversation, as JSON: it comes back on --resume
+    db.execute("ALTER TABLE conversations ADD COLUMN settings TEXT")
+
+
 class StoreError(RunnerError):
     """The conversation database cannot be opened or written (corrupt, unwritable, from a newer runner)."""
 
@@ -99,6 +106,7 @@ class StoredConversation:
     created: float
     updated: float
     messages: list[StoredMessage]
+    settings: dict[str, Any] = field(default_factory=dict)  # the chat's /set values (Session.settings)
 
 
 @dataclass(frozen=True)
@@ -181,12 +189,13 @@ class Store:
 
     # -- writing ---------------------------------------------------------------------------------
 
-    def new_conversation(self, model: str, system: str | None) -> int:
+    def new_conversation(self, model: str, system: str | None, settings: dict[str, Any] | None = None) -> int:
         now = time.time()
         with self._write("start a conversation") as db:
             cursor = db.execute(
-                "INSERT INTO conversations (model, system, created, updated) VALUES (?, ?, ?, ?)",
-                (model, system, now, now),
+                "INSERT INTO conversations (model, system, created, updated, settings)"
+                " VALUES (?, ?, ?, ?, ?)",
+                (model, system, now, now, json.dumps(settings) if settings else None),
             )
         return int(cursor.lastrowid or 0)
 
@@ -224,6 +233,13 @@ class Store:
                 (system, time.time(), conversation),
             )
 
+    def set_settings(self, conversation: int, settings: dict[str, Any]) -> None:
+        with self._write("save the settings") as db:
+            db.execute(
+                "UPDATE conversations SET settings = ?, updated = ? WHERE id = ?",
+                (json.dumps(settings) if settings else None, time.time(), conversation),
+            )
+
     def remove(self, conversation: int) -> bool:
         with self._write("remove a conversation") as db:
             cursor = db.execute("DELETE FROM conversations WHERE id = ?", (conversation,))
@@ -241,7 +257,8 @@ class Store:
     def load(self, conversation: int) -> StoredConversation | None:
         with self._errors("read"):
             head = self._db.execute(
-                "SELECT id, model, system, created, updated FROM conversations WHERE id = ?", (conversation,)
+                "SELECT id, model, system, created, updated, settings FROM conversations WHERE id = ?",
+                (conversation,),
             ).fetchone()
             if head is None:
                 return None
@@ -262,7 +279,8 @@ class Store:
             )
             for row_id, role, content, reasoning, interrupted, created, stats in rows
         ]
-        return StoredConversation(head[0], head[1], head[2], head[3], head[4], messages)
+        settings = json.loads(head[5]) if head[5] else {}
+        return StoredConversation(head[0], head[1], head[2], head[3], head[4], messages, settings)
 
     def summaries(self, limit: int | None = None) -> list[Summary]:
         """Conversations with at least one message, most recently updated first."""
@@ -298,10 +316,16 @@ def to_json(conversation: StoredConversation) -> dict[str, Any]:
         "id": conversation.id,
         "model": conversation.model,
         "system": conversation.system,
-        "created": conversation.created,
-        "updated": conversation.updated,
+        "created": iso_time(conversation.created),
+        "updated": iso_time(conversation.updated),
+        "settings": conversation.settings,
         "messages": [m.to_json() for m in conversation.messages],
     }
+
+
+def iso_time(moment: float) -> str:
+    """A Unix time as files and --json show it: ISO 8601, UTC, to the second."""
+    return datetime.fromtimestamp(moment, timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
 def from_json(data: Any, source: str) -> StoredConversation:
@@ -318,6 +342,9 @@ def from_json(data: Any, source: str) -> StoredConversation:
     system = data.get("system")
     if system is not None and not isinstance(system, str):
         raise bad('"system" must be text')
+    settings = data.get("settings") or {}
+    if not isinstance(settings, dict):
+        raise bad('"settings" must be an object')
     out = []
     for n, m in enumerate(messages, start=1):
         if not isinstance(m, dict) or m.get("role") not in ("user", "assistant", "system"):
@@ -338,7 +365,7 @@ def from_json(data: Any, source: str) -> StoredConversation:
         )
     model = data.get("model")
     now = time.time()
-    return StoredConversation(0, model if isinstance(model, str) else "", system, now, now, out)
+    return StoredConversation(0, model if isinstance(model, str) else "", system, now, now, out, settings)
 
 
 def first_words(text: str, width: int = 48) -> str:

@@ -1,11 +1,13 @@
-"""The only module that knows rich: messages, progress and tables.
+"""The only module that knows rich: messages, progress, tables, and an answer streamed to a terminal
+(its words wrapped whole, or its Markdown drawn as it grows).
 
-Messages and progress go to stderr: stdout belongs to the answer. The one exception is table_to,
-which writes a command's answer (a table) to the stream it is given.
+Messages and progress go to stderr: stdout belongs to the answer. The exceptions write a command's
+answer to the stream they are given: table_to (a table), WordWrap and markdown_stream (an answer).
 """
 
 from __future__ import annotations
 
+import re
 import sys
 import time
 from collections.abc import Callable, Collection, Iterator, Sequence
@@ -14,6 +16,7 @@ from functools import lru_cache
 from typing import Any, TextIO
 
 PREFIX = "runner: "
+REDRAWS_PER_S = 8  # a Markdown answer is drawn again at most this often while it streams
 
 
 @lru_cache(maxsize=1)
@@ -34,6 +37,11 @@ def echo(text: str) -> None:
 
 def info(message: str) -> None:
     console().print(f"[dim]{PREFIX}[/]{_escape(message)}")
+
+
+def faint(text: str) -> None:
+    """Text shown dimmed on stderr, as is: what was said before (a resumed chat's last turns)."""
+    console().print(f"[dim]{_escape(text)}[/]", soft_wrap=False)  # lines broken at spaces
 
 
 def warn(message: str) -> None:
@@ -141,15 +149,104 @@ def dim(text: str) -> str:
     return f"\x1b[2m{text}\x1b[22m"
 
 
+class WordWrap:
+    """Text streamed to a terminal, its lines broken at a space before the edge rather than by the
+    terminal inside a word ("to|pics"): each word is held until it ends (a space, a newline, the end of
+    the answer), then written where it fits. A word wider than the terminal is the terminal's to break."""
+
+    def __init__(self, out: TextIO, width: int) -> None:
+        self.out = out
+        self.width = width
+        self.column = 0  # where the cursor is; == width: at the edge, the next character wraps
+        self.blank = ""  # spaces after the last word, written only if the next word fits after them
+        self.word = ""
+        self.glued = False  # the held word goes on a part of it already written: never a break before it
+        self.dimmed = False  # how the held word is shown
+
+    def write(self, text: str, *, dimmed: bool = False) -> None:
+        if dimmed != self.dimmed:
+            self._word()
+            self.dimmed = dimmed
+        for piece in re.split(r"(\n|[ \t]+)", text):
+            if not piece:
+                continue
+            if piece == "\n":
+                self._word()
+                self._emit("\n")
+                self.column, self.blank, self.glued = 0, "", False
+            elif piece[0] in " \t":
+                self._word()
+                self.blank, self.glued = self.blank + piece.expandtabs(8), False
+            else:
+                self.word += piece
+                if len(self.word) >= self.width:  # no space in sight (a URL, CJK text): do not wait
+                    self._word()
+                    self.glued = True
+        self.out.flush()
+
+    def _word(self) -> None:
+        if not self.word:
+            return
+        from rich.cells import cell_len
+
+        size = cell_len(self.word)
+        if self.column and not self.glued and self.column + len(self.blank) + size > self.width:
+            self._emit("\n")  # the spaces that would end this line are dropped
+            self.column = 0
+        else:
+            self._emit(self.blank)
+            self.column += len(self.blank)
+        self._emit(self.word)
+        self.column += size
+        if self.column > self.width:  # a word wider than the line: wrapped by the terminal
+            self.column = (self.column - 1) % self.width + 1
+        self.blank = self.word = ""
+
+    def _emit(self, text: str) -> None:
+        if text:
+            self.out.write(dim(text) if self.dimmed else text)
+
+
 @contextmanager
 def markdown_stream(out: TextIO) -> Iterator[Callable[[str], None]]:
-    """An answer rendered as Markdown on the terminal `out` while it grows: yields update(text)."""
+    """An answer rendered as Markdown on the terminal `out` while it grows: yields update(text).
+
+    Only the bottom of the answer, what fits on the screen, is live (redrawn as it changes): a live
+    region taller than the screen cannot be redrawn (the cursor cannot go up into the scrollback), and
+    each redraw would leave another copy of its top there. The lines above it are printed once, for
+    good, as they leave the screen. It is drawn at most REDRAWS_PER_S times a second, and at the end."""
     from rich.console import Console
     from rich.live import Live
     from rich.markdown import Markdown
+    from rich.segment import SegmentLines
 
-    with Live(console=Console(file=out), refresh_per_second=8, vertical_overflow="visible") as live:
-        yield lambda text: live.update(Markdown(text))
+    terminal = Console(file=out)
+    printed = 0  # lines of the rendered answer printed above the live region, for good
+    latest, drawn = "", 0.0
+
+    def draw(live: Live) -> None:
+        nonlocal printed, drawn
+        lines = terminal.render_lines(Markdown(latest), terminal.options, pad=False)
+        fits = max(1, terminal.size.height - 1)  # the line the prompt comes back on stays free
+        top = max(printed, len(lines) - fits)
+        live.update(SegmentLines(lines[top:], new_lines=True), refresh=top == printed)
+        if top > printed:  # drawn after the live region shrank: the screen never holds more than it
+            live.console.print(SegmentLines(lines[printed:top], new_lines=True))
+            printed = top
+        drawn = time.monotonic()
+
+    with Live(console=terminal, auto_refresh=False, vertical_overflow="visible") as live:
+
+        def update(text: str) -> None:
+            nonlocal latest
+            latest = text
+            if time.monotonic() - drawn >= 1 / REDRAWS_PER_S:
+                draw(live)
+
+        try:
+            yield update
+        finally:
+            draw(live)
 
 
 def _escape(text: str) -> str:
@@ -179,3 +276,43 @@ def human_since(moment: float | None, now: float | None = None) -> str:
             n = int(seconds // size)
             return f"{n} {unit}{'s' if n > 1 else ''} ago"
     return "today"
+
+
+def human_when(moment: float | None, now: float | None = None) -> str:
+    """When, by local dates: 'today 14:05', 'yesterday 23:10', then days back as human_since words
+    them ('2 days ago', '1 week ago'); a moment after now (a clock set back) as its date and time."""
+    from datetime import date
+
+    if moment is None:
+        return "never"
+    now = time.time() if now is None else now
+    clock = time.strftime("%H:%M", time.localtime(moment))
+    days = (date.fromtimestamp(now) - date.fromtimestamp(moment)).days
+    if days < 0:
+        return time.strftime("%Y-%m-%d %H:%M", time.localtime(moment))
+    if days < 2:
+        return f"{'today' if days == 0 else 'yesterday'} {clock}"
+    return human_since(now - days * 86400, now)  # by dates: the day before yesterday is 2 days ago
+
+
+@contextmanager
+def steps_progress(label: str, total: int, *, enabled: bool) -> Iterator[Callable[[str], None]]:
+    """A bar on stderr over a few long steps: yields step(what), called as each one starts (a no-op
+    when not enabled). Drawn only then, with no refresh thread, so it takes no time from a step."""
+    if not enabled:
+        yield lambda _what: None
+        return
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+    columns = (TextColumn(label), BarColumn(), MofNCompleteColumn(), TextColumn("{task.description}"))
+    with Progress(*columns, console=console(), transient=True, auto_refresh=False) as bar:
+        task = bar.add_task("", total=total)
+        started = 0
+
+        def step(what: str) -> None:
+            nonlocal started
+            bar.update(task, completed=started, description=what)
+            bar.refresh()
+            started += 1
+
+        yield step

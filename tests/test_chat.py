@@ -21,6 +21,7 @@ from tests.conftest import run_cli
 
 QUIT_HINT = "Ctrl-D, /bye or /exit to quit"
 GREEDY = ["--temperature", "0"]
+ISO_TIME = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ"
 
 
 def conversations() -> list:
@@ -37,10 +38,10 @@ def chat_pipe(
     return run_cli("chat", "smollm2", *GREEDY, *args, input=lines.encode(), env=env)
 
 
-def spawn(*args: str) -> pexpect.spawn:
+def spawn(*args: str, size: tuple[int, int] = (40, 160)) -> pexpect.spawn:
     env = {**os.environ, "PROMPT_TOOLKIT_NO_CPR": "1", "TERM": "xterm"}
     child = pexpect.spawn(
-        sys.executable, ["-m", "runner", *args], env=env, encoding="utf-8", timeout=60, dimensions=(40, 160)
+        sys.executable, ["-m", "runner", *args], env=env, encoding="utf-8", timeout=60, dimensions=size
     )
     child.expect_exact("chatting with smollm2")
     return child
@@ -60,7 +61,8 @@ def test_a_scripted_conversation_through_a_pipe() -> None:
     assert [m.role for m in conversation.messages] == ["user", "assistant", "user", "assistant"]
     assert conversation.messages[2].content == "Name two\ncolours."
     answers = [m.content for m in conversation.messages if m.role == "assistant"]
-    assert done.stdout.decode() == "".join(a + "\n" for a in answers)  # stdout: the answers, nothing else
+    # stdout: the answers, nothing else, a blank line between them (answers of paragraphs stay apart)
+    assert done.stdout.decode() == "\n".join(a + "\n" for a in answers)
 
 
 def test_only_what_is_new_is_evaluated_each_turn() -> None:
@@ -361,3 +363,74 @@ def test_chat_on_the_cpu_loads_without_flash_attention_unless_asked() -> None:
     bad = chat_pipe("Hi\n", "--flash-attn", "yes")
     assert (bad.returncode, bad.stdout) == (2, b"")
     assert bad.stderr.decode().strip() == "runner: error: --flash-attn must be auto, on or off (got 'yes')"
+
+
+def test_set_confirms_and_the_settings_come_back_on_resume() -> None:
+    lines = "/set temperature 0.2\n/set top-k 5\n/set max-tokens 6\n/set think off\n/set seed 7\nHi\n"
+    done = chat_pipe(lines, "--max-tokens", "30")  # GREEDY: --temperature 0, then /set 0.2
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.decode().splitlines() == [
+        "runner: temperature 0.2 (/set)",
+        "runner: top-k 5 (/set)",
+        "runner: max-tokens 6",
+        "runner: think off",
+        "runner: seed 7 (/set)",
+    ]
+    [conversation] = conversations()
+    assert conversation.settings == {
+        "temperature": 0.2,
+        "top_k": 5,
+        "seed": 7,
+        "max_tokens": 6,
+        "think": False,
+    }
+    resumed = run_cli("chat", "--resume", "--top-k", "9", input=b"/show\n")  # a flag wins over the stored
+    assert resumed.returncode == 0, resumed.stderr
+    shown = resumed.stderr.decode()
+    assert "temperature=0.2 (conversation), top_k=9 (flag)" in shown and "seed=7 (conversation)" in shown
+    assert re.search(r"max-tokens +6\n", shown) and re.search(r"think +off\n", shown)
+
+
+def test_show_after_clear_and_the_model_file_once(smollm2_path: Path) -> None:
+    done = run_cli(
+        "chat", str(smollm2_path), *GREEDY, "--max-tokens", "8", input=b"Hi\n/show\n/clear\n/show\n"
+    )
+    assert done.returncode == 0, done.stderr
+    before, after = done.stderr.decode().split("a new conversation")
+    used = re.search(r"context +([\d,]+) of", before)
+    assert used and int(used[1].replace(",", "")) > 10
+    assert re.search(r"context +0 of [\d,]+ tokens used", after), after
+    assert after.count(str(smollm2_path)) == 1  # "model PATH", not "PATH (PATH)", nor again under load
+
+
+def test_save_writes_the_times_history_shows(tmp_path: Path) -> None:
+    saved, unsaved = tmp_path / "talk.json", tmp_path / "unsaved.json"
+    assert chat_pipe(f"Hi\n/save {saved}\n", "--max-tokens", "4").returncode == 0
+    [conversation] = conversations()
+    shown = json.loads(run_cli("history", "show", str(conversation.id), "--json").stdout)
+    data = json.loads(saved.read_text())
+    assert (data["created"], data["updated"]) == (shown["created"], shown["updated"])
+    assert re.fullmatch(ISO_TIME, data["created"])
+    assert chat_pipe(f"Hi\n/save {unsaved}\n", "--max-tokens", "4", "--no-save").returncode == 0
+    kept_nowhere = json.loads(unsaved.read_text())  # times too, from its first and last messages
+    assert all(re.fullmatch(ISO_TIME, kept_nowhere[k]) for k in ("created", "updated"))
+
+
+def test_resume_shows_the_last_turns_and_history_the_rest() -> None:
+    questions = [f"Question number {i}: what is {i} plus {i}?" for i in range(5)]
+    assert chat_pipe("".join(q + "\n" for q in questions), "--max-tokens", "6").returncode == 0
+    [conversation] = conversations()
+    last_answer = conversation.messages[-1].content.splitlines()[0]
+    child = spawn("chat", "--resume", "--max-tokens", "6", *GREEDY)
+    child.expect_exact("5 turns so far")
+    child.expect_exact("\x1b[?2004h")  # the prompt: what came before it is the recap
+    recap = child.before
+    assert "2 earlier turns: /history shows the whole conversation" in recap
+    assert all(f"\x1b[2m>>> {q}" in recap for q in questions[2:])  # the last three, dimmed
+    assert last_answer in recap and not any(q in recap for q in questions[:2])
+    child.sendline("/history")
+    for q in questions:
+        child.expect_exact(">>> " + q)
+    ready(child)
+    child.sendline("/bye")
+    child.expect(pexpect.EOF)

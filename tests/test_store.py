@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from runner.errors import UsageError
-from runner.store import MIGRATIONS, Store, StoredMessage, StoreError, from_json, to_json
+from runner.store import MIGRATIONS, Store, StoredConversation, StoredMessage, StoreError, from_json, to_json
 
 
 def test_a_conversation_round_trips(tmp_path: Path) -> None:
@@ -105,3 +105,37 @@ def test_runners_opening_a_new_database_at_once_migrate_it_once(tmp_path: Path) 
     assert errors == []
     with sqlite3.connect(path) as db:
         assert db.execute("PRAGMA user_version").fetchone()[0] == len(MIGRATIONS)
+
+
+def test_a_database_from_the_first_schema_migrates_and_keeps_its_conversations(tmp_path: Path) -> None:
+    path = tmp_path / "c.db"
+    with sqlite3.connect(path) as db:  # as runner wrote it before settings were kept
+        MIGRATIONS[0](db)
+        db.execute("PRAGMA user_version = 1")
+        db.execute(
+            "INSERT INTO conversations (model, system, created, updated) VALUES ('smollm2', 'S', 1, 2)"
+        )
+        db.execute(
+            "INSERT INTO messages (conversation_id, role, content, created) VALUES (1, 'user', 'Hi', 1)"
+        )
+    store = Store.open(path)
+    try:
+        old = store.load(1)
+        assert old is not None and old.settings == {} and [m.content for m in old.messages] == ["Hi"]
+        store.set_settings(1, {"temperature": 0.2, "think": False})
+        new = store.new_conversation("smollm2", None, {"format": "json"})
+        assert store.load(1).settings == {"temperature": 0.2, "think": False}  # type: ignore[union-attr]
+        assert store.load(new).settings == {"format": "json"}  # type: ignore[union-attr]
+    finally:
+        store.close()
+    with sqlite3.connect(path) as db:
+        assert db.execute("PRAGMA user_version").fetchone()[0] == len(MIGRATIONS)
+
+
+def test_the_json_format_carries_iso_times_and_the_settings() -> None:
+    conversation = StoredConversation(3, "smollm2", None, 0.0, 86400.5, [], {"top_k": 5})
+    data = to_json(conversation)
+    assert (data["created"], data["updated"]) == ("1970-01-01T00:00:00Z", "1970-01-02T00:00:00Z")
+    assert from_json(data, "x").settings == {"top_k": 5}
+    with pytest.raises(UsageError, match='"settings" must be an object'):
+        from_json({"messages": [], "settings": [1]}, "x")

@@ -18,7 +18,7 @@ from runner import interrupt, ui
 from runner.commands.lineinput import QUIT_HINT, PipeInput, TerminalInput
 from runner.commands.output import describe_load, to_json
 from runner.commands.session import ChatRequest, Session, read_conversation, user_turns
-from runner.commands.slash import COMMANDS, command, is_command
+from runner.commands.slash import COMMANDS, command, is_command, recap
 from runner.engine.template import TEMPLATE_KEY
 from runner.errors import PromptTooLong, RunnerError, UsageError
 from runner.hub.catalog import load_catalog
@@ -115,6 +115,7 @@ def _loop(session: Session, interactive: bool, stdin: TextIO) -> None:
             ui.info(describe_load(session.loaded))
         resumed = f", {user_turns(session.turns)} turns so far" if session.turns else ""
         ui.info(f"chatting with {session.loaded.name}{resumed}; /help for commands, {QUIT_HINT}")
+        recap(session)
         if session.turns and session.turns[-1].role == "user":
             ui.info("the last message has no answer (the chat stopped mid-answer): /retry answers it")
         history = data_dir() / HISTORY_FILE if session.store is not None else None
@@ -165,10 +166,9 @@ def continue_last(request: ChatRequest, prompt: str, *, out: TextIO, as_json: bo
         stored = _stored(store, request.resume or "last")
         loaded = _open(request, request.model or stored.model or load_catalog().default)
         try:
-            session = Session(loaded, request, store, out, interactive=False, quiet=as_json)
+            kept = store if request.save else None  # --no-save: the conversation is read, nothing is kept
+            session = Session(loaded, request, kept, out, interactive=False, quiet=as_json)
             session.adopt(stored, stored_here=True)
-            if not request.save:  # --no-save: the conversation is read, this turn is not kept
-                session.store = None
             with interrupt.deferred():
                 session.send(prompt)
                 session.keep_state()

@@ -7,8 +7,10 @@ each other).
 
 from __future__ import annotations
 
+import os
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TextIO
 
 from runner import ui
@@ -54,6 +56,8 @@ class AnswerWriter:
         self.quiet = quiet
         self.tty = _isatty(out)
         self._markdown = ui.markdown_stream(out) if markdown and self.tty and not quiet else None
+        width = _columns(out) if self.tty and self._markdown is None else 0
+        self._wrap = ui.WordWrap(out, width) if width else None  # a terminal breaks lines inside words
         self._update: Any = None
         self._answer = ""
         self._last: dict[int, str] = {}  # stream id -> the last character written there
@@ -85,7 +89,7 @@ class AnswerWriter:
             return
         self._reasoned = True
         if self.tty:
-            self._put(self.out, text, styled=ui.dim(text))
+            self._put(self.out, text, dim=True)
         else:
             self._put(sys.stderr, text)
 
@@ -95,9 +99,12 @@ class AnswerWriter:
             if self._last.get(id(stream), "\n") != "\n":
                 self._put(stream, "\n")
 
-    def _put(self, stream: TextIO, text: str, *, styled: str | None = None) -> None:
-        stream.write(text if styled is None else styled)
-        stream.flush()
+    def _put(self, stream: TextIO, text: str, *, dim: bool = False) -> None:
+        if stream is self.out and self._wrap is not None:
+            self._wrap.write(text, dimmed=dim)
+        else:
+            stream.write(ui.dim(text) if dim else text)
+            stream.flush()
         self._last[id(stream)] = text[-1]
 
 
@@ -217,9 +224,18 @@ def describe_speculation(spec: SpecStats) -> str:
     )
 
 
-def describe_load(loaded: LoadedModel) -> str:
+def describe_model(loaded: LoadedModel) -> str:
+    """The model as typed and the file it is, each once: a path typed is the file itself."""
+    try:
+        typed_path = Path(loaded.name).expanduser().resolve() == loaded.path.resolve()
+    except (OSError, ValueError):
+        typed_path = False
+    return str(loaded.path) if typed_path else f"{loaded.name} ({loaded.path})"
+
+
+def describe_load(loaded: LoadedModel, *, model: bool = True) -> str:
+    """How the model was loaded, on one line; model=False: without the model itself (/show has a row)."""
     engine = loaded.engine
-    where = str(loaded.path) if loaded.name == str(loaded.path) else f"{loaded.name} ({loaded.path})"
     if not supports_gpu_offload():
         offload = "CPU only (this llama.cpp build cannot offload; see the README for a GPU build)"
     else:
@@ -227,9 +243,8 @@ def describe_load(loaded: LoadedModel) -> str:
             "all layers on the GPU" if engine.n_gpu_layers < 0 else f"{engine.n_gpu_layers} layers on the GPU"
         )
     fa = f"flash attention {flash_attn_name(engine.flash_attn)}"
-    return (
-        f"{where} · ctx {engine.n_ctx} · KV {engine.kv_type} · {fa} · threads {engine.n_threads} · {offload}"
-    )
+    load = f"ctx {engine.n_ctx} · KV {engine.kv_type} · {fa} · threads {engine.n_threads} · {offload}"
+    return f"{describe_model(loaded)} · {load}" if model else load
 
 
 def describe_timings(result: Result) -> str:
@@ -244,6 +259,14 @@ def describe_timings(result: Result) -> str:
         f"decode {t.decode_tokens_per_s:.1f} tok/s · finish {reason}{describe_speculation(t.speculation)}"
         f"{describe_prompt_cache(t.prompt_cache)}"
     )
+
+
+def _columns(stream: TextIO) -> int:
+    """The terminal's width, or 0 when it cannot be told."""
+    try:
+        return os.get_terminal_size(stream.fileno()).columns
+    except (AttributeError, ValueError, OSError):
+        return 0
 
 
 def _isatty(stream: TextIO) -> bool:

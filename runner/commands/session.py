@@ -4,12 +4,16 @@
 Sending a message fits the conversation to the context (the oldest exchanges give way), streams the answer
 and keeps both turns; /retry, /undo and /clear change the turns here too. A store that fails stops saving
 and the chat goes on; at the end the evaluated state goes to the prompt cache for --resume and `run -c`.
+The settings /set changes (sampling, max-tokens, think, format) are stored with the conversation and
+come back with it, each unless a flag given then says otherwise.
 Not a command itself: chat.py runs the loop, slash.py the slash commands over a Session.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -23,12 +27,13 @@ from runner.commands.output import (
     speculation_json,
     stream_answer,
 )
-from runner.engine.constrain import Constraint, ConstraintError
+from runner.engine.constrain import Constraint, ConstraintError, constraint
 from runner.engine.conversation import Fitted, fit
 from runner.engine.engine import FINISH_INTERRUPTED
 from runner.engine.promptcache import MIN_HEAD
 from runner.engine.template import Message
 from runner.errors import RunnerError, UsageError
+from runner.limits import check_answer_limits
 from runner.loader import LoadedModel
 from runner.store import Store, StoredConversation, StoredMessage, StoreError, from_json
 
@@ -83,34 +88,39 @@ class Session:
         self.out = out
         self.interactive = interactive
         self.overrides = {k: v for k, v in request.sampling.items() if v is not None}
-        self.set_here: set[str] = set()  # sampling settings changed with /set (the rest: flags)
+        self.origin = dict.fromkeys(self.overrides, "flag")  # each override's: flag, /set, conversation
         self.sampling, self.sources = sampling_for(loaded, self.overrides)
         self.max_tokens = request.max_tokens
         self.think = request.think
-        self.constraint: Constraint | None = None  # /set format json, /set schema ...
+        self.constrained: tuple[str, str] | None = None  # /set format json, /set schema S: as typed
+        self.constraint: Constraint | None = None
         entry_system = loaded.entry.system if loaded.entry is not None else None
         self.system = request.system if request.system is not None else entry_system
         self.turns: list[StoredMessage] = []
         self.conversation: int | None = None
         self.first = 0  # the first turn sent to the model (older exchanges dropped to fit)
         self.last: Any = None  # the last Answer
+        self.answers = 0  # answers written in this chat (piped, a blank line goes between them)
         # the conversation's evaluated state is kept on disk at the end, loaded by --resume and -c
         self.prompt_cache = open_prompt_cache(request.prompt_cache, request.prompt_cache_size)
 
     # -- the conversation and its store ------------------------------------------------------------
 
     def adopt(self, stored: StoredConversation, *, stored_here: bool) -> None:
-        """Continue a stored or loaded conversation; its system message unless -s says otherwise."""
+        """Continue a stored or loaded conversation: its system message and its settings, unless -s
+        or a flag says otherwise (what the flags changed is stored with it from now on)."""
         self.turns = list(stored.messages)
+        self.conversation, self.first = None, 0  # the settings adopted are not written to the one before
         if self.request.system is None:
             self.system = stored.system
-        self.first = 0
+        self._adopt_settings(stored.settings)
         if stored_here:
             self.conversation = stored.id
             if self.request.system is not None and stored.system != self.request.system:
                 self._store(lambda s, c: s.set_system(c, self.system))
+            if self.settings() != stored.settings:
+                self._store(lambda s, c: s.set_settings(c, self.settings()))
         else:
-            self.conversation = None
             for message in self.turns:
                 self._persist(message)
 
@@ -120,13 +130,71 @@ class Session:
         if self.conversation is not None:
             self._store(lambda s, c: s.set_system(c, self.system))
 
+    # -- settings: what /set changes, stored with the conversation ------------------------------------
+
+    def settings(self) -> dict[str, Any]:
+        """The conversation's settings as stored: sampling overrides, max_tokens, think, format or schema."""
+        chosen: dict[str, Any] = dict(self.overrides)
+        if self.max_tokens is not None:
+            chosen["max_tokens"] = self.max_tokens
+        if self.think is not None:
+            chosen["think"] = self.think
+        if self.constrained is not None:
+            chosen[self.constrained[0]] = self.constrained[1]
+        return chosen
+
+    def set_sampling(self, name: str, value: Any, origin: str = "/set") -> None:
+        """One sampling setting (None: back to the model's default), checked against its range."""
+        overrides = {k: v for k, v in {**self.overrides, name: value}.items() if v is not None}
+        self.sampling, sources = sampling_for(self.loaded, overrides)  # raises for a value out of range
+        self.overrides = overrides
+        self.origin = {k: o for k, o in {**self.origin, name: origin}.items() if k in overrides}
+        self.sources = {k: (self.origin[k] if v == "flag" else v) for k, v in sources.items()}
+        self._keep_settings()
+
+    def set_max_tokens(self, value: int | None) -> None:
+        check_answer_limits(value, ())
+        self.max_tokens = value
+        self._keep_settings()
+
+    def set_think(self, value: bool | None) -> None:
+        self.think = value
+        self._keep_settings()
+
+    def set_constraint(self, kind: str, value: str | None) -> None:
+        """/set format json or /set schema S; value None: answers unconstrained."""
+        self.constraint = constraint(**{kind: value}) if value is not None else None
+        self.constrained = (kind, value) if self.constraint is not None and value is not None else None
+        self._keep_settings()
+
+    def _adopt_settings(self, stored: dict[str, Any]) -> None:
+        """A stored conversation's settings, each unless a flag gave it (the flag wins)."""
+        flags = {k for k, v in self.request.sampling.items() if v is not None}
+        for f in dataclasses.fields(self.sampling):
+            if f.name in stored and f.name not in flags:
+                value = _typed(stored[f.name], int if str(f.type).startswith("int") else (int, float), f.name)
+                self.set_sampling(f.name, value, origin="conversation")
+        if "max_tokens" in stored and self.request.max_tokens is None:
+            self.set_max_tokens(_typed(stored["max_tokens"], int, "max_tokens"))
+        if "think" in stored and self.request.think is None:
+            self.set_think(_typed(stored["think"], bool, "think"))
+        for kind in ("format", "schema"):
+            if kind in stored:
+                self.set_constraint(kind, _typed(stored[kind], str, kind))
+
+    def _keep_settings(self) -> None:
+        if self.conversation is not None:
+            self._store(lambda s, c: s.set_settings(c, self.settings()))
+
     def _store(self, action: Any) -> None:
         """Do a write, or give saving up (with one warning) when the database fails: the chat goes on."""
         if self.store is None:
             return
         try:
             if self.conversation is None:
-                self.conversation = self.store.new_conversation(self.loaded.name, self.system)
+                self.conversation = self.store.new_conversation(
+                    self.loaded.name, self.system, self.settings()
+                )
             action(self.store, self.conversation)
         except StoreError as exc:
             ui.warn(f"nothing more of this conversation is saved: {exc} (/save FILE still works)")
@@ -173,6 +241,9 @@ class Session:
         self._answer(fitted)
 
     def _answer(self, fitted: Fitted) -> None:
+        if self.answers and not self.interactive and not self.quiet:
+            self.out.write("\n")  # piped: one blank line between answers, so paragraphs do not run together
+        self.answers += 1
         writer = AnswerWriter(
             self.out,
             hide_reasoning=self.request.hide_reasoning,
@@ -265,6 +336,38 @@ class Session:
     def clear(self) -> None:
         self.turns, self.conversation, self.first = [], None, 0
         ui.info("a new conversation")
+
+    def context_used(self) -> int:
+        """The tokens of the context the conversation takes: the prompt its turns make (0 with none;
+        what the KV cache holds of an earlier conversation is not counted)."""
+        if not self.turns:
+            return 0
+        try:
+            return len(self._fitted(self.turns).prompt.tokens)
+        except RunnerError:
+            return self.loaded.engine.n_cached
+
+    def times(self) -> tuple[float, float]:
+        """When the conversation was created and last updated: the store's times once it is stored."""
+        if self.store is not None and self.conversation is not None:
+            try:
+                stored = self.store.load(self.conversation)
+            except StoreError:
+                stored = None
+            if stored is not None:
+                return stored.created, stored.updated
+        now = time.time()
+        return (self.turns[0].created, self.turns[-1].created) if self.turns else (now, now)
+
+
+def _typed(value: Any, kind: type | tuple[type, ...], name: str) -> Any:
+    """A stored setting of the type it must have (a hand-edited file may hold anything)."""
+    if value is None or (isinstance(value, kind) and isinstance(value, bool) == (kind is bool)):
+        return value
+    wanted = "a number"
+    if isinstance(kind, type):
+        wanted = {int: "an integer", bool: "true or false", str: "text"}.get(kind, wanted)
+    raise UsageError(f"the conversation's setting {name} must be {wanted} (got {value!r})")
 
 
 def user_turns(turns: list[StoredMessage]) -> int:

@@ -2,7 +2,8 @@
 functions over a Session, with the table of their names and help.
 
 `command` dispatches one line to its handler; a bad command or value raises UsageError (one line, and
-the chat goes on). The conversation itself (sending, /retry, /undo, /clear) is the Session's.
+the chat goes on). The conversation itself (sending, /retry, /undo, /clear) is the Session's; how its
+turns are shown again (/history, a resumed chat's recap) is here.
 Not a command itself: a helper of chat.py, as output.py and lineinput.py are.
 """
 
@@ -14,15 +15,18 @@ from pathlib import Path
 from typing import Any
 
 from runner import ui
-from runner.commands.lineinput import QUIT_HINT
-from runner.commands.output import describe_load, describe_sampling, describe_speculation, sampling_for
+from runner.commands.lineinput import MORE, PROMPT, QUIT_HINT
+from runner.commands.output import (
+    describe_load,
+    describe_model,
+    describe_sampling,
+    describe_speculation,
+)
 from runner.commands.session import Session, read_conversation, user_turns
-from runner.engine.constrain import constraint
 from runner.engine.reasoning import style_of
 from runner.engine.template import TEMPLATE_KEY
 from runner.errors import InvalidSetting, UsageError
-from runner.limits import check_answer_limits
-from runner.store import StoredConversation
+from runner.store import StoredConversation, StoredMessage
 from runner.store import to_json as conversation_json
 
 COMMANDS = {
@@ -39,7 +43,7 @@ COMMANDS = {
     "/undo": "drop the last exchange",
     "/save": "/save FILE: the conversation as JSON",
     "/load": "/load FILE: continue a conversation saved as JSON",
-    "/history": "recent conversations (runner chat --resume ID opens one)",
+    "/history": "this conversation so far; /history list: recent ones (runner chat --resume ID opens one)",
     "/edit": "write the next message in $EDITOR",
     "/bye": "quit (also /exit, Ctrl-D)",
     "/exit": "quit",
@@ -56,6 +60,8 @@ SAMPLING_PARAMS = {
     "seed": "seed",
 }
 INTEGER_PARAMS = {"top_k", "repeat_last_n", "seed"}
+RECAP_EXCHANGES = 3  # a resumed chat shows its last exchanges, each message cut to RECAP_LINES lines
+RECAP_LINES = 8
 COMMAND = re.compile(r"/[A-Za-z-]+")
 
 
@@ -80,7 +86,7 @@ def command(session: Session, line: str, source: Any) -> bool:
         "/undo": session.undo,
         "/save": lambda: _save(session, rest),
         "/load": lambda: _load(session, rest),
-        "/history": lambda: ui.echo(_history(session)),
+        "/history": lambda: _history(session, rest),
         "/edit": lambda: _edit(session, source),
     }
     if name not in handlers:
@@ -105,28 +111,25 @@ def _set(session: Session, args: str) -> None:
         session.set_system(value or None)
         ui.info(f"system message: {session.system!r}" if session.system else "no system message")
     elif param == "max-tokens":
-        max_tokens = _number(param, value, int, allow_none=True)
-        check_answer_limits(max_tokens, ())
-        session.max_tokens = max_tokens
+        session.set_max_tokens(_number(param, value, int, allow_none=True))
+        limit = session.max_tokens
+        ui.info(f"max-tokens {limit}" if limit else "max-tokens: none (answers run until the model ends)")
     elif param == "think":
         choices = {"on": True, "off": False, "default": None}
         if value.lower() not in choices:
             raise UsageError("/set think on|off|default")
-        session.think = choices[value.lower()]
+        session.set_think(choices[value.lower()])
+        ui.info(f"think {value.lower()}" + (" (the template's)" if session.think is None else ""))
     elif param in ("format", "schema"):
         off = value.lower() in ("", "none", "off")
-        session.constraint = None if off else constraint(**{param: value})
+        session.set_constraint(param, None if off else value)
         ui.info(f"answers constrained: {param} {value}" if session.constraint else "answers unconstrained")
     elif param in SAMPLING_PARAMS:
         name = SAMPLING_PARAMS[param]
         parsed = _number(param, value, int if name in INTEGER_PARAMS else float, allow_none=name == "seed")
-        overrides = {**session.overrides, name: parsed}
-        if parsed is None:
-            overrides.pop(name)
-        session.sampling, sources = sampling_for(session.loaded, overrides)  # checks the range
-        session.overrides = overrides
-        session.set_here = (session.set_here | {name}) if parsed is not None else (session.set_here - {name})
-        session.sources = {k: ("/set" if k in session.set_here else v) for k, v in sources.items()}
+        session.set_sampling(name, parsed)  # checks the range
+        now = getattr(session.sampling, name)
+        ui.info(f"{param} {'random' if now is None else now} ({session.sources[name]})")
     else:
         raise UsageError(f"/set {param}: unknown; valid: {valid}")
 
@@ -143,9 +146,9 @@ def _show(session: Session) -> str:
     dropped = user_turns(session.turns[: session.first])
     saved = f"conversation {session.conversation}" if session.conversation else "not saved yet"
     rows = [
-        ("model", f"{session.loaded.name} ({session.loaded.path})"),
-        ("load", describe_load(session.loaded)),
-        ("context", f"{engine.n_cached:,} of {engine.n_ctx:,} tokens used"),
+        ("model", describe_model(session.loaded)),
+        ("load", describe_load(session.loaded, model=False)),
+        ("context", f"{session.context_used():,} of {engine.n_ctx:,} tokens used"),
         ("turns", f"{user_turns(session.turns)} ({dropped} no longer sent to the model)"),
         (
             "system",
@@ -173,7 +176,18 @@ def _stats(session: Session) -> str:
     )
 
 
-def _history(session: Session) -> str:
+def _history(session: Session, what: str) -> None:
+    if what.lower() == "list":
+        ui.echo(_conversations(session))
+    elif what:
+        raise UsageError("/history shows this conversation; /history list the recent ones")
+    elif not session.turns:
+        ui.echo("nothing said yet in this conversation")
+    else:
+        ui.echo(transcript(session.turns))
+
+
+def _conversations(session: Session) -> str:
     if session.store is None:
         return "the conversation store is off"
     rows = session.store.summaries(limit=10)
@@ -181,18 +195,57 @@ def _history(session: Session) -> str:
         return "no conversations yet"
     return "\n".join(
         f"{s.id:>5}  {s.model}  {s.turns} turn{'s' if s.turns != 1 else ''}  "
-        f"{ui.human_since(s.updated)}  {s.first_words}"
+        f"{ui.human_when(s.updated)}  {s.first_words}"
         for s in rows
     )
+
+
+def transcript(turns: list[StoredMessage], *, lines: int | None = None) -> str:
+    """Turns as the chat showed them: a user's message after the prompt, the answer below it, a blank
+    line after each exchange; lines: each message cut to its first lines (a resumed chat's recap)."""
+
+    def shown(text: str) -> list[str]:
+        rows = text.strip("\n").split("\n")
+        if lines is not None and len(rows) > lines:
+            rows = [*rows[:lines], f"… ({len(rows) - lines} more lines: /history shows them)"]
+        return rows
+
+    out: list[str] = []
+    for message in turns:
+        if message.role == "user":
+            first, *more = shown(message.content)
+            out += [PROMPT + first, *(MORE + line for line in more)]
+        else:
+            out += [*shown(message.content), *(["(interrupted)"] if message.interrupted else []), ""]
+    return "\n".join(out).rstrip("\n")
+
+
+def recap(session: Session) -> None:
+    """A resumed chat's last exchanges, dimmed, so the user sees where they were."""
+    if not session.turns:
+        return
+    starts = [i for i, m in enumerate(session.turns) if m.role == "user"]
+    first = starts[-RECAP_EXCHANGES] if len(starts) >= RECAP_EXCHANGES else 0
+    if first:
+        earlier = user_turns(session.turns[:first])
+        ui.info(f"{earlier} earlier turn{'s' if earlier > 1 else ''}: /history shows the whole conversation")
+    ui.faint(transcript(session.turns[first:], lines=RECAP_LINES))
 
 
 def _save(session: Session, name: str) -> None:
     if not name:
         raise UsageError("/save FILE")
     path = Path(name).expanduser()
+    created, updated = session.times()
     data = conversation_json(
         StoredConversation(
-            session.conversation or 0, session.loaded.name, session.system, 0, 0, session.turns
+            session.conversation or 0,
+            session.loaded.name,
+            session.system,
+            created,
+            updated,
+            session.turns,
+            session.settings(),
         )
     )
     try:
