@@ -763,3 +763,14 @@ def test_lazy_strings_that_do_not_fill_their_bytes_fail_as_a_changed_file() -> N
     for data, n in ((good, 3), (good, 1), (good[:-1], 2), (good + b"\0", 2), (struct.pack("<Q", 99), 1)):
         with pytest.raises(GGUFError, match="the file changed"):
             list(LazyStrings(data, n))
+
+
+def test_the_vocabulary_size_is_the_token_count_else_the_architecture_key() -> None:
+    def header(metadata: dict[str, Any]) -> GGUFHeader:
+        return GGUFHeader("h", 3, {"general.architecture": "gemma3", **metadata}, (), 32, 0, None)
+
+    lazy = LazyStrings(_s("ab") * 3000, 3000)
+    assert header({"tokenizer.ggml.tokens": lazy}).vocab_size == 3000  # gemma: no gemma3.vocab_size
+    assert header({"tokenizer.ggml.tokens": ["a", "b"], "gemma3.vocab_size": 7}).vocab_size == 2
+    assert header({"gemma3.vocab_size": 7}).vocab_size == 7  # the "none" tokenizer: no token list
+    assert header({}).vocab_size is None

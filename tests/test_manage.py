@@ -6,6 +6,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import shutil
 import time
 from pathlib import Path
@@ -15,12 +16,17 @@ import pytest
 from gguf import GGMLQuantizationType, GGUFWriter
 
 from runner import ui
+from runner.commands.history import list_conversations
 from runner.commands.list import list_models
 from runner.commands.rm import remove_model
 from runner.commands.show import show_model
+from runner.engine.promptcache import DEFAULT_LIMIT
+from runner.gguf import read_header
+from runner.gguf.strings import LAZY_STRINGS, LazyStrings
 from runner.hub.catalog import load_catalog
 from runner.hub.fetch import pull
 from runner.hub.refs import resolve
+from runner.store import Store, StoredMessage
 from tests.conftest import run_cli
 from tests.fakehub import FakeHub, fake_hub_fixture, hf_env, hub_cache_dir
 
@@ -30,9 +36,17 @@ TEMPLATE = "{% for m in messages %}<|{{ m.role }}|>{{ m.content }}\n{% endfor %}
 PADDING = 4_000_000  # bytes of tensor data after the header: what a remote `show` must not fetch
 
 
-def write_gguf(path: Path, *, layers: int = 2, template: str | None = TEMPLATE, padding: int = 0) -> Path:
+def write_gguf(
+    path: Path,
+    *,
+    layers: int = 2,
+    template: str | None = TEMPLATE,
+    padding: int = 0,
+    arch: str = "llama",
+    vocab: int = 256,
+) -> Path:
     """A llama-like GGUF: real metadata, a 256-token vocabulary, Q8_0 matrices and F32 norms."""
-    w = GGUFWriter(str(path), "llama")
+    w = GGUFWriter(str(path), arch)
     w.add_name("Tiny Test")
     w.add_license("mit")
     w.add_context_length(4096)
@@ -41,11 +55,11 @@ def write_gguf(path: Path, *, layers: int = 2, template: str | None = TEMPLATE, 
     w.add_head_count(4)
     w.add_head_count_kv(2)
     w.add_tokenizer_model("llama")
-    w.add_token_list([f"t{i}" for i in range(256)])
+    w.add_token_list([f"t{i}" for i in range(vocab)])
     if template is not None:
         w.add_chat_template(template)
     q8 = GGMLQuantizationType.Q8_0
-    w.add_tensor("token_embd.weight", np.zeros((256, 2 * 34), dtype=np.uint8), raw_dtype=q8)  # 256 x 64
+    w.add_tensor("token_embd.weight", np.zeros((vocab, 2 * 34), dtype=np.uint8), raw_dtype=q8)  # vocab x 64
     for i in range(layers):
         w.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(64, dtype=np.float32))
         w.add_tensor(f"blk.{i}.attn_q.weight", np.zeros((64, 2 * 34), dtype=np.uint8), raw_dtype=q8)
@@ -166,6 +180,10 @@ def test_list_shows_each_model_once_split_ones_summed_and_no_mmproj(
     }
     assert Path(q4["path"]).read_bytes() == files["q4"].read_bytes()
     assert rows(cli(fake_hub, "list").stdout)[0][3] == "3 days ago"
+    used = time.time()  # read just now: today, with the time
+    os.utime(shards[0], (used, shards[0].stat().st_mtime))
+    assert rows(cli(fake_hub, "list").stdout)[0][3] == ui.human_when(used)
+    assert re.fullmatch(r"(today|yesterday) \d\d:\d\d", ui.human_when(used))  # yesterday: past midnight
 
 
 def test_list_names_catalog_models_by_alias_and_other_revisions_by_commit(
@@ -216,9 +234,41 @@ def test_a_table_on_a_terminal_has_a_header_and_aligned_columns() -> None:
     ]
 
 
-def _plain(text: str) -> str:
-    import re
+def test_history_shows_the_time_of_a_conversation_updated_today() -> None:
+    store = Store.open()
+    try:
+        cid = store.new_conversation("smollm2", None)
+        store.add_message(cid, StoredMessage("user", "What is the sea?"))
+        (summary,) = store.summaries()
+    finally:
+        store.close()
+    out = io.StringIO()
+    list_conversations(out=out)
+    assert rows(out.getvalue().encode()) == [
+        [str(cid), "smollm2", "1", ui.human_when(summary.updated), "What is the sea?"]
+    ]
+    assert re.fullmatch(r"(today|yesterday) \d\d:\d\d", ui.human_when(summary.updated))
 
+
+def test_cache_sizes_are_in_the_units_fit_prints(home: Path) -> None:
+    prompts = home / "cache" / "prompts"
+    prompts.mkdir(parents=True)
+    (prompts / "a.kv").write_bytes(b"\0" * 1_234_567)
+    (prompts / "b.kv").write_bytes(b"\0" * 500)
+    shown = run_cli("cache")
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.decode().splitlines() == [
+        str(prompts),
+        f"2 entries, {ui.human_bytes(1_235_067)} (limit {ui.human_bytes(DEFAULT_LIMIT)} unless "
+        "--prompt-cache-size says otherwise)",
+    ]
+    assert ui.human_bytes(DEFAULT_LIMIT) == "2.0 GB"  # as `runner fit` prints sizes: decimal units
+    (prompts / "a.kv").unlink()
+    cleared = run_cli("cache", "--clear")
+    assert cleared.stdout.decode() == "removed 1 prompt cache entry (500 B)\n"
+
+
+def _plain(text: str) -> str:
     return re.sub(r"\x1b\[[0-9;]*m", "", text)
 
 
@@ -314,6 +364,19 @@ def test_show_offline_without_a_cached_copy_says_so(fake_hub: FakeHub, files: di
             "(HF_HUB_OFFLINE / --offline)\n"
         )
     assert fake_hub.log == []
+
+
+def test_show_counts_the_tokens_of_a_file_without_the_architecture_vocab_size(tmp_path: Path) -> None:
+    """gemma's GGUF files have no gemma3.vocab_size key: the size is the token list's length, however
+    long (a list of LAZY_STRINGS or more is read as a LazyStrings, not a list)."""
+    path = write_gguf(tmp_path / "gemma-3-tiny-Q8_0.gguf", arch="gemma3", vocab=LAZY_STRINGS + 6)
+    header = read_header(path)
+    assert "gemma3.vocab_size" not in header.metadata
+    assert isinstance(header.get("tokenizer.ggml.tokens"), LazyStrings)
+    done = run_cli("show", str(path))
+    assert done.returncode == 0, done.stderr
+    assert f"vocabulary     {LAZY_STRINGS + 6} tokens" in done.stdout.decode().splitlines()
+    assert json.loads(run_cli("show", str(path), "--json").stdout)["vocab_size"] == LAZY_STRINGS + 6
 
 
 def test_show_the_real_smollm2(smollm2_path: Path) -> None:

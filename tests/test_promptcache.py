@@ -255,3 +255,12 @@ def test_a_full_disk_turns_the_cache_off_with_one_warning(
     monkeypatch.setattr(promptcache.os, "replace", real_write)
     engine.reset()
     assert cache.restore(engine, [*head, 13]).loaded_tokens == 0
+
+
+def test_the_size_limit_reads_decimal_units_as_runner_prints_them() -> None:
+    from runner.engine.promptcache import parse_size
+
+    assert parse_size("500M") == parse_size("500MB") == 500_000_000
+    assert parse_size("2G") == promptcache.DEFAULT_LIMIT == 2_000_000_000
+    assert parse_size("1KiB") == 1024 and parse_size("3GiB") == 3 << 30
+    assert parse_size("1.5k") == 1500 and parse_size("42") == 42

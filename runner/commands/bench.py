@@ -4,7 +4,8 @@ pp512 and tg128 as llama-bench defines them: 512 prompt tokens evaluated from an
 128 tokens generated one at a time (greedy, end-of-text ignored), both through runner's Engine
 (prefill, generate_step). TTFT of a short chat prompt; end to end, `runner run` as a process (start-up
 and load included); aggregate throughput of 16 prompts at --parallel 1, 4 and 16
-(runner.engine.batch). Medians of --repetitions runs.
+(runner.engine.batch). Medians of --repetitions runs, and a warning when they disagree beyond the
+noise. A bar on a terminal's stderr shows the step under way.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from typing import Any, TextIO
 
 from runner import ui
@@ -31,24 +33,73 @@ PP, TG = 512, 128
 PARALLEL = (1, 4, 16)
 BATCH_PROMPTS, BATCH_TOKENS, BATCH_CTX = 16, 32, 512
 GREEDY = SamplingConfig(temperature=0)
+# Repetitions further apart than this ((slowest - fastest) / median) disagree beyond the noise: on an
+# idle 2-core machine the figures swing by +-5% from run to run (docs/speed.md); 20% is something else.
+NOISE = 0.2
 
 
 def bench(
     model: str, *, out: TextIO, as_json: bool, repetitions: int = 3, threads: int | None = None
 ) -> None:
     check_range(repetitions, "--repetitions", 1, 100)
-    loaded = open_model(model, ctx=PP + TG + 64, threads=threads)
-    try:
-        ui.info(f"benchmarking {describe_load(loaded)}")
-        figures = _single(loaded, repetitions)
-    finally:
-        loaded.close()
-    figures["end_to_end"] = _end_to_end(model, repetitions)
-    figures["parallel"] = {str(n): _parallel(model, n, threads) for n in PARALLEL}
+    steps = 1 + 4 * repetitions + len(PARALLEL)  # the load, pp/tg/TTFT and end to end each time, batches
+    with ui.steps_progress("bench", steps, enabled=ui.stderr_is_tty()) as step:
+        step("loading the model")
+        loaded = open_model(model, ctx=PP + TG + 64, threads=threads)
+        try:
+            ui.info(f"benchmarking {describe_load(loaded)}")
+            samples = _single(loaded, repetitions, step)
+        finally:
+            loaded.close()
+        samples["end_to_end"], rates = _end_to_end(model, repetitions, step)
+        parallel = {str(n): _parallel(model, n, threads, step) for n in PARALLEL}
+    figures = summarize(samples, rates)
+    figures["parallel"] = parallel
     figures["model"] = loaded.name
     if as_json:
         out.write(json.dumps(figures, indent=2) + "\n")
-        return
+    else:
+        _table(figures, out)
+    warning = disagreement(figures["spread"])
+    if warning:
+        ui.warn(warning)
+
+
+def summarize(samples: dict[str, list[float]], rates: list[float]) -> dict[str, Any]:
+    """The medians of each test's repetitions and how far apart they were (spread, unsteady)."""
+    spread = spreads(samples)
+    return {
+        "pp_tokens_per_s": round(statistics.median(samples[f"pp{PP}"]), 2),
+        "tg_tokens_per_s": round(statistics.median(samples[f"tg{TG}"]), 2),
+        "ttft_s": round(statistics.median(samples["ttft"]), 4),
+        "end_to_end": {
+            "wall_s": round(statistics.median(samples["end_to_end"]), 3),
+            "tokens_per_s": round(statistics.median(rates), 2),
+        },
+        "spread": spread,
+        "unsteady": [name for name, s in spread.items() if s > NOISE],
+    }
+
+
+def spreads(samples: dict[str, list[float]]) -> dict[str, float]:
+    """Each test's (slowest - fastest) / median over its repetitions; none from a single run."""
+    return {
+        name: round((max(v) - min(v)) / statistics.median(v), 3) for name, v in samples.items() if len(v) > 1
+    }
+
+
+def disagreement(spread: dict[str, float]) -> str | None:
+    """One line naming the tests whose repetitions disagree beyond the noise; None when none does."""
+    wide = [f"{name} by {s:.0%}" for name, s in spread.items() if s > NOISE]
+    if not wide:
+        return None
+    return (
+        f"the repetitions disagree beyond the noise ({', '.join(wide)}; over {NOISE:.0%} is not noise): "
+        "something else was using the machine, so the medians may be off; run it again when idle"
+    )
+
+
+def _table(figures: dict[str, Any], out: TextIO) -> None:
     e2e = figures["end_to_end"]
     rows = [
         (f"pp{PP}", f"{figures['pp_tokens_per_s']:.1f} tok/s"),
@@ -63,16 +114,24 @@ def bench(
     ui.table_to(out, ("TEST", "RESULT"), rows, right={"RESULT"})
 
 
-def _single(loaded: LoadedModel, repetitions: int) -> dict[str, Any]:
+def _single(loaded: LoadedModel, repetitions: int, step: Callable[[str], None]) -> dict[str, list[float]]:
+    """pp, tg and TTFT of each repetition, interleaved."""
     engine = loaded.engine
     rng = random.Random(0)
-    pp, tg, ttft = [], [], []
-    for _ in range(repetitions):
+    chat = render_prompt(engine, loaded.header, [Message("user", "Hello! Who are you?")], quiet=True)
+    engine.generate(chat.tokens, GREEDY, max_tokens=1)  # a warm-up first, as llama-bench does
+    pp: list[float] = []
+    tg: list[float] = []
+    ttft: list[float] = []
+    for i in range(1, repetitions + 1):
+        of = f"({i} of {repetitions})"
+        step(f"pp{PP} {of}")
         engine.reset()
         tokens = [rng.randrange(engine.n_vocab) for _ in range(PP)]  # as llama-bench: random tokens
         start = time.perf_counter()
         engine.prefill(tokens)
         pp.append(PP / (time.perf_counter() - start))
+        step(f"tg{TG} {of}")
         engine.reset()
         steps = engine.generate_step([rng.randrange(engine.n_vocab)], GREEDY)
         next(steps)  # the one-token prompt, evaluated
@@ -81,19 +140,17 @@ def _single(loaded: LoadedModel, repetitions: int) -> dict[str, Any]:
             next(steps)
         tg.append(TG / (time.perf_counter() - start))
         steps.close()
+        step(f"TTFT {of}")
         engine.reset()
-        prompt = render_prompt(engine, loaded.header, [Message("user", "Hello! Who are you?")], quiet=True)
-        ttft.append(engine.generate(prompt.tokens, GREEDY, max_tokens=1).timings.ttft_s)
-    return {
-        "pp_tokens_per_s": round(statistics.median(pp), 2),
-        "tg_tokens_per_s": round(statistics.median(tg), 2),
-        "ttft_s": round(statistics.median(ttft), 4),
-    }
+        ttft.append(engine.generate(chat.tokens, GREEDY, max_tokens=1).timings.ttft_s)
+    return {f"pp{PP}": pp, f"tg{TG}": tg, "ttft": ttft}
 
 
-def _end_to_end(model: str, repetitions: int) -> dict[str, float]:
+def _end_to_end(model: str, repetitions: int, step: Callable[[str], None]) -> tuple[list[float], list[float]]:
+    """Wall time and tok/s of each `runner run`, a process of its own."""
     walls, rates = [], []
-    for _ in range(repetitions):
+    for i in range(1, repetitions + 1):
+        step(f"runner run, end to end ({i} of {repetitions})")
         cmd = [sys.executable, "-m", "runner", "run", model, "Write one sentence about the sea.", "--json"]
         start = time.perf_counter()
         done = subprocess.run(
@@ -104,12 +161,13 @@ def _end_to_end(model: str, repetitions: int) -> dict[str, float]:
             raise RunnerError(f"runner run failed: {done.stderr.decode(errors='replace').strip()}")
         walls.append(wall)
         rates.append(json.loads(done.stdout)["usage"]["completion_tokens"] / wall)
-    return {"wall_s": round(statistics.median(walls), 3), "tokens_per_s": round(statistics.median(rates), 2)}
+    return walls, rates
 
 
-def _parallel(model: str, n: int, threads: int | None) -> float | None:
+def _parallel(model: str, n: int, threads: int | None, step: Callable[[str], None]) -> float | None:
     """Aggregate tok/s of BATCH_PROMPTS prompts, n decoded at once (each a BATCH_CTX context), as
     the planner loads them; None when n sequences do not fit."""
+    step(f"--parallel {n}, {BATCH_PROMPTS} prompts")
     questions = [f"Tell me a fact about the number {i}." for i in range(BATCH_PROMPTS)]
     try:
         loaded = open_model(model, ctx=BATCH_CTX, parallel=n, threads=threads)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from typing import TextIO
 
+from runner import ui
 from runner.engine import promptcache
 
 
@@ -15,12 +16,11 @@ def show_cache(*, clear: bool, as_json: bool, out: TextIO) -> None:
         key = "removed" if clear else "entries"
         out.write(json.dumps({"path": str(path), key: entries, "bytes": size}) + "\n")
         return
+    noun = "entry" if entries == 1 else "entries"
     if clear:
-        out.write(
-            f"removed {entries} prompt cache entr{'y' if entries == 1 else 'ies'} ({size / 1e6:,.1f} MB)\n"
-        )
+        out.write(f"removed {entries} prompt cache {noun} ({ui.human_bytes(size)})\n")
         return
     out.write(
-        f"{path}\n{entries} entr{'y' if entries == 1 else 'ies'}, {size / 1e6:,.1f} MB "
-        f"(limit {promptcache.DEFAULT_LIMIT >> 30} GiB unless --prompt-cache-size says otherwise)\n"
+        f"{path}\n{entries} {noun}, {ui.human_bytes(size)} "
+        f"(limit {ui.human_bytes(promptcache.DEFAULT_LIMIT)} unless --prompt-cache-size says otherwise)\n"
     )

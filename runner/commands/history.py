@@ -44,7 +44,7 @@ def list_conversations(*, out: TextIO, as_json: bool = False, limit: int | None 
     if not rows:
         ui.info("no conversations yet; runner chat starts one")
         return
-    table = [(str(s.id), s.model, str(s.turns), ui.human_since(s.updated), s.first_words) for s in rows]
+    table = [(str(s.id), s.model, str(s.turns), ui.human_when(s.updated), s.first_words) for s in rows]
     ui.table_to(out, COLUMNS, table, right={"ID", "TURNS"})
 
 

@@ -20,7 +20,7 @@ def list_models(*, out: TextIO, as_json: bool = False) -> None:
         out.write(json.dumps([m.to_json() for m in models], indent=2) + "\n")
     elif models:
         rows = [
-            (m.reference, m.quant or "?", ui.human_bytes(m.size_bytes), ui.human_since(m.last_used))
+            (m.reference, m.quant or "?", ui.human_bytes(m.size_bytes), ui.human_when(m.last_used))
             for m in models
         ]
         ui.table_to(out, COLUMNS, rows, right={"SIZE"})

@@ -47,7 +47,6 @@ def show_model(
 
 def summarize(header: GGUFHeader, *, display: str, file: str, size: int) -> dict[str, Any]:
     """What `show --json` prints, from one header for the whole model (every shard's tensors)."""
-    tokens = header.get("tokenizer.ggml.tokens")
     heads = header.arch_get("attention.head_count")
     template = header.get(TEMPLATE_KEY)
     return {
@@ -62,7 +61,7 @@ def summarize(header: GGUFHeader, *, display: str, file: str, size: int) -> dict
         "heads": heads,
         "kv_heads": header.arch_get("attention.head_count_kv", heads),
         "embedding_length": header.arch_get("embedding_length"),
-        "vocab_size": len(tokens) if isinstance(tokens, list) else header.arch_get("vocab_size"),
+        "vocab_size": header.vocab_size,
         "license": header.get("general.license"),
         "size_bytes": size,
         "chat_template": template if isinstance(template, str) else None,

@@ -41,7 +41,7 @@ _HEAD = struct.Struct("<8sII")  # magic, version, JSON length
 # 0.2, 0.4, 1.5 and 6.0 s, so any head pays once it is used again; the floor keeps the few-token heads
 # of plain one-shot prompts (a template's system line) from writing an entry per call for ~0.1 s.
 MIN_HEAD = 64
-DEFAULT_LIMIT = 2 << 30  # bytes on disk (--prompt-cache-size)
+DEFAULT_LIMIT = 2_000_000_000  # bytes on disk (--prompt-cache-size): 2 GB, as runner prints sizes
 
 
 @dataclass(frozen=True)
@@ -77,12 +77,15 @@ def folder() -> Path:
 
 
 def parse_size(text: str) -> int:
-    """--prompt-cache-size: bytes, or a number with K, M, G (powers of 1024; B and iB optional)."""
-    value = text.strip().upper().removesuffix("B").removesuffix("I")
+    """--prompt-cache-size: bytes, or a number with K, M, G, T in decimal units as runner prints sizes
+    (500M = 500,000,000 bytes; B optional), or KiB, MiB, GiB, TiB in powers of 1024."""
+    value = text.strip().upper().removesuffix("B")
     scale = 1
-    for suffix, factor in (("K", 1 << 10), ("M", 1 << 20), ("G", 1 << 30), ("T", 1 << 40)):
+    binary = value.endswith("I")
+    value = value.removesuffix("I")
+    for power, suffix in enumerate("KMGT", start=1):
         if value.endswith(suffix):
-            value, scale = value[:-1], factor
+            value, scale = value[:-1], (1 << 10 * power) if binary else 10 ** (3 * power)
             break
     try:
         number = float(value)

@@ -107,6 +107,17 @@ class GGUFHeader:
         return self.metadata.get(f"{self.architecture}.{suffix}", default)
 
     @property
+    def vocab_size(self) -> int | None:
+        """How many tokens the vocabulary has: its token list's length (what llama.cpp counts; a long
+        list is a LazyStrings, whose len() decodes nothing), else {arch}.vocab_size, which some
+        architectures' files (gemma) leave out; None when the header says neither."""
+        tokens = self.metadata.get("tokenizer.ggml.tokens")
+        if tokens:
+            return len(tokens)
+        size = self.arch_get("vocab_size")
+        return None if size is None else int(size)
+
+    @property
     def data_size(self) -> int:
         """Where the last tensor's data ends, relative to data_offset."""
         return max((t.offset + t.nbytes for t in self.tensors), default=0)

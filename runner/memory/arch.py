@@ -117,7 +117,7 @@ class Hparams:
 
 
 def hparams_from_header(header: Any) -> Hparams:
-    """Hparams from a runner.gguf.GGUFHeader (or anything with its get/arch_get/tensors)."""
+    """Hparams from a runner.gguf.GGUFHeader (or anything with its get/arch_get/tensors/vocab_size)."""
     arch = header.architecture or ""
     g = header.arch_get
     n_layer = int(g("block_count", 0))
@@ -126,7 +126,7 @@ def hparams_from_header(header: Any) -> Hparams:
     tok = header.tensor("token_embd.weight")
     out = header.tensor("output.weight") or tok
     tokens = header.get("tokenizer.ggml.tokens")
-    n_vocab = len(tokens) if tokens is not None else int(g("vocab_size", tok.shape[1] if tok else 0))
+    n_vocab = header.vocab_size or (tok.shape[1] if tok else 0)
     n_vocab_out = out.shape[1] if out is not None and len(out.shape) > 1 else n_vocab
 
     n_head = _per_layer(g("attention.head_count"), n_layer)
