@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from runner import ui
+from runner.engine.context import CTX_PAD
 from runner.engine.engine import Engine
 from runner.engine.speculate import SPEC_DRAFT, draft_mismatch
 from runner.engine.template import TEMPLATE_KEY, compile_ahead
@@ -46,9 +47,27 @@ DEFAULT_BATCH_CTX = 2048  # each sequence's context in a batch without --ctx: pr
 
 
 def total_ctx(ctx: int | None, n_seq: int) -> int | None:
-    """The context to plan for: with n_seq > 1 sequences (a batch, fit --parallel) --ctx is each one's
-    (default DEFAULT_BATCH_CTX), n_seq of them in all; else --ctx as given."""
-    return (ctx or DEFAULT_BATCH_CTX) * n_seq if n_seq > 1 else ctx
+    """The context to plan for. --ctx is each sequence's in every command: with n_seq > 1 (a batch,
+    fit --parallel) n_seq of them (default DEFAULT_BATCH_CTX each, padded as llama.cpp pads one
+    sequence's, so each gets what one would); else --ctx as given."""
+    if n_seq == 1:
+        return ctx
+    return -(-(ctx or DEFAULT_BATCH_CTX) // CTX_PAD) * CTX_PAD * n_seq
+
+
+def setting_warnings(header: GGUFHeader, here: Machine, *, ctx: int | None) -> list[str]:
+    """What every command that plans a load (run, chat, fit) says about the same settings on this
+    machine, whether it fits or not: a --ctx past the trained context, a GPU this build cannot use."""
+    out = []
+    trained = trained_context(header)
+    if ctx is not None and trained is not None and ctx > trained:
+        out.append(
+            f"--ctx {ctx:,} is beyond the {trained:,} tokens this model was trained on; answers may degrade"
+        )
+    hint = here.reinstall_hint()
+    if hint:
+        out.append(f"this llama.cpp build cannot use the {here.gpus[0].name}; for a GPU build: {hint}")
+    return out
 
 
 @dataclass
@@ -115,15 +134,9 @@ def plan_for(
     `parallel` sequences share the context (a batch); with `most_parallel`, the most up to that
     which fit (halving), as the plan's n_seq.
     """
-    trained = trained_context(header)
-    if ctx is not None and trained is not None and ctx > trained:
-        ui.warn(
-            f"--ctx {ctx} is beyond the {trained:,} tokens this model was trained on; answers may degrade"
-        )
     here = machine()
-    hint = here.reinstall_hint()
-    if hint:
-        ui.warn(f"this llama.cpp build cannot use the {here.gpus[0].name}; for a GPU build: {hint}")
+    for warning in setting_warnings(header, here, ctx=ctx):
+        ui.warn(warning)
 
     def asking(n: int) -> dict[str, Any]:
         return dict(
@@ -202,8 +215,12 @@ def describe_refusal(name: str, plan: Plan, smaller_quants: list[str] | None = N
     where = "on the GPU" if plan.n_gpu_layers else "in RAM"
     tries = list(plan.alternatives) + [f"a smaller quant: {q}" for q in smaller_quants or []]
     options = "; try " + " or ".join(tries) if tries else ""
+    per_seq = plan.n_ctx // plan.n_seq  # what --ctx gives, in every command
+    context = f"a {per_seq:,}-token context" + (
+        f" for each of {plan.n_seq} sequences" if plan.n_seq > 1 else ""
+    )
     return (
-        f"{name} does not fit {where} at a {plan.n_ctx:,}-token context ({', '.join(short)}){options}; "
+        f"{name} does not fit {where} at {context} ({', '.join(short)}){options}; "
         "`runner fit` shows the whole estimate, --force loads it anyway"
     )
 

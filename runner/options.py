@@ -75,7 +75,8 @@ Stop = Annotated[
 Ctx = Annotated[
     Optional[int],
     typer.Option(
-        help="Context window in tokens [default: the most that fits, up to the trained context and 8192]",
+        help="Each sequence's context window in tokens, padded to a multiple of 256 [default: the most "
+        "that fits, up to the trained context and 8192; 2048 per sequence in a batch]",
         rich_help_panel=LIMITS,
         show_default=False,
     ),
@@ -159,7 +160,8 @@ InputFile = Annotated[
     Optional[Path],
     typer.Option(
         "--input",
-        help="A JSONL file of prompts: prompt, and optional system, id, max_tokens, schema, sampling fields",
+        help="A JSONL file of prompts: prompt, and optional system, id, max_tokens, schema, sampling fields "
+        "(PROMPT, if given, is a template: {} is each prompt)",
         rich_help_panel=BATCH,
         show_default=False,
     ),

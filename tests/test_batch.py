@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -197,6 +198,9 @@ def test_jsonl_input_fields_and_bad_lines(smollm2_path: Path, tmp_path: Path) ->
         (["Translate", "--each-line"], "put {} where each line goes"),
         (["--each-line", "--input", "x.jsonl"], "choose one"),
         (["--input", "/no/such.jsonl"], "cannot read /no/such.jsonl"),
+        # a missing file is named first, whatever PROMPT says: the user never typed --each-line
+        (["hi", "--input", "/no/such.jsonl"], "--input: cannot read /no/such.jsonl: No such file"),
+        (["Say {}", "--input", "/no/such.jsonl"], "--input: cannot read /no/such.jsonl: No such file"),
     ],
 )
 def test_bad_batch_usage_is_one_line_and_exit_2(smollm2_path: Path, args: list[str], words: str) -> None:
@@ -204,6 +208,56 @@ def test_bad_batch_usage_is_one_line_and_exit_2(smollm2_path: Path, args: list[s
     assert done.returncode == 2
     lines = done.stderr.decode().strip().splitlines()
     assert len(lines) == 1 and words in lines[0], lines
+
+
+def test_a_prompt_beside_input_is_a_template_for_each_prompt(smollm2_path: Path, tmp_path: Path) -> None:
+    path = tmp_path / "in.jsonl"
+    path.write_text('{"prompt": "cat"}\n{"prompt": "dog"}\n')
+    bare = run_cli("run", str(smollm2_path), "hi", "--input", str(path))
+    assert bare.returncode == 2 and bare.stdout == b""
+    err = bare.stderr.decode().strip()
+    assert "--each-line" not in err and len(err.splitlines()) == 1
+    assert err == (
+        'runner: error: --input takes a JSONL file, one {"prompt": …} object per line; PROMPT beside it '
+        "is a template: put {} where each prompt goes, or leave PROMPT out"
+    )
+
+    def prompt_tokens(*template: str) -> list[int]:
+        done = run_cli(
+            "run", str(smollm2_path), *template, "--input", str(path), "--jsonl", "--max-tokens", "1"
+        )
+        assert done.returncode == 0, done.stderr
+        return [json.loads(line)["usage"]["prompt_tokens"] for line in done.stdout.decode().splitlines()]
+
+    plain, templated = prompt_tokens(), prompt_tokens("Translate to French: {}")
+    assert all(t > p for t, p in zip(templated, plain, strict=True))  # not silently ignored
+
+
+def test_a_prompt_too_long_for_its_sequence_gets_a_per_sequence_ctx_that_runs(smollm2_path: Path) -> None:
+    # --ctx is each sequence's, as in every command: the advice is one, and following it works
+    # without tripping the trained-context warning
+    lines = ("word " * 400).strip() + "\n" + ("word " * 9000).strip() + "\n"
+    args = ["run", str(smollm2_path), "Repeat: {}", "--each-line", "--jsonl", "--max-tokens", "8"]
+    done = run_cli(*args, "--ctx", "256", "--parallel", "2", input=lines.encode())
+    assert done.returncode == 2, done.stderr
+    first, second = (json.loads(line)["error"] for line in done.stdout.decode().splitlines())
+    found = re.fullmatch(
+        r"line 1: the prompt is ([\d,]+) tokens, more than a sequence's context of 256; "
+        r"use --ctx (\d+) or more",
+        first,
+    )
+    assert found, first
+    n, ctx = int(found[1].replace(",", "")), int(found[2])
+    assert ctx == -(-(n + 8) // 256) * 256 <= 8192  # room for the answer, within the trained context
+    assert re.fullmatch(
+        r"line 2: the prompt is [\d,]+ tokens, more than this model's trained context of 8,192 allows "
+        r"with room for an answer; shorten it",
+        second,
+    ), second
+    again = run_cli(*args, "--ctx", str(ctx), "--parallel", "2", input=lines.encode())
+    records = [json.loads(line) for line in again.stdout.decode().splitlines()]
+    assert "text" in records[0] and "error" in records[1], records
+    assert "warning" not in again.stderr.decode(), again.stderr
 
 
 def test_the_plan_lowers_parallel_to_what_fits(smollm2_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -404,3 +404,69 @@ def test_a_model_without_a_tokenizer_gets_exit_2_not_an_abort(tmp_path: Path) ->
     done = run_cli("run", str(path), "hi", "--raw", "--max-tokens", "3")
     assert done.returncode == 2, done.stderr
     assert b"has no tokenizer" in done.stderr and b"Traceback" not in done.stderr and done.stdout == b""
+
+
+def test_bench_says_when_its_repetitions_disagree_beyond_the_noise() -> None:
+    from runner.commands.bench import NOISE, disagreement, spreads, summarize
+
+    samples = {
+        "pp512": [100.0, 104.0, 98.0],
+        "tg128": [50.0, 20.0, 50.0],  # one run while something else used the machine
+        "ttft": [0.05, 0.05, 0.05],
+        "end_to_end": [2.0, 2.2, 1.9],
+    }
+    assert spreads(samples) == {"pp512": 0.06, "tg128": 0.6, "ttft": 0.0, "end_to_end": 0.15}
+    figures = summarize(samples, rates=[10.0, 12.0, 11.0])
+    assert (figures["tg_tokens_per_s"], figures["end_to_end"]) == (
+        50.0,
+        {"wall_s": 2.0, "tokens_per_s": 11.0},
+    )
+    assert figures["spread"] == spreads(samples) and figures["unsteady"] == ["tg128"]
+    warning = disagreement(figures["spread"])
+    assert warning is not None and "tg128 by 60%" in warning and "pp512" not in warning
+    assert f"over {NOISE:.0%} is not noise" in warning
+    assert disagreement(spreads({"pp512": [100.0, 104.0, 98.0]})) is None
+    single = summarize({name: v[:1] for name, v in samples.items()}, rates=[10.0])
+    assert (single["spread"], single["unsteady"]) == ({}, [])  # one run: nothing to compare
+
+
+def _stderr_until(args: list[str], wanted: bytes, *, terminal: bool, then: float = 0) -> bytes:
+    """`runner ARGS`'s stderr (a pty or a pipe) until it shows wanted (and `then` seconds more) or the
+    process ends; then Ctrl-C."""
+    import select
+
+    leader, follower = pty.openpty() if terminal else os.pipe()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "runner", *args],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=follower,
+    )
+    os.close(follower)
+    seen, found, end = b"", False, time.monotonic() + 180
+    try:
+        while time.monotonic() < end:
+            if select.select([leader], [], [], 1)[0]:
+                chunk = os.read(leader, 4096)
+                if not chunk:
+                    break
+                seen += chunk
+            if not found and wanted in seen:
+                found, end = True, time.monotonic() + then
+    except OSError:  # the pty closed: the process ended
+        pass
+    finally:
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=60)
+        os.close(leader)
+    assert out == b""  # stdout waits for the figures
+    return seen
+
+
+def test_bench_shows_its_progress_on_a_terminal_and_nothing_in_a_pipe() -> None:
+    args = ["bench", "smollm2", "--repetitions", "2"]
+    shown = _stderr_until(args, b"tg128 (1 of 2)", terminal=True)
+    assert b"loading the model" in shown and b"pp512 (1 of 2)" in shown  # each step as it starts
+    assert b"tg128 (1 of 2)" in shown and b"2/12" in shown  # the load and pp512 done, of 1 + 4 x 2 + 3
+    piped = _stderr_until(args, b"benchmarking", terminal=False, then=3)  # a bar would be drawn by now
+    assert piped.decode().startswith("runner: benchmarking smollm2") and len(piped.splitlines()) == 1

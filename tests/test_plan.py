@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from runner import ui
 from runner.errors import InvalidSetting, WontFit
 from runner.gguf import read_header
 from runner.loader import plan_for
@@ -379,5 +380,75 @@ def test_fit_parallel_counts_each_sequence_s_context(smollm2_path: Path) -> None
     one = json.loads(run_cli("fit", str(smollm2_path), "--ctx", "1024", "--json").stdout)
     four = json.loads(run_cli("fit", str(smollm2_path), "--ctx", "1024", "--parallel", "4", "--json").stdout)
     assert (one["ctx"], one["parallel"]) == (1024, 1)
-    assert (four["ctx"], four["parallel"]) == (4096, 4)
+    assert (four["ctx"], four["parallel"]) == (1024, 4)  # "ctx" is each sequence's, as --ctx is
     assert four["estimate"]["kv_bytes"] == 4 * one["estimate"]["kv_bytes"]
+    # each sequence padded as one alone is: --ctx 1000 gives every sequence 1,024 cells
+    padded = json.loads(
+        run_cli("fit", str(smollm2_path), "--ctx", "1000", "--parallel", "4", "--json").stdout
+    )
+    assert padded["ctx"] == 1024 and padded["estimate"]["kv_bytes"] == four["estimate"]["kv_bytes"]
+
+
+def test_fit_says_what_run_says_of_a_context_beyond_the_trained_one(smollm2_path: Path) -> None:
+    fit = run_cli("fit", str(smollm2_path), "--ctx", "16000")
+    run = run_cli("run", str(smollm2_path), "hi", "--ctx", "16000", "--max-tokens", "1")
+    assert fit.returncode == 0 and run.returncode == 0, (fit.stderr, run.stderr)
+
+    def warnings(done) -> list[str]:
+        return [line for line in done.stderr.decode().splitlines() if line.startswith("runner: warning:")]
+
+    beyond = "--ctx 16,000 is beyond the 8,192 tokens this model was trained on; answers may degrade"
+    assert warnings(fit) == warnings(run) == [f"runner: warning: {beyond}"]
+    # what llama.cpp makes of it is said too: not a silent 16,128
+    assert "16,128 tokens (--ctx 16,000 padded to a multiple of 256; trained 8,192)" in fit.stdout.decode()
+    report = json.loads(run_cli("fit", str(smollm2_path), "--ctx", "16000", "--json").stdout)
+    assert report["warnings"] == [beyond]
+
+
+def _bytes(cell: str) -> tuple[float, float]:
+    """A table cell's first size, in bytes, and how far its rounding may be off."""
+    value, unit = cell.split()[:2]
+    scale = 1000 ** ["B", "KB", "MB", "GB", "TB"].index(unit)
+    return float(value) * scale, (0.5 if unit == "B" else 0.05) * scale
+
+
+@pytest.mark.parametrize("name", ["gemma3", "bigvocab"])
+def test_fit_table_parts_add_up_to_what_each_device_needs(tmp_path: Path, name: str) -> None:
+    import synth
+
+    path = synth.write_model(tmp_path / f"{name}.gguf", synth.SPECS[name])
+    done = run_cli("fit", str(path))
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.decode().splitlines()
+    head = next(i for i, line in enumerate(lines) if line.startswith("device"))
+    columns = re.split(r"  +", lines[head])
+    assert columns[:7] == ["device", "weights", "KV cache", "compute", "output", "other", "needs"]
+    row = dict(zip(columns, re.split(r"  +", lines[head + 1]), strict=False))
+    parts = [_bytes(row[c]) for c in ("weights", "KV cache", "compute", "output", "other")]
+    needs, off = _bytes(row["needs"])
+    assert abs(sum(p for p, _ in parts) - needs) <= off + sum(e for _, e in parts), row
+    report = json.loads(run_cli("fit", str(path), "--json").stdout)
+    cpu = report["devices"][0]
+    kinds = ("weights_bytes", "kv_bytes", "compute_bytes", "output_bytes", "other_bytes")
+    assert sum(cpu[k] for k in kinds) == cpu["total_bytes"]
+    if name == "bigvocab":  # a 200k vocabulary's logits: a large compute buffer, little of it held
+        assert cpu["compute_bytes"] < cpu["compute_reserved_bytes"] / 10
+        assert row["compute"].endswith(f" of {ui.human_bytes(cpu['compute_reserved_bytes'])}"), row
+
+
+def test_a_batch_that_will_not_fit_is_told_its_context_per_sequence(
+    header, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from runner.memory import devices
+
+    machine = cpu_machine(room_for(header, 4 * 4096, n_seq=4))  # four sequences of 4096, not 8192
+    monkeypatch.setattr(devices, "probe", lambda **_: machine)
+    with pytest.raises(WontFit) as refused:
+        plan_for(header, "smollm2", ctx=8192, kv_type="f16", parallel=4)
+    message = str(refused.value)
+    assert "at a 8,192-token context for each of 4 sequences" in message, message
+    offered = re.search(r"try --ctx (\d+)", message)
+    assert offered, message
+    ctx = int(offered[1])  # as --ctx means it: each sequence's
+    assert 4096 <= ctx < 8192
+    assert make_plan(header, machine, ctx=4 * ctx, kv_type="f16", n_seq=4).fits

@@ -1,5 +1,7 @@
 """`runner run --each-line` and `--input FILE.jsonl`: a file of prompts, decoded together, answers in order.
 
+PROMPT beside either is a template: {} stands for each line, or each object's "prompt".
+
 Output keeps the input's order. Plain: one line per input line, the answer with its own line breaks
 written as spaces (so `paste prompts.txt answers.txt` lines them up; --jsonl keeps the exact text),
 an empty line where a prompt failed. --jsonl: one object per input line, {"id", "text",
@@ -88,10 +90,9 @@ def run_batch_command(request: BatchRequest, *, stdin: BinaryIO | None, out: Tex
         check_range(request.parallel, "--parallel", 1, 256)
     if request.each_line == (request.input_path is not None):
         raise UsageError("choose one: --each-line (prompts on stdin) or --input FILE.jsonl")
-    if request.template is not None and "{}" not in request.template:
-        raise UsageError("with --each-line, PROMPT is a template: put {} where each line goes")
+    lines = _read_lines(request, stdin)
     shared = constraint(schema=request.schema, format=request.format, grammar=request.grammar)
-    items = _read_items(request, stdin, shared)
+    items = _read_items(request, lines, shared)
     if not items:
         raise UsageError("no prompts: the input is empty")
     wanted = request.parallel or min(MAX_AUTO_PARALLEL, max(1, sum(1 for i in items if i.error is None)))
@@ -116,19 +117,38 @@ def run_batch_command(request: BatchRequest, *, stdin: BinaryIO | None, out: Tex
         loaded.close()
 
 
-def _read_items(request: BatchRequest, stdin: BinaryIO | None, shared: Constraint | None) -> list[Item]:
-    if request.input_path is not None:
-        try:
-            with open(request.input_path, "rb") as f:
-                raw = f.read().splitlines()
-        except OSError as exc:
-            raise UsageError(f"--input: cannot read {request.input_path}: {exc.strerror or exc}") from None
-    else:
+def _read_lines(request: BatchRequest, stdin: BinaryIO | None) -> list[bytes]:
+    """The input's lines: --input's file, named first if it cannot be read; else stdin, read only
+    once PROMPT, if given, is a template."""
+    if request.input_path is None:
+        _check_template(request)
         if stdin is None:
             raise UsageError(
                 "--each-line reads prompts from stdin: pipe them in (runner run MODEL --each-line < f)"
             )
-        raw = stdin.read().splitlines()
+        return stdin.read().splitlines()
+    try:
+        with open(request.input_path, "rb") as f:
+            lines = f.read().splitlines()
+    except OSError as exc:
+        raise UsageError(f"--input: cannot read {request.input_path}: {exc.strerror or exc}") from None
+    _check_template(request)
+    return lines
+
+
+def _check_template(request: BatchRequest) -> None:
+    """PROMPT beside --each-line or --input is a template: {} stands for each prompt."""
+    if request.template is None or "{}" in request.template:
+        return
+    if request.input_path is not None:
+        raise UsageError(
+            '--input takes a JSONL file, one {"prompt": …} object per line; PROMPT beside it is a '
+            "template: put {} where each prompt goes, or leave PROMPT out"
+        )
+    raise UsageError("with --each-line, PROMPT is a template: put {} where each line goes")
+
+
+def _read_items(request: BatchRequest, raw: list[bytes], shared: Constraint | None) -> list[Item]:
     items = []
     for n, line in enumerate(raw):
         item = Item(index=n, id=n + 1, rule=shared)
@@ -140,11 +160,12 @@ def _read_items(request: BatchRequest, stdin: BinaryIO | None, shared: Constrain
             continue
         if request.input_path is not None:
             _from_json(item, text, n + 1)
+        elif not text.strip():
+            item.error = f"line {n + 1} is empty"
         else:
-            if not text.strip():
-                item.error = f"line {n + 1} is empty"
-            else:
-                item.prompt = request.template.replace("{}", text) if request.template else text
+            item.prompt = text
+        if request.template and item.error is None:
+            item.prompt = request.template.replace("{}", item.prompt)
         items.append(item)
     return items
 

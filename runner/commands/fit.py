@@ -13,7 +13,7 @@ from runner.gguf import GGUFHeader
 from runner.hub import fetch
 from runner.hub.catalog import load_catalog
 from runner.hub.headers import ModelHeaders, read_model, read_remote
-from runner.hub.quants import offer
+from runner.hub.quants import Choice, offer
 from runner.hub.refs import HubRef, LocalRef, resolve
 from runner.limits import check_range, flash_attn_name, flash_attn_setting
 from runner.memory.devices import Machine
@@ -23,6 +23,7 @@ from runner.memory.plan import (
     confirm,
     departures,
     device_table,
+    held,
     largest_context,
     make_plan,
     trained_context,
@@ -64,6 +65,7 @@ def fit_model(request: Request, *, out: TextIO) -> None:
         _per_quant(ref, request, machine, out)
         return
     model = read_model(ref, offline=request.offline)
+    warnings = _warn(model.merged, machine, request)
     plan = _plan(model.merged, machine, request, model.path)
     speed = decode_speed(model.merged, plan, machine)
     chose = (
@@ -79,9 +81,18 @@ def fit_model(request: Request, *, out: TextIO) -> None:
         else []
     )
     if request.as_json:
-        out.write(json.dumps({**to_json(ref, model, plan, machine, speed), "chosen": chose}) + "\n")
+        report = {**to_json(ref, model, plan, machine, speed), "chosen": chose, "warnings": warnings}
+        out.write(json.dumps(report) + "\n")
         return
-    _describe(ref, model, plan, machine, speed, out, chose)
+    _describe(ref, model, plan, machine, speed, out, chose, request.ctx)
+
+
+def _warn(header: GGUFHeader, machine: Machine, request: Request) -> list[str]:
+    """What run would say of the same settings, said the same way (on stderr), and returned."""
+    warnings = loader.setting_warnings(header, machine, ctx=request.ctx)
+    for warning in warnings:
+        ui.warn(warning)
+    return warnings
 
 
 def _plan(header: GGUFHeader, machine: Machine, request: Request, path: Path | None = None) -> Plan:
@@ -108,12 +119,11 @@ def to_json(
     ref: LocalRef | HubRef, model: ModelHeaders, plan: Plan, machine: Machine, speed: float | None
 ) -> dict:
     est = plan.estimate
-    budgets = {v.device: v for v in plan.verdicts}
     return {
         "model": ref.display,
         "file": model.source,
         "size_bytes": model.size,
-        "ctx": plan.n_ctx,
+        "ctx": plan.n_ctx // plan.n_seq,  # each sequence's, as --ctx is
         "trained_ctx": trained_context(model.headers[0]),
         "gpu_layers": plan.n_gpu_layers,
         "layers": est.n_layers,
@@ -130,18 +140,20 @@ def to_json(
             "overhead_bytes": est.overhead_bytes,
             "total_bytes": est.total_bytes,
         },
-        "devices": [
+        "devices": [  # as the table: the parts add up to total_bytes, what the verdict counts
             {
-                "device": d.device,
-                "weights_bytes": d.weights_bytes,
-                "kv_bytes": d.kv_bytes,
-                "compute_bytes": d.compute_bytes,
-                "output_bytes": d.output_bytes,
-                "total_bytes": budgets[d.device].needed_bytes,
-                "available_bytes": budgets[d.device].budget_bytes,
-                "fits": budgets[d.device].fits,
+                "device": h.device,
+                "weights_bytes": h.weights_bytes,
+                "kv_bytes": h.kv_bytes,
+                "compute_bytes": h.compute_bytes,
+                "compute_reserved_bytes": h.compute_reserved_bytes,
+                "output_bytes": h.output_bytes,
+                "other_bytes": h.other_bytes,
+                "total_bytes": h.verdict.needed_bytes,
+                "available_bytes": h.verdict.budget_bytes,
+                "fits": h.verdict.fits,
             }
-            for d in est.devices
+            for h in held(plan)
         ],
         "machine": {
             "ram_total_bytes": machine.ram_total_bytes,
@@ -165,9 +177,14 @@ def _describe(
     speed: float | None,
     out: TextIO,
     chose: list[str],
+    asked_ctx: int | None,
 ) -> None:
     h, est = model.headers[0], plan.estimate
     trained = trained_context(h)
+    per_seq = plan.n_ctx // plan.n_seq
+    notes = [f"trained {trained:,}"] if trained else []
+    if asked_ctx and per_seq != asked_ctx:
+        notes.insert(0, f"--ctx {asked_ctx:,} padded to a multiple of 256")
     rows = [
         (
             "model",
@@ -175,8 +192,9 @@ def _describe(
         ),
         (
             "context",
-            (f"{plan.n_seq} sequences x {plan.n_ctx // plan.n_seq:,} tokens" if plan.n_seq > 1 else "")
-            or f"{plan.n_ctx:,} tokens" + (f" (trained {trained:,})" if trained else ""),
+            f"{per_seq:,} tokens"
+            + (f" for each of {plan.n_seq} sequences" if plan.n_seq > 1 else "")
+            + (f" ({'; '.join(notes)})" if notes else ""),
         ),
         ("KV cache type", plan.type_k),
         ("flash attention", flash_attn_name(plan.flash_attn)),
@@ -197,12 +215,13 @@ def _describe(
     out.write("\n")
     out.writelines(line + "\n" for line in device_table(plan))
     out.write("\n")
-    cpu = est.device("cpu")
-    if cpu is not None and est.host_rss_bytes and est.host_rss_bytes != cpu.total_bytes:
-        out.write(
-            f"CPU needs what the process will hold: of the {ui.human_bytes(cpu.compute_bytes)} compute "
-            "buffer, only the pages a batch writes\n"
-        )
+    for part in held(plan):
+        if part.partly_held:
+            out.write(
+                f"compute: of the {ui.human_bytes(part.compute_reserved_bytes)} llama.cpp reserves on the "
+                f"{part.device.upper()}, the process holds only the pages a batch writes\n"
+            )
+    out.write("other: in no buffer (vocabulary, KV cell bookkeeping, work buffers, a GPU's context)\n")
     out.write(f"verdict: {verdict(plan)}\n")
     if est.compute_from_engine:
         out.write("compute buffers: llama.cpp's own figures, from a dry run of this load\n")
@@ -212,16 +231,15 @@ def _describe(
         out.write(f"would fit: {' or '.join(plan.alternatives)}\n")
     if speed and plan.fits:
         out.write(f"decode: ~{speed:.0f} tok/s at most (estimate: bytes read per token / memory bandwidth)\n")
-    hint = machine.reinstall_hint()
-    if hint:
-        out.write(f"a GPU build: {hint}\n")
 
 
 def _per_quant(ref: HubRef, request: Request, machine: Machine, out: TextIO) -> None:
     commit, files = fetch.remote_listing(ref)
-    rows = []
+    rows: list[tuple[Choice, ModelHeaders, Plan, int | None]] = []
     for choice in offer(files):
         model = read_remote(ref, commit, choice, quiet=True)
+        if not rows:  # the quants of one model: its trained context is theirs
+            _warn(model.merged, machine, request)
         plan = _plan(model.merged, machine, request)
         largest = _largest_ctx(model.merged, machine, request, plan)
         rows.append((choice, model, plan, largest))
@@ -235,7 +253,7 @@ def _per_quant(ref: HubRef, request: Request, machine: Machine, out: TextIO) -> 
                         "size_bytes": m.size,
                         "fits": p.fits,
                         "verdict": verdict(p),
-                        "ctx": p.n_ctx,
+                        "ctx": p.n_ctx // p.n_seq,
                         "gpu_layers": p.n_gpu_layers,
                         "largest_ctx": big,
                     }

@@ -20,7 +20,7 @@ from typing import Any
 from runner import interrupt
 from runner.engine.answer import FINISH_LENGTH, FINISH_STOP, TextAssembler
 from runner.engine.context import common_prefix
-from runner.engine.engine import Engine
+from runner.engine.engine import CTX_STEP, Engine
 from runner.engine.llamacpp import LLAMA_LOG, llama
 from runner.engine.sampling import SamplingConfig
 from runner.errors import EngineError, InvalidSetting
@@ -137,13 +137,7 @@ class _Batch:
         fitting = []
         for job in jobs:
             if len(job.tokens) >= self.n_ctx_seq:
-                need = -(-(len(job.tokens) + 256) * self.parallel // 256) * 256
-                self._fail(
-                    job,
-                    f"the prompt is {len(job.tokens):,} tokens, more than a sequence's "
-                    f"{self.n_ctx_seq:,} (--ctx {self.engine.n_ctx:,} over --parallel "
-                    f"{self.parallel}); use --ctx {need} or a lower --parallel",
-                )
+                self._fail(job, self._too_long(job))
             else:
                 fitting.append(job)
         if share_prefix:
@@ -205,6 +199,21 @@ class _Batch:
                 else:
                     free.append(slot.seq)
             active = still
+
+    def _too_long(self, job: Job) -> str:
+        """Why a prompt does not fit its sequence, and the --ctx that would (each sequence's, as
+        --ctx is in every command), never past the context the model was trained on."""
+        n, trained = len(job.tokens), self.engine.n_ctx_train
+        suggest = -(-(n + (job.max_tokens or CTX_STEP)) // CTX_STEP) * CTX_STEP
+        if trained and suggest > trained:
+            return (
+                f"the prompt is {n:,} tokens, more than this model's trained context of {trained:,} "
+                "allows with room for an answer; shorten it"
+            )
+        return (
+            f"the prompt is {n:,} tokens, more than a sequence's context of {self.n_ctx_seq:,}; "
+            f"use --ctx {suggest} or more"
+        )
 
     # -- one sequence ----------------------------------------------------------------------------
 

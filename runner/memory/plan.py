@@ -298,12 +298,13 @@ def largest_context(
     adjust: dict[str, int] | None = None,
     flash_attn: bool | None = None,
 ) -> int | None:
-    """The largest context up to `upper` (a multiple of 256, as llama.cpp pads) that fits, or None."""
+    """The largest --ctx up to `upper` (a multiple of 256, as llama.cpp pads) that fits, or None:
+    each sequence's context, as --ctx is in every command, n_seq of them in the KV cache."""
     lo, hi, best = 1, upper // 256, None
     while lo <= hi:
         mid = (lo + hi) // 2
         if _try(
-            header, machine, mid * 256, n_gpu_layers, kv, n_seq, adjust=adjust, flash_attn=flash_attn
+            header, machine, mid * 256 * n_seq, n_gpu_layers, kv, n_seq, adjust=adjust, flash_attn=flash_attn
         ).fits:
             best, lo = mid * 256, mid + 1
         else:
@@ -319,7 +320,8 @@ def _alternatives(
     way the failed plan was, so what is offered fits llama.cpp's own figures, not only the estimate's."""
     out = []
     kv = (failed.type_k, failed.type_v)
-    upper = min(failed.n_ctx - 256, trained_context(header) or failed.n_ctx)
+    per_seq = failed.n_ctx // n_seq  # as --ctx gives it
+    upper = min(per_seq - 256, trained_context(header) or per_seq)
     layers = failed.n_gpu_layers or 0
     fa = failed.flash_attn
     smaller = largest_context(
@@ -356,16 +358,67 @@ def _alternatives(
     return out
 
 
+@dataclass(frozen=True)
+class Held:
+    """What one device must hold, in parts that add up to what its verdict counts (needed_bytes). On
+    the CPU that is the process's resident memory (Estimate.host_rss_bytes): the mapped weights
+    whole, and of the compute buffer llama.cpp reserves (compute_reserved_bytes) only the pages a
+    batch writes."""
+
+    device: str
+    weights_bytes: int
+    kv_bytes: int
+    compute_bytes: int
+    output_bytes: int
+    other_bytes: int  # in no buffer: the vocabulary, the KV cells' bookkeeping, work buffers, CUDA's context
+    compute_reserved_bytes: int
+    verdict: Verdict
+
+    @property
+    def partly_held(self) -> bool:
+        """Only part of the compute buffer is held, by more than the table's rounding."""
+        return ui.human_bytes(self.compute_bytes) != ui.human_bytes(self.compute_reserved_bytes)
+
+
+def held(plan: Plan) -> list[Held]:
+    """Per device, the parts of what its verdict counts: they add up to needed_bytes."""
+    est = plan.estimate
+    verdicts = {v.device: v for v in plan.verdicts}
+    out = []
+    for d in est.devices:
+        v = verdicts[d.device]
+        weights = d.weights_bytes
+        if d.device == "cpu" and est.host_rss_bytes:  # check() counts the resident memory
+            weights = sum(b.nbytes for b in est.buffers if b.device == "cpu" and b.kind == "model")
+        compute = v.needed_bytes - weights - d.kv_bytes - d.output_bytes - d.overhead_bytes
+        out.append(
+            Held(d.device, weights, d.kv_bytes, compute, d.output_bytes, d.overhead_bytes, d.compute_bytes, v)
+        )
+    return out
+
+
 def device_table(plan: Plan) -> list[str]:
-    """Weights, KV cache, compute, output, what each device needs and has: aligned text lines."""
-    header = ("device", "weights", "KV cache", "compute", "output", "needs", "available", "")
+    """Per device what it must hold (weights, KV cache, compute, output, other: they add up to its
+    needs), what it has and whether that fits: aligned text lines. A compute buffer of which only
+    part is held (the CPU's) shows both: "12.0 MB of 539.5 MB"."""
+    header = ("device", "weights", "KV cache", "compute", "output", "other", "needs", "available", "")
     table: list[tuple[str, ...]] = [header]
-    budgets = {v.device: v for v in plan.verdicts}
-    for d in plan.estimate.devices:
-        v = budgets[d.device]
-        sizes = (d.weights_bytes, d.kv_bytes, d.compute_bytes, d.output_bytes, v.needed_bytes, v.budget_bytes)
+    for h in held(plan):
+        compute = ui.human_bytes(h.compute_bytes)
+        if h.partly_held:
+            compute += f" of {ui.human_bytes(h.compute_reserved_bytes)}"
         table.append(
-            (d.device.upper(), *(ui.human_bytes(n) for n in sizes), "fits" if v.fits else "DOES NOT FIT")
+            (
+                h.device.upper(),
+                ui.human_bytes(h.weights_bytes),
+                ui.human_bytes(h.kv_bytes),
+                compute,
+                ui.human_bytes(h.output_bytes),
+                ui.human_bytes(h.other_bytes),
+                ui.human_bytes(h.verdict.needed_bytes),
+                ui.human_bytes(h.verdict.budget_bytes),
+                "fits" if h.verdict.fits else "DOES NOT FIT",
+            )
         )
     widths = [max(len(row[i]) for row in table) for i in range(len(header))]
     return [
