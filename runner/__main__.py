@@ -1,22 +1,28 @@
 """`python -m runner` and the `runner` console script.
 
 A Ctrl-C anywhere in runner's own start-up (the CLI's imports, building the Typer command) exits 130
-as a Ctrl-C anywhere else does, without a traceback. Only Python's own start-up, the first ~30 ms
-before this module runs, and its finalization after main() returns (when Python has put SIGINT
-back to its default, so the process ends by the signal: a shell reports 130 all the same) are not
-runner's to handle.
+as a Ctrl-C anywhere else does, without a traceback; SIGTERM 143 and SIGHUP 129 the same way
+(runner.interrupt). Only Python's own start-up, the first ~30 ms before this module runs, and its
+finalization after main() returns (when SIGINT, SIGTERM and SIGHUP are back at their defaults, so the
+process ends by the signal: a shell reports 130, 143 or 129 all the same) are not runner's to handle.
 """
 
 from __future__ import annotations
 
+from runner import interrupt
+
 
 def main() -> None:
     try:
-        from runner.cli import main as cli_main
+        interrupt.install()
+        try:
+            from runner.cli import main as cli_main
 
-        cli_main()
-    except KeyboardInterrupt:
-        raise SystemExit(130) from None
+            cli_main()
+        finally:
+            interrupt.uninstall()
+    except (KeyboardInterrupt, interrupt.Stopped):
+        raise SystemExit(interrupt.exit_code()) from None
 
 
 if __name__ == "__main__":

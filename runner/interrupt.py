@@ -1,4 +1,5 @@
-"""Ctrl-C by design: inside `deferred()`, SIGINT sets a flag that runner checks at safe points.
+"""Ctrl-C by design: inside `deferred()`, SIGINT sets a flag that runner checks at safe points; SIGTERM
+and SIGHUP do the same, and then end the process.
 
 Python's default SIGINT handler raises KeyboardInterrupt wherever the main thread happens to be. Inside
 a ctypes callback (llama.cpp's log callback fires hundreds of times while a model loads) ctypes prints
@@ -14,23 +15,51 @@ writes, SIGINT only sets a flag:
     interrupt), KeyboardInterrupt is raised there, at a safe point, for the CLI to turn into exit 130.
 Outside these blocks (downloads, start-up) Python's own handler stays: a download stopped by
 KeyboardInterrupt keeps its partial file, which is what resuming relies on.
+
+SIGTERM (`timeout`, `kill`, a service stopping) and SIGHUP (the terminal closed) take the same path:
+the answer stops within one token and what came of it is kept, as after a Ctrl-C. But they end the
+process where a Ctrl-C only ends an answer (a chat on a terminal returns to its prompt): the first
+deferred block to end after one raises `Stopped`, which no `except KeyboardInterrupt` catches, and the
+CLI exits 128 + the signal's number (143, 129). Outside the blocks, `install()` (the CLI's start)
+makes them raise `Stopped` at once, as Python's handler raises KeyboardInterrupt (a download keeps its
+partial file the same way). A second one is ignored: the process is already on its way out, and the
+saving of what came is not cut short. From the signal on, a stdout or stderr that is gone (a hung-up
+terminal, a pipe nobody reads) writes to /dev/null, so the last words neither fail nor print a
+traceback. A signal the parent chose to ignore (nohup's SIGHUP) stays ignored.
 """
 
 from __future__ import annotations
 
+import os
+import select
 import signal
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name))
+
 _flag = threading.Event()
 _depth = 0
-_previous: Any = None
+_previous: dict[int, Any] = {}  # each signal's handler before the outermost deferred block
+_stop: int | None = None  # SIGTERM or SIGHUP, once one came: the process is ending
+_stop_raised = False  # Stopped was raised for it
+
+
+class Stopped(BaseException):
+    """SIGTERM or SIGHUP came: the process ends, with 128 + `signum`, once what came is kept.
+
+    Beside KeyboardInterrupt rather than below it, so that what resumes after a Ctrl-C (a chat's
+    prompt) lets it through."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
 
 
 def requested() -> bool:
-    """Whether Ctrl-C was pressed since the flag was last cleared."""
+    """Whether Ctrl-C (or SIGTERM, SIGHUP) came since the flag was last cleared."""
     return _flag.is_set()
 
 
@@ -44,26 +73,95 @@ def request() -> None:
     _flag.set()
 
 
-def _handler(_signum: int, _frame: Any) -> None:
-    _flag.set()
+def stopping() -> int | None:
+    """The SIGTERM or SIGHUP that is ending the process, if one came."""
+    return _stop
+
+
+def exit_code() -> int:
+    """The exit code of an interrupted run: 130 after Ctrl-C, 143 after SIGTERM, 129 after SIGHUP."""
+    return 128 + (_stop or signal.SIGINT)
+
+
+def install() -> None:
+    """At the CLI's start: SIGTERM and SIGHUP raise Stopped wherever no deferred block defers them."""
+    for signum in STOP_SIGNALS:
+        if signal.getsignal(signum) is not signal.SIG_IGN:
+            signal.signal(signum, _raise)
+
+
+def uninstall() -> None:
+    """Their defaults back, for Python's finalization (a late one ends the process by the signal)."""
+    for signum in STOP_SIGNALS:
+        if signal.getsignal(signum) is _raise:
+            signal.signal(signum, signal.SIG_DFL)
+
+
+def _handler(signum: int, _frame: Any) -> None:
+    if signum == signal.SIGINT or _noted(signum):
+        _flag.set()
+
+
+def _raise(signum: int, _frame: Any) -> None:
+    global _stop_raised
+    if _noted(signum):
+        _stop_raised = True
+        raise Stopped(signum)
+
+
+def _noted(signum: int) -> bool:
+    """Note a SIGTERM or SIGHUP; False for a second one, which changes nothing."""
+    global _stop
+    if _stop is not None:
+        return False
+    _stop = signum
+    _silence_lost_outputs()
+    return True
+
+
+def _silence_lost_outputs() -> None:
+    """Point stdout and stderr at /dev/null where their reader is gone (a hung-up terminal, a pipe
+    with no reader: poll says POLLHUP or POLLERR), so that the writes still to come succeed."""
+    if not hasattr(select, "poll"):
+        return
+    poll = select.poll()
+    for fd in (1, 2):
+        poll.register(fd, select.POLLOUT)
+    lost = [fd for fd, events in poll.poll(0) if events & (select.POLLHUP | select.POLLERR)]
+    if not lost:
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    for fd in lost:
+        os.dup2(devnull, fd)
+    os.close(devnull)
 
 
 @contextmanager
 def deferred() -> Iterator[None]:
-    """SIGINT sets the flag instead of raising, until the outermost block ends; then, if the flag is
-    still set, KeyboardInterrupt. Off the main thread (where signals cannot be handled) it only nests."""
-    global _depth, _previous
+    """SIGINT, SIGTERM and SIGHUP set the flag instead of raising, until the outermost block ends;
+    then, if the flag is still set or a SIGTERM or SIGHUP was not yet raised, KeyboardInterrupt or
+    Stopped. Off the main thread (where signals cannot be handled) it only nests."""
+    global _depth, _stop_raised
     main = threading.current_thread() is threading.main_thread()
     if _depth == 0 and main:
-        _previous = signal.signal(signal.SIGINT, _handler)
+        for signum in (signal.SIGINT, *STOP_SIGNALS):
+            previous = signal.getsignal(signum)
+            if signum == signal.SIGINT or previous is not signal.SIG_IGN:
+                _previous[signum] = signal.signal(signum, _handler)
     _depth += 1
     try:
         yield
     finally:
         _depth -= 1
         if _depth == 0 and main:
-            signal.signal(signal.SIGINT, _previous if _previous is not None else signal.default_int_handler)
-            _previous = None
-            if _flag.is_set():
-                _flag.clear()
+            for signum, previous in _previous.items():
+                default = signal.default_int_handler if signum == signal.SIGINT else signal.SIG_DFL
+                signal.signal(signum, previous if previous is not None else default)
+            _previous.clear()
+            interrupted = _flag.is_set()
+            _flag.clear()
+            if _stop is not None and not _stop_raised:
+                _stop_raised = True
+                raise Stopped(_stop)
+            if interrupted:
                 raise KeyboardInterrupt

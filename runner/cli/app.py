@@ -17,6 +17,8 @@ import click
 import typer
 import typer.main
 
+from runner import interrupt
+
 F = TypeVar("F", bound=Callable[..., Any])
 
 app = typer.Typer(
@@ -30,7 +32,6 @@ app = typer.Typer(
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 
-EXIT_INTERRUPTED = 130
 EXIT_BROKEN_PIPE = 141  # what a shell reports for a process ended by SIGPIPE, as `yes | head` does
 
 
@@ -60,9 +61,9 @@ def edge(command: F) -> F:
 
             ui.error(str(exc))
             raise typer.Exit(exit_code_for(exc)) from None
-        except KeyboardInterrupt:
+        except (KeyboardInterrupt, interrupt.Stopped):  # Ctrl-C 130, SIGTERM 143, SIGHUP 129
             _flush_or_silence()
-            raise typer.Exit(EXIT_INTERRUPTED) from None
+            raise typer.Exit(interrupt.exit_code()) from None
         except BrokenPipeError:
             _silence_stdout()
             raise typer.Exit(EXIT_BROKEN_PIPE) from None
@@ -73,7 +74,7 @@ def edge(command: F) -> F:
 def _flush_or_silence() -> None:
     try:
         sys.stdout.flush()
-    except BrokenPipeError:
+    except OSError:  # a pipe nobody reads (EPIPE), a terminal gone (EIO)
         _silence_stdout()
 
 

@@ -1,0 +1,272 @@
+"""SIGTERM and SIGHUP, sent to real runner processes mid-answer: nothing lost, the store consistent.
+
+`timeout 60 runner run -c …` once ended by SIGTERM's default action: the answer so far was gone and
+the conversation was left with its user turn unanswered, so the next `run -c` stored two user turns
+in a row. Now they take Ctrl-C's path (runner.interrupt): the partial answer is kept and stored,
+marked interrupted, and the exit code is 128 + the signal (143, 129). Where Ctrl-C only stops an
+answer (a chat on a terminal), they end the process too.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pexpect
+import pytest
+
+from runner.store import Store, StoredConversation
+from tests.conftest import run_cli
+from tests.fakehub import FakeHub, fake_hub_fixture, hf_env
+
+GREEDY = ["--temperature", "0"]
+LONG = "Tell me a very long story about the sea."
+PROMPT_DONE = "\x1b[?2004l"  # prompt_toolkit turns bracketed paste off as the prompt returns the line
+WORDS = r"\w+\W+\w+\W+\w+"  # the answer has begun
+
+
+def _start(*args: str, stdin: Any = subprocess.PIPE) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "runner", *args],
+        stdin=stdin,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+
+
+def _answer_begun(proc: subprocess.Popen[bytes], *, after: int = 0) -> bytes:
+    """What stdout had once the answer after the first `after` answers (one line each) has begun,
+    past the load and the prefill, however slow the machine."""
+    assert proc.stdout is not None
+    got = b""
+    deadline = time.monotonic() + 120
+    while len(got.split(b"\n", after)[-1].strip()) < 20 or got.count(b"\n") < after:
+        assert time.monotonic() < deadline, f"no answer within 120 s: {got!r}"
+        piece = os.read(proc.stdout.fileno(), 64)
+        assert piece, f"stdout closed before the answer began: {got!r}"
+        got += piece
+    return got
+
+
+def _stop(proc: subprocess.Popen[bytes], signum: int, *, again: float | None = None) -> tuple[bytes, bytes]:
+    """Send the signal (and the same once more, `again` seconds later), then collect what is left."""
+    proc.send_signal(signum)
+    if again is not None:
+        time.sleep(again)
+        proc.send_signal(signum)
+    try:
+        rest, err = proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        pytest.fail(f"runner did not exit within 30 s of {signal.Signals(signum).name}")
+    assert b"Traceback" not in err and b"Exception ignored" not in err, err
+    return rest, err
+
+
+def _conversations() -> list[StoredConversation]:
+    store = Store.open()
+    try:
+        assert store.integrity() == "ok"
+        found = [store.load(s.id) for s in reversed(store.summaries())]
+        return [c for c in found if c is not None]
+    finally:
+        store.close()
+
+
+def _roles(conversation: StoredConversation) -> list[str]:
+    return [m.role for m in conversation.messages]
+
+
+def _ends_interrupted(conversation: StoredConversation, prompt: str, printed: bytes) -> None:
+    """The conversation ends with the prompt and then the partial answer, marked interrupted: the
+    text that was printed."""
+    user, answer = conversation.messages[-2:]
+    assert (user.role, user.content) == ("user", prompt)
+    assert answer.role == "assistant" and answer.interrupted, answer
+    assert answer.content and printed.decode().strip() == answer.content.strip(), (printed, answer.content)
+
+
+@pytest.mark.timeout(300)
+def test_sigterm_to_run_c_keeps_the_partial_answer_and_exits_143() -> None:
+    assert run_cli("chat", "smollm2", "--max-tokens", "6", *GREEDY, input=b"Hi\n").returncode == 0
+    proc = _start("run", "-c", LONG, "--max-tokens", "2000", *GREEDY, stdin=subprocess.DEVNULL)
+    got = _answer_begun(proc)
+    rest, err = _stop(proc, signal.SIGTERM, again=0.01)  # a second one does not cut the saving short
+    assert proc.returncode == 143, err
+    [conversation] = _conversations()
+    assert _roles(conversation) == ["user", "assistant", "user", "assistant"]
+    _ends_interrupted(conversation, LONG, got + rest)
+    # the next turn follows the partial answer: never two user turns in a row
+    after = run_cli("run", "-c", "Shorter, please.", "--max-tokens", "6", *GREEDY)
+    assert after.returncode == 0, after.stderr
+    [conversation] = _conversations()
+    assert _roles(conversation) == ["user", "assistant"] * 3
+
+
+@pytest.mark.timeout(300)
+def test_sighup_to_a_piped_chat_keeps_the_partial_answer_and_exits_129() -> None:
+    proc = _start("chat", "smollm2", "--max-tokens", "2000", *GREEDY)
+    assert proc.stdin is not None
+    proc.stdin.write(f"Hi\n{LONG}\n".encode())
+    proc.stdin.flush()  # stdin stays open: the chat would wait for more
+    got = _answer_begun(proc, after=1)  # the first answer (a few words), and the long one begun
+    rest, err = _stop(proc, signal.SIGHUP)
+    assert proc.returncode == 129, err
+    [conversation] = _conversations()
+    assert _roles(conversation) == ["user", "assistant", "user", "assistant"]
+    first = conversation.messages[1].content
+    printed = got + rest
+    assert printed.startswith(first.encode() + b"\n"), (printed, first)
+    _ends_interrupted(conversation, LONG, printed[len(first) + 1 :])
+
+
+@pytest.mark.timeout(300)
+def test_sigterm_to_a_terminal_chat_ends_it_where_ctrl_c_would_not() -> None:
+    """On a terminal, Ctrl-C stops the answer and the prompt returns; SIGTERM stops the answer, keeps
+    it, and ends the chat."""
+    env = {**os.environ, "PROMPT_TOOLKIT_NO_CPR": "1", "TERM": "xterm"}
+    child = pexpect.spawn(
+        sys.executable,
+        ["-m", "runner", "chat", "smollm2", "--max-tokens", "2000", *GREEDY],
+        env=env,
+        encoding="utf-8",
+        timeout=120,
+        dimensions=(40, 160),
+    )
+    child.expect_exact(">>>")
+    child.sendline(LONG)
+    child.expect_exact(PROMPT_DONE)
+    child.expect(WORDS)
+    child.kill(signal.SIGTERM)
+    child.expect(pexpect.EOF, timeout=30)
+    child.close()
+    assert child.exitstatus == 143, (child.exitstatus, child.signalstatus, child.before)
+    assert "Traceback" not in child.before
+    [conversation] = _conversations()
+    assert _roles(conversation) == ["user", "assistant"]
+    assert conversation.messages[-1].interrupted and conversation.messages[-1].content
+
+
+@pytest.mark.timeout(300)
+def test_a_closed_terminal_ends_the_chat_with_129_and_keeps_the_answer() -> None:
+    """The terminal goes (its master side closed): the chat gets SIGHUP, and every write after it
+    would fail (EIO); the partial answer is stored all the same."""
+    env = {**os.environ, "PROMPT_TOOLKIT_NO_CPR": "1", "TERM": "xterm"}
+    child = pexpect.spawn(
+        sys.executable,
+        ["-m", "runner", "chat", "smollm2", "--max-tokens", "2000", *GREEDY],
+        env=env,
+        encoding="utf-8",
+        timeout=120,
+        dimensions=(40, 160),
+    )
+    child.expect_exact(">>>")
+    child.sendline(LONG)
+    child.expect_exact(PROMPT_DONE)
+    child.expect(WORDS)
+    terminal = child.ptyproc
+    terminal.fileobj.close()  # the terminal window closes: the kernel hangs its pty up
+    deadline = time.monotonic() + 30
+    while terminal.isalive():
+        assert time.monotonic() < deadline, "runner did not exit within 30 s of the terminal closing"
+        time.sleep(0.05)
+    assert (terminal.exitstatus, terminal.signalstatus) == (129, None)
+    [conversation] = _conversations()
+    assert _roles(conversation) == ["user", "assistant"]
+    assert conversation.messages[-1].interrupted and conversation.messages[-1].content
+
+
+@pytest.mark.timeout(300)
+def test_sigterm_mid_batch_leaves_only_whole_json_lines_and_exits_143(
+    smollm2_path: Path, tmp_path: Path
+) -> None:
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text(
+        "".join(f"Write a long story about a {w}.\n" for w in ["cat", "dog", "owl", "fox", "cow", "pig"])
+    )
+    args = ["--each-line", "--jsonl", "--parallel", "2", "--max-tokens", "60"]
+    with prompts.open("rb") as stdin:
+        proc = _start("run", str(smollm2_path), *args, stdin=stdin)
+    assert proc.stdout is not None
+    first = proc.stdout.readline()  # the first answer is out: the others are still being written
+    rest, err = _stop(proc, signal.SIGTERM)
+    assert proc.returncode == 143, err
+    written = (first + rest).decode()
+    assert written.endswith("\n")  # no half line
+    records = [json.loads(line) for line in written.splitlines()]
+    assert 1 <= len(records) < 6  # stopped before the end
+    assert [r["id"] for r in records] == list(range(1, len(records) + 1))
+    assert all(r["finish_reason"] == "length" for r in records)  # finished answers only
+
+
+@pytest.mark.timeout(600)
+def test_sigterm_and_sighup_at_random_moments_never_hang_nor_print_a_traceback(smollm2_path: Path) -> None:
+    args = ["run", "smollm2", "List the planets, with one fact each.", *GREEDY, "--max-tokens", "24"]
+    start = time.perf_counter()
+    whole = run_cli(*args)
+    took = time.perf_counter() - start
+    assert whole.returncode == 0, whole.stderr
+    rng = random.Random(5)
+    codes: collections.Counter[int] = collections.Counter()
+    for _ in range(12):
+        signum = rng.choice([signal.SIGTERM, signal.SIGHUP])
+        proc = _start(*args, stdin=subprocess.DEVNULL)
+        time.sleep(rng.uniform(0.05, 1.05 * took))  # start-up, load, prefill, decode, teardown
+        out, err = _stop(proc, signum, again=rng.uniform(0, 0.2) if rng.random() < 0.3 else None)
+        codes[proc.returncode] += 1
+        # 128 + signal: runner saw it. -signal: it came after main() returned, in Python's own
+        # finalization (the defaults back): the process ends by the signal, as a shell reports the
+        # same. 0: the answer was complete before the signal.
+        assert proc.returncode in (0, 128 + signum, -signum), (proc.returncode, err)
+        assert whole.stdout.startswith(out.rstrip(b"\n")), (out, whole.stdout)  # what was printed stays
+    assert codes[143] + codes[129] >= 4, codes
+
+
+fake_hub = fake_hub_fixture()
+
+
+@pytest.mark.timeout(120)
+def test_sigterm_mid_pull_keeps_the_partial_file_for_the_next_pull(fake_hub: FakeHub, tmp_path: Path) -> None:
+    from huggingface_hub import constants
+
+    from runner.hub.catalog import load_catalog
+    from runner.hub.fetch import pull
+    from runner.hub.refs import resolve
+    from tests.test_manage import write_gguf
+
+    data = write_gguf(tmp_path / "big-Q4_K_M.gguf", padding=3_000_000).read_bytes()
+    fake_hub.add_repo("user/big-GGUF", {"big-Q4_K_M.gguf": data})
+    whole_file = lambda info: "cdn-lfs" in info.path and "Range" not in info.headers  # noqa: E731
+    fake_hub.add_fault(whole_file, "stall", seconds=60, after=1_000_000)  # mid-download, for a while
+    cache = Path(constants.HF_HUB_CACHE)
+    env = hf_env(fake_hub.endpoint, cache)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "runner", "pull", "user/big-GGUF"],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    deadline = time.monotonic() + 60
+    partial: list[Path] = []
+    while not partial or partial[0].stat().st_size < 1_000_000:
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "the download did not reach the stall within 60 s"
+        time.sleep(0.05)
+        partial = list(cache.glob("models--user--big-GGUF/blobs/*.incomplete"))
+    _, err = _stop(proc, signal.SIGTERM)
+    assert proc.returncode == 143, err
+    have = partial[0].stat().st_size
+    assert have >= 1_000_000  # kept, to be resumed
+    fake_hub.clear_faults()
+    fake_hub.reset_counters()
+    assert pull(resolve("user/big-GGUF", load_catalog())).path.read_bytes() == data
+    assert fake_hub.sent("cdn-lfs") == len(data) - have  # it went on from where it stopped
