@@ -245,7 +245,15 @@ def _answer(loaded: LoadedModel, request: BatchRequest, items: list[Item], out: 
                 progress(writer.finished, writer.tokens)
 
         if jobs:
-            run_batch(engine, jobs, done, parallel=engine.n_seq)
+            stats = run_batch(engine, jobs, done, parallel=engine.n_seq)
+            if request.verbose:
+                rate = stats.completion_tokens / stats.wall_s if stats.wall_s else 0.0
+                threads = f"{stats.threads} thread{'s' if stats.threads != 1 else ''}"
+                changed = f", changed {stats.thread_changes}x" if stats.thread_changes else ""
+                ui.info(
+                    f"{stats.completion_tokens} tokens in {stats.wall_s:.2f} s ({rate:.1f} tok/s in all) · "
+                    f"{stats.steps} steps on {threads}{changed}"
+                )
     writer.flush_ready()
     if writer.rejected:
         return 2

@@ -165,6 +165,8 @@ def to_json(model: str, answer: Answer) -> dict[str, Any]:
                 "prefill_tokens_per_s": round(t.prefill_tokens_per_s, 2),
                 "decode_tokens_per_s": round(t.decode_tokens_per_s, 2),
                 "total_s": round(t.load_s + t.total_s, 4),
+                "threads": t.threads,
+                "thread_changes": t.thread_changes,
             },
         }
     )
@@ -256,9 +258,17 @@ def describe_timings(result: Result) -> str:
         f"start-up {t.startup_s:.2f} s · load {t.load_s:.2f} s · prompt {t.prompt_tokens} tokens · "
         f"ttft {t.ttft_s:.3f} s · "
         f"prefill {t.prefill_tokens_per_s:.1f} tok/s · generated {t.completion_tokens} tokens · "
-        f"decode {t.decode_tokens_per_s:.1f} tok/s · finish {reason}{describe_speculation(t.speculation)}"
-        f"{describe_prompt_cache(t.prompt_cache)}"
+        f"decode {t.decode_tokens_per_s:.1f} tok/s{describe_threads(t)} · finish {reason}"
+        f"{describe_speculation(t.speculation)}{describe_prompt_cache(t.prompt_cache)}"
     )
+
+
+def describe_threads(t: Timings) -> str:
+    """' on N threads', and how often the count changed, when it did (runner.engine.threads)."""
+    if not t.threads:
+        return ""
+    changed = f", changed {t.thread_changes}x" if t.thread_changes else ""
+    return f" on {t.threads} thread{'s' if t.threads != 1 else ''}{changed}"
 
 
 def _columns(stream: TextIO) -> int:

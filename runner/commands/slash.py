@@ -21,6 +21,7 @@ from runner.commands.output import (
     describe_model,
     describe_sampling,
     describe_speculation,
+    describe_threads,
 )
 from runner.commands.session import Session, read_conversation, user_turns
 from runner.engine.reasoning import style_of
@@ -171,7 +172,7 @@ def _stats(session: Session) -> str:
     return (
         f"ttft {t.ttft_s:.3f} s · prompt {t.prompt_tokens} tokens, {t.prefill_tokens} evaluated "
         f"(the rest from the KV cache) · prefill {t.prefill_tokens_per_s:.1f} tok/s · "
-        f"{t.completion_tokens} tokens at {t.decode_tokens_per_s:.1f} tok/s · "
+        f"{t.completion_tokens} tokens at {t.decode_tokens_per_s:.1f} tok/s{describe_threads(t)} · "
         f"finish {session.last.result.finish_reason}{describe_speculation(t.speculation)}"
     )
 

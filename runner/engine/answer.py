@@ -34,6 +34,8 @@ class Timings:
     startup_s: float = 0.0  # the process's start to this request's first prefill (0: unknown)
     speculation: SpecStats = SpecStats()
     prompt_cache: CacheUse = CacheUse()  # tokens of the prompt loaded from, or written to, the disk cache
+    threads: int = 0  # the decode threads most of the answer's tokens ran on (runner.engine.threads)
+    thread_changes: int = 0  # how often that count changed during the answer
 
     @property
     def prefill_tokens_per_s(self) -> float:

@@ -61,6 +61,8 @@ class BatchStats:
     steps: int = 0
     wall_s: float = 0.0
     interrupted: bool = False
+    threads: int = 0  # the decode threads most tokens ran on (runner.engine.threads)
+    thread_changes: int = 0
 
 
 @dataclass
@@ -125,12 +127,15 @@ class _Batch:
         start = time.perf_counter()
         self.stats.prompts = len(jobs)
         self.engine.reset()  # the KV cache cleared, the engine's record of it too
+        self.engine.threads.begin()
         try:
             self._run(jobs, share_prefix)
         finally:
             self.lib.llama_batch_free(self.batch)
             self.engine.reset()
             self.stats.wall_s = time.perf_counter() - start
+            self.stats.threads = self.engine.threads.used()
+            self.stats.thread_changes = self.engine.threads.changes
         return self.stats
 
     def _run(self, jobs: Sequence[Job], share_prefix: bool) -> None:
@@ -317,6 +322,6 @@ class _Batch:
         self._decode()
 
     def _decode(self) -> None:
-        rc = self.lib.llama_decode(self.ctx, self.batch)
+        rc = self.engine.decode(self.batch, self.batch.n_tokens)  # timed: threads follow the machine
         if rc != 0:
             raise EngineError(f"llama_decode failed ({rc}): {LLAMA_LOG.last_error() or 'no log'}")

@@ -11,11 +11,13 @@ the generation loop over these steps. A one-sequence context is allocated small 
 from __future__ import annotations
 
 import ctypes
+import time
 from collections.abc import Sequence
 from typing import Any
 
 from runner import interrupt
 from runner.engine.llamacpp import LLAMA_LOG, context_params, interrupt_callbacks, llama
+from runner.engine.threads import Threads, set_threads
 from runner.errors import EngineError
 
 CTX_PAD = 256  # llama.cpp rounds a context up to this
@@ -34,11 +36,12 @@ class KVContext:
     _vocab: Any
     _ctx: Any
     _memory: Any
-    _settings: tuple[int, str | None, bool | None]  # threads, KV type, flash attention
+    _settings: tuple[str | None, bool | None]  # KV type, flash attention
     _allocated: int  # cells the context has now; it may grow to n_ctx
     _cached: list[int]  # the tokens whose keys and values are in the KV cache
     _verify_batch: Any  # llama_batch for [last, drafts…], made on first use
     _verify_batch_size: int
+    threads: Threads  # the decode thread count, chosen again between steps (runner.engine.threads)
     n_ctx: int
     n_seq: int
     n_batch: int
@@ -48,6 +51,21 @@ class KVContext:
         """Whether the token ends generation (the model's end-of-generation tokens)."""
         return bool(llama().llama_vocab_is_eog(self._vocab, token))
 
+    def decode(self, batch: Any, n_tokens: int) -> int:
+        """One llama_decode, timed for the thread count (which may change for the next one); its status."""
+        started = time.perf_counter()
+        rc = int(llama().llama_decode(self._ctx, batch))
+        if rc == 0:
+            changed = self.threads.step(time.perf_counter() - started, n_tokens)
+            if changed is not None:
+                set_threads(llama(), self._ctx, changed)
+        return rc
+
+    @property
+    def n_threads(self) -> int:
+        """The threads the next decode runs on."""
+        return self.threads.n
+
     @property
     def ctx(self) -> Any:
         """The llama_context (for the batch loop and a draft model's sampler)."""
@@ -56,8 +74,8 @@ class KVContext:
     def _new_context(self, size: int) -> None:
         """(Re)create the llama.cpp context with room for `size` tokens."""
         lib = llama()
-        threads, kv_type, flash_attn = self._settings
-        cparams = context_params(lib, size, threads, kv_type, flash_attn, self.n_seq)
+        kv_type, flash_attn = self._settings
+        cparams = context_params(lib, size, self.threads.n, kv_type, flash_attn, self.n_seq)
         self._ctx = lib.llama_init_from_model(self._model, cparams)
         if not self._ctx:
             raise EngineError(
@@ -93,7 +111,7 @@ class KVContext:
         self._reserve(len(self._cached) + len(tokens))
         lib = llama()
         array = (lib.llama_token * len(tokens))(*tokens)
-        rc = lib.llama_decode(self._ctx, lib.llama_batch_get_one(array, len(tokens)))
+        rc = self.decode(lib.llama_batch_get_one(array, len(tokens)), len(tokens))
         if rc == DECODE_ABORTED:  # Ctrl-C: llama.cpp kept the ubatches it finished, dropped the rest
             self._cached.extend(tokens)
             del self._cached[max(0, lib.llama_memory_seq_pos_max(self._memory, 0) + 1) :]
@@ -194,7 +212,7 @@ class KVContext:
             b.seq_id[i][0] = 0
             b.logits[i] = 1
         b.n_tokens = n
-        rc = lib.llama_decode(self._ctx, b)
+        rc = self.decode(b, n)
         if rc != 0:
             self._failed(rc)
         self._cached.append(last)

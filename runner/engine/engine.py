@@ -40,6 +40,7 @@ from runner.engine.llamacpp import LLAMA_LOG, default_threads, llama, model_para
 from runner.engine.promptcache import MIN_HEAD, CacheUse, PromptCache
 from runner.engine.sampling import SamplingConfig
 from runner.engine.speculate import SPEC_NONE, SpecStats, Speculator
+from runner.engine.threads import Threads, free_threads, runnable_others
 from runner.errors import EngineError, InvalidModelFile, InvalidSetting, PromptTooLong
 from runner.limits import DEFAULT_CTX
 
@@ -68,11 +69,12 @@ class Engine(KVContext):
             n_seq  # sequences the context holds at once (runner.engine.batch), n_ctx split among them
         )
         self.path = Path(path)
+        self._busy_before = runnable_others()  # read again after the load: a moment's task is not a load
         start = time.perf_counter()
         try:
             with interrupt.deferred():  # a Ctrl-C stops the load (progress callback), then raises here
                 self._load(n_ctx, n_threads, n_gpu_layers, kv_type, use_gpu, flash_attn)
-        except KeyboardInterrupt:
+        except BaseException:  # Ctrl-C, SIGTERM or SIGHUP (interrupt.Stopped), or a failed load
             self.close()  # whatever the load had allocated when it stopped
             raise
         self.load_s = time.perf_counter() - start
@@ -106,8 +108,11 @@ class Engine(KVContext):
         self.n_ctx_train = int(lib.llama_model_n_ctx_train(self._model))
         self._vocab = lib.llama_model_get_vocab(self._model)
 
-        threads = n_threads or default_threads()
-        self._settings = (threads, kv_type, flash_attn)
+        most = n_threads or default_threads()
+        busy = [n for n in (self._busy_before, runnable_others()) if n is not None]
+        start = free_threads(most, min(busy)) if busy else most
+        self.threads = Threads(most, fixed=n_threads is not None, start=start)
+        self._settings = (kv_type, flash_attn)
         asked = n_ctx or min(DEFAULT_CTX, self.n_ctx_train or DEFAULT_CTX)
         # one sequence: the context is allocated small and grows as it fills (_reserve); n_ctx is the
         # size it may grow to, as llama.cpp would have made it (a multiple of 256)
@@ -122,7 +127,6 @@ class Engine(KVContext):
             raise
         if not growing:
             self.n_ctx = self._allocated
-        self.n_threads = threads
         self.kv_type = kv_type or "f16"
         self.n_vocab = int(lib.llama_vocab_n_tokens(self._vocab))
         self._cached: list[int] = []  # the tokens whose keys and values are in the KV cache
@@ -299,7 +303,7 @@ class Engine(KVContext):
                 started = time.perf_counter()
                 self._reserve(len(self._cached) + 1)
                 token_array[0] = token
-                rc = lib.llama_decode(self._ctx, batch)  # no abort callback here: checked between tokens
+                rc = self.decode(batch, 1)  # no abort callback here: checked between tokens
                 if rc != 0:
                     self._failed(rc)
                 self._cached.append(token)
@@ -349,6 +353,7 @@ class Engine(KVContext):
     ) -> Iterator[Chunk]:
         start = time.perf_counter()
         startup = since_process_start()
+        self.threads.begin()
         cache_use = CacheUse()
         if prompt_cache is not None:
             cache_use = self._use_cache(prompt_cache, prompt_tokens, head)
@@ -402,6 +407,8 @@ class Engine(KVContext):
             startup_s=startup,
             speculation=self.speculator.stats() if self.speculator is not None else SpecStats(),
             prompt_cache=cache_use,
+            threads=self.threads.used(),
+            thread_changes=self.threads.changes,
         )
         yield Chunk(tail, finish_reason=finish, timings=timings, context_full=context_full)
 
