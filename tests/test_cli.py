@@ -102,8 +102,11 @@ def test_json_has_the_documented_fields() -> None:
         "prefill_tokens_per_s",
         "decode_tokens_per_s",
         "total_s",
+        "threads",
+        "thread_changes",
     }
-    assert all(v > 0 for v in report["timings"].values())
+    assert report["timings"]["threads"] >= 1 and report["timings"]["thread_changes"] >= 0
+    assert all(v > 0 for k, v in report["timings"].items() if k != "thread_changes")
     t = report["timings"]
     assert t["load_s"] < t["startup_s"]  # the process's start to its first prefill, the load within
     assert report["text"].strip()
