@@ -128,10 +128,8 @@ def test_sighup_to_a_piped_chat_keeps_the_partial_answer_and_exits_129() -> None
     _ends_interrupted(conversation, LONG, printed[len(first) + 1 :])
 
 
-@pytest.mark.timeout(300)
-def test_sigterm_to_a_terminal_chat_ends_it_where_ctrl_c_would_not() -> None:
-    """On a terminal, Ctrl-C stops the answer and the prompt returns; SIGTERM stops the answer, keeps
-    it, and ends the chat."""
+def _terminal_chat_mid_answer() -> pexpect.spawn:
+    """`runner chat` on a terminal, asked for a long answer, once its first words have come."""
     env = {**os.environ, "PROMPT_TOOLKIT_NO_CPR": "1", "TERM": "xterm"}
     child = pexpect.spawn(
         sys.executable,
@@ -145,6 +143,14 @@ def test_sigterm_to_a_terminal_chat_ends_it_where_ctrl_c_would_not() -> None:
     child.sendline(LONG)
     child.expect_exact(PROMPT_DONE)
     child.expect(WORDS)
+    return child
+
+
+@pytest.mark.timeout(300)
+def test_sigterm_to_a_terminal_chat_ends_it_where_ctrl_c_would_not() -> None:
+    """On a terminal, Ctrl-C stops the answer and the prompt returns; SIGTERM stops the answer, keeps
+    it, and ends the chat."""
+    child = _terminal_chat_mid_answer()
     child.kill(signal.SIGTERM)
     child.expect(pexpect.EOF, timeout=30)
     child.close()
@@ -159,19 +165,7 @@ def test_sigterm_to_a_terminal_chat_ends_it_where_ctrl_c_would_not() -> None:
 def test_a_closed_terminal_ends_the_chat_with_129_and_keeps_the_answer() -> None:
     """The terminal goes (its master side closed): the chat gets SIGHUP, and every write after it
     would fail (EIO); the partial answer is stored all the same."""
-    env = {**os.environ, "PROMPT_TOOLKIT_NO_CPR": "1", "TERM": "xterm"}
-    child = pexpect.spawn(
-        sys.executable,
-        ["-m", "runner", "chat", "smollm2", "--max-tokens", "2000", *GREEDY],
-        env=env,
-        encoding="utf-8",
-        timeout=120,
-        dimensions=(40, 160),
-    )
-    child.expect_exact(">>>")
-    child.sendline(LONG)
-    child.expect_exact(PROMPT_DONE)
-    child.expect(WORDS)
+    child = _terminal_chat_mid_answer()
     terminal = child.ptyproc
     terminal.fileobj.close()  # the terminal window closes: the kernel hangs its pty up
     deadline = time.monotonic() + 30
