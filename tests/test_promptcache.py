@@ -47,8 +47,13 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def greedy_run(model: Path, question: str, max_tokens: int, *extra: str) -> list[str]:
-    """`runner run`'s arguments for a greedy answer of at most max_tokens."""
-    return ["run", str(model), question, "--temperature", "0", "--max-tokens", str(max_tokens), *extra]
+    """`runner run`'s arguments for a greedy answer of at most max_tokens, on a fixed thread count: the
+    answers of separate processes are compared, and llama.cpp's kernels may round a near tie the other
+    way on another count (the count adapts to the machine's load: docs/speed.md)."""
+    return [
+        "run", str(model), question, "--temperature", "0", "--max-tokens", str(max_tokens), "--threads", "2",
+        *extra,
+    ]  # fmt: skip
 
 
 def ask(model: Path, question: str, doc: str, *extra: str) -> dict:
