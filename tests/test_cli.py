@@ -435,7 +435,8 @@ def test_bench_says_when_its_repetitions_disagree_beyond_the_noise() -> None:
 
 def _stderr_until(args: list[str], wanted: bytes, *, terminal: bool, then: float = 0) -> bytes:
     """`runner ARGS`'s stderr (a pty or a pipe) until it shows wanted (and `then` seconds more) or the
-    process ends; then Ctrl-C."""
+    process ends; then Ctrl-C. The pty is a terminal that draws (TERM=xterm): under TERM=dumb, as CI may
+    run, rich draws no live progress at all, and rightly."""
     import select
 
     leader, follower = pty.openpty() if terminal else os.pipe()
@@ -444,6 +445,7 @@ def _stderr_until(args: list[str], wanted: bytes, *, terminal: bool, then: float
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=follower,
+        env={**os.environ, "TERM": "xterm"} if terminal else None,
     )
     os.close(follower)
     seen, found, end = b"", False, time.monotonic() + 180
