@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from runner.engine.batch import Job, run_batch, shared_prefix
+from runner.engine.batch import Done, Job, run_batch, shared_prefix
 from runner.engine.engine import Engine
 from runner.engine.prompt import render_prompt
 from runner.engine.sampling import SamplingConfig
@@ -97,12 +97,22 @@ def test_the_shared_head_is_evaluated_once(batch_engine: Engine, engine: Engine,
     assert shared > 100
     jobs = [Job(i, t, GREEDY, max_tokens=8) for i, t in enumerate(tokens)]
     texts: dict[bool, dict[int, str]] = {True: {}, False: {}}
-    with_copy = run_batch(batch_engine, jobs, lambda d: texts[True].__setitem__(d.index, d.text))
+    evaluated: dict[int, int] = {}
+
+    def copied(d: Done) -> None:
+        texts[True][d.index] = d.text
+        evaluated[d.index] = d.prefill_tokens
+
+    with_copy = run_batch(batch_engine, jobs, copied)
     without = run_batch(
         batch_engine, jobs, lambda d: texts[False].__setitem__(d.index, d.text), share_prefix=False
     )
-    assert without.prefill_tokens == sum(len(t) for t in tokens)
-    assert with_copy.prefill_tokens == sum(len(t) - shared for t in tokens) + shared
+    assert without.prefill_tokens == sum(len(t) for t in tokens) and without.cached_tokens == 0
+    # the head once, then each prompt at most its own tail (less where an earlier prompt, done by
+    # then, shared more than the head: its sequence copied instead)
+    assert all(evaluated[i] <= len(t) - shared for i, t in enumerate(tokens))
+    assert with_copy.prefill_tokens == sum(evaluated.values()) + shared
+    assert with_copy.prefill_tokens + with_copy.cached_tokens == sum(len(t) for t in tokens) + shared
     # the same answers, but for near ties: a head evaluated alone is a different batch shape, and
     # llama.cpp's CPU kernels round differently by batch size (measured: 2 of 8 flip, one token in)
     for i, t in enumerate(tokens):

@@ -1,12 +1,18 @@
 """Many prompts, decoded together: continuous batching over the engine's one model and context.
 
 A second loop over the same Engine (its model, context, sampler chain, text assembly), not a second
-engine. The context holds `engine.n_seq` sequences, each in its own stream of n_ctx / n_seq cells.
-Each step decodes one token of every active sequence in one llama_decode; a sequence that finishes
-frees its slot, and the next prompt takes it at once. The prompts' shared head (system prompt,
-template) is evaluated once, in the first sequence, and copied to each new one
-(llama_memory_seq_cp: across streams llama.cpp copies the stream's buffer); each prompt then
-evaluates only its own tail.
+engine: `runner run --each-line` (run_batch, every job known at the start) and `runner serve` (jobs
+arriving while others decode, BatchLoop driven by the server's engine thread) run this one loop. The
+context holds `engine.n_seq` sequences, each in its own stream of n_ctx / n_seq cells. Each step
+decodes one token of every active sequence, and the prompts of new ones, in one llama_decode; a
+sequence that finishes (or is cancelled) frees its slot, and the next job takes it at once.
+
+Prefix reuse: each sequence remembers the tokens its cells hold. A new job takes the free sequence
+whose cells share the longest head with its prompt (llama-server picks slots the same way), so a
+chat client re-sending its history evaluates only the new turn; when another sequence (busy or not)
+holds a longer head, that stream is copied in first (llama_memory_seq_cp: across streams llama.cpp
+copies the stream's buffer) and only the rest is evaluated. run_batch also evaluates the prompts'
+shared head (system prompt, template) once, before the first job, so every job copies it.
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from runner import interrupt
-from runner.engine.answer import FINISH_LENGTH, FINISH_STOP, TextAssembler
+from runner.engine.answer import FINISH_INTERRUPTED, FINISH_LENGTH, FINISH_STOP, TextAssembler
 from runner.engine.context import common_prefix
 from runner.engine.engine import CTX_STEP, Engine
 from runner.engine.llamacpp import LLAMA_LOG, llama
@@ -36,6 +42,9 @@ class Job:
     max_tokens: int | None = None
     stop: tuple[str, ...] = ()
     grammar: str | None = None
+    on_piece: Callable[[str], None] | None = None  # each piece of text as it comes (the loop's thread)
+    arrived: float | None = None  # perf_counter when it was asked (the server: TTFT counts the wait)
+    cancelled: bool = False  # set from any thread (a client went away): ended at the next step
 
 
 @dataclass
@@ -44,12 +53,13 @@ class Done:
     text: str
     finish_reason: str
     prompt_tokens: int
-    prefill_tokens: int  # evaluated for this prompt (the shared head was not)
+    prefill_tokens: int  # evaluated for this prompt (a head already in the cache was not)
     completion_tokens: int
-    ttft_s: float  # from when its slot took it
+    ttft_s: float  # from its arrival (else from when its slot took it) to its first token
     total_s: float
     context_full: bool = False
     error: str | None = None
+    prefill_s: float = 0.0  # from when its slot took it to its first token
 
 
 @dataclass
@@ -57,6 +67,7 @@ class BatchStats:
     prompts: int = 0
     prefill_tokens: int = 0  # every prompt token evaluated, the shared head once
     shared_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens a job found in its sequence (or copied in), not evaluated
     completion_tokens: int = 0
     steps: int = 0
     wall_s: float = 0.0
@@ -78,6 +89,7 @@ class _Slot:
     first_at: float | None = None
     prefill: int = 0
     parts: list[str] = field(default_factory=list)
+    pending: list[int] = field(default_factory=list)  # in this step's batch: into the cells once decoded
 
 
 def shared_prefix(prompts: Sequence[Sequence[int]]) -> int:
@@ -103,12 +115,42 @@ def run_batch(
     Ctrl-C (runner.interrupt) stops between steps: the answers already done were passed on; the
     rest are not. A job too long for a sequence's share of the context is done at once with an error.
     """
+    start = time.perf_counter()
     with interrupt.deferred():
-        return _Batch(engine, parallel or engine.n_seq, on_done).run(jobs, share_prefix)
+        engine.reset()  # the KV cache cleared, the engine's record of it too
+        loop = BatchLoop(engine, on_done, parallel=parallel or engine.n_seq, reuse=share_prefix)
+        try:
+            fitting = []
+            for job in jobs:
+                if len(job.tokens) >= loop.n_ctx_seq:
+                    loop.fail(job, loop.too_long(job))
+                else:
+                    fitting.append(job)
+            if share_prefix:
+                loop.share_head([j.tokens for j in fitting])
+            for job in fitting:
+                loop.add(job)
+            while loop.busy():
+                if interrupt.requested():
+                    loop.stats.interrupted = True
+                    interrupt.clear()
+                    raise KeyboardInterrupt  # unfinished answers are dropped: what was done was passed on
+                loop.step()
+        finally:
+            loop.close()
+            engine.reset()
+            loop.stats.prompts = len(jobs)
+            loop.stats.wall_s = time.perf_counter() - start
+    return loop.stats
 
 
-class _Batch:
-    def __init__(self, engine: Engine, parallel: int, on_done: Callable[[Done], None]) -> None:
+class BatchLoop:
+    """The loop itself: add() jobs at any time, step() until not busy(), close() at the end. Every
+    call from one thread (llama.cpp's): the server's engine thread, or run_batch's caller."""
+
+    def __init__(
+        self, engine: Engine, on_done: Callable[[Done], None], *, parallel: int, reuse: bool = True
+    ) -> None:
         if not 1 <= parallel <= engine.n_seq:
             raise InvalidSetting(f"--parallel {parallel}: the context holds {engine.n_seq} sequences")
         self.engine = engine
@@ -117,95 +159,96 @@ class _Batch:
         self.memory = engine._memory
         self.parallel = parallel
         self.on_done = on_done
+        self.reuse = reuse  # False: every prompt evaluated whole (what prefix reuse saves, measured)
         self.n_ctx_seq = int(self.lib.llama_n_ctx_seq(self.ctx))
         self.stats = BatchStats()
         self.batch = self.lib.llama_batch_init(engine.n_batch + parallel, 0, 1)
-        self.shared = 0
-        self.holders: set[int] = set()  # sequences whose first `shared` cells are the shared head
+        self.cells: list[list[int]] = [[] for _ in range(parallel)]  # the tokens each sequence holds
+        self.used: list[float] = [0.0] * parallel  # when each sequence last took a job
+        self.free = list(range(parallel))
+        self.active: list[_Slot] = []
+        self.queue: deque[Job] = deque()
+        engine.threads.begin()
 
-    def run(self, jobs: Sequence[Job], share_prefix: bool) -> BatchStats:
-        start = time.perf_counter()
-        self.stats.prompts = len(jobs)
-        self.engine.reset()  # the KV cache cleared, the engine's record of it too
-        self.engine.threads.begin()
-        try:
-            self._run(jobs, share_prefix)
-        finally:
+    def close(self) -> None:
+        for slot in self.active:
+            self.lib.llama_sampler_free(slot.sampler)
+        self.active.clear()
+        if self.batch is not None:
             self.lib.llama_batch_free(self.batch)
-            self.engine.reset()
-            self.stats.wall_s = time.perf_counter() - start
-            self.stats.threads = self.engine.threads.used()
-            self.stats.thread_changes = self.engine.threads.changes
-        return self.stats
+            self.batch = None
+        self.stats.threads = self.engine.threads.used()
+        self.stats.thread_changes = self.engine.threads.changes
 
-    def _run(self, jobs: Sequence[Job], share_prefix: bool) -> None:
-        fitting = []
-        for job in jobs:
-            if len(job.tokens) >= self.n_ctx_seq:
-                self._fail(job, self._too_long(job))
-            else:
-                fitting.append(job)
-        if share_prefix:
-            self.shared = shared_prefix([j.tokens for j in fitting])
-        if self.shared:
-            self._evaluate(0, fitting[0].tokens[: self.shared], 0, logits=False)
-            self.holders.add(0)
-            self.stats.shared_tokens = self.shared
-            self.stats.prefill_tokens += self.shared
-        queue = deque(fitting)
-        free = list(range(self.parallel))
-        active: list[_Slot] = []
-        while queue or active:
-            if interrupt.requested():
-                self.stats.interrupted = True
-                for slot in active:  # unfinished answers are dropped: what was done was passed on
-                    self.lib.llama_sampler_free(slot.sampler)
-                interrupt.clear()
-                raise KeyboardInterrupt
-            # one llama_decode: the next token of every active sequence, and the prompts of new ones
-            # (as llama-server mixes them), as many as the batch holds
-            self._clear()
-            rows = [self._add(slot.seq, [slot.last], slot.pos, logits=True) for slot in active]
-            for slot in active:
-                slot.pos += 1
-            started: list[tuple[_Slot, int]] = []
-            alone = False
-            while queue and free:
-                job, seq = queue[0], free[0]
-                if len(job.tokens) - self.shared > self.engine.n_batch - self.batch.n_tokens:
-                    if started or active:
-                        break  # the batch is full: next step
-                    queue.popleft()  # a prompt longer than a batch: alone, in n_batch chunks
-                    free.pop(0)
-                    long = self._start(seq, job, evaluate=True)
-                    if long is not None and self._take(long, self._sample(long, -1)):
-                        active.append(long)
-                    else:
-                        free.append(seq)
-                    alone = True
-                    break
-                queue.popleft()
-                free.pop(0)
-                new = self._start(seq, job, evaluate=False)
-                if new is None:
-                    free.append(seq)
-                    continue
-                tail = job.tokens[self.shared :]
-                started.append((new, self._add(seq, tail, new.pos, logits=True)))
-                new.pos += len(tail)
-            if alone or self.batch.n_tokens == 0:
-                continue
-            self._decode()
-            self.stats.steps += 1
-            still = []
-            for slot, row in [*zip(active, rows, strict=True), *started]:
-                if self._take(slot, self._sample(slot, row)):
-                    still.append(slot)
+    def add(self, job: Job) -> None:
+        self.queue.append(job)
+
+    def busy(self) -> bool:
+        return bool(self.queue or self.active)
+
+    def waiting(self) -> int:
+        return len(self.queue)
+
+    def share_head(self, prompts: Sequence[Sequence[int]]) -> None:
+        """The head every prompt starts with, evaluated once in sequence 0 (each job copies it)."""
+        shared = shared_prefix(prompts)
+        if not shared:
+            return
+        head = list(prompts[0][:shared])
+        self._evaluate(0, head, 0, logits=False)
+        self.cells[0] = head
+        self.stats.shared_tokens = shared
+        self.stats.prefill_tokens += shared
+
+    def step(self) -> None:
+        """One llama_decode: the next token of every active sequence, and the prompts of new ones
+        (as llama-server mixes them), as many as the batch holds. Cancelled jobs end first."""
+        self._cancel()
+        self._clear()
+        rows = [self._add(slot.seq, [slot.last], slot.pos, logits=True) for slot in self.active]
+        for slot in self.active:
+            slot.pending = [slot.last]
+            slot.pos += 1
+        started: list[tuple[_Slot, int]] = []
+        while self.queue and self.free:
+            job = self.queue[0]
+            seq, keep, source = self._place(job)
+            if len(job.tokens) - keep > self.engine.n_batch - self.batch.n_tokens:
+                if started or self.active:
+                    break  # the batch is full: next step
+                self.queue.popleft()  # a prompt longer than a batch: alone, in n_batch chunks
+                self.free.remove(seq)
+                long = self._start(seq, job, keep, source, evaluate=True)
+                if long is not None and self._take(long, self._sample(long, -1)):
+                    self.active.append(long)
                 else:
-                    free.append(slot.seq)
-            active = still
+                    self.free.append(seq)
+                return
+            self.queue.popleft()
+            self.free.remove(seq)
+            new = self._start(seq, job, keep, source, evaluate=False)
+            if new is None:
+                self.free.append(seq)
+                continue
+            tail = job.tokens[keep:]
+            started.append((new, self._add(seq, tail, new.pos, logits=True)))
+            new.pending = tail
+            new.pos += len(tail)
+        if self.batch.n_tokens == 0:
+            return
+        self._decode()
+        self.stats.steps += 1
+        still = []
+        for slot, row in [*zip(self.active, rows, strict=True), *started]:
+            self.cells[slot.seq].extend(slot.pending)
+            slot.pending = []
+            if self._take(slot, self._sample(slot, row)):
+                still.append(slot)
+            else:
+                self.free.append(slot.seq)
+        self.active = still
 
-    def _too_long(self, job: Job) -> str:
+    def too_long(self, job: Job) -> str:
         """Why a prompt does not fit its sequence, and the --ctx that would (each sequence's, as
         --ctx is in every command), never past the context the model was trained on."""
         n, trained = len(job.tokens), self.engine.n_ctx_train
@@ -220,32 +263,55 @@ class _Batch:
             f"use --ctx {suggest} or more"
         )
 
+    def fail(self, job: Job, error: str) -> None:
+        self.on_done(Done(job.index, "", "error", len(job.tokens), 0, 0, 0.0, 0.0, error=error))
+
     # -- one sequence ----------------------------------------------------------------------------
 
-    def _start(self, seq: int, job: Job, *, evaluate: bool) -> _Slot | None:
-        """The job in sequence `seq`: the shared head copied in, its own tail evaluated now (when
-        `evaluate`) or by the caller's next batch."""
+    def _place(self, job: Job) -> tuple[int, int, int | None]:
+        """Where the job goes: the free sequence holding the longest head of its prompt (else the one
+        unused longest), how many of its cells stay, and a sequence to copy a longer head from."""
+        if not self.reuse:
+            return min(self.free, key=lambda s: self.used[s]), 0, None
+        most = len(job.tokens) - 1  # at least one token evaluated: its logits give the first token
+        seq = max(
+            self.free, key=lambda s: (min(common_prefix(self.cells[s], job.tokens), most), -self.used[s])
+        )
+        keep = min(common_prefix(self.cells[seq], job.tokens), most)
+        source, best = None, keep + MIN_SHARED - 1
+        for other in range(self.parallel):
+            if other != seq:
+                n = min(common_prefix(self.cells[other], job.tokens), most)
+                if n > best:
+                    source, best = other, n
+        return (seq, best, source) if source is not None else (seq, keep, None)
+
+    def _start(self, seq: int, job: Job, keep: int, source: int | None, *, evaluate: bool) -> _Slot | None:
+        """The job in sequence `seq`: its first `keep` tokens already there (or copied in from
+        `source`), the rest evaluated now (when `evaluate`) or by the caller's next batch."""
         lib = self.lib
-        begin = self.shared
-        if self.shared and seq not in self.holders:
-            source = next(iter(self.holders))
-            lib.llama_memory_seq_cp(self.memory, source, seq, -1, -1)  # the whole stream: its head
-            self.holders.add(seq)
-        lib.llama_memory_seq_rm(self.memory, seq, begin, -1)
         try:
             sampler = self.engine._sampler(job.sampling, job.tokens, job.grammar)
         except InvalidSetting as exc:
-            self._fail(job, str(exc))
+            self.fail(job, str(exc))
             return None
-        slot = _Slot(seq, job, sampler, TextAssembler(job.stop), time.perf_counter(), pos=begin)
-        tail = job.tokens[begin:]
+        if source is not None:
+            lib.llama_memory_seq_cp(self.memory, source, seq, -1, -1)  # the whole stream: its head
+            self.cells[seq] = list(self.cells[source])
+        lib.llama_memory_seq_rm(self.memory, seq, keep, -1)
+        del self.cells[seq][keep:]
+        self.used[seq] = time.perf_counter()
+        slot = _Slot(seq, job, sampler, TextAssembler(job.stop), time.perf_counter(), pos=keep)
+        tail = job.tokens[keep:]
         if evaluate:
             for at in range(0, len(tail), self.engine.n_batch):
                 piece = tail[at : at + self.engine.n_batch]
                 self._evaluate(seq, piece, slot.pos, logits=at + len(piece) == len(tail))
+                self.cells[seq].extend(piece)
                 slot.pos += len(piece)
         slot.prefill = len(tail)
         self.stats.prefill_tokens += len(tail)
+        self.stats.cached_tokens += keep
         return slot
 
     def _take(self, slot: _Slot, token: int) -> bool:
@@ -259,7 +325,7 @@ class _Batch:
         slot.n_out += 1
         self.stats.completion_tokens += 1
         piece, stopped = slot.text.push(engine.token_bytes(token))
-        slot.parts.append(piece)
+        self._emit(slot, piece)
         if stopped:
             self._finish(slot, FINISH_STOP)
             return False
@@ -272,11 +338,33 @@ class _Batch:
         slot.last = token
         return True
 
-    def _finish(self, slot: _Slot, reason: str, *, context_full: bool = False) -> None:
+    def _emit(self, slot: _Slot, piece: str) -> None:
+        if piece:
+            slot.parts.append(piece)
+            if slot.job.on_piece is not None:
+                slot.job.on_piece(piece)
+
+    def _cancel(self) -> None:
+        """Jobs whose client went away: out of the queue, and out of their sequences."""
+        if any(job.cancelled for job in self.queue):
+            for job in [j for j in self.queue if j.cancelled]:
+                self.queue.remove(job)
+                self.on_done(Done(job.index, "", FINISH_INTERRUPTED, len(job.tokens), 0, 0, 0.0, 0.0))
+        still = []
+        for slot in self.active:
+            if slot.job.cancelled:
+                self._finish(slot, FINISH_INTERRUPTED, flush=False)
+                self.free.append(slot.seq)
+            else:
+                still.append(slot)
+        self.active = still
+
+    def _finish(self, slot: _Slot, reason: str, *, context_full: bool = False, flush: bool = True) -> None:
         self.lib.llama_sampler_free(slot.sampler)
-        if not slot.text.stopped:
-            slot.parts.append(slot.text.flush())
+        if flush and not slot.text.stopped:
+            self._emit(slot, slot.text.flush())
         now = time.perf_counter()
+        first = slot.first_at or now
         self.on_done(
             Done(
                 index=slot.job.index,
@@ -285,14 +373,12 @@ class _Batch:
                 prompt_tokens=len(slot.job.tokens),
                 prefill_tokens=slot.prefill,
                 completion_tokens=slot.n_out,
-                ttft_s=(slot.first_at or now) - slot.start,
-                total_s=now - slot.start,
+                ttft_s=first - (slot.job.arrived or slot.start),
+                total_s=now - (slot.job.arrived or slot.start),
                 context_full=context_full,
+                prefill_s=first - slot.start,
             )
         )
-
-    def _fail(self, job: Job, error: str) -> None:
-        self.on_done(Done(job.index, "", "error", len(job.tokens), 0, 0, 0.0, 0.0, error=error))
 
     # -- llama.cpp -------------------------------------------------------------------------------
 
