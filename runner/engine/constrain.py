@@ -135,14 +135,19 @@ def _load_schema(value: str) -> dict[str, Any]:
         parsed = json.loads(text)
     except json.JSONDecodeError as exc:
         raise InvalidSetting(f"--schema is not JSON: {exc}") from None
+    return checked_schema(parsed)
+
+
+def checked_schema(parsed: Any, where: str = "--schema") -> dict[str, Any]:
+    """A schema given as a value (a server's request): a JSON object that is a valid JSON Schema."""
     if not isinstance(parsed, dict):
-        raise InvalidSetting("--schema must be a JSON object (a JSON Schema)")
+        raise InvalidSetting(f"{where} must be a JSON object (a JSON Schema)")
     import jsonschema
 
     try:
         jsonschema.validators.validator_for(parsed).check_schema(parsed)
     except jsonschema.SchemaError as exc:
-        raise InvalidSetting(f"--schema is not a valid JSON Schema: {exc.message}") from None
+        raise InvalidSetting(f"{where} is not a valid JSON Schema: {exc.message}") from None
     return parsed
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from runner import ui
 from runner.engine.reasoning import opens_reasoning, style_of
@@ -52,6 +52,7 @@ def render_prompt(
     raw: bool = False,
     enable_thinking: bool | None = None,
     quiet: bool = False,
+    tools: list[dict[str, Any]] | None = None,
 ) -> Prompt:
     """A conversation (system first, if any, then alternating turns ending with the user's) as tokens.
 
@@ -85,6 +86,7 @@ def render_prompt(
         bos_token=engine.bos_text,
         eos_token=engine.eos_text,
         enable_thinking=enable_thinking,
+        tools=tools,
     )
     if engine.adds_bos and engine.bos_text and text.startswith(engine.bos_text):
         text = text[len(engine.bos_text) :]  # tokenize adds it; a second BOS degrades answers

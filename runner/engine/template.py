@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from functools import lru_cache
@@ -27,9 +28,10 @@ TEMPLATE_KEY = "tokenizer.chat_template"
 class Message:
     role: str
     content: str
+    extra: Mapping[str, Any] | None = None  # what a server's client sends beside: tool_calls, tool_call_id
 
-    def as_dict(self) -> dict[str, str]:
-        return {"role": self.role, "content": self.content}
+    def as_dict(self) -> dict[str, Any]:
+        return {"role": self.role, "content": self.content, **(self.extra or {})}
 
 
 def build_messages(prompt: str, system: str | None = None) -> list[Message]:
@@ -103,6 +105,7 @@ def render(
     eos_token: str = "",
     add_generation_prompt: bool = True,
     enable_thinking: bool | None = None,
+    tools: list[dict[str, Any]] | None = None,
 ) -> str:
     """Render messages with the model's template; any failure is the model file's fault.
 
@@ -111,7 +114,9 @@ def render(
     """
     import jinja2
 
-    extra = {} if enable_thinking is None else {"enable_thinking": enable_thinking}
+    extra: dict[str, Any] = {} if enable_thinking is None else {"enable_thinking": enable_thinking}
+    if tools:
+        extra["tools"] = tools
     try:
         template = _compile(source)
         return str(

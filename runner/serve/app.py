@@ -1,0 +1,194 @@
+"""The HTTP application `runner serve` runs: both APIs' routes over one backend, and what wraps them.
+
+From the outside in: the access line (and the last guard against a bare 500), CORS when asked for,
+the API key when one is set, then the routes. Every error leaves in the shape of the API it was
+asked through: OpenAI's for /v1/* (and anything else), Ollama's for /api/*.
+"""
+
+from __future__ import annotations
+
+import hmac
+import sys
+import time
+from collections.abc import Callable
+
+from pydantic import ValidationError
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.routing import Route
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from runner.errors import RunnerError
+from runner.serve import ollama_api, openai_api
+from runner.serve.backend import Backend
+from runner.serve.common import (
+    TRAFFIC,
+    ApiError,
+    Traffic,
+    as_api_error,
+    brief,
+    error_body,
+    error_response,
+    quoted,
+)
+
+MAX_BODY = 4 << 20  # a request's body: room for a long conversation, not for a flood
+
+
+def create_app(
+    backend: Backend,
+    *,
+    api_key: str | None = None,
+    cors: str | None = None,
+    max_body: int = MAX_BODY,
+    log: Callable[[str], None] | None = None,
+) -> Starlette:
+    """The server's ASGI app. api_key: required on every request but GET / and GET /health. cors: the
+    one origin browsers may call from ("*": any); None, the default, sends no CORS headers at all.
+    log: where the access lines go (stderr by default)."""
+
+    async def root(request: Request) -> Response:
+        return PlainTextResponse("runner is running")  # Ollama's clients probe / before anything else
+
+    async def health(request: Request) -> Response:
+        if backend.ready():
+            return JSONResponse({"status": "ok"})
+        return JSONResponse({"status": "loading"}, status_code=503)
+
+    routes = [
+        Route("/", root, methods=["GET"]),
+        Route("/health", health, methods=["GET"]),
+        *openai_api.routes(backend, max_body),
+        *ollama_api.routes(backend, max_body),
+    ]
+    middleware = [Middleware(AccessLog, log=log or _to_stderr)]
+    if cors:
+        origins = ["*"] if cors == "*" else [cors]
+        headers = ["Authorization", "Content-Type", "x-api-key"]
+        middleware.append(
+            Middleware(
+                CORSMiddleware, allow_origins=origins, allow_methods=["GET", "POST"], allow_headers=headers
+            )
+        )
+    if api_key:
+        middleware.append(Middleware(ApiKey, key=api_key))
+    handlers = {
+        HTTPException: _no_route,
+        ApiError: error_response,
+        ValidationError: error_response,
+        RunnerError: error_response,
+    }
+    return Starlette(routes=routes, middleware=middleware, exception_handlers=handlers)
+
+
+def _no_route(request: Request, exc: Exception) -> Response:
+    """The router's 404 and 405, in the API's shape (405 keeps its Allow header)."""
+    status = exc.status_code if isinstance(exc, HTTPException) else 500
+    where = f"{request.method} {quoted(request.url.path)}"
+    if status == 405:
+        allow = dict(exc.headers or {}) if isinstance(exc, HTTPException) else {}
+        err = ApiError(405, f"{where}: method not allowed", headers=allow)
+    elif status == 404:
+        err = ApiError(404, f"{where}: no such endpoint", kind="not_found_error")
+    else:
+        err = ApiError(status, f"{where}: {getattr(exc, 'detail', '')}")
+    return error_response(request, err)
+
+
+def _to_stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+# -- middleware -----------------------------------------------------------------------------
+
+
+class AccessLog:
+    """One line per request (method, path, status, tokens and TTFT for answers, total), written when
+    the response is done, streams included; and the last guard: an exception no handler took becomes
+    a 500 in the API's shape, said in the line, never a traceback."""
+
+    def __init__(self, app: ASGIApp, log: Callable[[str], None]) -> None:
+        self.app = app
+        self.log = log
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        note = Traffic(time.perf_counter())
+        scope[TRAFFIC] = note
+        status = 0
+
+        async def sending(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, sending)
+        except Exception as exc:
+            note.error = brief(exc)
+            if status == 0:
+                err = as_api_error(exc)
+                body = error_body(scope.get("path", ""), err)
+                await JSONResponse(body, status_code=err.status)(scope, receive, sending)
+        finally:
+            self.log(access_line(scope, status, note))
+
+
+def access_line(scope: Scope, status: int, note: Traffic) -> str:
+    path = "".join(c if c.isprintable() and c != " " else f"%{ord(c):02X}" for c in scope.get("path", ""))
+    line = f"{scope.get('method', '?')} {path[:200]} {status or '-'}"
+    if note.prompt_tokens is not None:
+        line += f" prompt={note.prompt_tokens} completion={note.completion_tokens} ttft={note.ttft_s:.3f}s"
+    line += f" total={time.perf_counter() - note.start:.3f}s"
+    if note.finish is not None:
+        line += f" finish={note.finish}"
+    if note.error:
+        line += f" error={quoted(note.error, 200)}"
+    return line
+
+
+OPEN_PATHS = {"/", "/health"}  # what answers without the key: a liveness probe says nothing private
+
+
+class ApiKey:
+    """With a key set, every request but GET / and GET /health carries it, as `Authorization: Bearer
+    KEY` or `x-api-key: KEY`, compared in constant time; else a 401 in the API's shape."""
+
+    def __init__(self, app: ASGIApp, key: str) -> None:
+        self.app = app
+        self.key = key.encode("utf-8")
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or self._open(scope) or self._allowed(scope):
+            await self.app(scope, receive, send)
+            return
+        err = ApiError(
+            401, "a valid API key is required", kind="authentication_error", code="invalid_api_key"
+        )
+        request = Request(scope, receive)
+        response = error_response(request, err)
+        response.headers["WWW-Authenticate"] = "Bearer"
+        await response(scope, receive, send)
+
+    def _open(self, scope: Scope) -> bool:
+        return scope.get("method") in ("GET", "HEAD") and scope.get("path") in OPEN_PATHS
+
+    def _allowed(self, scope: Scope) -> bool:
+        ok = False
+        for name, value in scope.get("headers", []):
+            given = b""
+            if name == b"authorization":
+                scheme, _, token = value.partition(b" ")
+                given = token.strip() if scheme.lower() == b"bearer" else b""
+            elif name == b"x-api-key":
+                given = value.strip()
+            if given:
+                ok |= hmac.compare_digest(given, self.key)  # every header compared: no early exit
+        return ok

@@ -1,0 +1,135 @@
+"""The server's engines, each driven by one thread of its own, and what the HTTP side sees of them.
+
+The HTTP side hands over an `Ask` (what a request asks, already validated for shape) and gets a
+`Generation` back: an async iterator of ("answer" | "reasoning", text) parts, then its `Outcome`.
+Everything that calls llama.cpp (the template's tokens, the sampler chain, the decode) happens in the
+model's own thread: runner.engine.batch's loop, fed by this module as requests come and go.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from runner.errors import RunnerError, UsageError
+
+
+@dataclass(frozen=True)
+class Ask:
+    """One request, as the HTTP side hands it over: shapes checked, values not yet (the backend checks
+    ranges and raises InvalidSetting naming the field)."""
+
+    model: str  # one of Backend.names() (the HTTP side answers 404 for any other)
+    messages: list[dict[str, Any]] | None = None  # a chat: {"role", "content", ...} rendered by the template
+    prompt: str | None = None  # a completion: the text as is, no template
+    sampling: dict[str, Any] = field(default_factory=dict)  # SamplingConfig's fields: temperature, top_k, ...
+    max_tokens: int | None = None  # None: until the end of the answer or of the sequence's context
+    stop: tuple[str, ...] = ()
+    json_schema: dict[str, Any] | None = None  # response_format json_schema / Ollama format {schema}
+    json_object: bool = False  # response_format json_object / Ollama format "json"
+    think: bool | None = None  # enable_thinking for the templates that read it
+    tools: list[dict[str, Any]] | None = None  # OpenAI-shaped tool definitions, rendered by the template
+    tool_choice: str | dict[str, Any] | None = None  # "auto" | "none" | "required" | {"function": {"name"}}
+
+
+@dataclass
+class Outcome:
+    """How an answer ended, once its parts are all out."""
+
+    text: str = ""  # the answer (reasoning apart)
+    reasoning: str = ""
+    finish_reason: str = "stop"  # "stop" | "length" | "tool_calls" | "interrupted"
+    prompt_tokens: int = 0
+    cached_tokens: int = 0  # of the prompt, reused from the slot's KV cache (not evaluated)
+    completion_tokens: int = 0
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)  # [{"name", "arguments": dict}]
+    ttft_s: float = 0.0  # from the request's arrival to its first token (queue wait included)
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+    total_s: float = 0.0
+
+    def timings(self) -> dict[str, Any]:
+        """runner's own timings, as --json names them (the extra `timings` field of an answer)."""
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "cached_tokens": self.cached_tokens,
+            "prefill_tokens": self.prompt_tokens - self.cached_tokens,
+            "completion_tokens": self.completion_tokens,
+            "ttft_s": round(self.ttft_s, 4),
+            "prefill_s": round(self.prefill_s, 4),
+            "decode_s": round(self.decode_s, 4),
+            "total_s": round(self.total_s, 4),
+        }
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    name: str  # the name requests use (the catalog alias or the name given to `runner serve`)
+    path: str
+    size: int  # bytes of the GGUF file
+    modified: float  # the file's mtime (Unix seconds)
+    sha256: str | None  # from the catalog, when it pins one
+    architecture: str  # general.architecture
+    quantization: str  # e.g. "Q4_1"
+    parameters: str  # e.g. "135M" ("" when unknown)
+    context: int  # tokens per sequence (--ctx)
+    parallel: int  # sequences at once
+    template: str | None  # the chat template's source
+    metadata: dict[str, Any] = field(default_factory=dict)  # the GGUF's scalar metadata (no big arrays)
+
+
+class BadField(UsageError):
+    """A request's field has a value the engine cannot take: 400, naming the field (`param`)."""
+
+    def __init__(self, param: str, message: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+class TooLong(BadField):
+    """The prompt does not fit a sequence's context (never truncated): 400 with the counts."""
+
+    def __init__(self, message: str, prompt_tokens: int, context: int) -> None:
+        super().__init__("messages", message)
+        self.prompt_tokens = prompt_tokens
+        self.context = context
+
+
+class QueueFull(RunnerError):
+    """--queue requests already wait: 429 with Retry-After."""
+
+    def __init__(self, message: str, retry_after: int = 1) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class Generation(Protocol):
+    """One answer in progress. `async for kind, text in generation` yields its parts as they come
+    (kind "answer" or "reasoning"); then `outcome` says how it ended. `cancel()` (the client went
+    away) frees its sequence at the engine's next step; iteration then ends with finish_reason
+    "interrupted". The server stopping ends it the same way."""
+
+    prompt_tokens: int  # known once submit() returned: the prompt fits
+    outcome: Outcome  # complete once iteration ended
+
+    def __aiter__(self) -> AsyncIterator[tuple[str, str]]: ...
+
+    def cancel(self) -> None: ...
+
+
+class Backend(Protocol):
+    """The served models. submit() raises BadField / TooLong (400), QueueFull (429); a model name
+    not in names() is the HTTP side's 404 and never reaches it."""
+
+    def names(self) -> list[str]: ...
+
+    def info(self, name: str) -> ModelInfo: ...
+
+    def ready(self) -> bool: ...  # every model loaded: /health 200 (503 before)
+
+    async def submit(self, ask: Ask) -> Generation: ...
+
+    def counters(
+        self, name: str
+    ) -> dict[str, int]: ...  # prompt_tokens, prefill_tokens, cached_tokens, requests

@@ -1,0 +1,344 @@
+"""The Backend behind the HTTP side: each served model's engine, driven by a thread of its own.
+
+A request crosses from the event loop to the model's thread as a `_Request`; that thread renders the
+chat template, tokenizes, checks the prompt fits a sequence, and adds the job to runner.engine.batch's
+loop, the one `runner run --each-line` runs; it then steps the loop while any job is active. Each
+answer's pieces come back to the event loop through call_soon_threadsafe. Nothing else calls llama.cpp.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import itertools
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from runner import ui
+from runner.engine.answer import FINISH_INTERRUPTED
+from runner.engine.batch import BatchLoop, Done, Job
+from runner.engine.constrain import checked_schema, json_grammar, schema_grammar
+from runner.engine.prompt import Prompt, render_prompt
+from runner.engine.reasoning import ANSWER, Splitter
+from runner.engine.sampling import SamplingConfig
+from runner.engine.template import TEMPLATE_KEY, Message
+from runner.errors import InvalidSetting, RunnerError
+from runner.loader import LoadedModel
+from runner.serve.backend import Ask, BadField, ModelInfo, Outcome, QueueFull, TooLong
+from runner.serve.tools import forced_call_schema, parse_tool_calls, tools_as_system
+
+FLAG_FIELD = {f.metadata["flag"]: f.name for f in dataclasses.fields(SamplingConfig)}
+
+
+@dataclass
+class Served:
+    """One model as `runner serve` loaded it."""
+
+    info: ModelInfo
+    loaded: LoadedModel
+    sampling: Callable[[dict[str, Any]], SamplingConfig]  # a request's fields over the server's defaults
+
+
+class EngineBackend:
+    """runner.serve.backend.Backend over loaded engines; close() ends every answer and frees them."""
+
+    def __init__(self, models: list[Served], *, queue: int) -> None:
+        self._models = {m.info.name: _ModelThread(m, queue) for m in models}
+
+    def names(self) -> list[str]:
+        return list(self._models)
+
+    def info(self, name: str) -> ModelInfo:
+        return self._models[name].served.info
+
+    def ready(self) -> bool:
+        return all(m.thread.is_alive() for m in self._models.values())
+
+    def counters(self, name: str) -> dict[str, int]:
+        return dict(self._models[name].counters)
+
+    async def submit(self, ask: Ask) -> _Generation:
+        return await self._models[ask.model].submit(ask)
+
+    def stop(self) -> None:
+        """The server is stopping: every answer ends at the next step (finish_reason "interrupted")."""
+        for model in self._models.values():
+            model.stop()
+
+    def close(self) -> None:
+        self.stop()
+        for model in self._models.values():
+            model.thread.join(timeout=30)
+            model.served.loaded.close()
+
+
+class _Generation:
+    """runner.serve.backend.Generation: parts go from the model's thread to an asyncio queue."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, wake: Callable[[], None], hold: bool) -> None:
+        self._loop = loop
+        self._wake = wake
+        self._queue: asyncio.Queue[tuple[str, str] | None] = asyncio.Queue()
+        self._hold = hold  # tools: the answer may be a call, so it comes whole at the end
+        self._splitter = Splitter(None)
+        self._parts: dict[str, list[str]] = {"answer": [], "reasoning": []}
+        self.job: Job | None = None
+        self.tools: list[dict[str, Any]] | None = None
+        self.forced = False
+        self.prompt_tokens = 0
+        self.outcome = Outcome()
+
+    def __aiter__(self) -> AsyncIterator[tuple[str, str]]:
+        return self._iterate()
+
+    async def _iterate(self) -> AsyncIterator[tuple[str, str]]:
+        while (item := await self._queue.get()) is not None:
+            yield item
+
+    def cancel(self) -> None:
+        if self.job is not None and not self.job.cancelled:
+            self.job.cancelled = True
+            self._wake()
+
+    # -- the model's thread ----------------------------------------------------------------------
+
+    def start(self, prompt: Prompt) -> None:
+        self._splitter = Splitter(prompt.reasoning_style, start_in_reasoning=prompt.opens_reasoning)
+
+    def piece(self, text: str) -> None:
+        self._out(self._splitter.push(text))
+
+    def done(self, d: Done) -> None:
+        self._out(self._splitter.flush())
+        o = self.outcome
+        o.text, o.reasoning = "".join(self._parts["answer"]), "".join(self._parts["reasoning"])
+        o.finish_reason = d.finish_reason if d.error is None else "error"
+        o.prompt_tokens, o.completion_tokens = d.prompt_tokens, d.completion_tokens
+        o.cached_tokens = d.prompt_tokens - d.prefill_tokens
+        o.ttft_s, o.prefill_s, o.total_s = d.ttft_s, d.prefill_s, d.total_s
+        o.decode_s = max(0.0, d.total_s - d.ttft_s)
+        if self.tools and d.error is None:
+            o.tool_calls, rest = parse_tool_calls(o.text, self.tools, whole_json=self.forced)
+            if o.tool_calls:
+                o.text, o.finish_reason = rest, "tool_calls"
+        if self._hold and o.text:
+            self._put(("answer", o.text))
+        self._put(None)
+
+    def _out(self, parts: list[tuple[str, str]]) -> None:
+        for kind, text in parts:
+            self._parts[kind].append(text)
+            if not (self._hold and kind == ANSWER):
+                self._put((kind, text))
+
+    def _put(self, item: tuple[str, str] | None) -> None:
+        self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
+
+
+@dataclass
+class _Request:
+    ask: Ask
+    sampling: SamplingConfig
+    grammar: str | None
+    generation: _Generation
+    admitted: asyncio.Future[None]
+    arrived: float
+
+
+class _ModelThread:
+    """One model: its engine, its batch loop and the thread that alone drives them."""
+
+    def __init__(self, served: Served, queue: int) -> None:
+        self.served = served
+        self.engine = served.loaded.engine
+        self.queue_limit = queue
+        self.counters = {"requests": 0, "prompt_tokens": 0, "prefill_tokens": 0, "cached_tokens": 0}
+        self._inbox: list[_Request] = []
+        self._jobs: dict[int, _Generation] = {}
+        self._ids = itertools.count()
+        self._in_flight = 0  # submitted and not yet done: past parallel + queue, 429
+        self._lock = threading.Lock()
+        self._wakeup = threading.Condition(self._lock)
+        self._stopping = False
+        self._loop = BatchLoop(self.engine, self._done, parallel=self.engine.n_seq)
+        self.thread = threading.Thread(target=self._run, name=f"engine {served.info.name}", daemon=True)
+        self.thread.start()
+
+    # -- the event loop's side -------------------------------------------------------------------
+
+    async def submit(self, ask: Ask) -> _Generation:
+        sampling = self._sampling(ask)
+        grammar, forced = _grammar(ask)
+        loop = asyncio.get_running_loop()
+        generation = _Generation(loop, self.wake, hold=bool(ask.tools) and ask.tool_choice != "none")
+        if ask.tools and ask.tool_choice != "none":
+            generation.tools, generation.forced = ask.tools, forced
+        request = _Request(ask, sampling, grammar, generation, loop.create_future(), time.perf_counter())
+        with self._lock:
+            if self._stopping:
+                raise QueueFull("the server is stopping", retry_after=5)
+            if self._in_flight >= self.engine.n_seq + self.queue_limit:
+                raise QueueFull(
+                    f"{self.queue_limit} requests already wait for {self.served.info.name} (--queue)"
+                )
+            self._in_flight += 1
+            self._inbox.append(request)
+            self._wakeup.notify()
+        try:
+            await request.admitted
+        except BaseException:
+            generation.cancel()  # the client went away while it waited: never decoded for nobody
+            raise
+        return generation
+
+    def _sampling(self, ask: Ask) -> SamplingConfig:
+        try:
+            return self.served.sampling(ask.sampling)
+        except InvalidSetting as exc:
+            message = str(exc)
+            param = next((f for flag, f in FLAG_FIELD.items() if flag in message), "sampling")
+            for flag, name in FLAG_FIELD.items():
+                message = message.replace(flag, name)
+            raise BadField(param, message) from None
+
+    def wake(self) -> None:
+        with self._lock:
+            self._wakeup.notify()
+
+    def stop(self) -> None:
+        with self._lock:
+            self._stopping = True
+            for generation in self._jobs.values():
+                if generation.job is not None:
+                    generation.job.cancelled = True
+            self._wakeup.notify()
+
+    # -- the model's thread ----------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                while not self._inbox and not self._loop.busy() and not self._stopping:
+                    self._wakeup.wait()
+                arrived, self._inbox = self._inbox, []
+                stopping = self._stopping
+            for request in arrived:
+                self._intake(request, stopping)
+            if stopping and not self._loop.busy():
+                self._loop.close()
+                return
+            try:
+                self._loop.step()
+            except RunnerError as exc:  # llama_decode failed: every answer in it ends, the server goes on
+                ui.warn(f"{self.served.info.name}: {exc}; the answers in progress ended")
+                self._restart()
+
+    def _intake(self, request: _Request, stopping: bool) -> None:
+        generation, ask = request.generation, request.ask
+        try:
+            if stopping:
+                raise QueueFull("the server is stopping", retry_after=5)
+            prompt = self._prompt(ask)
+            n, room = len(prompt.tokens), int(self._loop.n_ctx_seq)
+            if n >= room:
+                raise TooLong(
+                    f"the prompt is {n:,} tokens; a sequence's context is {room:,} "
+                    f"(runner serve --ctx), with room for at least one token of answer",
+                    prompt_tokens=n,
+                    context=room,
+                )
+            if request.grammar is not None:  # a grammar llama.cpp cannot parse: this request's 400
+                self.engine._sampler(request.sampling, (), request.grammar)
+        except RunnerError as exc:
+            self._answered(request.admitted, exc)
+            with self._lock:
+                self._in_flight -= 1
+            return
+        index = next(self._ids)
+        generation.start(prompt)
+        generation.prompt_tokens = len(prompt.tokens)
+        generation.job = Job(
+            index,
+            prompt.tokens,
+            request.sampling,
+            max_tokens=ask.max_tokens,
+            stop=ask.stop,
+            grammar=request.grammar,
+            on_piece=generation.piece,
+            arrived=request.arrived,
+        )
+        self._jobs[index] = generation
+        self._loop.add(generation.job)
+        self._answered(request.admitted, None)
+
+    def _prompt(self, ask: Ask) -> Prompt:
+        engine, header = self.engine, self.served.loaded.header
+        if ask.prompt is not None:
+            return render_prompt(engine, header, [Message("user", ask.prompt)], raw=True)
+        messages = [_message(m) for m in ask.messages or []]
+        tools = ask.tools if ask.tools and ask.tool_choice != "none" else None
+        source = header.get(TEMPLATE_KEY)
+        if tools and not (isinstance(source, str) and "tools" in source):
+            messages = tools_as_system(messages, tools)  # the template would not show them
+            tools = None
+        return render_prompt(engine, header, messages, enable_thinking=ask.think, quiet=True, tools=tools)
+
+    def _done(self, d: Done) -> None:
+        generation = self._jobs.pop(d.index)
+        if d.error is not None:
+            ui.warn(f"{self.served.info.name}: {d.error}")
+        c = self.counters
+        c["requests"] += 1
+        c["prompt_tokens"] += d.prompt_tokens
+        c["prefill_tokens"] += d.prefill_tokens
+        c["cached_tokens"] += d.prompt_tokens - d.prefill_tokens
+        with self._lock:
+            self._in_flight -= 1
+        generation.done(d)
+
+    def _restart(self) -> None:
+        for generation in list(self._jobs.values()):
+            if generation.job is not None:
+                job = generation.job
+                self._done(Done(job.index, "", FINISH_INTERRUPTED, len(job.tokens), 0, 0, 0.0, 0.0))
+        self._loop.close()
+        self.engine.reset()
+        self._loop = BatchLoop(self.engine, self._done, parallel=self.engine.n_seq)
+
+    @staticmethod
+    def _answered(future: asyncio.Future[None], error: BaseException | None) -> None:
+        def settle() -> None:
+            if future.done():
+                return
+            if error is None:
+                future.set_result(None)
+            else:
+                future.set_exception(error)
+
+        future.get_loop().call_soon_threadsafe(settle)
+
+
+def _message(m: dict[str, Any]) -> Message:
+    content = m.get("content")
+    extra = {k: v for k, v in m.items() if k not in ("role", "content") and v is not None}
+    return Message(str(m["role"]), content if isinstance(content, str) else "", extra or None)
+
+
+def _grammar(ask: Ask) -> tuple[str | None, bool]:
+    """The grammar a request asks for (a JSON object, a schema, a forced tool call) and whether the
+    answer is then a tool call as a whole JSON object."""
+    forced = bool(ask.tools) and ask.tool_choice not in (None, "auto", "none")
+    try:
+        if forced and ask.tools:
+            return schema_grammar(forced_call_schema(ask.tools, ask.tool_choice)), True
+        if ask.json_schema is not None:
+            return schema_grammar(checked_schema(ask.json_schema, "the schema")), False
+    except InvalidSetting as exc:
+        param = "tool_choice" if forced else "response_format"
+        raise BadField(param, str(exc).replace("--schema: ", "").replace("--schema", "the schema")) from None
+    if ask.json_object:
+        return json_grammar(), False
+    return None, False

@@ -1,0 +1,101 @@
+"""Tool calls: the tools shown to a model whose template does not show them, a call forced by a
+grammar (tool_choice "required" or a named function), and calls read back out of an answer.
+
+Call formats read: Hermes / Qwen2.5 / Qwen3 `<tool_call>{"name", "arguments"}</tool_call>` blocks,
+and an answer that is one JSON object {"name", "arguments" | "parameters"} (Llama 3.x, and what
+tools_as_system asks of any other model). A name not among the request's tools is no call.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from runner.engine.template import Message
+
+TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
+
+
+def functions(tools: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """name -> OpenAI function definition ({"name", "description", "parameters"})."""
+    out = {}
+    for tool in tools:
+        fn = tool.get("function", tool)
+        if isinstance(fn, dict) and isinstance(fn.get("name"), str):
+            out[fn["name"]] = fn
+    return out
+
+
+def tools_as_system(messages: list[Message], tools: list[dict[str, Any]]) -> list[Message]:
+    """The tools described in the system message, for a template that has no place for them."""
+    listed = "\n".join(json.dumps(fn, ensure_ascii=False) for fn in functions(tools).values())
+    text = (
+        "You can call these functions:\n"
+        f"{listed}\n"
+        'To call one, answer with only a JSON object: {"name": <function name>, "arguments": {...}}.'
+    )
+    if messages and messages[0].role == "system":
+        first = messages[0]
+        return [Message("system", f"{first.content}\n\n{text}", first.extra), *messages[1:]]
+    return [Message("system", text), *messages]
+
+
+def forced_call_schema(tools: list[dict[str, Any]], choice: Any) -> dict[str, Any]:
+    """A JSON Schema every answer matches that is a call of one of the tools (or the named one)."""
+    fns = functions(tools)
+    if isinstance(choice, dict):
+        name = (choice.get("function") or {}).get("name")
+        fns = {name: fns[name]} if name in fns else {}
+    options = []
+    for name, fn in fns.items():
+        params = fn.get("parameters")
+        if not isinstance(params, dict) or not params:
+            params = {"type": "object"}
+        options.append(
+            {
+                "type": "object",
+                "properties": {"name": {"const": name}, "arguments": params},
+                "required": ["name", "arguments"],
+                "additionalProperties": False,
+            }
+        )
+    return options[0] if len(options) == 1 else {"oneOf": options}
+
+
+def parse_tool_calls(
+    text: str, tools: list[dict[str, Any]], *, whole_json: bool = False
+) -> tuple[list[dict[str, Any]], str]:
+    """The calls an answer makes ({"name", "arguments": dict}) and the text around them."""
+    names = set(functions(tools))
+    calls = []
+    for block in TOOL_CALL.findall(text):
+        call = _call(block, names)
+        if call is not None:
+            calls.append(call)
+    if calls:
+        return calls, TOOL_CALL.sub("", text).strip()
+    stripped = text.strip()
+    if whole_json or stripped.startswith("{"):
+        call = _call(stripped, names)
+        if call is not None:
+            return [call], ""
+    return [], text
+
+
+def _call(text: str, names: set[str]) -> dict[str, Any] | None:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(value, dict) or value.get("name") not in names:
+        return None
+    args = value.get("arguments", value.get("parameters", {}))
+    if isinstance(args, str):
+        try:
+            args = json.loads(args)
+        except json.JSONDecodeError:
+            return None
+    if not isinstance(args, dict):
+        return None
+    return {"name": value["name"], "arguments": args}
