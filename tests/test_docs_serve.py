@@ -5,16 +5,15 @@ from __future__ import annotations
 
 import os
 import re
-import signal
-import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
+
+from tests.serving import serving
 
 PAGE = (Path(__file__).resolve().parent.parent / "docs" / "serve.md").read_text()
 DOC_ADDRESS = "127.0.0.1:8080"
@@ -24,37 +23,11 @@ def blocks(language: str) -> list[str]:
     return re.findall(rf"```{language}\n(.*?)```", PAGE, re.DOTALL)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def address(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    port = free_port()
     log = tmp_path_factory.mktemp("serve") / "stderr"
-    with log.open("wb") as err:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "runner", "serve", "smollm2", "--port", str(port), "--parallel", "2"],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=err,
-        )
-    try:
-        end = time.monotonic() + 120
-        while time.monotonic() < end and proc.poll() is None:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                time.sleep(0.2)
-        assert proc.poll() is None, log.read_text()
-        yield f"127.0.0.1:{port}"
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=60) == 0, log.read_text()
-    assert "Traceback" not in log.read_text()
+    with serving(["smollm2", "--parallel", "2"], log) as server:
+        yield server.address
 
 
 def test_the_page_has_a_curl_an_openai_and_an_ollama_example() -> None:

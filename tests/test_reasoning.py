@@ -145,3 +145,35 @@ def test_chat_stores_reasoning_apart(thinking_model: Path) -> None:
     assert conversation is not None
     answer = conversation.messages[-1]
     assert answer.role == "assistant" and answer.content == "" and answer.reasoning
+
+
+def test_the_server_keeps_reasoning_apart(thinking_model: Path, tmp_path: Path) -> None:
+    """runner serve: the OpenAI API's reasoning_content and Ollama's thinking carry the reasoning, the
+    answer's content the rest; enable_thinking off (chat_template_kwargs, Ollama's think) closes it."""
+    import ollama
+    import openai
+
+    from tests.serving import serving
+
+    name, question = str(thinking_model), [{"role": "user", "content": "What is 2+2?"}]
+    with serving([name, "--parallel", "1", "--ctx", "1024"], tmp_path / "stderr") as server:
+        client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused")
+        thought = client.chat.completions.create(model=name, messages=question, max_tokens=24, temperature=0)
+        message = thought.choices[0].message
+        assert message.content in ("", None) and len(message.model_extra["reasoning_content"]) > 10
+        plain = client.chat.completions.create(
+            model=name,
+            messages=question,
+            max_tokens=12,
+            temperature=0,
+            extra_body={"chat_template_kwargs": {"enable_thinking": False}},
+        )
+        assert plain.choices[0].message.content and not plain.choices[0].message.model_extra.get(
+            "reasoning_content"
+        )
+        reply = ollama.Client(host=server.url).chat(
+            model=name, messages=question, think=True, options={"num_predict": 24, "temperature": 0}
+        )
+        assert (
+            reply.message.thinking == message.model_extra["reasoning_content"] and not reply.message.content
+        )
