@@ -345,43 +345,52 @@ async def submit(backend: Backend, ask: Ask, param: str) -> Generation:
         raise ApiError(400, str(exc), param=param, code="context_length_exceeded") from None
 
 
-def finish(note: Traffic, generation: Generation, finished: bool) -> None:
-    """An answer's end, whichever way: cancelled if it did not run out, its figures noted for the log."""
+def finish(note: Traffic, generation: Generation, finished: bool, *, also: int = 0) -> None:
+    """An answer's end, whichever way: cancelled if it did not run out, its figures noted for the log
+    (`also`: this is one more of a request's n answers, its completion added to the others')."""
     if not finished:
         generation.cancel()
     note.prompt_tokens = generation.prompt_tokens
     outcome = generation.outcome
-    note.completion_tokens = outcome.completion_tokens
-    note.ttft_s = outcome.ttft_s
+    before = (note.completion_tokens or 0) if also else 0
+    note.completion_tokens = outcome.completion_tokens + before
+    note.ttft_s = outcome.ttft_s if not also else min(note.ttft_s or outcome.ttft_s, outcome.ttft_s)
     note.finish = outcome.finish_reason if finished else "cancelled"
 
 
-async def collect(request: Request, generation: Generation) -> Outcome:
-    """A whole answer: drain the generation, cancelling it if the client leaves before it is done."""
+async def collect(request: Request, generations: list[Generation]) -> list[Outcome]:
+    """Whole answers: drain the generations, cancelling them if the client leaves before they are done."""
     note = traffic(request)
-    finished = False
-    error: Exception | None = None
+    finished = [False] * len(generations)
+    errors: list[Exception] = []
 
     async def watch() -> None:
         while (await request.receive())["type"] != "http.disconnect":
             pass
-        generation.cancel()
+        for generation in generations:
+            generation.cancel()
+
+    async def drain(i: int, generation: Generation) -> None:
+        try:
+            async for _ in generation:
+                pass
+            finished[i] = True
+        except Exception as exc:  # raised below, outside the task group (no ExceptionGroup)
+            errors.append(exc)
 
     try:
         async with anyio.create_task_group() as group:
             group.start_soon(watch)
-            try:
-                async for _ in generation:
-                    pass
-                finished = True
-            except Exception as exc:  # raised below, outside the task group (no ExceptionGroup)
-                error = exc
+            async with anyio.create_task_group() as answers:
+                for i, generation in enumerate(generations):
+                    answers.start_soon(drain, i, generation)
             group.cancel_scope.cancel()
     finally:
-        finish(note, generation, finished)
-    if error is not None:
-        raise error
-    return generation.outcome
+        for i, generation in enumerate(generations):
+            finish(note, generation, finished[i], also=i)
+    if errors:
+        raise errors[0]
+    return [generation.outcome for generation in generations]
 
 
 class EventStream(StreamingResponse):

@@ -376,7 +376,7 @@ class Ollama:
         generation = await submit(self.backend, ask, "prompt" if ask.prompt is not None else "messages")
         if req.stream is not False:  # Ollama streams unless told not to
             return EventStream(lines(request, generation, model, chat=chat, raw=raw), NDJSON)
-        outcome = await collect(request, generation)
+        (outcome,) = await collect(request, [generation])
         return JSONResponse(whole(model, outcome, chat=chat, raw=raw))
 
     def _loaded(self, model: str, empty: dict[str, Any]) -> dict[str, Any]:

@@ -6,10 +6,12 @@ does); what only the model knows (a prompt's length in tokens, a schema's gramma
 
 from __future__ import annotations
 
+import asyncio
 import json
 import secrets
 import time
 from collections.abc import AsyncGenerator
+from dataclasses import replace
 from typing import Any, Literal, Optional
 
 from pydantic import Field, StrictBool, StrictInt, StrictStr, ValidationInfo, field_validator
@@ -19,6 +21,7 @@ from starlette.routing import Route
 
 from runner.serve.backend import Ask, Backend, Generation, Outcome
 from runner.serve.common import (
+    SEED_MAX,
     ApiError,
     EventStream,
     Loose,
@@ -49,6 +52,7 @@ from runner.serve.common import (
     traffic,
 )
 
+N_MAX = 16  # answers to one request: each takes a sequence of its own, at most --parallel of them
 STOP_LIMIT = 4  # OpenAI's own bound on `stop`: a request that works there works here
 
 
@@ -92,8 +96,8 @@ class Knobs(Loose):
     @field_validator("n")
     @classmethod
     def _n(cls, value: int | None) -> int | None:
-        if value not in (None, 1):
-            raise ValueError("only n=1 is served (one answer per request)")
+        if value is not None and not 1 <= value <= N_MAX:
+            raise ValueError(f"must be between 1 and {N_MAX} (and at most the server's --parallel)")
         return value
 
     @field_validator("logit_bias")
@@ -263,12 +267,14 @@ def _id(prefix: str) -> str:
     return prefix + secrets.token_hex(12)
 
 
-def usage(outcome: Outcome) -> dict[str, Any]:
+def usage(outcomes: list[Outcome]) -> dict[str, Any]:
+    """The prompt once (n answers share it), every answer's tokens."""
+    first, completion = outcomes[0], sum(o.completion_tokens for o in outcomes)
     return {
-        "prompt_tokens": outcome.prompt_tokens,
-        "completion_tokens": outcome.completion_tokens,
-        "total_tokens": outcome.prompt_tokens + outcome.completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": outcome.cached_tokens},
+        "prompt_tokens": first.prompt_tokens,
+        "completion_tokens": completion,
+        "total_tokens": first.prompt_tokens + completion,
+        "prompt_tokens_details": {"cached_tokens": first.cached_tokens},
     }
 
 
@@ -287,25 +293,33 @@ def finish_reason(outcome: Outcome) -> str:
     return "tool_calls" if outcome.tool_calls else outcome.finish_reason
 
 
-def chat_answer(head: dict[str, Any], outcome: Outcome) -> dict[str, Any]:
-    message: dict[str, Any] = {"role": "assistant", "content": outcome.text}
-    if outcome.reasoning:
-        message["reasoning_content"] = outcome.reasoning
-    if outcome.tool_calls:
-        message["content"] = outcome.text or None
-        message["tool_calls"] = tool_calls(outcome)
-    choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason(outcome)}
-    return {**head, "object": "chat.completion", "choices": [choice], **_tail(outcome)}
+def chat_answer(head: dict[str, Any], outcomes: list[Outcome]) -> dict[str, Any]:
+    choices = []
+    for index, outcome in enumerate(outcomes):
+        message: dict[str, Any] = {"role": "assistant", "content": outcome.text}
+        if outcome.reasoning:
+            message["reasoning_content"] = outcome.reasoning
+        if outcome.tool_calls:
+            message["content"] = outcome.text or None
+            message["tool_calls"] = tool_calls(outcome)
+        choices.append(
+            {"index": index, "message": message, "logprobs": None, "finish_reason": finish_reason(outcome)}
+        )
+    return {**head, "object": "chat.completion", "choices": choices, **_tail(outcomes)}
 
 
-def text_answer(head: dict[str, Any], outcome: Outcome) -> dict[str, Any]:
-    text = outcome.reasoning + outcome.text  # no template, no channels: the text as the model wrote it
-    choice = {"text": text, "index": 0, "logprobs": None, "finish_reason": outcome.finish_reason}
-    return {**head, "choices": [choice], **_tail(outcome)}
+def text_answer(head: dict[str, Any], outcomes: list[Outcome]) -> dict[str, Any]:
+    choices = [
+        # no template, no channels: the text as the model wrote it
+        {"text": o.reasoning + o.text, "index": i, "logprobs": None, "finish_reason": o.finish_reason}
+        for i, o in enumerate(outcomes)
+    ]
+    return {**head, "choices": choices, **_tail(outcomes)}
 
 
-def _tail(outcome: Outcome) -> dict[str, Any]:
-    return {"usage": usage(outcome), "timings": outcome.timings()}
+def _tail(outcomes: list[Outcome]) -> dict[str, Any]:
+    timings = outcomes[0].timings() if len(outcomes) == 1 else [o.timings() for o in outcomes]
+    return {"usage": usage(outcomes), "timings": timings}
 
 
 def _sse(value: Any) -> str:
@@ -313,42 +327,67 @@ def _sse(value: Any) -> str:
 
 
 async def events(
-    request: Request, generation: Generation, head: dict[str, Any], *, chat: bool, include_usage: bool
+    request: Request,
+    generations: list[Generation],
+    head: dict[str, Any],
+    *,
+    chat: bool,
+    include_usage: bool,
 ) -> AsyncGenerator[str, None]:
-    """An answer as Server-Sent Events: a role delta (chat), a delta per part, the finish reason and
-    timings, the usage when asked, then [DONE]. Its `finally` cancels an answer the client left."""
+    """Answers as Server-Sent Events: a role delta (chat), a delta per part, the finish reason and
+    timings, the usage when asked, then [DONE]; n answers interleaved, each chunk naming its index.
+    Its `finally` cancels an answer the client left."""
     note = traffic(request)
-    finished = False
+    finished = [False] * len(generations)
+    parts: asyncio.Queue[tuple[int, str | None, str]] = asyncio.Queue()
 
-    def chunk(choice: dict[str, Any], **extra: Any) -> str:
-        return _sse({**head, "choices": [{"index": 0, "logprobs": None, **choice}], **extra})
+    async def pump(index: int, generation: Generation) -> None:
+        try:
+            async for kind, text in generation:
+                await parts.put((index, kind, text))
+        finally:
+            await parts.put((index, None, ""))
+
+    def chunk(index: int, choice: dict[str, Any], **extra: Any) -> str:
+        return _sse({**head, "choices": [{"index": index, "logprobs": None, **choice}], **extra})
 
     def piece(text: str, reasoning: bool = False) -> dict[str, Any]:
         if not chat:
             return {"text": text, "finish_reason": None}
         return {"delta": {"reasoning_content" if reasoning else "content": text}, "finish_reason": None}
 
+    pumps = [asyncio.ensure_future(pump(i, g)) for i, g in enumerate(generations)]
     try:
         if chat:
-            yield chunk({"delta": {"role": "assistant", "content": ""}, "finish_reason": None})
-        async for kind, text in generation:
-            yield chunk(piece(text, kind == "reasoning"))
-        finished = True
-        outcome = generation.outcome
-        if chat and outcome.tool_calls:
-            calls = [{"index": i, **call} for i, call in enumerate(tool_calls(outcome))]
-            yield chunk({"delta": {"tool_calls": calls}, "finish_reason": None})
-        end: dict[str, Any] = {"delta": {}} if chat else {"text": ""}
-        yield chunk({**end, "finish_reason": finish_reason(outcome)}, timings=outcome.timings())
+            for index in range(len(generations)):
+                yield chunk(index, {"delta": {"role": "assistant", "content": ""}, "finish_reason": None})
+        running = len(generations)
+        while running:
+            index, kind, text = await parts.get()
+            if kind is not None:
+                yield chunk(index, piece(text, kind == "reasoning"))
+                continue
+            running -= 1
+            await pumps[index]  # its error, if it ended by one
+            finished[index] = True
+            outcome = generations[index].outcome
+            if chat and outcome.tool_calls:
+                calls = [{"index": i, **call} for i, call in enumerate(tool_calls(outcome))]
+                yield chunk(index, {"delta": {"tool_calls": calls}, "finish_reason": None})
+            end: dict[str, Any] = {"delta": {}} if chat else {"text": ""}
+            yield chunk(index, {**end, "finish_reason": finish_reason(outcome)}, timings=outcome.timings())
         if include_usage:
-            yield _sse({**head, "choices": [], "usage": usage(outcome)})
+            yield _sse({**head, "choices": [], "usage": usage([g.outcome for g in generations])})
         yield "data: [DONE]\n\n"
     except Exception as exc:  # the stream has begun: the error goes in it, as OpenAI's clients read it
         err = as_api_error(exc)
         note.error = brief(exc)
         yield _sse(error_body(request.url.path, err))
     finally:
-        finish(note, generation, finished)
+        for task in pumps:
+            task.cancel()
+        for index, generation in enumerate(generations):
+            finish(note, generation, finished[index], also=index)
 
 
 # -- routes ---------------------------------------------------------------------------------
@@ -390,13 +429,36 @@ class OpenAI:
         self, request: Request, req: Knobs, ask: Ask, head: dict[str, Any], *, chat: bool
     ) -> Response:
         """Submit first (a prompt too long is a 400 before any stream), then stream or answer whole."""
-        generation = await submit(self.backend, ask, "messages" if chat else "prompt")
+        generations = await self._submit(ask, req.n or 1, "messages" if chat else "prompt")
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
-            chunks = events(request, generation, head, chat=chat, include_usage=include_usage)
+            chunks = events(request, generations, head, chat=chat, include_usage=include_usage)
             return EventStream(chunks, "text/event-stream")
-        outcome = await collect(request, generation)
-        return JSONResponse(chat_answer(head, outcome) if chat else text_answer(head, outcome))
+        outcomes = await collect(request, generations)
+        return JSONResponse(chat_answer(head, outcomes) if chat else text_answer(head, outcomes))
+
+    async def _submit(self, ask: Ask, n: int, param: str) -> list[Generation]:
+        """n answers, each in a sequence of its own (a seed given: seed, seed + 1, …, so they differ)."""
+        parallel = self.backend.info(ask.model).parallel
+        if n > parallel:
+            raise ApiError(
+                400, f"n={n}: {ask.model} answers {parallel} at once (runner serve --parallel)", param="n"
+            )
+        generations: list[Generation] = []
+        try:
+            for i in range(n):
+                seed = ask.sampling.get("seed")
+                nth = (
+                    ask
+                    if i == 0 or seed is None
+                    else replace(ask, sampling={**ask.sampling, "seed": (seed + i) % (SEED_MAX + 1)})
+                )
+                generations.append(await submit(self.backend, nth, param))
+        except BaseException:
+            for generation in generations:
+                generation.cancel()
+            raise
+        return generations
 
     async def models(self, request: Request) -> Response:
         return JSONResponse({"object": "list", "data": [self._model(name) for name in self.backend.names()]})
