@@ -130,6 +130,8 @@ class Backend(Protocol):
 
     async def submit(self, ask: Ask) -> Generation: ...
 
+    async def count_tokens(self, ask: Ask) -> int: ...  # the prompt's tokens as submit would evaluate it
+
     def counters(
         self, name: str
     ) -> dict[str, int]: ...  # prompt_tokens, prefill_tokens, cached_tokens, requests

@@ -63,6 +63,9 @@ class EngineBackend:
     async def submit(self, ask: Ask) -> _Generation:
         return await self._models[ask.model].submit(ask)
 
+    async def count_tokens(self, ask: Ask) -> int:
+        return await self._models[ask.model].count_tokens(ask)
+
     def stop(self) -> None:
         """The server is stopping: every answer ends at the next step (finish_reason "interrupted")."""
         for model in self._models.values():
@@ -146,6 +149,7 @@ class _Request:
     generation: _Generation
     admitted: asyncio.Future[None]
     arrived: float
+    count_only: bool = False  # count_tokens: the prompt rendered and counted, nothing decoded
 
 
 class _ModelThread:
@@ -194,6 +198,18 @@ class _ModelThread:
             raise
         return generation
 
+    async def count_tokens(self, ask: Ask) -> int:
+        """The prompt's tokens as submit() would evaluate them (rendered and tokenized in the
+        model's thread), nothing decoded."""
+        loop = asyncio.get_running_loop()
+        generation = _Generation(loop, self.wake, hold=False)
+        request = _Request(ask, SamplingConfig(), None, generation, loop.create_future(), 0.0, True)
+        with self._lock:
+            self._inbox.append(request)
+            self._wakeup.notify()
+        await request.admitted
+        return generation.prompt_tokens
+
     def _sampling(self, ask: Ask) -> SamplingConfig:
         try:
             return self.served.sampling(ask.sampling)
@@ -238,6 +254,13 @@ class _ModelThread:
 
     def _intake(self, request: _Request, stopping: bool) -> None:
         generation, ask = request.generation, request.ask
+        if request.count_only:
+            try:
+                generation.prompt_tokens = len(self._prompt(ask).tokens)
+                self._answered(request.admitted, None)
+            except RunnerError as exc:
+                self._answered(request.admitted, exc)
+            return
         try:
             if stopping:
                 raise QueueFull("the server is stopping", retry_after=5)
