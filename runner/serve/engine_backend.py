@@ -78,13 +78,16 @@ class EngineBackend:
             model.served.loaded.close()
 
 
+_Queue = asyncio.Queue[Any]  # an answer's parts, then None
+
+
 class _Generation:
     """runner.serve.backend.Generation: parts go from the model's thread to an asyncio queue."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, wake: Callable[[], None], hold: bool) -> None:
-        self._loop = loop
+    def __init__(self, post: Callable[[_Queue, Any], None], wake: Callable[[], None], hold: bool) -> None:
+        self._post = post
         self._wake = wake
-        self._queue: asyncio.Queue[tuple[str, str] | None] = asyncio.Queue()
+        self._queue: _Queue = asyncio.Queue()
         self._hold = hold  # tools: the answer may be a call, so it comes whole at the end
         self._splitter = Splitter(None)
         self._parts: dict[str, list[str]] = {"answer": [], "reasoning": []}
@@ -138,7 +141,7 @@ class _Generation:
                 self._put((kind, text))
 
     def _put(self, item: tuple[str, str] | None) -> None:
-        self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
+        self._post(self._queue, item)
 
 
 @dataclass
@@ -167,6 +170,8 @@ class _ModelThread:
         self._lock = threading.Lock()
         self._wakeup = threading.Condition(self._lock)
         self._stopping = False
+        self._events: asyncio.AbstractEventLoop | None = None  # the HTTP side's event loop
+        self._outbox: list[tuple[_Queue, Any]] = []  # parts for the event loop, sent once a step
         self._loop = BatchLoop(self.engine, self._done, parallel=self.engine.n_seq)
         self.thread = threading.Thread(target=self._run, name=f"engine {served.info.name}", daemon=True)
         self.thread.start()
@@ -176,8 +181,8 @@ class _ModelThread:
     async def submit(self, ask: Ask) -> _Generation:
         sampling = self._sampling(ask)
         grammar, forced = _grammar(ask)
-        loop = asyncio.get_running_loop()
-        generation = _Generation(loop, self.wake, hold=bool(ask.tools) and ask.tool_choice != "none")
+        loop = self._events = asyncio.get_running_loop()
+        generation = _Generation(self._post, self.wake, hold=bool(ask.tools) and ask.tool_choice != "none")
         if ask.tools and ask.tool_choice != "none":
             generation.tools, generation.forced = ask.tools, forced
         request = _Request(ask, sampling, grammar, generation, loop.create_future(), time.perf_counter())
@@ -201,8 +206,8 @@ class _ModelThread:
     async def count_tokens(self, ask: Ask) -> int:
         """The prompt's tokens as submit() would evaluate them (rendered and tokenized in the
         model's thread), nothing decoded."""
-        loop = asyncio.get_running_loop()
-        generation = _Generation(loop, self.wake, hold=False)
+        loop = self._events = asyncio.get_running_loop()
+        generation = _Generation(self._post, self.wake, hold=False)
         request = _Request(ask, SamplingConfig(), None, generation, loop.create_future(), 0.0, True)
         with self._lock:
             self._inbox.append(request)
@@ -219,6 +224,15 @@ class _ModelThread:
             for flag, name in FLAG_FIELD.items():
                 message = message.replace(flag, name)
             raise BadField(param, message) from None
+
+    def _post(self, queue: _Queue, item: Any) -> None:
+        self._outbox.append((queue, item))
+
+    def _flush(self) -> None:
+        """What the last step made, to the event loop in one call (one wake-up, not one per token)."""
+        if self._outbox and self._events is not None:
+            sent, self._outbox = self._outbox, []
+            self._events.call_soon_threadsafe(_deliver, sent)
 
     def wake(self) -> None:
         with self._lock:
@@ -244,6 +258,7 @@ class _ModelThread:
             for request in arrived:
                 self._intake(request, stopping)
             if stopping and not self._loop.busy():
+                self._flush()
                 self._loop.close()
                 return
             try:
@@ -251,6 +266,7 @@ class _ModelThread:
             except RunnerError as exc:  # llama_decode failed: every answer in it ends, the server goes on
                 ui.warn(f"{self.served.info.name}: {exc}; the answers in progress ended")
                 self._restart()
+            self._flush()
 
     def _intake(self, request: _Request, stopping: bool) -> None:
         generation, ask = request.generation, request.ask
@@ -342,6 +358,11 @@ class _ModelThread:
                 future.set_exception(error)
 
         future.get_loop().call_soon_threadsafe(settle)
+
+
+def _deliver(sent: list[tuple[_Queue, Any]]) -> None:
+    for queue, item in sent:
+        queue.put_nowait(item)
 
 
 def _message(m: dict[str, Any]) -> Message:
