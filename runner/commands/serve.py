@@ -115,7 +115,8 @@ def _run(request: ServeRequest, loaded: list[LoadedModel], key: str | None) -> N
         host = f"[{request.host}]" if ":" in request.host else request.host
         for model in loaded:
             ui.info(f"{describe_load(model)} · {model.engine.n_seq} sequences at once")
-        ui.info(f"serving {', '.join(names)} on http://{host}:{request.port} (OpenAI /v1, Ollama /api)")
+        apis = "OpenAI /v1, Anthropic /v1/messages, Ollama /api"
+        ui.info(f"serving {', '.join(names)} on http://{host}:{request.port} ({apis})")
         server.run()
         if not server.started:  # uvicorn could not bind: it said why on stderr
             raise UsageError(f"could not serve on {host}:{request.port}")

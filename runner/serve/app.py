@@ -1,8 +1,9 @@
-"""The HTTP application `runner serve` runs: both APIs' routes over one backend, and what wraps them.
+"""The HTTP application `runner serve` runs: the APIs' routes over one backend, and what wraps them.
 
 From the outside in: the access line (and the last guard against a bare 500), CORS when asked for,
 the API key when one is set, then the routes. Every error leaves in the shape of the API it was
-asked through: OpenAI's for /v1/* (and anything else), Ollama's for /api/*.
+asked through: Anthropic's for /v1/messages*, OpenAI's for the rest of /v1/* (and anything else),
+Ollama's for /api/*.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from runner.errors import RunnerError
-from runner.serve import ollama_api, openai_api
+from runner.serve import anthropic_api, ollama_api, openai_api
 from runner.serve.backend import Backend
 from runner.serve.common import (
     TRAFFIC,
@@ -64,11 +65,13 @@ def create_app(
         Route("/health", health, methods=["GET"]),
         *openai_api.routes(backend, max_body),
         *ollama_api.routes(backend, max_body),
+        *anthropic_api.routes(backend, max_body),
     ]
     middleware = [Middleware(AccessLog, log=log or _to_stderr)]
     if cors:
         origins = ["*"] if cors == "*" else [cors]
         headers = ["Authorization", "Content-Type", "x-api-key"]
+        headers += ["anthropic-version", "anthropic-beta", "anthropic-dangerous-direct-browser-access"]
         middleware.append(
             Middleware(
                 CORSMiddleware, allow_origins=origins, allow_methods=["GET", "POST"], allow_headers=headers

@@ -1,4 +1,4 @@
-"""What both APIs share: the request body read within bounds, the fields they have in common, errors
+"""What the APIs share: the request body read within bounds, the fields they have in common, errors
 in each API's own shape, and the two ways an answer leaves (whole, or streamed until the client leaves).
 
 Every request is untrusted: its body is bounded before it is parsed, its JSON bounded in depth, and a
@@ -41,7 +41,8 @@ MaxTokens = Annotated[Optional[StrictInt], Field(ge=1, le=2**31 - 1)]
 
 
 class ApiError(Exception):
-    """A request's failure, said in either API's shape: OpenAI's {"error": {...}} or Ollama's {"error"}."""
+    """A request's failure, said in its API's shape: OpenAI's {"error": {...}}, Ollama's {"error"} or
+    Anthropic's {"type": "error", "error": {"type", "message"}}."""
 
     def __init__(
         self,
@@ -316,9 +317,29 @@ def is_ollama(path: str) -> bool:
     return path.startswith("/api/")
 
 
+def is_anthropic(path: str) -> bool:
+    return path == "/v1/messages" or path.startswith("/v1/messages/")
+
+
+# Anthropic names an error by its status (its clients pick the exception class by the status alone).
+ANTHROPIC_KINDS = {
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+    529: "overloaded_error",
+}
+
+
 def error_body(path: str, err: ApiError) -> dict[str, Any]:
+    """The error in the shape of the API its path belongs to."""
     if is_ollama(path):
         return {"error": err.message}
+    if is_anthropic(path):
+        kind = ANTHROPIC_KINDS.get(err.status, "api_error" if err.status >= 500 else "invalid_request_error")
+        return {"type": "error", "error": {"type": kind, "message": err.message}}
     return {"error": {"message": err.message, "type": err.kind, "param": err.param, "code": err.code}}
 
 
