@@ -7,6 +7,7 @@ without importing each other.
 from __future__ import annotations
 
 import math
+import re
 
 from runner.errors import InvalidSetting
 
@@ -69,3 +70,19 @@ def check_range(value: float, flag: str, lo: float | None, hi: float | None, lo_
             bound = f"in ({lo}, {hi}]" if lo_open else f"between {lo} and {hi}"
         got = value if isinstance(value, int) else f"{value:g}"  # an int as typed, not as 2.14748e+09
         raise InvalidSetting(f"{flag} must be {bound} (got {got})")
+
+
+DURATION = re.compile(r"^(-?\d+(?:\.\d+)?)\s*(ms|s|m|h)?$")
+UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600}
+
+
+def parse_duration(text: str | float | int, where: str) -> float | None:
+    """Ollama's keep_alive: seconds as a number, or "30s", "5m", "1h"; negative: for ever (None)."""
+    if isinstance(text, (int, float)) and not isinstance(text, bool):
+        seconds = float(text)
+    else:
+        found = DURATION.match(str(text).strip())
+        if found is None:
+            raise InvalidSetting(f"{where} takes a duration such as 30s, 5m, 1h, 0 or -1 (got {text!r})")
+        seconds = float(found.group(1)) * UNITS[found.group(2) or "s"]
+    return None if seconds < 0 else seconds

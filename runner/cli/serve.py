@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
@@ -59,6 +60,34 @@ ServeParallel = Annotated[
         show_default=False,
     ),
 ]
+Memory = Annotated[
+    Optional[str],
+    typer.Option(
+        "--memory",
+        help="Host memory the served models may use together, e.g. 8G [default: what the plan sees free "
+        "at the start]",
+        rich_help_panel=SERVER,
+        show_default=False,
+    ),
+]
+ModelsDir = Annotated[
+    Optional[Path],
+    typer.Option(
+        "--models",
+        help="A folder of .gguf files to serve too, each by its file name (without MODELS only)",
+        rich_help_panel=SERVER,
+        show_default=False,
+    ),
+]
+KeepAlive = Annotated[
+    str,
+    typer.Option(
+        "--keep-alive",
+        help="How long a model loaded on demand stays loaded once idle: 30s, 5m, 1h; 0 = unload after "
+        "each answer, -1 = for ever",
+        rich_help_panel=SERVER,
+    ),
+]
 
 
 @app.command()
@@ -71,6 +100,9 @@ def serve(
     queue: Queue = 64,
     cors: Cors = None,
     parallel: ServeParallel = None,
+    memory: Memory = None,
+    keep_alive: KeepAlive = "5m",
+    models_dir: ModelsDir = None,
     ctx: o.Ctx = None,
     threads: o.Threads = None,
     gpu_layers: o.GpuLayers = None,
@@ -88,30 +120,34 @@ def serve(
     offline: o.Offline = False,
     debug: o.Debug = False,
 ) -> None:
-    """Serve models over HTTP: the OpenAI and Ollama APIs, until Ctrl-C.
+    """Serve models over HTTP: the OpenAI, Anthropic and Ollama APIs, until Ctrl-C.
 
+    With MODELS, those are loaded now. Without, every model cached here is served, each loaded
+    on its first request, within the memory the plan sees (or --memory).
     The sampling flags are each request's defaults; a request's own fields win.
 
     \b
     Examples:
-      runner serve                                  # the default model on 127.0.0.1:8080
+      runner serve                                  # every cached model on 127.0.0.1:8080
       runner serve smollm2 --parallel 8 --port 11434
       OLLAMA_HOST=127.0.0.1:11434 ollama run smollm2  # Ollama's clients, pointed at runner
     """
     from runner.commands.serve import ServeRequest
     from runner.commands.serve import serve as run_serve
-    from runner.hub.catalog import load_catalog
 
     given = locals()
     run_serve(
         ServeRequest(
-            models=list(models or [load_catalog().default]),
+            models=list(models or []),
             host=host,
             port=port,
             api_key=api_key,
             queue=queue,
             cors=cors,
             parallel=parallel,
+            memory=memory,
+            keep_alive=keep_alive,
+            models_dir=str(models_dir) if models_dir is not None else None,
             ctx=ctx,
             threads=threads,
             gpu_layers=gpu_layers,

@@ -17,17 +17,21 @@ import signal
 import socket
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from runner import ui
 from runner.commands.output import describe_load, sampling_for
+from runner.engine.promptcache import parse_size
 from runner.errors import UsageError
-from runner.limits import check_range, flash_attn_setting
-from runner.loader import LoadedModel, open_model
+from runner.hub.catalog import load_catalog
+from runner.limits import check_range, flash_attn_setting, parse_duration
+from runner.loader import DEFAULT_BATCH_CTX, LoadedModel, open_model, plan_for
 
 DEFAULT_PORT = 8080  # llama-server's; Ollama's 11434 is for OLLAMA_HOST=127.0.0.1:PORT users to pick
 DEFAULT_PARALLEL = 4  # llama-server's default slot count; fewer when the plan says they do not fit
 DEFAULT_QUEUE = 64
+DEFAULT_KEEP_ALIVE = "5m"  # Ollama's
 API_KEY_ENV = "RUNNER_API_KEY"
 
 
@@ -46,6 +50,9 @@ class ServeRequest:
     kv_type: str | None = None
     flash_attn: str | None = None
     sampling: dict[str, Any] = field(default_factory=dict)  # the flags: each request's defaults
+    memory: str | None = None  # --memory: what the served models may use of host memory together
+    keep_alive: str = DEFAULT_KEEP_ALIVE  # an idle model loaded on demand is unloaded after this
+    models_dir: str | None = None  # --models DIR: every .gguf there, served on demand
     force: bool = False
     offline: bool = False
     debug: bool = False
@@ -61,67 +68,175 @@ def serve(request: ServeRequest) -> None:
         raise UsageError(
             f"--host {request.host} lets other machines in: give --api-key KEY (or set {API_KEY_ENV})"
         )
-    flash_attn = flash_attn_setting(request.flash_attn)
+    keep_alive = parse_duration(request.keep_alive, "--keep-alive")
+    memory = parse_size(request.memory) if request.memory is not None else None
+    if memory is not None and memory <= 0:
+        raise UsageError("--memory must be more than 0")
     with _port(request.host, request.port):
         pass  # free now: checked before minutes of loading (uvicorn binds it again below)
-    loaded: list[LoadedModel] = []
+    from runner.serve.pool import EngineBackend, Pool
+
+    budget = _budget(memory)
+    pool = Pool([], queue=request.queue, budget=budget, keep_alive=keep_alive)
     try:
-        for name in request.models:
-            loaded.append(
-                open_model(
-                    name,
-                    ctx=request.ctx,
-                    threads=request.threads,
-                    gpu_layers=request.gpu_layers,
-                    kv_type=request.kv_type,
-                    flash_attn=flash_attn,
-                    parallel=request.parallel or DEFAULT_PARALLEL,
-                    most_parallel=request.parallel is None,
-                    force=request.force,
-                    offline=request.offline,
-                    debug=request.debug,
-                )
-            )
-        _run(request, loaded, key)
+        found = {name: None for name in request.models} if request.models else _local_models(request)
+        for name, path in found.items():
+            if request.models:  # named: loaded now (the others when first asked for)
+                loaded = _load(request, name, offline=request.offline)
+                pool.offers[loaded.name] = _offer(request, loaded.name, loaded)
+                pool.preload(_served(loaded, request), _needs(loaded.plan))
+            else:
+                pool.offers[name] = _offer(request, name, path=path)
+        names = list(found)
+        if not names:  # nothing here yet: the catalog's default, fetched now (never by a request)
+            loaded = _load(request, load_catalog().default, offline=request.offline)
+            pool.offers[loaded.name] = _offer(request, loaded.name, loaded)
+            pool.preload(_served(loaded, request), _needs(loaded.plan))
+        _run(request, EngineBackend(pool), key)
     finally:
-        for model in loaded:
-            model.close()
+        pool.close()
 
 
-def _run(request: ServeRequest, loaded: list[LoadedModel], key: str | None) -> None:
+def _run(request: ServeRequest, backend: Any, key: str | None) -> None:
     import uvicorn
 
     from runner.serve.app import create_app
-    from runner.serve.engine_backend import EngineBackend, Served
+    from runner.serve.responses_store import open_responses
 
-    served = [Served(_info(m), m, _sampling(m, request.sampling)) for m in loaded]
-    names = [s.info.name for s in served]
-    if len(set(names)) != len(names):
-        raise UsageError(f"a model is named twice: {', '.join(names)}")
-    backend = EngineBackend(served, queue=request.queue)
-    try:
-        app = create_app(backend, api_key=key, cors=request.cors, log=ui.info)
-        config = uvicorn.Config(
-            app,
-            host=request.host,
-            port=request.port,
-            log_level="warning",
-            access_log=False,
-            lifespan="off",
-            timeout_graceful_shutdown=5,
-            server_header=False,
+    store = open_responses()  # where /v1/responses keeps its responses (None: it keeps none)
+    app = create_app(backend, api_key=key, cors=request.cors, log=ui.info, store=store)
+    config = uvicorn.Config(
+        app,
+        host=request.host,
+        port=request.port,
+        log_level="warning",
+        access_log=False,
+        lifespan="off",
+        timeout_graceful_shutdown=5,
+        server_header=False,
+    )
+    server = _Server(config, backend)
+    host = f"[{request.host}]" if ":" in request.host else request.host
+    for name in backend.loaded():
+        ui.info(
+            f"{describe_load(backend.pool.loaded[name].thread.served.loaded)} · "
+            f"{backend.info(name).parallel} sequences at once"
         )
-        server = _Server(config, backend)
-        host = f"[{request.host}]" if ":" in request.host else request.host
-        for model in loaded:
-            ui.info(f"{describe_load(model)} · {model.engine.n_seq} sequences at once")
-        apis = "OpenAI /v1, Anthropic /v1/messages, Ollama /api"
-        ui.info(f"serving {', '.join(names)} on http://{host}:{request.port} ({apis})")
-        server.run()
-        if not server.started:  # uvicorn could not bind: it said why on stderr
-            raise UsageError(f"could not serve on {host}:{request.port}")
-    finally:
-        backend.close()
+    waiting = [n for n in backend.names() if n not in backend.loaded()]
+    if waiting:
+        ui.info(f"on demand: {', '.join(waiting)}")
+    apis = "OpenAI /v1, Anthropic /v1/messages, Ollama /api"
+    ui.info(f"serving {', '.join(backend.names())} on http://{host}:{request.port} ({apis})")
+    server.run()
+    if store is not None:
+        store.close()
+    if not server.started:  # uvicorn could not bind: it said why on stderr
+        raise UsageError(f"could not serve on {host}:{request.port}")
+
+
+def _load(request: ServeRequest, name: str, *, offline: bool) -> LoadedModel:
+    return open_model(
+        name,
+        ctx=request.ctx,
+        threads=request.threads,
+        gpu_layers=request.gpu_layers,
+        kv_type=request.kv_type,
+        flash_attn=flash_attn_setting(request.flash_attn),
+        parallel=request.parallel or DEFAULT_PARALLEL,
+        most_parallel=request.parallel is None,
+        force=request.force,
+        offline=offline,
+        debug=request.debug,
+    )
+
+
+def _local_models(request: ServeRequest) -> dict[str, Path | None]:
+    """Every model cached here, by the names `runner list` shows, and each .gguf in --models DIR by its
+    file name without .gguf (a path: that file; None: resolved as `runner run` resolves the name)."""
+    from runner.hub.cache import cached_models
+
+    found: dict[str, Path | None] = {}
+    for m in cached_models(load_catalog()):
+        if not m.missing_shards:
+            found.setdefault(m.reference, None)
+    if request.models_dir is not None:
+        folder = Path(request.models_dir).expanduser()
+        if not folder.is_dir():
+            raise UsageError(f"--models: {folder} is not a folder")
+        for file in sorted(folder.glob("*.gguf")):
+            found.setdefault(file.stem, file.resolve())
+    return found
+
+
+def _offer(
+    request: ServeRequest, name: str, loaded: LoadedModel | None = None, *, path: Path | None = None
+) -> Any:
+    """How the pool describes, prices and loads `name`: from its header, nothing downloaded."""
+    from runner.serve.pool import Offer
+
+    def header_and_path() -> tuple[Any, Path]:
+        from runner.gguf import read_header
+        from runner.hub.fetch import locate
+        from runner.hub.refs import HubRef, resolve
+
+        if path is not None:
+            return read_header(path), path
+        ref = resolve(name, load_catalog())
+        file = locate(ref) if isinstance(ref, HubRef) else ref.path
+        return read_header(file), file
+
+    def describe() -> Any:
+        if loaded is not None:
+            return _info(loaded)
+        header, path = header_and_path()
+        return _header_info(
+            name, header, path, request.ctx or DEFAULT_BATCH_CTX, request.parallel or DEFAULT_PARALLEL
+        )
+
+    def needs() -> dict[str, int]:
+        header, path = header_and_path()
+        plan = plan_for(
+            header,
+            name,
+            ctx=request.ctx,
+            gpu_layers=request.gpu_layers,
+            kv_type=request.kv_type,
+            flash_attn=flash_attn_setting(request.flash_attn),
+            parallel=request.parallel or DEFAULT_PARALLEL,
+            most_parallel=request.parallel is None,
+            force=request.force,
+            path=path,
+        )
+        return _needs(plan)
+
+    def load() -> Any:
+        loaded = _load(request, str(path) if path is not None else name, offline=True)
+        loaded.name = name  # the name requests use, not the file's path
+        return _served(loaded, request)
+
+    return Offer(name, describe, needs, load)
+
+
+def _needs(plan: Any) -> dict[str, int]:
+    return {v.device: v.needed_bytes for v in plan.verdicts}
+
+
+def _budget(memory: int | None) -> dict[str, int]:
+    """What the served models may use together: this machine's as the plan sees it at the start
+    (or --memory of host memory)."""
+    from runner.loader import machine
+    from runner.memory.plan import budgets
+
+    have = budgets(machine())
+    if memory is not None:
+        have["cpu"] = memory
+    return have
+
+
+def _served(loaded: LoadedModel, request: ServeRequest) -> Any:
+    from runner.serve.engine_backend import Served
+
+    return Served(_info(loaded), loaded, _sampling(loaded, request.sampling))
 
 
 class _Server:
@@ -188,27 +303,34 @@ def _sampling(loaded: LoadedModel, flags: dict[str, Any]) -> Any:
 
 
 def _info(loaded: LoadedModel) -> Any:
+    n_seq = loaded.engine.n_seq
+    return _header_info(loaded.name, loaded.header, loaded.path, loaded.engine.n_ctx // max(1, n_seq), n_seq)
+
+
+def _header_info(name: str, header: Any, path: Path, context: int, parallel: int) -> Any:
+    """What the API's model lists say of a model, from its header (and, once loaded, its context)."""
     from runner.hub.quants import quant_of
     from runner.serve.backend import ModelInfo
 
-    header, stat = loaded.header, loaded.path.stat()
+    stat = path.stat()
     metadata = {
         k: v
         for k, v in header.metadata.items()
         if isinstance(v, (str, int, float, bool)) and len(str(v)) <= 1024 and not k.startswith("tokenizer.")
     }
     template = header.get("tokenizer.chat_template")
+    entry = load_catalog().get(name)
     return ModelInfo(
-        name=loaded.name,
-        path=str(loaded.path),
+        name=name,
+        path=str(path),
         size=stat.st_size,
         modified=stat.st_mtime,
-        sha256=getattr(loaded.entry, "sha256", None),
+        sha256=getattr(entry, "sha256", None),
         architecture=header.architecture or "",
-        quantization=quant_of(loaded.path.name) or "",
+        quantization=quant_of(path.name) or "",
         parameters=str(header.get("general.size_label") or ""),
-        context=int(loaded.engine.n_ctx // max(1, loaded.engine.n_seq)),
-        parallel=loaded.engine.n_seq,
+        context=context,
+        parallel=parallel,
         template=template if isinstance(template, str) else None,
         metadata=metadata,
     )

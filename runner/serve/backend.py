@@ -31,6 +31,7 @@ class Ask:
     think: bool | None = None  # enable_thinking for the templates that read it
     tools: list[dict[str, Any]] | None = None  # OpenAI-shaped tool definitions, rendered by the template
     tool_choice: str | dict[str, Any] | None = None  # "auto" | "none" | "required" | {"function": {"name"}}
+    keep_alive: float | None = None  # seconds the model stays loaded once idle (<0: for ever; None: as is)
 
 
 @dataclass
@@ -119,18 +120,27 @@ class Generation(Protocol):
 
 
 class Backend(Protocol):
-    """The served models. submit() raises BadField / TooLong (400), QueueFull (429); a model name
-    not in names() is the HTTP side's 404 and never reaches it."""
+    """The served models. submit() raises BadField / TooLong (400), QueueFull (429); embed() raises
+    runner.engine.embed's InputTooLong / EmptyInput (400), QueueFull (429); a model name not in
+    names() is the HTTP side's 404 and never reaches it."""
 
     def names(self) -> list[str]: ...
 
     def info(self, name: str) -> ModelInfo: ...
 
-    def ready(self) -> bool: ...  # every model loaded: /health 200 (503 before)
+    def ready(self) -> bool: ...  # every loaded model's engine thread alive: /health 200 (503 if not)
+
+    def loaded(self) -> list[str]: ...  # the models loaded now (the others load on demand)
+
+    def memory(self, name: str) -> int: ...  # a loaded model's planned bytes, every device (0: not loaded)
 
     async def submit(self, ask: Ask) -> Generation: ...
 
     async def count_tokens(self, ask: Ask) -> int: ...  # the prompt's tokens as submit would evaluate it
+
+    async def embed(
+        self, model: str, texts: list[str], *, truncate: bool
+    ) -> tuple[list[list[float]], int]: ...  # unit vectors in order, prompt tokens (runner.engine.embed)
 
     def counters(
         self, name: str

@@ -42,42 +42,6 @@ class Served:
     sampling: Callable[[dict[str, Any]], SamplingConfig]  # a request's fields over the server's defaults
 
 
-class EngineBackend:
-    """runner.serve.backend.Backend over loaded engines; close() ends every answer and frees them."""
-
-    def __init__(self, models: list[Served], *, queue: int) -> None:
-        self._models = {m.info.name: _ModelThread(m, queue) for m in models}
-
-    def names(self) -> list[str]:
-        return list(self._models)
-
-    def info(self, name: str) -> ModelInfo:
-        return self._models[name].served.info
-
-    def ready(self) -> bool:
-        return all(m.thread.is_alive() for m in self._models.values())
-
-    def counters(self, name: str) -> dict[str, int]:
-        return dict(self._models[name].counters)
-
-    async def submit(self, ask: Ask) -> _Generation:
-        return await self._models[ask.model].submit(ask)
-
-    async def count_tokens(self, ask: Ask) -> int:
-        return await self._models[ask.model].count_tokens(ask)
-
-    def stop(self) -> None:
-        """The server is stopping: every answer ends at the next step (finish_reason "interrupted")."""
-        for model in self._models.values():
-            model.stop()
-
-    def close(self) -> None:
-        self.stop()
-        for model in self._models.values():
-            model.thread.join(timeout=30)
-            model.served.loaded.close()
-
-
 _Queue = asyncio.Queue[Any]  # an answer's parts, then None
 
 
@@ -155,7 +119,7 @@ class _Request:
     count_only: bool = False  # count_tokens: the prompt rendered and counted, nothing decoded
 
 
-class _ModelThread:
+class ModelThread:
     """One model: its engine, its batch loop and the thread that alone drives them."""
 
     def __init__(self, served: Served, queue: int) -> None:
@@ -237,6 +201,17 @@ class _ModelThread:
     def wake(self) -> None:
         with self._lock:
             self._wakeup.notify()
+
+    def idle(self) -> bool:
+        """No request in flight or waiting (a model that may be unloaded)."""
+        with self._lock:
+            return self._in_flight == 0 and not self._inbox
+
+    def close(self) -> None:
+        """Every answer ended, the thread gone, the model freed (runner.serve.pool's unload)."""
+        self.stop()
+        self.thread.join(timeout=30)
+        self.served.loaded.close()
 
     def stop(self) -> None:
         with self._lock:

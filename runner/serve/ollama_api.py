@@ -17,6 +17,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from runner.errors import InvalidSetting
+from runner.limits import parse_duration
 from runner.serve.backend import Ask, Backend, Generation, ModelInfo, Outcome
 from runner.serve.common import (
     ApiError,
@@ -93,7 +95,21 @@ class Base(Loose):
     options: Optional[Options] = None
     format: Any = None
     think: Any = None
-    keep_alive: Any = None  # accepted, and without meaning here: models stay loaded while served
+    keep_alive: Any = None  # seconds or "5m": how long the model stays loaded once idle (0: unload now)
+
+    @field_validator("keep_alive")
+    @classmethod
+    def _keep_alive(cls, value: Any) -> float | None:
+        if value is None or value == "":
+            return None
+        if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+            raise ValueError('must be a number of seconds or a duration such as "5m"')
+        try:
+            seconds = parse_duration(value, "keep_alive")
+        except InvalidSetting as exc:
+            raise ValueError(str(exc)) from None
+        return -1.0 if seconds is None else seconds
+
     images: Optional[list[Any]] = None
 
     @field_validator("format")
@@ -141,6 +157,7 @@ class Base(Loose):
             json_schema=schema,
             json_object=self.format == "json",
             think=self.think,
+            keep_alive=self.keep_alive,
             **fields,
         )
 
@@ -389,9 +406,16 @@ class Ollama:
         if not self.backend.ready():
             return JSONResponse({"models": []})
         models = []
-        for name in self.backend.names():
-            context = self.backend.info(name).context
-            models.append({**self._entry(name), "size_vram": 0, "context_length": context})
+        for name in self.backend.loaded():
+            info, memory = self.backend.info(name), self.backend.memory(name)
+            models.append(
+                {
+                    **self._entry(name),
+                    "size": memory or info.size,
+                    "size_vram": 0,
+                    "context_length": info.context,
+                }
+            )
         return JSONResponse({"models": models})
 
     def _entry(self, name: str) -> dict[str, Any]:

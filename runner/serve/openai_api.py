@@ -471,7 +471,10 @@ class OpenAI:
 
     def _model(self, name: str) -> dict[str, Any]:
         info = self.backend.info(name)
-        meta = {"context": info.context, "parallel": info.parallel, "size": info.size}
+        loaded = name in self.backend.loaded()
+        meta = {"context": info.context, "parallel": info.parallel, "size": info.size, "loaded": loaded}
+        if loaded:
+            meta["memory"] = self.backend.memory(name)  # planned bytes: weights, KV cache, compute
         return {
             "id": name,
             "object": "model",

@@ -1,0 +1,225 @@
+"""The Backend the HTTP side talks to, over a pool of models on demand: each served model loaded when
+it is first asked for, if the plan says it fits beside those already loaded; the least recently used
+idle ones unloaded to make room, and any idle past its keep-alive.
+
+Every model's cost is its plan's (weights, KV cache for its sequences, compute buffers, per device),
+counted against a budget taken when the server started (or `--memory`): the plan matches llama.cpp's
+buffers, so room is decided before a load, not found out by one. Loads run in a worker thread (a
+model's load takes seconds; the event loop goes on answering the others); two requests for a model
+that is loading wait for the one load.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from runner import ui
+from runner.errors import RunnerError, WontFit
+from runner.serve.backend import Ask, BadField, Generation, ModelInfo, QueueFull
+from runner.serve.engine_backend import ModelThread, Served
+
+REAP_EVERY_S = 0.25  # how often idle models are checked against their keep-alive
+
+
+@dataclass
+class Offer:
+    """A model the server may load: what it is, what it costs, how to load it."""
+
+    name: str
+    describe: Callable[[], ModelInfo]  # from its header alone
+    needs: Callable[[], dict[str, int]]  # planned bytes per device ("cpu", "gpu"); WontFit if nowhere
+    load: Callable[[], Served]
+
+
+@dataclass
+class _Loaded:
+    thread: ModelThread
+    needs: dict[str, int]
+    keep_alive: float | None  # seconds idle before it is unloaded; None: never
+    active_at: float = field(default_factory=time.monotonic)  # last seen answering (or loaded)
+
+
+class Pool:
+    """The loaded models among the offered ones. Used from the event loop's thread only."""
+
+    def __init__(
+        self,
+        offers: list[Offer],
+        *,
+        queue: int,
+        budget: dict[str, int] | None,
+        keep_alive: float | None,
+    ) -> None:
+        self.offers = {o.name: o for o in offers}
+        self.queue = queue
+        self.budget = budget
+        self.keep_alive = keep_alive
+        self.loaded: dict[str, _Loaded] = {}
+        self._loading: dict[str, asyncio.Future[ModelThread]] = {}
+        self._infos: dict[str, ModelInfo] = {}
+        self._reaper: asyncio.Task[None] | None = None
+
+    def preload(self, served: Served, needs: dict[str, int]) -> None:
+        """A model loaded before the server started (runner serve MODEL …): kept while served."""
+        self.loaded[served.info.name] = _Loaded(ModelThread(served, self.queue), needs, None)
+
+    def info(self, name: str) -> ModelInfo:
+        if name in self.loaded:
+            return self.loaded[name].thread.served.info
+        if name not in self._infos:
+            self._infos[name] = self.offers[name].describe()
+        return self._infos[name]
+
+    def memory(self, name: str) -> int:
+        """The planned bytes of a loaded model, on every device (0: not loaded)."""
+        found = self.loaded.get(name)
+        return sum(found.needs.values()) if found else 0
+
+    async def get(self, name: str, keep_alive: float | None = None) -> ModelThread:
+        """The model's thread, loading it first if need be. keep_alive: this request's, in seconds
+        (negative: forever); None leaves the model's as it is (the server's --keep-alive at its load)."""
+        self._start_reaper()
+        found = self.loaded.get(name)
+        if found is None:
+            pending = self._loading.get(name)
+            if pending is None:
+                pending = self._loading[name] = asyncio.get_running_loop().create_future()
+                try:
+                    pending.set_result(await self._load(name))
+                except BaseException as exc:
+                    pending.set_exception(exc)
+                    pending.exception()  # retrieved: the waiters, if any, re-raise it
+                    raise
+                finally:
+                    del self._loading[name]
+            await asyncio.shield(pending)
+            found = self.loaded[name]
+        found.active_at = time.monotonic()
+        if keep_alive is not None:
+            found.keep_alive = None if keep_alive < 0 else keep_alive
+        return found.thread
+
+    async def _load(self, name: str) -> ModelThread:
+        offer = self.offers[name]
+        try:
+            needs = await asyncio.to_thread(offer.needs)
+        except WontFit as exc:
+            raise BadField("model", str(exc)) from None
+        await self._make_room(name, needs)
+        ui.info(f"loading {name} ({_mb(sum(needs.values()))} planned)")
+        try:
+            served = await asyncio.to_thread(offer.load)
+        except WontFit as exc:
+            raise BadField("model", str(exc)) from None
+        except RunnerError as exc:
+            raise BadField("model", f"{name} could not be loaded: {exc}") from None
+        thread = ModelThread(served, self.queue)
+        self.loaded[name] = _Loaded(thread, needs, self.keep_alive)
+        return thread
+
+    async def _make_room(self, name: str, needs: dict[str, int]) -> None:
+        """Unload idle models, least recently used first, until `needs` fits the budget."""
+        if self.budget is None:
+            return
+        for device, n in needs.items():
+            have = self.budget.get(device, 0)
+            if n > have:
+                raise BadField(
+                    "model",
+                    f"{name} needs {_mb(n)} of {device} memory (weights, KV cache, compute buffers, as "
+                    f"runner fit plans them); this server may use {_mb(have)} there",
+                )
+        while not self._fits(needs):
+            idle = [(m.active_at, n) for n, m in self.loaded.items() if m.thread.idle()]
+            if not idle:
+                raise QueueFull(f"{name} does not fit beside the models answering now; retry shortly", 2)
+            await self.unload(min(idle)[1], why="to make room for " + name)
+
+    def _fits(self, needs: dict[str, int]) -> bool:
+        assert self.budget is not None
+        for device, n in needs.items():
+            used = sum(m.needs.get(device, 0) for m in self.loaded.values())
+            if used + n > self.budget.get(device, 0):
+                return False
+        return True
+
+    async def unload(self, name: str, *, why: str) -> None:
+        found = self.loaded.pop(name)
+        ui.info(f"unloading {name} ({why})")
+        await asyncio.to_thread(found.thread.close)
+
+    def _start_reaper(self) -> None:
+        if self._reaper is None:
+            self._reaper = asyncio.get_running_loop().create_task(self._reap())
+
+    async def _reap(self) -> None:
+        while True:
+            await asyncio.sleep(REAP_EVERY_S)
+            now = time.monotonic()
+            for name, m in list(self.loaded.items()):
+                if not m.thread.idle():
+                    m.active_at = now
+                elif (
+                    m.keep_alive is not None
+                    and now - m.active_at >= m.keep_alive
+                    and name not in self._loading
+                ):
+                    await self.unload(name, why=f"idle {m.keep_alive:g} s")
+
+    def stop(self) -> None:
+        for m in self.loaded.values():
+            m.thread.stop()
+
+    def close(self) -> None:
+        if self._reaper is not None:
+            self._reaper.cancel()
+        for m in self.loaded.values():
+            m.thread.close()
+        self.loaded.clear()
+
+
+def _mb(n: int) -> str:
+    return f"{n / 1e6:,.0f} MB"
+
+
+class EngineBackend:
+    """runner.serve.backend.Backend over the pool; close() ends every answer and frees every model."""
+
+    def __init__(self, pool: Pool) -> None:
+        self.pool = pool
+
+    def names(self) -> list[str]:
+        return list(self.pool.offers)
+
+    def info(self, name: str) -> ModelInfo:
+        return self.pool.info(name)
+
+    def ready(self) -> bool:
+        return all(m.thread.thread.is_alive() for m in self.pool.loaded.values())
+
+    def loaded(self) -> list[str]:
+        return list(self.pool.loaded)
+
+    def memory(self, name: str) -> int:
+        return self.pool.memory(name)
+
+    def counters(self, name: str) -> dict[str, int]:
+        found = self.pool.loaded.get(name)
+        return dict(found.thread.counters) if found else {}
+
+    async def submit(self, ask: Ask) -> Generation:
+        thread = await self.pool.get(ask.model, ask.keep_alive)
+        return await thread.submit(ask)
+
+    async def count_tokens(self, ask: Ask) -> int:
+        return await (await self.pool.get(ask.model)).count_tokens(ask)
+
+    def stop(self) -> None:
+        """The server is stopping: every answer ends at the next step (finish_reason "interrupted")."""
+        self.pool.stop()
+
+    def close(self) -> None:
+        self.pool.close()
