@@ -1,4 +1,5 @@
-"""Conversations, kept as they happen in SQLite (stdlib sqlite3, WAL) in runner's data directory.
+"""Conversations, kept as they happen in SQLite (stdlib sqlite3, WAL) in runner's data directory; and
+the responses `runner serve` answers on /v1/responses, kept so that a later request can continue them.
 
 A user message is committed before its answer is generated, the answer when it ends (or what came of
 it, marked interrupted): a `kill -9` mid-answer loses at most that answer's unfinished text, and WAL
@@ -67,6 +68,22 @@ def m002_settings(db: sqlite3.Connection) -> None:
     db.execute("ALTER TABLE conversations ADD COLUMN settings TEXT")
 
 
+@migration
+def m003_responses(db: sqlite3.Connection) -> None:
+    # /v1/responses: each stored response whole (JSON), with the conversation it ends, as items
+    db.execute(
+        """CREATE TABLE responses (
+            id TEXT PRIMARY KEY,
+            model TEXT NOT NULL,
+            created REAL NOT NULL,
+            previous_id TEXT,
+            response TEXT NOT NULL,
+            input TEXT NOT NULL,
+            conversation TEXT NOT NULL
+        )"""
+    )
+
+
 class StoreError(RunnerError):
     """The conversation database cannot be opened or written (corrupt, unwritable, from a newer runner)."""
 
@@ -107,6 +124,19 @@ class StoredConversation:
     updated: float
     messages: list[StoredMessage]
     settings: dict[str, Any] = field(default_factory=dict)  # the chat's /set values (Session.settings)
+
+
+@dataclass(frozen=True)
+class StoredResponse:
+    """A response of the server's Responses API, as the API shapes it (the store reads none of it)."""
+
+    id: str  # "resp_…"
+    model: str
+    created: float
+    previous_id: str | None  # the response it continued
+    response: dict[str, Any]  # the response object, as GET /v1/responses/{id} returns it
+    input: list[dict[str, Any]]  # the request's input items
+    conversation: list[dict[str, Any]]  # every item up to and including its output: what a next one continues
 
 
 @dataclass(frozen=True)
@@ -245,7 +275,44 @@ class Store:
             cursor = db.execute("DELETE FROM conversations WHERE id = ?", (conversation,))
         return cursor.rowcount > 0
 
+    def save_response(self, stored: StoredResponse) -> None:
+        with self._write("save a response") as db:
+            db.execute(
+                "INSERT OR REPLACE INTO responses"
+                " (id, model, created, previous_id, response, input, conversation)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (
+                    stored.id,
+                    stored.model,
+                    stored.created,
+                    stored.previous_id,
+                    json.dumps(stored.response, ensure_ascii=False),
+                    json.dumps(stored.input, ensure_ascii=False),
+                    json.dumps(stored.conversation, ensure_ascii=False),
+                ),
+            )
+
+    def remove_response(self, response_id: str) -> bool:
+        with self._write("remove a response") as db:
+            cursor = db.execute("DELETE FROM responses WHERE id = ?", (response_id,))
+        return cursor.rowcount > 0
+
     # -- reading ---------------------------------------------------------------------------------
+
+    def load_response(self, response_id: str) -> StoredResponse | None:
+        with self._errors("read"):
+            row = self._db.execute(
+                "SELECT id, model, created, previous_id, response, input, conversation FROM responses"
+                " WHERE id = ?",
+                (response_id,),
+            ).fetchone()
+        if row is None:
+            return None
+        try:
+            response, items, conversation = (json.loads(text) for text in row[4:])
+        except ValueError as exc:
+            raise StoreError(f"{self.path}: response {row[0]} is not readable JSON: {exc}") from exc
+        return StoredResponse(row[0], row[1], row[2], row[3], response, items, conversation)
 
     def latest(self) -> int | None:
         with self._errors("read"):

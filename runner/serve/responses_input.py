@@ -1,0 +1,164 @@
+"""The Responses API's input: its items checked, kept as the store keeps them, and turned into the
+chat messages the templates read.
+
+`instructions` and the system or developer messages before the first turn are merged into one system
+message first; a `function_call` item is an assistant's tool call (joined to the assistant's turn it
+follows), a `function_call_output` item a tool message, a `reasoning` item the next assistant turn's
+reasoning_content (the template decides whether to show it). Images, files and audio are a 400 naming
+them, as is any other item type.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal, Optional, TypeVar, Union
+
+from pydantic import BaseModel, Field, StrictStr, ValidationError, field_validator
+
+from runner.serve.common import ApiError, Loose, call_arguments, loc_param
+
+M = TypeVar("M", bound=BaseModel)
+UNSERVED_PARTS = ("input_image", "input_file", "input_audio")  # a 400 naming them: the models read text
+
+
+def _text_of(value: Any) -> str:
+    """A string, or a list of text parts (input_text, output_text, refusal) joined."""
+    if isinstance(value, str):
+        return value
+    if not isinstance(value, list):
+        raise ValueError("must be a string or a list of content parts")
+    texts = []
+    for i, part in enumerate(value):
+        kind = part.get("type") if isinstance(part, dict) else None
+        field = "refusal" if kind == "refusal" else "text"
+        if kind in ("input_text", "output_text", "refusal") and isinstance(part.get(field), str):
+            texts.append(part[field])
+        elif kind in UNSERVED_PARTS:
+            raise ValueError(f"[{i}]: {kind} parts are not supported (the served models read text)")
+        else:
+            shown = json.dumps(kind)[:60] if isinstance(kind, str) else "a part without a type"
+            raise ValueError(f"[{i}]: only input_text and output_text parts are served (got {shown})")
+    return "".join(texts)
+
+
+class MessageItem(Loose):
+    type: Literal["message"] = "message"
+    role: Literal["user", "assistant", "system", "developer"]
+    content: str
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _content(cls, value: Any) -> str:
+        return _text_of(value)
+
+
+class FunctionCallItem(Loose):
+    type: Literal["function_call"]
+    call_id: StrictStr = Field(min_length=1)
+    name: StrictStr = Field(min_length=1, max_length=256)
+    arguments: StrictStr  # the arguments' JSON text, as the model wrote it
+
+
+class FunctionCallOutputItem(Loose):
+    type: Literal["function_call_output"]
+    call_id: StrictStr = Field(min_length=1)
+    output: str
+
+    @field_validator("output", mode="before")
+    @classmethod
+    def _output(cls, value: Any) -> str:
+        return _text_of(value)
+
+
+class ReasoningText(Loose):
+    type: Optional[StrictStr] = None
+    text: StrictStr
+
+
+class ReasoningItem(Loose):
+    type: Literal["reasoning"]
+    summary: list[ReasoningText] = Field(default_factory=list)
+    content: Optional[list[ReasoningText]] = None
+
+    def text(self) -> str:
+        return "\n".join(part.text for part in (self.content or self.summary))
+
+
+Item = Union[MessageItem, FunctionCallItem, FunctionCallOutputItem, ReasoningItem]
+ITEMS: dict[str, type[Item]] = {
+    "message": MessageItem,
+    "function_call": FunctionCallItem,
+    "function_call_output": FunctionCallOutputItem,
+    "reasoning": ReasoningItem,
+}
+
+
+def checked(model: type[M], value: Any, where: str) -> M:
+    """model_validate, its first error named from `where` (a field path: "input[2]", "tools[0]")."""
+    try:
+        return model.model_validate(value)
+    except ValidationError as exc:
+        first = exc.errors(include_url=False, include_input=False)[0]
+        param = f"{where}.{loc_param(first['loc'])}" if first["loc"] else where
+        message = first["msg"].removeprefix("Value error, ")
+        raise ApiError(400, f"{param}: {message}", param=param) from None
+
+
+def input_items(value: Any, where: str = "input") -> list[Item]:
+    """`input` as items: a string is one user message; an item's type is message when it has only a role."""
+    if isinstance(value, str):
+        return [MessageItem(role="user", content=value)]
+    if not isinstance(value, list):
+        raise ApiError(400, f"{where}: must be a string or a list of items", param=where)
+    items: list[Item] = []
+    for i, raw in enumerate(value):
+        kind = raw.get("type", "message" if "role" in raw else None) if isinstance(raw, dict) else None
+        model = ITEMS.get(kind) if isinstance(kind, str) else None
+        if model is None:
+            shown = json.dumps(kind)[:60] if isinstance(kind, str) else "an item without a type"
+            served = ", ".join(ITEMS)
+            message = f"{where}[{i}].type: {shown} items are not supported (served: {served})"
+            raise ApiError(400, message, param=f"{where}[{i}].type")
+        items.append(checked(model, raw, f"{where}[{i}]"))
+    return items
+
+
+def stored(items: list[Item]) -> list[dict[str, Any]]:
+    """Items as the store keeps them: their served fields only, content as text."""
+    return [item.model_dump(exclude_none=True) for item in items]
+
+
+def chat_messages(instructions: str | None, items: list[Item]) -> list[dict[str, Any]]:
+    """Ask.messages: the system texts before the first turn as one system message, then each item as
+    the templates read it (consecutive calls one assistant turn, outputs tool messages)."""
+    systems = [instructions] if instructions else []
+    out: list[dict[str, Any]] = []
+    names: dict[str, str] = {}  # call_id -> the function's name, for the tool message that answers it
+    reasoning: str | None = None  # for the assistant turn that comes next
+    for item in items:
+        if isinstance(item, ReasoningItem):
+            reasoning = item.text()
+            continue
+        if isinstance(item, FunctionCallItem):
+            names[item.call_id] = item.name
+            function = {"name": item.name, "arguments": call_arguments(item.arguments)}
+            call = {"id": item.call_id, "type": "function", "function": function}
+            if out and out[-1]["role"] == "assistant" and reasoning is None:
+                out[-1].setdefault("tool_calls", []).append(call)
+                continue
+            turn: dict[str, Any] = {"role": "assistant", "content": "", "tool_calls": [call]}
+        elif isinstance(item, FunctionCallOutputItem):
+            name = {"name": names[item.call_id]} if item.call_id in names else {}
+            turn = {"role": "tool", "tool_call_id": item.call_id, **name, "content": item.output}
+        elif item.role in ("system", "developer"):
+            if not out:
+                systems.append(item.content)
+                continue
+            turn = {"role": "system", "content": item.content}
+        else:
+            turn = {"role": item.role, "content": item.content}
+        if turn["role"] == "assistant" and reasoning:
+            turn["reasoning_content"] = reasoning
+        reasoning = None
+        out.append(turn)
+    return [{"role": "system", "content": "\n\n".join(systems)}, *out] if systems else out
