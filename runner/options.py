@@ -320,3 +320,39 @@ ConversationId = Annotated[int, typer.Argument(help="A conversation id (runner h
 HistoryLimit = Annotated[
     Optional[int], typer.Option("--limit", "-n", min=1, help="Show at most N conversations [default: all].")
 ]
+
+EMBED = "Embeddings"
+TextArg = Annotated[
+    Optional[str],
+    typer.Argument(help="The text to embed. Piped stdin comes first, then this.", show_default=False),
+]
+EmbedEachLine = Annotated[
+    bool,
+    typer.Option("--each-line", help="Each stdin line is a text; embedded in batches", rich_help_panel=EMBED),
+]
+EmbedJsonl = Annotated[
+    bool,
+    typer.Option(
+        "--jsonl",
+        help='One JSON object per text, in input order: {"id", "embedding", "usage"}',
+        rich_help_panel=EMBED,
+    ),
+]
+Truncate = Annotated[
+    bool,
+    typer.Option(
+        "--truncate",
+        help="Cut a text longer than --ctx to its first --ctx tokens [default: refuse it, exit 2]",
+        rich_help_panel=EMBED,
+    ),
+]
+EmbedCtx = Annotated[
+    Optional[int],
+    typer.Option(
+        "--ctx",
+        help="The longest text in tokens, and the tokens embedded at once [default: 512, or the "
+        "trained context if shorter]",
+        rich_help_panel=LIMITS,
+        show_default=False,
+    ),
+]

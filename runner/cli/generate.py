@@ -270,3 +270,54 @@ def chat(
     )
     interactive = sys.stdin is not None and sys.stdin.isatty()
     run_chat(request, stdin=sys.stdin, out=sys.stdout, interactive=interactive)
+
+
+@app.command(no_args_is_help=True)
+@edge
+def embed(
+    model: o.ModelArg,
+    text: o.TextArg = None,
+    each_line: o.EmbedEachLine = False,
+    jsonl: o.EmbedJsonl = False,
+    truncate: o.Truncate = False,
+    ctx: o.EmbedCtx = None,
+    threads: o.Threads = None,
+    gpu_layers: o.GpuLayers = None,
+    force: o.Force = False,
+    offline: o.Offline = False,
+    verbose: o.Verbose = False,
+    debug: o.Debug = False,
+) -> None:
+    """Embed texts as unit vectors, one JSON array a line on stdout.
+
+    The model's own pooling, or the mean of its token states for a model that has none (a chat
+    model); vectors at unit length, as OpenAI's and Ollama's APIs return them (docs/embed.md).
+
+    \b
+    Examples:
+      runner embed smollm2 "The sky is blue."
+      runner embed smollm2 --each-line < sentences.txt > vectors.jsonl
+      runner embed smollm2 --each-line --jsonl --truncate < chunks.txt
+    """
+    from runner.commands.embed import EmbedRequest, embed_command
+
+    tty = sys.stdin is None or sys.stdin.isatty()
+    code = embed_command(
+        EmbedRequest(
+            model=model,
+            text=text,
+            each_line=each_line,
+            jsonl=jsonl,
+            truncate=truncate,
+            ctx=ctx,
+            threads=threads,
+            gpu_layers=gpu_layers,
+            force=force,
+            offline=offline,
+            verbose=verbose,
+            debug=debug,
+        ),
+        stdin=None if tty else sys.stdin.buffer,
+        out=sys.stdout,
+    )
+    raise typer.Exit(code)

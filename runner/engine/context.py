@@ -85,6 +85,15 @@ class KVContext:
         self.n_batch = int(lib.llama_n_batch(self._ctx))
         self._memory = lib.llama_get_memory(self._ctx)
 
+    def free_context(self) -> None:
+        """Free the context and its KV cache, keeping the model: `runner embed` pools in a context of
+        its own (runner.engine.embed) and never generates, so this one's memory is given back."""
+        with interrupt.deferred():
+            if self._ctx:
+                llama().llama_free(self._ctx)
+                self._ctx = None
+            self._cached.clear()
+
     def _reserve(self, tokens: int) -> None:
         """Have the context hold `tokens` cells: past its allocation (and within n_ctx), a context twice
         as large takes the KV cache's state over (llama_state_seq_get/set_data, through host memory:

@@ -24,7 +24,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from runner.errors import RunnerError
-from runner.serve import anthropic_api, ollama_api, openai_api
+from runner.serve import anthropic_api, embeddings_api, ollama_api, openai_api, responses_api
 from runner.serve.backend import Backend
 from runner.serve.common import (
     TRAFFIC,
@@ -36,6 +36,7 @@ from runner.serve.common import (
     error_response,
     quoted,
 )
+from runner.serve.responses_store import ResponseStore
 
 MAX_BODY = 4 << 20  # a request's body: room for a long conversation, not for a flood
 
@@ -47,10 +48,12 @@ def create_app(
     cors: str | None = None,
     max_body: int = MAX_BODY,
     log: Callable[[str], None] | None = None,
+    store: ResponseStore | None = None,
 ) -> Starlette:
     """The server's ASGI app. api_key: required on every request but GET / and GET /health. cors: the
     one origin browsers may call from ("*": any); None, the default, sends no CORS headers at all.
-    log: where the access lines go (stderr by default)."""
+    log: where the access lines go (stderr by default). store: where /v1/responses keeps responses
+    (None: it keeps none)."""
 
     async def root(request: Request) -> Response:
         return PlainTextResponse("runner is running")  # Ollama's clients probe / before anything else
@@ -65,17 +68,18 @@ def create_app(
         Route("/health", health, methods=["GET"]),
         *openai_api.routes(backend, max_body),
         *ollama_api.routes(backend, max_body),
+        *embeddings_api.routes(backend, max_body),
         *anthropic_api.routes(backend, max_body),
+        *responses_api.routes(backend, max_body, store),
     ]
     middleware = [Middleware(AccessLog, log=log or _to_stderr)]
     if cors:
         origins = ["*"] if cors == "*" else [cors]
         headers = ["Authorization", "Content-Type", "x-api-key"]
         headers += ["anthropic-version", "anthropic-beta", "anthropic-dangerous-direct-browser-access"]
+        methods = ["GET", "POST", "DELETE"]
         middleware.append(
-            Middleware(
-                CORSMiddleware, allow_origins=origins, allow_methods=["GET", "POST"], allow_headers=headers
-            )
+            Middleware(CORSMiddleware, allow_origins=origins, allow_methods=methods, allow_headers=headers)
         )
     if api_key:
         middleware.append(Middleware(ApiKey, key=api_key))

@@ -4,6 +4,8 @@ A request crosses from the event loop to the model's thread as a `_Request`; tha
 chat template, tokenizes, checks the prompt fits a sequence, and adds the job to runner.engine.batch's
 loop, the one `runner run --each-line` runs; it then steps the loop while any job is active. Each
 answer's pieces come back to the event loop through call_soon_threadsafe. Nothing else calls llama.cpp.
+An embedding request crosses as an EmbedRequest: the thread pools its texts (runner.serve.embed_queue)
+one llama_decode between two batch steps.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from runner.engine.template import TEMPLATE_KEY, Message
 from runner.errors import InvalidSetting, RunnerError
 from runner.loader import LoadedModel
 from runner.serve.backend import Ask, BadField, ModelInfo, Outcome, QueueFull, TooLong
+from runner.serve.embed_queue import EmbedQueue, EmbedRequest
 from runner.serve.tools import forced_call_schema, parse_tool_calls, tools_as_system
 
 FLAG_FIELD = {f.metadata["flag"]: f.name for f in dataclasses.fields(SamplingConfig)}
@@ -122,12 +125,16 @@ class _Request:
 class ModelThread:
     """One model: its engine, its batch loop and the thread that alone drives them."""
 
-    def __init__(self, served: Served, queue: int) -> None:
+    def __init__(self, served: Served, queue: int, embed_ctx: int | None = None) -> None:
+        """embed_ctx: the longest text an embedding takes (runner.engine.embed.EMBED_CTX by default),
+        at most the model's --ctx."""
         self.served = served
         self.engine = served.loaded.engine
         self.queue_limit = queue
+        self._embeds = EmbedQueue(self.engine, served.info.context, embed_ctx)  # used in this thread
+        self._embedding = 0  # embedding requests submitted and not yet answered: past --queue, 429
         self.counters = {"requests": 0, "prompt_tokens": 0, "prefill_tokens": 0, "cached_tokens": 0}
-        self._inbox: list[_Request] = []
+        self._inbox: list[_Request | EmbedRequest] = []
         self._jobs: dict[int, _Generation] = {}
         self._ids = itertools.count()
         self._in_flight = 0  # submitted and not yet done: past parallel + queue, 429
@@ -179,6 +186,24 @@ class ModelThread:
         await request.admitted
         return generation.prompt_tokens
 
+    async def embed(self, texts: list[str], truncate: bool) -> tuple[list[list[float]], int]:
+        """The texts' unit vectors and their tokens, pooled in this model's thread."""
+        loop = self._events = asyncio.get_running_loop()
+        request = EmbedRequest(texts, truncate, loop.create_future())
+        with self._lock:
+            if self._stopping:
+                raise QueueFull("the server is stopping", retry_after=5)
+            if self._embedding >= max(1, self.queue_limit):
+                raise QueueFull(f"{self._embedding} embedding requests already wait (--queue)")
+            self._embedding += 1
+            self._inbox.append(request)
+            self._wakeup.notify()
+        try:
+            return await request.done
+        except BaseException:
+            request.cancelled = True  # the client went away, or it failed: nothing more is embedded for it
+            raise
+
     def _sampling(self, ask: Ask) -> SamplingConfig:
         try:
             return self.served.sampling(ask.sampling)
@@ -205,7 +230,7 @@ class ModelThread:
     def idle(self) -> bool:
         """No request in flight or waiting (a model that may be unloaded)."""
         with self._lock:
-            return self._in_flight == 0 and not self._inbox
+            return self._in_flight == 0 and not self._inbox and self._embedding == 0
 
     def close(self) -> None:
         """Every answer ended, the thread gone, the model freed (runner.serve.pool's unload)."""
@@ -226,15 +251,21 @@ class ModelThread:
     def _run(self) -> None:
         while True:
             with self._lock:
-                while not self._inbox and not self._loop.busy() and not self._stopping:
+                while not (self._inbox or self._loop.busy() or self._embeds.waiting or self._stopping):
                     self._wakeup.wait()
                 arrived, self._inbox = self._inbox, []
                 stopping = self._stopping
             for request in arrived:
-                self._intake(request, stopping)
+                if isinstance(request, EmbedRequest):
+                    self._embed_intake(request, stopping)
+                else:
+                    self._intake(request, stopping)
+            if self._embeds.waiting:
+                self._embed_step(stopping)
             if stopping and not self._loop.busy():
                 self._flush()
                 self._loop.close()
+                self._embeds.close()
                 return
             try:
                 self._loop.step()
@@ -287,6 +318,44 @@ class ModelThread:
         self._jobs[index] = generation
         self._loop.add(generation.job)
         self._answered(request.admitted, None)
+
+    # -- embeddings, in the model's thread ---------------------------------------------------------
+
+    def _embed_intake(self, request: EmbedRequest, stopping: bool) -> None:
+        try:
+            if stopping:
+                raise QueueFull("the server is stopping", retry_after=5)
+            self._embeds.take(request)
+        except RunnerError as exc:  # a text too long or empty: 400; the context not made: 500
+            self._embedded(request, exc)
+
+    def _embed_step(self, stopping: bool) -> None:
+        if stopping:
+            for request in self._embeds.drop():
+                self._embedded(request, QueueFull("the server is stopping", retry_after=5))
+            return
+        for request, error in self._embeds.step():
+            if error is not None:
+                ui.warn(f"{self.served.info.name}: {error}; the embedding requests in it ended")
+            self._embedded(request, error)
+
+    def _embedded(self, request: EmbedRequest, error: BaseException | None) -> None:
+        """The request answered (its vectors and tokens) or failed, on the event loop's side."""
+        with self._lock:
+            self._embedding -= 1
+        if request.cancelled:
+            return
+        result = (request.vectors, request.tokens)
+
+        def settle() -> None:
+            if request.done.done():
+                return
+            if error is None:
+                request.done.set_result(result)
+            else:
+                request.done.set_exception(error)
+
+        request.done.get_loop().call_soon_threadsafe(settle)
 
     def _prompt(self, ask: Ask) -> Prompt:
         engine, header = self.engine, self.served.loaded.header

@@ -217,6 +217,9 @@ class EngineBackend:
     async def count_tokens(self, ask: Ask) -> int:
         return await (await self.pool.get(ask.model)).count_tokens(ask)
 
+    async def embed(self, model: str, texts: list[str], *, truncate: bool) -> tuple[list[list[float]], int]:
+        return await (await self.pool.get(model)).embed(texts, truncate)
+
     def stop(self) -> None:
         """The server is stopping: every answer ends at the next step (finish_reason "interrupted")."""
         self.pool.stop()
