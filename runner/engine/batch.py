@@ -181,6 +181,9 @@ class BatchLoop:
         self.stats.thread_changes = self.engine.threads.changes
 
     def add(self, job: Job) -> None:
+        if not job.tokens:  # nothing to evaluate, so no logits to sample the first token from
+            self.fail(job, "the prompt is empty")
+            return
         self.queue.append(job)
 
     def busy(self) -> bool:

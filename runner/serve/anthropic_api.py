@@ -272,6 +272,9 @@ class Stops:
     def cancel(self) -> None:
         self.inner.cancel()
 
+    async def wait(self) -> None:
+        await self.inner.wait()
+
     def __aiter__(self) -> AsyncIterator[tuple[str, str]]:
         return self._parts()
 
@@ -417,7 +420,7 @@ async def events(
         note.error = brief(exc)
         yield _event("error", {"error": error_body(request.url.path, as_api_error(exc))["error"]})
     finally:
-        finish(note, generation, finished)
+        await finish(note, generation, finished)
 
 
 # -- routes ---------------------------------------------------------------------------------

@@ -118,6 +118,8 @@ class Generation(Protocol):
 
     def cancel(self) -> None: ...
 
+    async def wait(self) -> None: ...  # until `outcome` is complete (the answer ended, however)
+
 
 class Backend(Protocol):
     """The served models. submit() raises BadField / TooLong (400), QueueFull (429); embed() raises

@@ -40,6 +40,9 @@ Seed = Annotated[Optional[StrictInt], Field(ge=-(2**63), le=2**64 - 1)]
 MaxTokens = Annotated[Optional[StrictInt], Field(ge=1, le=2**31 - 1)]
 
 
+CANCEL_WAIT_S = 5.0  # a cancelled answer ends at the engine's next step: this is a bound, not a wait
+
+
 class ApiError(Exception):
     """A request's failure, said in its API's shape: OpenAI's {"error": {...}}, Ollama's {"error"} or
     Anthropic's {"type": "error", "error": {"type", "message"}}."""
@@ -366,11 +369,14 @@ async def submit(backend: Backend, ask: Ask, param: str) -> Generation:
         raise ApiError(400, str(exc), param=param, code="context_length_exceeded") from None
 
 
-def finish(note: Traffic, generation: Generation, finished: bool, *, also: int = 0) -> None:
-    """An answer's end, whichever way: cancelled if it did not run out, its figures noted for the log
-    (`also`: this is one more of a request's n answers, its completion added to the others')."""
+async def finish(note: Traffic, generation: Generation, finished: bool, *, also: int = 0) -> None:
+    """An answer's end, whichever way: cancelled if it did not run out (and waited for, a few seconds at
+    most, so the log says what it had made), its figures noted for the log (`also`: this is one more of
+    a request's n answers, its completion added to the others')."""
     if not finished:
         generation.cancel()
+        with anyio.CancelScope(shield=True), anyio.move_on_after(CANCEL_WAIT_S):
+            await generation.wait()
     note.prompt_tokens = generation.prompt_tokens
     outcome = generation.outcome
     before = (note.completion_tokens or 0) if also else 0
@@ -408,7 +414,7 @@ async def collect(request: Request, generations: list[Generation]) -> list[Outco
             group.cancel_scope.cancel()
     finally:
         for i, generation in enumerate(generations):
-            finish(note, generation, finished[i], also=i)
+            await finish(note, generation, finished[i], also=i)
     if errors:
         raise errors[0]
     return [generation.outcome for generation in generations]

@@ -51,10 +51,13 @@ _Queue = asyncio.Queue[Any]  # an answer's parts, then None
 class _Generation:
     """runner.serve.backend.Generation: parts go from the model's thread to an asyncio queue."""
 
-    def __init__(self, post: Callable[[_Queue, Any], None], wake: Callable[[], None], hold: bool) -> None:
+    def __init__(
+        self, post: Callable[[_Generation, Any], None], wake: Callable[[], None], hold: bool
+    ) -> None:
         self._post = post
         self._wake = wake
         self._queue: _Queue = asyncio.Queue()
+        self._ended = asyncio.Event()  # set with the last item: the outcome is complete
         self._hold = hold  # tools: the answer may be a call, so it comes whole at the end
         self._splitter = Splitter(None)
         self._parts: dict[str, list[str]] = {"answer": [], "reasoning": []}
@@ -75,6 +78,15 @@ class _Generation:
         if self.job is not None and not self.job.cancelled:
             self.job.cancelled = True
             self._wake()
+
+    async def wait(self) -> None:
+        await self._ended.wait()
+
+    def arrive(self, item: tuple[str, str] | None) -> None:
+        """An item from the model's thread, on the event loop's."""
+        self._queue.put_nowait(item)
+        if item is None:
+            self._ended.set()
 
     # -- the model's thread ----------------------------------------------------------------------
 
@@ -108,7 +120,7 @@ class _Generation:
                 self._put((kind, text))
 
     def _put(self, item: tuple[str, str] | None) -> None:
-        self._post(self._queue, item)
+        self._post(self, item)
 
 
 @dataclass
@@ -142,7 +154,7 @@ class ModelThread:
         self._wakeup = threading.Condition(self._lock)
         self._stopping = False
         self._events: asyncio.AbstractEventLoop | None = None  # the HTTP side's event loop
-        self._outbox: list[tuple[_Queue, Any]] = []  # parts for the event loop, sent once a step
+        self._outbox: list[tuple[_Generation, Any]] = []  # parts for the event loop, sent once a step
         self._loop = BatchLoop(self.engine, self._done, parallel=self.engine.n_seq)
         self.thread = threading.Thread(target=self._run, name=f"engine {served.info.name}", daemon=True)
         self.thread.start()
@@ -214,8 +226,8 @@ class ModelThread:
                 message = message.replace(flag, name)
             raise BadField(param, message) from None
 
-    def _post(self, queue: _Queue, item: Any) -> None:
-        self._outbox.append((queue, item))
+    def _post(self, generation: _Generation, item: Any) -> None:
+        self._outbox.append((generation, item))
 
     def _flush(self) -> None:
         """What the last step made, to the event loop in one call (one wake-up, not one per token)."""
@@ -288,6 +300,8 @@ class ModelThread:
                 raise QueueFull("the server is stopping", retry_after=5)
             prompt = self._prompt(ask)
             n, room = len(prompt.tokens), int(self._loop.n_ctx_seq)
+            if n == 0:
+                raise BadField("messages" if ask.messages is not None else "prompt", "the prompt is empty")
             if n >= room:
                 raise TooLong(
                     f"the prompt is {n:,} tokens; a sequence's context is {room:,} "
@@ -404,9 +418,9 @@ class ModelThread:
         future.get_loop().call_soon_threadsafe(settle)
 
 
-def _deliver(sent: list[tuple[_Queue, Any]]) -> None:
-    for queue, item in sent:
-        queue.put_nowait(item)
+def _deliver(sent: list[tuple[_Generation, Any]]) -> None:
+    for generation, item in sent:
+        generation.arrive(item)
 
 
 def _message(m: dict[str, Any]) -> Message:

@@ -321,7 +321,7 @@ async def lines(
         note.error = brief(exc)
         yield json_line({"error": as_api_error(exc).message}) + "\n"
     finally:
-        finish(note, generation, finished)
+        await finish(note, generation, finished)
 
 
 def details(info: ModelInfo) -> dict[str, Any]:

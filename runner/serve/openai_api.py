@@ -387,7 +387,7 @@ async def events(
         for task in pumps:
             task.cancel()
         for index, generation in enumerate(generations):
-            finish(note, generation, finished[index], also=index)
+            await finish(note, generation, finished[index], also=index)
 
 
 # -- routes ---------------------------------------------------------------------------------

@@ -210,4 +210,4 @@ async def events(
         failure = {"type": "error", "code": err.code or err.kind, "message": err.message, "param": err.param}
         yield _sse(failure, next(numbers))
     finally:
-        finish(note, generation, done)
+        await finish(note, generation, done)
