@@ -72,6 +72,7 @@ def serve(request: ServeRequest) -> None:
     memory = parse_size(request.memory) if request.memory is not None else None
     if memory is not None and memory <= 0:
         raise UsageError("--memory must be more than 0")
+    _planning(request)  # a bad --flash-attn refused now, not at a model's first request
     with _port(request.host, request.port):
         pass  # free now: checked before minutes of loading (uvicorn binds it again below)
     from runner.serve.pool import EngineBackend, Pool
@@ -127,26 +128,31 @@ def _run(request: ServeRequest, backend: Any, key: str | None) -> None:
         ui.info(f"on demand: {', '.join(waiting)}")
     apis = "OpenAI /v1, Anthropic /v1/messages, Ollama /api"
     ui.info(f"serving {', '.join(backend.names())} on http://{host}:{request.port} ({apis})")
-    server.run()
-    if store is not None:
-        store.close()
+    try:
+        server.run()
+    finally:
+        if store is not None:
+            store.close()
     if not server.started:  # uvicorn could not bind: it said why on stderr
         raise UsageError(f"could not serve on {host}:{request.port}")
 
 
-def _load(request: ServeRequest, name: str, *, offline: bool) -> LoadedModel:
-    return open_model(
-        name,
+def _planning(request: ServeRequest) -> dict[str, Any]:
+    """What the plan is asked, the same for a load and for its price before one."""
+    return dict(
         ctx=request.ctx,
-        threads=request.threads,
         gpu_layers=request.gpu_layers,
         kv_type=request.kv_type,
         flash_attn=flash_attn_setting(request.flash_attn),
         parallel=request.parallel or DEFAULT_PARALLEL,
         most_parallel=request.parallel is None,
         force=request.force,
-        offline=offline,
-        debug=request.debug,
+    )
+
+
+def _load(request: ServeRequest, name: str, *, offline: bool) -> LoadedModel:
+    return open_model(
+        name, **_planning(request), threads=request.threads, offline=offline, debug=request.debug
     )
 
 
@@ -195,19 +201,7 @@ def _offer(
 
     def needs() -> dict[str, int]:
         header, path = header_and_path()
-        plan = plan_for(
-            header,
-            name,
-            ctx=request.ctx,
-            gpu_layers=request.gpu_layers,
-            kv_type=request.kv_type,
-            flash_attn=flash_attn_setting(request.flash_attn),
-            parallel=request.parallel or DEFAULT_PARALLEL,
-            most_parallel=request.parallel is None,
-            force=request.force,
-            path=path,
-        )
-        return _needs(plan)
+        return _needs(plan_for(header, name, **_planning(request), path=path))
 
     def load() -> Any:
         loaded = _load(request, str(path) if path is not None else name, offline=True)
