@@ -54,6 +54,10 @@ class EngineError(RunnerError):
     """llama.cpp failed to load a model or to evaluate tokens."""
 
 
+class WorkerError(RunnerError):
+    """A worker (`runner worker`, a ggml-rpc server) could not be reached, spoke another protocol, or went away."""
+
+
 # Ordered: the first matching class wins, so subclasses come before their bases.
 EXIT_CODES: tuple[tuple[type[BaseException], int], ...] = (
     (UsageError, 2),

@@ -50,7 +50,7 @@ class Machine:
         if self.can_offload or not self.gpus:
             return None
         flag = "-DGGML_METAL=on" if self.gpus[0].backend == "metal" else "-DGGML_CUDA=on"
-        return f'CMAKE_ARGS="{flag}" pip install --force-reinstall --no-cache-dir {LLAMA_CPP_PIN}'
+        return f'CMAKE_ARGS="{flag} -DGGML_RPC=ON" pip install --force-reinstall --no-cache-dir {LLAMA_CPP_PIN}'
 
 
 def nvidia_gpus() -> list[Gpu]:

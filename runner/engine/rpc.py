@@ -1,0 +1,151 @@
+"""llama.cpp's RPC backend (ggml-rpc), reached through ctypes: other machines' devices joining a model.
+
+llama-cpp-python binds none of it and builds no `rpc-server`, but a build with -DGGML_RPC=ON ships
+libggml-rpc beside libllama and registers the backend as "RPC": its functions come through
+ggml_backend_reg_get_proc_address, as llama.cpp's own tools reach them (common/arg.cpp). Two uses:
+
+- the client (`--rpc`): each worker's devices added and registered, then given to a load as its
+  offload devices (runner.engine.llamacpp.model_params), in the plan's split;
+- the worker (`runner worker`): ggml_backend_rpc_start_server with this machine's device.
+
+ggml's RPC client aborts the process (GGML_ABORT) when a worker goes away. on_abort() turns that abort
+into a report the parent of an `--rpc` process reads (runner.remote_run), instead of a core dump.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from runner.errors import EngineError, UsageError
+
+REBUILD = 'CMAKE_ARGS="-DGGML_RPC=ON" pip install --force-reinstall --no-cache-dir llama-cpp-python==0.3.36'
+DEVICE_CPU, DEVICE_GPU = 0, 1  # enum ggml_backend_dev_type
+
+
+def _lib_dir() -> Path:
+    from runner.engine.llamacpp import library_file
+
+    found = library_file()
+    if found is None:
+        raise EngineError("cannot find the llama.cpp library llama-cpp-python loaded")
+    return found.parent
+
+
+@functools.cache
+def _ggml() -> Any:
+    """libggml (the backend registry) and libggml-base (the abort hook), already loaded by libllama:
+    dlopen hands back the same copies."""
+    from runner.engine.llamacpp import llama
+
+    llama()  # the backends registered, llama.cpp's log routed
+    lib_dir = _lib_dir()
+    ggml = ctypes.CDLL(str(lib_dir / "libggml.so"))
+    base = ctypes.CDLL(str(lib_dir / "libggml-base.so"))
+    p, s = ctypes.c_void_p, ctypes.c_size_t
+    for name, args, res in (
+        ("ggml_backend_reg_by_name", [ctypes.c_char_p], p),
+        ("ggml_backend_reg_get_proc_address", [p, ctypes.c_char_p], p),
+        ("ggml_backend_register", [p], None),
+        ("ggml_backend_reg_dev_count", [p], s),
+        ("ggml_backend_reg_dev_get", [p, s], p),
+        ("ggml_backend_dev_by_type", [ctypes.c_int], p),
+        ("ggml_backend_dev_name", [p], ctypes.c_char_p),
+        ("ggml_backend_dev_description", [p], ctypes.c_char_p),
+        ("ggml_backend_dev_memory", [p, ctypes.POINTER(s), ctypes.POINTER(s)], None),
+    ):
+        fn = getattr(ggml, name)
+        fn.argtypes, fn.restype = args, res
+    base.ggml_set_abort_callback.argtypes = [ctypes.c_void_p]
+    base.ggml_set_abort_callback.restype = ctypes.c_void_p
+    return ggml, base
+
+
+def available() -> bool:
+    """Whether the installed llama.cpp was built with its RPC backend."""
+    ggml, _ = _ggml()
+    return bool(ggml.ggml_backend_reg_by_name(b"RPC"))
+
+
+def require(what: str) -> None:
+    """UsageError (exit 2) naming the rebuild, on a build without the RPC backend."""
+    if not available():
+        raise UsageError(f"{what} needs llama.cpp built with its RPC backend, which this one lacks; rebuild: {REBUILD}")
+
+
+def _proc(name: str, restype: Any, argtypes: list[Any]) -> Any:
+    ggml, _ = _ggml()
+    reg = ggml.ggml_backend_reg_by_name(b"RPC")
+    address = ggml.ggml_backend_reg_get_proc_address(reg, name.encode()) if reg else None
+    if not address:
+        raise UsageError(f"this llama.cpp build has no {name}; rebuild: {REBUILD}")
+    return ctypes.CFUNCTYPE(restype, *argtypes)(address)
+
+
+@functools.cache
+def add_worker(endpoint: str) -> tuple[int, ...]:
+    """The worker's devices, registered with ggml (ggml_backend_rpc_add_server connects to it, and
+    aborts if it cannot: the caller has checked it with runner.remote.probe first)."""
+    ggml, _ = _ggml()
+    add = _proc("ggml_backend_rpc_add_server", ctypes.c_void_p, [ctypes.c_char_p])
+    reg = add(endpoint.encode())
+    if not reg:
+        raise EngineError(f"worker {endpoint} offers no device")
+    ggml.ggml_backend_register(reg)
+    return tuple(ggml.ggml_backend_reg_dev_get(reg, i) for i in range(ggml.ggml_backend_reg_dev_count(reg)))
+
+
+def device_name(device: int) -> str:
+    ggml, _ = _ggml()
+    return (ggml.ggml_backend_dev_name(device) or b"?").decode(errors="replace")
+
+
+def local_device() -> tuple[int, str, int, int]:
+    """(device, description, free bytes, total bytes): what a worker offers, a GPU when the build has
+    one, else the CPU."""
+    ggml, _ = _ggml()
+    device = ggml.ggml_backend_dev_by_type(DEVICE_GPU) or ggml.ggml_backend_dev_by_type(DEVICE_CPU)
+    free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
+    ggml.ggml_backend_dev_memory(device, ctypes.byref(free), ctypes.byref(total))
+    name = device_name(device)
+    description = (ggml.ggml_backend_dev_description(device) or b"").decode(errors="replace").strip()
+    return device, f"{name} ({description})" if description else name, free.value, total.value
+
+
+def start_server(endpoint: str, cache_dir: str | None, threads: int, device: int) -> None:
+    """ggml_backend_rpc_start_server: serves one client at a time until the process ends; returns only
+    if it could not start (it prints why on stdout)."""
+    start = _proc(
+        "ggml_backend_rpc_start_server",
+        None,
+        [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_void_p],
+    )
+    devices = (ctypes.c_void_p * 1)(device)
+    start(endpoint.encode(), cache_dir.encode() if cache_dir else None, threads, 1, devices)
+
+
+_ABORT_HOOK: Any = None  # the ctypes callback, kept alive for the process
+
+
+def on_abort(report: Callable[[str], None]) -> None:
+    """Instead of ggml's abort (a message, a backtrace, SIGABRT and maybe a core dump): report(message),
+    then the process ends at once with exit status ABORT_EXIT. report runs on whichever thread
+    aborted (ggml-rpc's dispatcher thread, often) and must not raise."""
+    global _ABORT_HOOK
+    _, base = _ggml()
+
+    def hook(message: bytes) -> None:
+        try:
+            report(message.decode(errors="replace") if message else "")
+        finally:
+            os._exit(ABORT_EXIT)
+
+    _ABORT_HOOK = ctypes.CFUNCTYPE(None, ctypes.c_char_p)(hook)
+    base.ggml_set_abort_callback(ctypes.cast(_ABORT_HOOK, ctypes.c_void_p))
+
+
+ABORT_EXIT = 86  # an --rpc child's status after ggml aborted: its parent names the worker that went away
