@@ -86,3 +86,23 @@ def parse_duration(text: str | float | int, where: str) -> float | None:
             raise InvalidSetting(f"{where} takes a duration such as 30s, 5m, 1h, 0 or -1 (got {text!r})")
         seconds = float(found.group(1)) * UNITS[found.group(2) or "s"]
     return None if seconds < 0 else seconds
+
+
+def parse_size(text: str, flag: str) -> int:
+    """A size flag's value: bytes, or a number with K, M, G, T in decimal units as runner prints sizes
+    (500M = 500,000,000 bytes; B optional), or KiB, MiB, GiB, TiB in powers of 1024."""
+    value = text.strip().upper().removesuffix("B")
+    scale = 1
+    binary = value.endswith("I")
+    value = value.removesuffix("I")
+    for power, suffix in enumerate("KMGT", start=1):
+        if value.endswith(suffix):
+            value, scale = value[:-1], (1 << 10 * power) if binary else 10 ** (3 * power)
+            break
+    try:
+        number = float(value)
+    except ValueError:
+        number = -1.0
+    if not number >= 0 or number * scale > 1 << 50:
+        raise InvalidSetting(f"{flag} must be a size such as 2G or 500M (got {text!r})")
+    return int(number * scale)

@@ -83,12 +83,34 @@ class LoadedModel:
         self.engine.close()
 
 
+_WORKERS: tuple[devices.Remote, ...] = ()  # --rpc: the workers this process loads across
+
+
+def connect_workers(rpc: str) -> tuple[devices.Remote, ...]:
+    """--rpc HOST:PORT[,…]: each worker checked (runner.remote.probe: one line naming it, within 3 s,
+    rather than ggml's abort), then its device added to llama.cpp's, so that this process's plans and
+    loads split the layers over the workers (one device of each) in the plan's shares."""
+    from runner import remote
+    from runner.engine import rpc as engine_rpc
+    from runner.engine.llamacpp import use_workers
+    from runner.memory.plan import worker_shares
+
+    global _WORKERS
+    endpoints = remote.parse_endpoints(rpc)
+    engine_rpc.require("--rpc")
+    found = remote.probe_all(endpoints)
+    _WORKERS = tuple(devices.Remote(w.endpoint, w.free_bytes, w.total_bytes) for w in found)
+    shares = dict(worker_shares(machine()))
+    use_workers([(engine_rpc.add_worker(w.endpoint)[0], shares[w.endpoint]) for w in _WORKERS])
+    return _WORKERS
+
+
 def machine() -> Machine:
     """This machine as the installed llama.cpp build sees it: RAM and GPUs, whether the build can
-    offload, and which weight types its CPU backend repacks as it loads them."""
+    offload, which weight types its CPU backend repacks as it loads them, and the --rpc workers."""
     from runner.engine.llamacpp import repack_types, supports_gpu_offload
 
-    return devices.probe(can_offload=supports_gpu_offload(), repack_types=repack_types())
+    return devices.probe(can_offload=supports_gpu_offload(), repack_types=repack_types(), workers=_WORKERS)
 
 
 def dry_run_of(path: Any) -> Callable[[Plan], dict[str, int] | None]:
@@ -212,7 +234,8 @@ def describe_refusal(name: str, plan: Plan, smaller_quants: list[str] | None = N
         for v in plan.verdicts
         if not v.fits
     ]
-    where = "on the GPU" if plan.n_gpu_layers else "in RAM"
+    workers = any(d.device not in ("cpu", "gpu") for d in plan.estimate.devices)
+    where = "across the workers" if workers else "on the GPU" if plan.n_gpu_layers else "in RAM"
     tries = list(plan.alternatives) + [f"a smaller quant: {q}" for q in smaller_quants or []]
     options = "; try " + " or ".join(tries) if tries else ""
     per_seq = plan.n_ctx // plan.n_seq  # what --ctx gives, in every command

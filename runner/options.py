@@ -85,6 +85,16 @@ Threads = Annotated[
     Optional[int],
     typer.Option(help="CPU threads [default: physical cores]", rich_help_panel=LIMITS, show_default=False),
 ]
+Rpc = Annotated[
+    Optional[str],
+    typer.Option(
+        "--rpc",
+        help="Spread the model's layers over these workers (runner worker): HOST:PORT[,HOST:PORT...] "
+        "(docs/rpc.md)",
+        rich_help_panel=LIMITS,
+        show_default=False,
+    ),
+]
 Offline = Annotated[
     bool, typer.Option("--offline", help="Use only models already in the cache (as HF_HUB_OFFLINE=1).")
 ]

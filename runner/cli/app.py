@@ -51,6 +51,16 @@ def edge(command: F) -> F:
         if not debug:
             os.environ.setdefault("HF_HUB_VERBOSITY", "error")
         try:
+            rpc = kwargs.get("rpc")
+            if rpc:  # in a child process that a worker going away cannot take runner down with
+                from runner import supervise
+
+                if not supervise.is_child():
+                    raise typer.Exit(supervise.run_child(rpc, command.__name__))
+                from runner.loader import connect_workers
+
+                supervise.in_child()
+                connect_workers(rpc)
             result = command(*args, **kwargs)
             sys.stdout.flush()
             return result

@@ -70,6 +70,7 @@ def run(
     jsonl: o.Jsonl = False,
     continue_: o.Continue = False,
     no_save: o.NoSave = False,
+    rpc: o.Rpc = None,
     debug: o.Debug = False,
 ) -> None:
     """Answer one prompt; the answer alone goes to stdout.
@@ -225,6 +226,7 @@ def chat(
     think: o.Think = None,
     hide_reasoning: o.HideReasoning = False,
     verbose: o.Verbose = False,
+    rpc: o.Rpc = None,
     debug: o.Debug = False,
 ) -> None:
     """Chat in the terminal; every turn is kept (runner history).

@@ -17,6 +17,7 @@ def bench(
     repetitions: o.Repetitions = 3,
     threads: o.Threads = None,
     json: o.JsonObject = False,
+    rpc: o.Rpc = None,
     debug: o.Debug = False,
 ) -> None:
     """Measure a model here: pp512, tg128, TTFT, end to end, batched.
@@ -42,6 +43,7 @@ def fit(
     parallel: o.Parallel = 1,
     offline: o.Offline = False,
     json: o.JsonObject = False,
+    rpc: o.Rpc = None,
     debug: o.Debug = False,
 ) -> None:
     """Will it fit? Memory per device, the offload plan and a verdict.

@@ -118,6 +118,7 @@ def serve(
     seed: o.Seed = None,
     force: o.Force = False,
     offline: o.Offline = False,
+    rpc: o.Rpc = None,
     debug: o.Debug = False,
 ) -> None:
     """Serve models over HTTP: the OpenAI, Anthropic and Ollama APIs, until Ctrl-C.
@@ -157,5 +158,57 @@ def serve(
             force=force,
             offline=offline,
             debug=debug,
+        )
+    )
+
+
+WORKER = "Worker"
+
+
+@app.command()
+@edge
+def worker(
+    host: Annotated[
+        str,
+        typer.Option(
+            "--host", help="Address to listen on; another than loopback is open to anyone (warning)."
+        ),
+    ] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", help="Port to listen on.")] = 50052,
+    threads: o.Threads = None,
+    cache: Annotated[
+        Optional[Path],
+        typer.Option(
+            "--cache",
+            help="Folder of the tensor cache (weights sent before, by hash) [default: runner's cache/rpc]",
+            show_default=False,
+        ),
+    ] = None,
+    no_cache: Annotated[
+        bool, typer.Option("--no-cache", help="No tensor cache: every load sends the weights again.")
+    ] = False,
+) -> None:
+    """Offer this machine's CPU (or GPU) to runner on other machines, until Ctrl-C.
+
+    It is llama.cpp's RPC server: another machine's `runner run/chat/serve/fit/bench --rpc HOST:PORT`
+    puts layers of its model here. It checks no key and encrypts nothing: keep it on 127.0.0.1 and
+    reach it through an SSH tunnel (docs/rpc.md).
+
+    \b
+    Examples:
+      runner worker                                 # 127.0.0.1:50052
+      runner worker --port 50053 --threads 4
+      ssh -N -L 50052:127.0.0.1:50052 gpu-box       # then, here: runner run MODEL --rpc 127.0.0.1:50052
+    """
+    from runner.commands.worker import WorkerRequest
+    from runner.commands.worker import worker as run_worker
+
+    run_worker(
+        WorkerRequest(
+            host=host,
+            port=port,
+            threads=threads,
+            cache=str(cache) if cache is not None else None,
+            no_cache=no_cache,
         )
     )

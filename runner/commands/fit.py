@@ -108,11 +108,20 @@ def verdict(plan: Plan) -> str:
         return "does not fit"
     if plan.n_gpu_layers == 0:
         return "fits, CPU only"
-    return (
-        "fits fully on the GPU"
-        if plan.full_offload
-        else f"fits partly on the GPU ({plan.n_gpu_layers} layers)"
-    )
+    workers = any(d.device not in ("cpu", "gpu") for d in plan.estimate.devices)
+    where = "across the workers" if workers else "on the GPU"
+    return f"fits fully {where}" if plan.full_offload else f"fits partly {where} ({plan.n_gpu_layers} layers)"
+
+
+def layers_per_worker(plan: Plan, machine: Machine) -> list[tuple[str, int]]:
+    """(endpoint, layers it holds, the output layer counting as one) under the plan's split."""
+    from runner.memory.plan import worker_shares
+    from runner.memory.split import layer_owners
+
+    shares = worker_shares(machine)
+    n_layer = plan.estimate.n_layers - 1
+    owners = layer_owners(n_layer, n_layer + 1 - plan.n_gpu_layers, [s for _, s in shares])
+    return [(e, sum(1 for i in owners.values() if i == k)) for k, (e, _) in enumerate(shares)]
 
 
 def to_json(
@@ -163,6 +172,10 @@ def to_json(
                 for g in machine.gpus
             ],
             "can_offload": machine.can_offload,
+            "workers": [
+                {"endpoint": w.endpoint, "free_bytes": w.free_bytes, "total_bytes": w.total_bytes}
+                for w in machine.workers
+            ],
         },
         "alternatives": list(plan.alternatives),
         "decode_tokens_per_s_estimate": round(speed, 1) if speed else None,
@@ -199,7 +212,10 @@ def _describe(
         ("KV cache type", plan.type_k),
         ("flash attention", flash_attn_name(plan.flash_attn)),
     ]
-    if machine.usable_gpus:
+    if machine.workers:
+        spread = ", ".join(f"{n} on {e}" for e, n in layers_per_worker(plan, machine)) if plan.use_gpu else ""
+        rows.append(("offload", f"{plan.n_gpu_layers} of {est.n_layers} layers: {spread or 'none'}"))
+    elif machine.usable_gpus:
         rows.append(
             ("offload", f"{plan.n_gpu_layers} of {est.n_layers} layers on {machine.usable_gpus[0].name}")
         )

@@ -22,10 +22,9 @@ from typing import Any
 
 from runner import ui
 from runner.commands.output import describe_load, sampling_for
-from runner.engine.promptcache import parse_size
 from runner.errors import UsageError
 from runner.hub.catalog import load_catalog
-from runner.limits import check_range, flash_attn_setting, parse_duration
+from runner.limits import check_range, flash_attn_setting, parse_duration, parse_size
 from runner.loader import DEFAULT_BATCH_CTX, LoadedModel, open_model, plan_for
 
 DEFAULT_PORT = 8080  # llama-server's; Ollama's 11434 is for OLLAMA_HOST=127.0.0.1:PORT users to pick
@@ -69,7 +68,7 @@ def serve(request: ServeRequest) -> None:
             f"--host {request.host} lets other machines in: give --api-key KEY (or set {API_KEY_ENV})"
         )
     keep_alive = parse_duration(request.keep_alive, "--keep-alive")
-    memory = parse_size(request.memory) if request.memory is not None else None
+    memory = parse_size(request.memory, "--memory") if request.memory is not None else None
     if memory is not None and memory <= 0:
         raise UsageError("--memory must be more than 0")
     _planning(request)  # a bad --flash-attn refused now, not at a model's first request

@@ -36,7 +36,14 @@ from runner.engine.answer import (
     since_process_start,
 )
 from runner.engine.context import CTX_PAD, START_CTX, Interrupted, KVContext
-from runner.engine.llamacpp import LLAMA_LOG, default_threads, llama, model_params, supports_gpu_offload
+from runner.engine.llamacpp import (
+    LLAMA_LOG,
+    default_threads,
+    llama,
+    model_params,
+    supports_gpu_offload,
+    workers_in_use,
+)
 from runner.engine.promptcache import MIN_HEAD, CacheUse, PromptCache
 from runner.engine.sampling import SamplingConfig
 from runner.engine.speculate import SPEC_NONE, SpecStats, Speculator
@@ -90,7 +97,7 @@ class Engine(KVContext):
     ) -> None:
         lib = llama()
         if n_gpu_layers is None:  # no plan (benchmarks, tests): every layer the build can offload
-            n_gpu_layers = -1 if supports_gpu_offload() else 0
+            n_gpu_layers = -1 if supports_gpu_offload() or workers_in_use() else 0
         self.n_gpu_layers = n_gpu_layers if use_gpu else 0
         mparams, self._no_devices = model_params(lib, n_gpu_layers, use_gpu)
         path = os.fsencode(self.path)

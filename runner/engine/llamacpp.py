@@ -141,7 +141,13 @@ def library_file() -> Path | None:
 
 
 def supports_gpu_offload() -> bool:
-    return bool(llama().llama_supports_gpu_offload())
+    """A GPU device this build can offload to. llama_supports_gpu_offload() alone also says yes for a
+    build with the RPC backend (README's install), which offloads only to workers (--rpc)."""
+    if not llama().llama_supports_gpu_offload():
+        return False
+    from runner.engine.rpc import has_gpu
+
+    return has_gpu()
 
 
 @functools.cache
@@ -192,17 +198,36 @@ def interrupt_callbacks() -> tuple[Any, Any]:
     return progress, abort
 
 
+_WORKERS: list[tuple[int, float]] = []  # --rpc: (ggml device, share of the layers) per worker, in order
+
+
+def use_workers(devices: list[tuple[int, float]]) -> None:
+    """The workers' devices every later load of this process offloads to, split by these shares (the
+    plan's: runner.memory.plan.worker_shares), in place of a local GPU."""
+    _WORKERS[:] = devices
+
+
+def workers_in_use() -> bool:
+    return bool(_WORKERS)
+
+
 def model_params(lib: Any, n_gpu_layers: int, use_gpu: bool) -> tuple[Any, Any]:
     """llama_model_params as the engine loads with, and what must outlive them (a device list)."""
     mparams = lib.llama_model_default_params()
     mparams.n_gpu_layers = n_gpu_layers if use_gpu else 0
     mparams.use_extra_bufts = cpu_repacks()
     mparams.progress_callback = interrupt_callbacks()[0]
-    no_devices = None
+    keep: Any = None
     if not use_gpu:  # an empty (NULL-terminated) device list: no VRAM at all, not even for compute
-        no_devices = (ctypes.c_void_p * 1)(None)
-        mparams.devices = ctypes.cast(no_devices, ctypes.c_void_p)
-    return mparams, no_devices
+        keep = (ctypes.c_void_p * 1)(None)
+        mparams.devices = ctypes.cast(keep, ctypes.c_void_p)
+    elif _WORKERS:  # the workers only, the split given (llama.cpp's own would be by free memory)
+        devices = (ctypes.c_void_p * (len(_WORKERS) + 1))(*[d for d, _ in _WORKERS], None)
+        split = (ctypes.c_float * max(len(_WORKERS), 16))(*[share for _, share in _WORKERS])
+        mparams.devices = ctypes.cast(devices, ctypes.c_void_p)
+        mparams.tensor_split = ctypes.cast(split, ctypes.POINTER(ctypes.c_float))
+        keep = (devices, split)
+    return mparams, keep
 
 
 FLASH_ATTN_TYPE = {None: -1, True: 1, False: 0}  # llama_flash_attn_type: AUTO, ENABLED, DISABLED

@@ -33,6 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from runner import limits
+
 MAGIC = b"RUNNERKV"
 VERSION = 1
 _HEAD = struct.Struct("<8sII")  # magic, version, JSON length
@@ -77,25 +79,8 @@ def folder() -> Path:
 
 
 def parse_size(text: str) -> int:
-    """--prompt-cache-size: bytes, or a number with K, M, G, T in decimal units as runner prints sizes
-    (500M = 500,000,000 bytes; B optional), or KiB, MiB, GiB, TiB in powers of 1024."""
-    value = text.strip().upper().removesuffix("B")
-    scale = 1
-    binary = value.endswith("I")
-    value = value.removesuffix("I")
-    for power, suffix in enumerate("KMGT", start=1):
-        if value.endswith(suffix):
-            value, scale = value[:-1], (1 << 10 * power) if binary else 10 ** (3 * power)
-            break
-    try:
-        number = float(value)
-    except ValueError:
-        number = -1.0
-    if not number >= 0 or number * scale > 1 << 50:
-        from runner.errors import InvalidSetting
-
-        raise InvalidSetting(f"--prompt-cache-size must be a size such as 2G or 500M (got {text!r})")
-    return int(number * scale)
+    """--prompt-cache-size (runner.limits.parse_size)."""
+    return limits.parse_size(text, "--prompt-cache-size")
 
 
 def _token_hash(tokens: Sequence[int]) -> str:

@@ -24,7 +24,7 @@ from typing import Any
 from runner.errors import EngineError, UsageError
 
 REBUILD = 'CMAKE_ARGS="-DGGML_RPC=ON" pip install --force-reinstall --no-cache-dir llama-cpp-python==0.3.36'
-DEVICE_CPU, DEVICE_GPU = 0, 1  # enum ggml_backend_dev_type
+DEVICE_CPU, DEVICE_GPU, DEVICE_IGPU = 0, 1, 2  # enum ggml_backend_dev_type
 
 
 def _lib_dir() -> Path:
@@ -44,8 +44,8 @@ def _ggml() -> Any:
 
     llama()  # the backends registered, llama.cpp's log routed
     lib_dir = _lib_dir()
-    ggml = ctypes.CDLL(str(lib_dir / "libggml.so"))
-    base = ctypes.CDLL(str(lib_dir / "libggml-base.so"))
+    ggml = ctypes.CDLL(str(lib_dir / "libggml.so.0"))  # the sonames libllama loaded: a wheel
+    base = ctypes.CDLL(str(lib_dir / "libggml-base.so.0"))  # holds copies, not links, under other names
     p, s = ctypes.c_void_p, ctypes.c_size_t
     for name, args, res in (
         ("ggml_backend_reg_by_name", [ctypes.c_char_p], p),
@@ -54,6 +54,9 @@ def _ggml() -> Any:
         ("ggml_backend_reg_dev_count", [p], s),
         ("ggml_backend_reg_dev_get", [p, s], p),
         ("ggml_backend_dev_by_type", [ctypes.c_int], p),
+        ("ggml_backend_dev_count", [], s),
+        ("ggml_backend_dev_get", [s], p),
+        ("ggml_backend_dev_type", [p], ctypes.c_int),
         ("ggml_backend_dev_name", [p], ctypes.c_char_p),
         ("ggml_backend_dev_description", [p], ctypes.c_char_p),
         ("ggml_backend_dev_memory", [p, ctypes.POINTER(s), ctypes.POINTER(s)], None),
@@ -71,10 +74,23 @@ def available() -> bool:
     return bool(ggml.ggml_backend_reg_by_name(b"RPC"))
 
 
+def has_gpu() -> bool:
+    """A local GPU (or integrated GPU) device among the backends this build registered."""
+    ggml, _ = _ggml()
+    for i in range(ggml.ggml_backend_dev_count()):
+        device = ggml.ggml_backend_dev_get(i)
+        local = not device_name(device).startswith("RPC")  # a worker's device is a GPU to ggml too
+        if local and ggml.ggml_backend_dev_type(device) in (DEVICE_GPU, DEVICE_IGPU):
+            return True
+    return False
+
+
 def require(what: str) -> None:
     """UsageError (exit 2) naming the rebuild, on a build without the RPC backend."""
     if not available():
-        raise UsageError(f"{what} needs llama.cpp built with its RPC backend, which this one lacks; rebuild: {REBUILD}")
+        raise UsageError(
+            f"{what} needs llama.cpp built with its RPC backend, which this one lacks; rebuild: {REBUILD}"
+        )
 
 
 def _proc(name: str, restype: Any, argtypes: list[Any]) -> Any:

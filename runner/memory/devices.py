@@ -8,6 +8,7 @@ passes the answer to probe() (runner.loader.machine), so nothing here imports ll
 
 from __future__ import annotations
 
+import os
 import platform
 import shutil
 import subprocess
@@ -34,23 +35,41 @@ class Gpu:
 
 
 @dataclass(frozen=True)
+class Remote:
+    """A worker (`runner worker`, a ggml-rpc server) whose device joins the load (--rpc): memory as the
+    worker reports it (ggml's CPU device reports the machine's total RAM as free)."""
+
+    endpoint: str  # host:port
+    free_bytes: int
+    total_bytes: int
+
+
+@dataclass(frozen=True)
 class Machine:
     ram_total_bytes: int
     ram_available_bytes: int
     gpus: tuple[Gpu, ...] = field(default_factory=tuple)
     can_offload: bool = False  # the installed llama.cpp build has a GPU backend
     repack_types: frozenset[str] = REPACK_TYPES  # weight types the CPU backend repacks as it loads
+    workers: tuple[Remote, ...] = ()  # --rpc: the layers go to these, not to a local GPU
 
     @property
     def usable_gpus(self) -> tuple[Gpu, ...]:
-        return self.gpus if self.can_offload else ()
+        return self.gpus if self.can_offload and not self.workers else ()
+
+    @property
+    def offloads(self) -> bool:
+        """Layers can leave the CPU: to the workers (--rpc), else to a GPU the build can use."""
+        return bool(self.workers or self.usable_gpus)
 
     def reinstall_hint(self) -> str | None:
         """The exact command that gives a GPU build, when a GPU is here but the build is CPU-only."""
         if self.can_offload or not self.gpus:
             return None
         flag = "-DGGML_METAL=on" if self.gpus[0].backend == "metal" else "-DGGML_CUDA=on"
-        return f'CMAKE_ARGS="{flag} -DGGML_RPC=ON" pip install --force-reinstall --no-cache-dir {LLAMA_CPP_PIN}'
+        return (
+            f'CMAKE_ARGS="{flag} -DGGML_RPC=ON" pip install --force-reinstall --no-cache-dir {LLAMA_CPP_PIN}'
+        )
 
 
 def nvidia_gpus() -> list[Gpu]:
@@ -131,8 +150,30 @@ def apple_gpu(ram_total: int, ram_available: int) -> list[Gpu]:
     return [Gpu(0, "Apple GPU (Metal)", total, min(total, ram_available), "metal", "unified memory")]
 
 
-def probe(*, can_offload: bool = False, repack_types: frozenset[str] = REPACK_TYPES) -> Machine:
-    """RAM and GPUs as they are now, with what the caller says of the llama.cpp build."""
+MEMORY_ENV = "RUNNER_MEMORY"  # e.g. 4G: the most host memory a plan may count as available
+
+
+def memory_cap() -> int | None:
+    """$RUNNER_MEMORY in bytes (a size such as 512M or 4G), or None when unset."""
+    value = os.environ.get(MEMORY_ENV, "").strip()
+    if not value:
+        return None
+    from runner.limits import parse_size
+
+    return parse_size(value, MEMORY_ENV)
+
+
+def probe(
+    *,
+    can_offload: bool = False,
+    repack_types: frozenset[str] = REPACK_TYPES,
+    workers: tuple[Remote, ...] = (),
+) -> Machine:
+    """RAM and GPUs as they are now (RAM at most $RUNNER_MEMORY), with what the caller says of the
+    llama.cpp build and of the workers it will load across."""
     total, available = ram()
+    cap = memory_cap()
+    if cap is not None:
+        available = min(available, cap)
     gpus = nvidia_gpus() or apple_gpu(total, available)
-    return Machine(total, available, tuple(gpus), can_offload, repack_types)
+    return Machine(total, available, tuple(gpus), can_offload, repack_types, workers)

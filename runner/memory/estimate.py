@@ -26,6 +26,7 @@ architecture without its own graph builder, or a CUDA device (compute buffers no
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -50,6 +51,7 @@ HOST_PER_TOKEN = 48
 HOST_PER_STRING = 160
 HOST_PER_CELL = 160  # llama_kv_cells: pos, shift, a 256-bit sequence set, and std::set nodes once used
 GPU_OVERHEAD = 512 << 20  # CUDA context + cuBLAS workspace: a typical figure, not measured here
+WORKER_BUFFER = re.compile(r"RPC\d+\[(.+)\]")  # a worker's buffer type, as llama.cpp's log names it
 CUDA_FA_HEAD_DIMS = frozenset({40, 64, 72, 80, 96, 112, 128, 192, 256, 512, 576})
 
 
@@ -135,6 +137,7 @@ def estimate(
     flash_attn: bool | None = None,
     gpu: bool | None = None,
     repack_types: frozenset[str] = REPACK_TYPES,
+    workers: tuple[tuple[str, float], ...] = (),
 ) -> Estimate:
     """Memory llama.cpp allocates to load this model and create a context of n_ctx tokens.
 
@@ -143,6 +146,8 @@ def estimate(
     is llama.cpp's "auto"; False disables it explicitly (the V cache is then transposed).
     repack_types: the weight types the CPU backend repacks on this machine (REPACK_TYPES:
     x86-64 with AVX2; add "Q2_K" with AVX-512).
+    workers: (endpoint, share) of the --rpc workers the offloaded layers are split over, in llama.cpp's
+    device order, in place of a GPU (runner.memory.split).
     """
     hp = hparams_from_header(header)
     cs = context_size(hp, n_ctx, n_seq=n_seq, n_batch=n_batch, n_ubatch=n_ubatch)
@@ -176,7 +181,12 @@ def estimate(
         return DeviceUsage(device, resident[device], state, compute, out, overhead)
 
     host_extra = host_overhead(hp, cs, flash_attn=fa, type_v=type_v)
-    devices = [usage("cpu", host_extra)] + ([usage("gpu", GPU_OVERHEAD)] if gpu else [])
+    if gpu and workers:
+        from runner.memory.split import across_workers
+
+        buffers, resident = across_workers(header, hp, cs, start, buffers, resident, workers, **kw)
+    offloaded = [usage(w, 0) for w, _ in workers] if workers else [usage("gpu", GPU_OVERHEAD)]
+    devices = [usage("cpu", host_extra)] + (offloaded if gpu else [])
     return Estimate(
         weights_bytes=sum(d.weights_bytes for d in devices),
         kv_bytes=sum(d.kv_bytes for d in devices),
@@ -188,7 +198,7 @@ def estimate(
         n_gpu_layers=hp.n_layer + 1 - start if gpu else 0,
         n_layers=hp.n_layer + 1,
         buffers=tuple(buffers),
-        exact=hp.exact_graph and not gpu,
+        exact=hp.exact_graph and not gpu,  # with workers too: each one's compute buffer is approximated
         host_rss_bytes=total("cpu", "model", "KV", "RS", "output") + touched + host_extra,
     )
 
@@ -200,7 +210,10 @@ def with_compute(est: Estimate, compute: dict[str, int]) -> Estimate:
     where only some pages would be touched)."""
 
     def device_of(name: str) -> str:
-        return "cpu" if name == "CPU" or name.endswith("_Host") else "gpu"
+        if name == "CPU" or name.endswith("_Host"):
+            return "cpu"
+        worker = WORKER_BUFFER.fullmatch(name)  # RPC0[127.0.0.1:50052]
+        return worker.group(1) if worker else "gpu"
 
     have = {d.device for d in est.devices}
     mine = [Buffer(n, "compute", device_of(n), size) for n, size in compute.items() if device_of(n) in have]

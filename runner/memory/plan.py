@@ -63,8 +63,17 @@ class Plan:
         return self.n_gpu_layers == self.estimate.n_layers
 
 
+def worker_shares(machine: Machine) -> tuple[tuple[str, float], ...]:
+    """(endpoint, share) of the --rpc workers: the split the plan and the load use (tensor_split),
+    by what each may hold."""
+    have = budgets(machine)
+    return tuple((w.endpoint, float(max(1, have[w.endpoint]))) for w in machine.workers)
+
+
 def budgets(machine: Machine) -> dict[str, int]:
     out = {"cpu": int(machine.ram_available_bytes * (1 - CPU_MARGIN))}
+    for worker in machine.workers:  # a worker's RAM, with the margin this machine's RAM gets
+        out[worker.endpoint] = int(worker.free_bytes * (1 - CPU_MARGIN))
     gpus = machine.usable_gpus
     if gpus:  # one GPU: llama.cpp's layer split over several is not modelled yet
         gpu = gpus[0]
@@ -106,7 +115,7 @@ def _try(
     adjust: dict[str, int] | None = None,
     flash_attn: bool | None = None,
 ) -> Plan:
-    use_gpu = bool(machine.usable_gpus) if use_gpu is None else use_gpu
+    use_gpu = machine.offloads if use_gpu is None else use_gpu
     try:
         est = estimate(
             header,
@@ -118,6 +127,7 @@ def _try(
             gpu=use_gpu,
             repack_types=machine.repack_types,
             flash_attn=flash_attn,
+            workers=worker_shares(machine) if use_gpu else (),
         )
     except ValueError as exc:  # e.g. an unknown KV type, or a quantized V cache without flash attention
         raise InvalidSetting(f"--kv-type {kv[1]}: {exc}") from exc
@@ -199,7 +209,7 @@ def make_plan(
     trained = trained_context(header) or DEFAULT_CTX_CAP
     top = ctx or min(trained, DEFAULT_CTX_CAP)
     contexts = [top] if ctx else _contexts(top, min(MIN_AUTO_CTX, top))
-    gpu = bool(machine.usable_gpus)
+    gpu = machine.offloads
     layers = 0 if not gpu else (-1 if gpu_layers is None else gpu_layers)
 
     def attempt(n_ctx: int, n_layers: int, kv: tuple[str, str], **kw: Any) -> Plan | None:
@@ -277,6 +287,9 @@ def departures(
         out.append(f"a {plan.n_ctx:,}-token context ({default_ctx:,} would not fit)")
     if kv_type is None and plan.type_k != "f16":
         out.append(f"a {plan.type_k} KV cache (f16 would not fit)")
+    if machine.workers and gpu_layers is None and not plan.full_offload:
+        layers = f"{plan.n_gpu_layers} of {plan.estimate.n_layers} layers"
+        out.append(f"{layers} on the workers, the rest on this machine's CPU")
     if machine.usable_gpus and gpu_layers is None:
         name = machine.usable_gpus[0].name
         if not plan.use_gpu:
@@ -351,7 +364,7 @@ def _alternatives(
                     out.append(f"--kv-type q8_0 --ctx {q8}")
         except InvalidSetting:  # q8_0 V needs flash attention, which this model may not get
             pass
-    if machine.usable_gpus:
+    if machine.offloads:
         partial = _most_layers(header, machine, failed.n_ctx, kv, n_seq, adjust=adjust, flash_attn=fa)
         if partial is not None and partial.n_gpu_layers < failed.estimate.n_layers:
             out.append(f"--gpu-layers {partial.n_gpu_layers}")
