@@ -55,7 +55,8 @@ class EngineError(RunnerError):
 
 
 class WorkerError(RunnerError):
-    """A worker (`runner worker`, a ggml-rpc server) could not be reached, spoke another protocol, or went away."""
+    """A worker (`runner worker`, a ggml-rpc server) could not be reached, spoke another protocol,
+    or went away."""
 
 
 # Ordered: the first matching class wins, so subclasses come before their bases.

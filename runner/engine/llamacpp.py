@@ -140,14 +140,66 @@ def library_file() -> Path | None:
     return Path(name) if isinstance(name, str) else None
 
 
+DEVICE_CPU, DEVICE_GPU, DEVICE_IGPU = 0, 1, 2  # enum ggml_backend_dev_type
+
+
+def _lib_dir() -> Path:
+    found = library_file()
+    if found is None:
+        raise EngineError("cannot find the llama.cpp library llama-cpp-python loaded")
+    return found.parent
+
+
+@functools.cache
+def ggml_libs() -> Any:
+    """libggml (the backend registry) and libggml-base (the abort hook), already loaded by libllama:
+    dlopen hands back the same copies."""
+    llama()  # the backends registered, llama.cpp's log routed
+    lib_dir = _lib_dir()
+    ggml = ctypes.CDLL(str(lib_dir / "libggml.so.0"))  # the sonames libllama loaded: a wheel
+    base = ctypes.CDLL(str(lib_dir / "libggml-base.so.0"))  # holds copies, not links, under other names
+    p, s = ctypes.c_void_p, ctypes.c_size_t
+    for name, args, res in (
+        ("ggml_backend_reg_by_name", [ctypes.c_char_p], p),
+        ("ggml_backend_reg_get_proc_address", [p, ctypes.c_char_p], p),
+        ("ggml_backend_register", [p], None),
+        ("ggml_backend_reg_dev_count", [p], s),
+        ("ggml_backend_reg_dev_get", [p, s], p),
+        ("ggml_backend_dev_by_type", [ctypes.c_int], p),
+        ("ggml_backend_dev_count", [], s),
+        ("ggml_backend_dev_get", [s], p),
+        ("ggml_backend_dev_type", [p], ctypes.c_int),
+        ("ggml_backend_dev_name", [p], ctypes.c_char_p),
+        ("ggml_backend_dev_description", [p], ctypes.c_char_p),
+        ("ggml_backend_dev_memory", [p, ctypes.POINTER(s), ctypes.POINTER(s)], None),
+    ):
+        fn = getattr(ggml, name)
+        fn.argtypes, fn.restype = args, res
+    base.ggml_set_abort_callback.argtypes = [ctypes.c_void_p]
+    base.ggml_set_abort_callback.restype = ctypes.c_void_p
+    return ggml, base
+
+
+def has_gpu() -> bool:
+    """A local GPU (or integrated GPU) device among the backends this build registered."""
+    ggml, _ = ggml_libs()
+    for i in range(ggml.ggml_backend_dev_count()):
+        device = ggml.ggml_backend_dev_get(i)
+        local = not device_name(device).startswith("RPC")  # a worker's device is a GPU to ggml too
+        if local and ggml.ggml_backend_dev_type(device) in (DEVICE_GPU, DEVICE_IGPU):
+            return True
+    return False
+
+
+def device_name(device: int) -> str:
+    ggml, _ = ggml_libs()
+    return (ggml.ggml_backend_dev_name(device) or b"?").decode(errors="replace")
+
+
 def supports_gpu_offload() -> bool:
     """A GPU device this build can offload to. llama_supports_gpu_offload() alone also says yes for a
     build with the RPC backend (README's install), which offloads only to workers (--rpc)."""
-    if not llama().llama_supports_gpu_offload():
-        return False
-    from runner.engine.rpc import has_gpu
-
-    return has_gpu()
+    return bool(llama().llama_supports_gpu_offload()) and has_gpu()
 
 
 @functools.cache

@@ -18,71 +18,18 @@ import ctypes
 import functools
 import os
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
+from runner.engine.llamacpp import DEVICE_CPU, DEVICE_GPU, device_name, ggml_libs
 from runner.errors import EngineError, UsageError
 
 REBUILD = 'CMAKE_ARGS="-DGGML_RPC=ON" pip install --force-reinstall --no-cache-dir llama-cpp-python==0.3.36'
-DEVICE_CPU, DEVICE_GPU, DEVICE_IGPU = 0, 1, 2  # enum ggml_backend_dev_type
-
-
-def _lib_dir() -> Path:
-    from runner.engine.llamacpp import library_file
-
-    found = library_file()
-    if found is None:
-        raise EngineError("cannot find the llama.cpp library llama-cpp-python loaded")
-    return found.parent
-
-
-@functools.cache
-def _ggml() -> Any:
-    """libggml (the backend registry) and libggml-base (the abort hook), already loaded by libllama:
-    dlopen hands back the same copies."""
-    from runner.engine.llamacpp import llama
-
-    llama()  # the backends registered, llama.cpp's log routed
-    lib_dir = _lib_dir()
-    ggml = ctypes.CDLL(str(lib_dir / "libggml.so.0"))  # the sonames libllama loaded: a wheel
-    base = ctypes.CDLL(str(lib_dir / "libggml-base.so.0"))  # holds copies, not links, under other names
-    p, s = ctypes.c_void_p, ctypes.c_size_t
-    for name, args, res in (
-        ("ggml_backend_reg_by_name", [ctypes.c_char_p], p),
-        ("ggml_backend_reg_get_proc_address", [p, ctypes.c_char_p], p),
-        ("ggml_backend_register", [p], None),
-        ("ggml_backend_reg_dev_count", [p], s),
-        ("ggml_backend_reg_dev_get", [p, s], p),
-        ("ggml_backend_dev_by_type", [ctypes.c_int], p),
-        ("ggml_backend_dev_count", [], s),
-        ("ggml_backend_dev_get", [s], p),
-        ("ggml_backend_dev_type", [p], ctypes.c_int),
-        ("ggml_backend_dev_name", [p], ctypes.c_char_p),
-        ("ggml_backend_dev_description", [p], ctypes.c_char_p),
-        ("ggml_backend_dev_memory", [p, ctypes.POINTER(s), ctypes.POINTER(s)], None),
-    ):
-        fn = getattr(ggml, name)
-        fn.argtypes, fn.restype = args, res
-    base.ggml_set_abort_callback.argtypes = [ctypes.c_void_p]
-    base.ggml_set_abort_callback.restype = ctypes.c_void_p
-    return ggml, base
 
 
 def available() -> bool:
     """Whether the installed llama.cpp was built with its RPC backend."""
-    ggml, _ = _ggml()
+    ggml, _ = ggml_libs()
     return bool(ggml.ggml_backend_reg_by_name(b"RPC"))
-
-
-def has_gpu() -> bool:
-    """A local GPU (or integrated GPU) device among the backends this build registered."""
-    ggml, _ = _ggml()
-    for i in range(ggml.ggml_backend_dev_count()):
-        device = ggml.ggml_backend_dev_get(i)
-        local = not device_name(device).startswith("RPC")  # a worker's device is a GPU to ggml too
-        if local and ggml.ggml_backend_dev_type(device) in (DEVICE_GPU, DEVICE_IGPU):
-            return True
-    return False
 
 
 def require(what: str) -> None:
@@ -94,7 +41,7 @@ def require(what: str) -> None:
 
 
 def _proc(name: str, restype: Any, argtypes: list[Any]) -> Any:
-    ggml, _ = _ggml()
+    ggml, _ = ggml_libs()
     reg = ggml.ggml_backend_reg_by_name(b"RPC")
     address = ggml.ggml_backend_reg_get_proc_address(reg, name.encode()) if reg else None
     if not address:
@@ -106,7 +53,7 @@ def _proc(name: str, restype: Any, argtypes: list[Any]) -> Any:
 def add_worker(endpoint: str) -> tuple[int, ...]:
     """The worker's devices, registered with ggml (ggml_backend_rpc_add_server connects to it, and
     aborts if it cannot: the caller has checked it with runner.remote.probe first)."""
-    ggml, _ = _ggml()
+    ggml, _ = ggml_libs()
     add = _proc("ggml_backend_rpc_add_server", ctypes.c_void_p, [ctypes.c_char_p])
     reg = add(endpoint.encode())
     if not reg:
@@ -115,15 +62,10 @@ def add_worker(endpoint: str) -> tuple[int, ...]:
     return tuple(ggml.ggml_backend_reg_dev_get(reg, i) for i in range(ggml.ggml_backend_reg_dev_count(reg)))
 
 
-def device_name(device: int) -> str:
-    ggml, _ = _ggml()
-    return (ggml.ggml_backend_dev_name(device) or b"?").decode(errors="replace")
-
-
 def local_device() -> tuple[int, str, int, int]:
     """(device, description, free bytes, total bytes): what a worker offers, a GPU when the build has
     one, else the CPU."""
-    ggml, _ = _ggml()
+    ggml, _ = ggml_libs()
     device = ggml.ggml_backend_dev_by_type(DEVICE_GPU) or ggml.ggml_backend_dev_by_type(DEVICE_CPU)
     free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
     ggml.ggml_backend_dev_memory(device, ctypes.byref(free), ctypes.byref(total))
@@ -152,7 +94,7 @@ def on_abort(report: Callable[[str], None]) -> None:
     then the process ends at once with exit status ABORT_EXIT. report runs on whichever thread
     aborted (ggml-rpc's dispatcher thread, often) and must not raise."""
     global _ABORT_HOOK
-    _, base = _ggml()
+    _, base = ggml_libs()
 
     def hook(message: bytes) -> None:
         try:

@@ -42,6 +42,7 @@ from runner.memory.kv import (
     context_size,
     kv_per_layer,
 )
+from runner.memory.split import across_workers
 from runner.memory.weights import GPU_ALIGNMENT, cuda_size, gpu_start, place_weights, tensor_layer
 
 # not in any buffer, but host memory the process needs (fitted to RSS measured here, see
@@ -181,10 +182,13 @@ def estimate(
         return DeviceUsage(device, resident[device], state, compute, out, overhead)
 
     host_extra = host_overhead(hp, cs, flash_attn=fa, type_v=type_v)
-    if gpu and workers:
-        from runner.memory.split import across_workers
-
-        buffers, resident = across_workers(header, hp, cs, start, buffers, resident, workers, **kw)
+    if gpu and workers:  # the workers' buffers for the GPU's; the host's named as without a GPU
+        on_workers, held = across_workers(header, hp, cs, start, workers, **kw)
+        host = [
+            replace(b, name="CPU") if b.name.endswith("_Host") else b for b in buffers if b.device == "cpu"
+        ]
+        buffers = host + [Buffer(*b) for b in on_workers]
+        resident = {"cpu": resident["cpu"], **held}
     offloaded = [usage(w, 0) for w, _ in workers] if workers else [usage("gpu", GPU_OVERHEAD)]
     devices = [usage("cpu", host_extra)] + (offloaded if gpu else [])
     return Estimate(

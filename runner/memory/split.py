@@ -60,15 +60,11 @@ def across_workers(
     hp: Hparams,
     cs: ContextSize,
     start: int,
-    buffers: list[Any],
-    resident: dict[str, int],
     workers: tuple[tuple[str, float], ...],
     **kw: Any,
-) -> tuple[list[Any], dict[str, int]]:
-    """estimate()'s buffers for a GPU made into the workers': the offloaded layers' weights and KV
-    cache per worker, a compute buffer on each, the host's buffers named as without a GPU."""
-    from runner.memory.estimate import Buffer
-
+) -> tuple[list[tuple[str, str, str, int]], dict[str, int]]:
+    """The workers' buffers, as (buffer type, kind, device, bytes): the offloaded layers' weights and
+    KV cache per worker, a compute buffer on each; and the weight bytes each holds."""
     endpoints = [w for w, _ in workers]
     owners = layer_owners(hp.n_layer, start, [share for _, share in workers])
     weights = dict.fromkeys(endpoints, 0)
@@ -87,17 +83,11 @@ def across_workers(
             key = (endpoints[owners[il]], cache[:2])
             kv[key] = kv.get(key, 0) + nbytes
     compute = compute_bytes(hp, cs, **kw)
-    host = [
-        Buffer("CPU" if b.name.endswith("_Host") else b.name, b.kind, b.device, b.nbytes)
-        for b in buffers
-        if b.device == "cpu"
-    ]
-    out = list(host)
+    out = []
     for endpoint in endpoints:
         name = buffer_name(endpoint)
         if weights[endpoint]:
-            out.append(Buffer(name, "model", endpoint, weights[endpoint]))
-        out += [Buffer(name, kind, endpoint, n) for (e, kind), n in kv.items() if e == endpoint]
-        out.append(Buffer(name, "compute", endpoint, compute))
-    held = {"cpu": resident["cpu"], **weights}
-    return out, held
+            out.append((name, "model", endpoint, weights[endpoint]))
+        out += [(name, kind, endpoint, n) for (e, kind), n in kv.items() if e == endpoint]
+        out.append((name, "compute", endpoint, compute))
+    return out, weights

@@ -1,0 +1,253 @@
+"""runner worker and --rpc, for real: two workers on loopback ports (llama.cpp's RPC server, started by
+`runner worker`), and runner's commands spreading SmolLM2 over them."""
+
+from __future__ import annotations
+
+import contextlib
+import http.server
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pexpect
+import pytest
+
+from tests.conftest import run_cli
+
+GREEDY = ["--temperature", "0", "--seed", "1"]
+ALLOCATED = re.compile(r"a client allocated ([0-9.]+) (B|KB|MB|GB)")
+UNITS = {"B": 1, "KB": 1e3, "MB": 1e6, "GB": 1e9}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Worker:
+    port: int
+    process: subprocess.Popen
+    log: Path
+    lines: list[str] = field(default_factory=list)
+
+    @property
+    def endpoint(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def stderr(self) -> str:
+        return self.log.read_text()
+
+    def allocated(self) -> float:
+        """Bytes the last client allocated here, by the worker's own lines."""
+        text = self.stderr().rsplit("runner worker on", 1)[-1]
+        return sum(float(n) * UNITS[u] for n, u in ALLOCATED.findall(text))
+
+    def kill(self) -> None:
+        self.process.kill()
+        self.process.wait()
+
+
+def start_worker(tmp: Path, *args: str) -> Worker:
+    port = free_port()
+    log = tmp / f"worker-{port}.log"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "runner", "worker", "--port", str(port), "--threads", "1", *args],
+        stdout=subprocess.DEVNULL,
+        stderr=log.open("wb"),
+    )
+    deadline = time.monotonic() + 30
+    while "runner worker on" not in log.read_text():
+        assert process.poll() is None, log.read_text()
+        assert time.monotonic() < deadline, log.read_text()
+        time.sleep(0.05)
+    return Worker(port, process, log)
+
+
+@contextlib.contextmanager
+def workers(tmp: Path, n: int = 2, *args: str) -> Iterator[list[Worker]]:
+    started = [start_worker(tmp, *args) for _ in range(n)]
+    try:
+        yield started
+    finally:
+        for w in started:
+            if w.process.poll() is None:
+                w.process.send_signal(signal.SIGTERM)
+                try:
+                    w.process.wait(5)
+                except subprocess.TimeoutExpired:
+                    w.kill()
+
+
+def rpc(ws: list[Worker]) -> str:
+    return ",".join(w.endpoint for w in ws)
+
+
+def test_a_model_across_two_workers_answers_as_it_does_here(tmp_path: Path) -> None:
+    prompt = ["run", "smollm2", "Name three colours.", "--max-tokens", "24", "--ctx", "512", *GREEDY]
+    local = run_cli(*prompt)
+    assert local.returncode == 0, local.stderr
+    with workers(tmp_path) as ws:
+        done = run_cli(*prompt, "--rpc", rpc(ws))
+        assert done.returncode == 0, done.stderr
+        assert done.stdout == local.stdout  # greedy: the same tokens, whichever device ran the layers
+        held = [w.allocated() for w in ws]
+        assert all(h > 10e6 for h in held), [w.stderr() for w in ws]  # both hold layers, by their report
+        fit = run_cli("fit", "smollm2", "--ctx", "512", "--json", "--rpc", rpc(ws))
+        assert fit.returncode == 0, fit.stderr
+        planned = {d["device"]: d["total_bytes"] for d in json.loads(fit.stdout)["devices"]}
+        for w, h in zip(ws, held, strict=True):
+            assert abs(planned[w.endpoint] - h) <= 0.05 * h, (w.endpoint, planned[w.endpoint], h)
+
+
+def test_a_model_too_big_for_here_is_planned_across_the_workers(tmp_path: Path) -> None:
+    small = {"RUNNER_MEMORY": "100M"}  # SmolLM2 at 2,048 tokens needs ~200 MB of RAM here alone
+    prompt = ["run", "smollm2", "Say hi.", "--max-tokens", "8", "--ctx", "2048", *GREEDY]
+    alone = run_cli(*prompt, env=small)
+    assert alone.returncode == 1 and b"does not fit in RAM" in alone.stderr, alone.stderr
+    with workers(tmp_path) as ws:
+        fit = run_cli("fit", "smollm2", "--ctx", "2048", "--rpc", rpc(ws), env=small)
+        assert fit.returncode == 0, fit.stderr
+        shown = fit.stdout.decode()
+        assert "fits fully across the workers" in shown, shown
+        assert re.search(r"31 of 31 layers: \d+ on 127.0.0.1:\d+, \d+ on 127.0.0.1:\d+", shown), shown
+        done = run_cli(*prompt, "--rpc", rpc(ws), env=small)
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.strip()
+
+
+def test_a_worker_that_dies_mid_answer_is_one_line_and_exit_1(tmp_path: Path) -> None:
+    with workers(tmp_path) as ws:
+        args = [
+            "run",
+            "smollm2",
+            "Write a long story about a dragon.",
+            "--max-tokens",
+            "2000",
+            "--ctx",
+            "4096",
+        ]
+        child = subprocess.Popen(
+            [sys.executable, "-m", "runner", *args, *GREEDY, "--rpc", rpc(ws)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        assert child.stdout is not None
+        first = child.stdout.read(40)  # the answer is streaming
+        assert first
+        ws[1].kill()
+        killed = time.monotonic()
+        out, err = child.communicate(timeout=30)
+        assert time.monotonic() - killed < 5
+    assert child.returncode == 1
+    lines = err.decode().strip().splitlines()
+    assert lines == [
+        f"runner: error: worker {ws[1].endpoint} went away during `runner run` ({lines[0].split('(', 1)[1]}"
+    ]
+    assert "Traceback" not in err.decode() and "ggml-rpc.cpp" not in err.decode()
+    assert not list(Path.cwd().glob("core*"))
+    assert first + out  # what came of the answer stays on stdout
+
+
+def test_endpoints_that_are_no_worker_are_one_line_each(tmp_path: Path) -> None:
+    closed = free_port()
+    done = run_cli("run", "smollm2", "Hi", "--rpc", f"127.0.0.1:{closed}")
+    assert done.returncode == 1
+    assert done.stderr.decode().strip() == (
+        f"runner: error: no worker at 127.0.0.1:{closed} (connection refused): start one there with "
+        f"`runner worker --port {closed}`"
+    )
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.SimpleHTTPRequestHandler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        start = time.monotonic()
+        done = run_cli("fit", "smollm2", "--rpc", f"127.0.0.1:{httpd.server_port}")
+        assert time.monotonic() - start < 10
+    finally:
+        httpd.shutdown()
+    assert done.returncode == 1
+    [line] = done.stderr.decode().strip().splitlines()
+    assert f"127.0.0.1:{httpd.server_port}" in line and "Or is this no worker at all?" in line
+    bad = run_cli("run", "smollm2", "Hi", "--rpc", "localhost")
+    assert bad.returncode == 2 and b"--rpc" in bad.stderr
+    with workers(tmp_path, 1) as [w]:
+        second = run_cli("worker", "--port", str(w.port), timeout=30)
+    assert second.returncode == 2
+    assert second.stderr.decode().strip().splitlines()[-1] == (
+        f"runner: error: port {w.port} on 127.0.0.1: in use; pick another with --port"
+    )
+
+
+def test_a_worker_on_another_address_warns_of_the_risk() -> None:
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "runner", "worker", "--host", "0.0.0.0", "--port", str(port), "--no-cache"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        assert process.stderr is not None
+        text = b""
+        while b"runner worker on" not in text:
+            chunk = process.stderr.read1(4096)
+            assert chunk, text
+            text += chunk
+    finally:
+        process.send_signal(signal.SIGINT)
+        process.wait(10)
+    assert b"checks no key and encrypts nothing" in text and b"ssh -N -L" in text
+    assert process.returncode == 0
+
+
+def test_a_chat_over_rpc_survives_ctrl_c(tmp_path: Path) -> None:
+    with workers(tmp_path) as ws:
+        env = {**os.environ, "PROMPT_TOOLKIT_NO_CPR": "1", "TERM": "xterm"}
+        child = pexpect.spawn(
+            sys.executable,
+            ["-m", "runner", "chat", "smollm2", "--max-tokens", "1000", *GREEDY, "--rpc", rpc(ws)],
+            env=env,
+            encoding="utf-8",
+            timeout=60,
+            dimensions=(40, 160),
+        )
+        child.expect_exact("chatting with smollm2")
+        child.expect_exact(">>>")
+        child.sendline("Tell me a long story about a cat who sails the sea.")
+        child.expect_exact("sails the sea.")
+        child.expect_exact("Once upon a time")  # the greedy answer has begun (it runs for seconds here)
+        child.sendintr()
+        child.expect_exact("interrupted: the partial answer stays in the conversation")
+        child.expect_exact(">>>")
+        child.sendline("Say hello.")
+        child.expect_exact(">>>")
+        child.sendcontrol("d")
+        child.expect(pexpect.EOF)
+        child.close()
+    assert child.exitstatus == 0, child.before
+
+
+def test_a_second_load_from_the_worker_cache_sends_no_weights(tmp_path: Path) -> None:
+    cache = tmp_path / "tensors"
+    with workers(tmp_path, 1, "--cache", str(cache)) as [w]:
+        for _ in range(2):
+            done = run_cli("run", "smollm2", "Hi", "--max-tokens", "2", *GREEDY, "--rpc", w.endpoint)
+            assert done.returncode == 0, done.stderr
+    assert cache.is_dir() and sum(f.stat().st_size for f in cache.iterdir()) > 10e6
+
+
+@pytest.mark.parametrize("flag", ["--rpc"])
+def test_bench_runs_over_rpc(tmp_path: Path, flag: str) -> None:
+    with workers(tmp_path) as ws:
+        done = run_cli("bench", "smollm2", "--repetitions", "1", "--json", flag, rpc(ws), timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)
