@@ -98,6 +98,7 @@ def connect_workers(rpc: str) -> tuple[devices.Remote, ...]:
     global _WORKERS
     endpoints = remote.parse_endpoints(rpc)
     engine_rpc.require("--rpc")
+    engine_rpc.report_aborts()  # a worker gone: one line and ABORT_EXIT, for the parent to name it
     found = remote.probe_all(endpoints)
     _WORKERS = tuple(devices.Remote(w.endpoint, w.free_bytes, w.total_bytes) for w in found)
     shares = dict(worker_shares(machine()))

@@ -23,26 +23,13 @@ from typing import Any
 
 from runner.errors import EngineError, WorkerError
 
-CHILD_ENV = "RUNNER_RPC_CHILD"  # set in the child: run the command, do not supervise again
-REPORT_ENV = "RUNNER_RPC_REPORT_FD"  # the pipe the child reports ggml's abort on
 GONE_PROBE_S = 1.0
 
 
 def is_child() -> bool:
+    from runner.engine.rpc import CHILD_ENV
+
     return bool(os.environ.get(CHILD_ENV))
-
-
-def in_child() -> None:
-    """The child's side: ggml's abort reported on the parent's pipe (or stderr), not dumped."""
-    from runner.engine import rpc
-
-    fd = int(os.environ.get(REPORT_ENV) or 2)
-
-    def report(message: str) -> None:
-        with contextlib.suppress(OSError):
-            os.write(fd, (message.strip() + "\n").encode(errors="replace"))
-
-    rpc.on_abort(report)
 
 
 def _no_core() -> None:  # in the child, before exec: an abort that gets past the hook dumps no core
@@ -55,6 +42,7 @@ def run_child(rpc: str, command: str) -> int:
     """The parent's side: check the workers, run this command line again as the child, wait, and say
     what became of it. Returns the child's exit status; raises WorkerError when a worker went away."""
     from runner import remote
+    from runner.engine.rpc import CHILD_ENV, REPORT_ENV
 
     endpoints = remote.parse_endpoints(rpc)
     remote.probe_all(endpoints)

@@ -55,12 +55,12 @@ def edge(command: F) -> F:
             if rpc:  # in a child process that a worker going away cannot take runner down with
                 from runner import supervise
 
-                if not supervise.is_child():
-                    raise typer.Exit(supervise.run_child(rpc, command.__name__))
-                from runner.loader import connect_workers
+                if supervise.is_child():
+                    from runner.loader import connect_workers
 
-                supervise.in_child()
-                connect_workers(rpc)
+                    connect_workers(rpc)
+                elif command.__name__ != "serve":  # serve keeps its port in a front process of its own
+                    raise typer.Exit(supervise.run_child(rpc, command.__name__))
             result = command(*args, **kwargs)
             sys.stdout.flush()
             return result

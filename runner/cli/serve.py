@@ -158,6 +158,7 @@ def serve(
             force=force,
             offline=offline,
             debug=debug,
+            rpc=rpc,
         )
     )
 

@@ -238,7 +238,11 @@ def describe_model(loaded: LoadedModel) -> str:
 def describe_load(loaded: LoadedModel, *, model: bool = True) -> str:
     """How the model was loaded, on one line; model=False: without the model itself (/show has a row)."""
     engine = loaded.engine
-    if not supports_gpu_offload():
+    workers = [d.device for d in loaded.plan.estimate.devices if d.device not in ("cpu", "gpu")]
+    if workers and engine.n_gpu_layers:
+        layers = "all layers" if engine.n_gpu_layers < 0 else f"{engine.n_gpu_layers} layers"
+        offload = f"{layers} across the workers {', '.join(workers)}"
+    elif not supports_gpu_offload():
         offload = "CPU only (this llama.cpp build cannot offload; see the README for a GPU build)"
     else:
         offload = (

@@ -15,8 +15,9 @@ import ipaddress
 import os
 import signal
 import socket
+import sys
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +56,7 @@ class ServeRequest:
     force: bool = False
     offline: bool = False
     debug: bool = False
+    rpc: str | None = None  # --rpc: the models' layers across these workers (docs/rpc.md)
 
 
 def serve(request: ServeRequest) -> None:
@@ -72,8 +74,17 @@ def serve(request: ServeRequest) -> None:
     if memory is not None and memory <= 0:
         raise UsageError("--memory must be more than 0")
     _planning(request)  # a bad --flash-attn refused now, not at a model's first request
+    from runner.serve.front import INNER_ENV
+
+    inner = os.environ.get(INNER_ENV)
+    if inner:  # the server behind `serve --rpc`'s front (runner.serve.front): loopback, its own port
+        request = replace(request, host="127.0.0.1", port=int(inner))
     with _port(request.host, request.port):
         pass  # free now: checked before minutes of loading (uvicorn binds it again below)
+    if request.rpc and not inner:  # the port held by a front, the engines in a child it restarts
+        from runner.serve.front import serve_front
+
+        return serve_front(request.host, request.port, sys.argv[1:], request.rpc)
     from runner.serve.pool import EngineBackend, Pool
 
     budget = _budget(memory)
@@ -92,12 +103,12 @@ def serve(request: ServeRequest) -> None:
             loaded = _load(request, load_catalog().default, offline=request.offline)
             pool.offers[loaded.name] = _offer(request, loaded.name, loaded)
             pool.preload(_served(loaded, request), _needs(loaded.plan))
-        _run(request, EngineBackend(pool), key)
+        _run(request, EngineBackend(pool), key, behind_front=bool(inner))
     finally:
         pool.close()
 
 
-def _run(request: ServeRequest, backend: Any, key: str | None) -> None:
+def _run(request: ServeRequest, backend: Any, key: str | None, behind_front: bool = False) -> None:
     import uvicorn
 
     from runner.serve.app import create_app
@@ -126,7 +137,8 @@ def _run(request: ServeRequest, backend: Any, key: str | None) -> None:
     if waiting:
         ui.info(f"on demand: {', '.join(waiting)}")
     apis = "OpenAI /v1, Anthropic /v1/messages, Ollama /api"
-    ui.info(f"serving {', '.join(backend.names())} on http://{host}:{request.port} ({apis})")
+    if not behind_front:  # else the front says where it serves
+        ui.info(f"serving {', '.join(backend.names())} on http://{host}:{request.port} ({apis})")
     try:
         server.run()
     finally:

@@ -14,6 +14,7 @@ into a report the parent of an `--rpc` process reads (runner.remote_run), instea
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import os
@@ -23,6 +24,8 @@ from typing import Any
 from runner.engine.llamacpp import DEVICE_CPU, DEVICE_GPU, device_name, ggml_libs
 from runner.errors import EngineError, UsageError
 
+CHILD_ENV = "RUNNER_RPC_CHILD"  # set in a process its parent runs for --rpc (runner.supervise)
+REPORT_ENV = "RUNNER_RPC_REPORT_FD"  # where such a process reports ggml's abort (default: stderr)
 REBUILD = 'CMAKE_ARGS="-DGGML_RPC=ON" pip install --force-reinstall --no-cache-dir llama-cpp-python==0.3.36'
 
 
@@ -107,3 +110,15 @@ def on_abort(report: Callable[[str], None]) -> None:
 
 
 ABORT_EXIT = 86  # an --rpc child's status after ggml aborted: its parent names the worker that went away
+
+
+def report_aborts() -> None:
+    """ggml's abort reported as one line on $RUNNER_RPC_REPORT_FD (the parent's pipe) or stderr, then
+    exit ABORT_EXIT: how a process that loads across workers ends when one goes away."""
+    fd = int(os.environ.get(REPORT_ENV) or 2)
+
+    def report(message: str) -> None:
+        with contextlib.suppress(OSError):
+            os.write(fd, (message.strip() + "\n").encode(errors="replace"))
+
+    on_abort(report)

@@ -1,0 +1,279 @@
+"""`runner serve --rpc`: a front process that keeps the port, and the server's engines in a child behind it.
+
+ggml's RPC client aborts its whole process when a worker goes away (runner.supervise says why), so the
+server that loads across workers runs as a child process on a private loopback port, and this front
+process holds the port the clients know and forwards every request to it, streams included. When the
+child ends because a worker went away:
+  - each request in flight ends with an error in its API's shape: an `error` event in an SSE stream
+    (OpenAI, Anthropic, Responses), an {"error"} line in Ollama's NDJSON, a 503 before any answer;
+  - the front stays up: /health says 503 with the worker that is gone, other requests 503 likewise;
+  - it loads again: on this machine's own devices at once if the plan says the model fits here (the
+    same command without --rpc, whose plan refuses what does not fit), else across the workers as soon
+    as every one of them answers a handshake again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+from typing import Any
+
+from runner import remote, ui
+from runner.serve.common import ApiError, error_body, is_anthropic, is_ollama
+
+INNER_ENV = "RUNNER_SERVE_INNER_PORT"  # the child serves on 127.0.0.1:this
+READY_POLL_S = 0.2
+WORKER_POLL_S = 1.0
+HOP = {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade", "host", "content-length"}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _without_rpc(argv: list[str]) -> list[str]:
+    out, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg == "--rpc":
+            skip = True
+        elif not arg.startswith("--rpc="):
+            out.append(arg)
+    return out
+
+
+class Front:
+    """The child serving the models, and what the front says while there is none."""
+
+    def __init__(self, argv: list[str], endpoints: list[str], url: str = "") -> None:
+        self.url = url
+        self.argv = argv
+        self.endpoints = endpoints
+        self.state = "loading"  # "ready" | "loading" | "worker gone"
+        self.why = ""
+        self.port = 0
+        self.child: subprocess.Popen[bytes] | None = None
+        self.stopping = False
+
+    def _spawn(self, rpc: bool) -> None:
+        from runner.engine.rpc import CHILD_ENV, REPORT_ENV
+
+        self.port = _free_port()
+        env = {**os.environ, INNER_ENV: str(self.port), "GGML_NO_BACKTRACE": "1"}
+        quiet = os.open(os.devnull, os.O_WRONLY)  # ggml's abort message: the front says it in its words
+        if rpc:
+            env[CHILD_ENV] = "1"
+            env[REPORT_ENV] = str(quiet)
+        argv = self.argv if rpc else _without_rpc(self.argv)
+        try:
+            self.child = subprocess.Popen(
+                [sys.executable, "-m", "runner", *argv],
+                env=env,
+                pass_fds=(quiet,),
+                start_new_session=True,  # a Ctrl-C on the terminal reaches the front, which stops the child
+            )
+        finally:
+            os.close(quiet)
+
+    async def _ready(self) -> bool:
+        """Wait until the child answers /health (True), or ends first (False)."""
+        import httpx
+
+        async with httpx.AsyncClient() as client:
+            while self.child is not None and self.child.poll() is None:
+                with contextlib.suppress(httpx.HTTPError):
+                    answer = await client.get(f"http://127.0.0.1:{self.port}/health", timeout=2)
+                    if answer.status_code == 200:
+                        return True
+                await asyncio.sleep(READY_POLL_S)
+        return False
+
+    async def run(self, fail: Any) -> None:
+        """The child's life, again and again, until the server stops. `fail(code)` stops the server
+        when the first load across the workers fails for another reason than a worker."""
+        loop = asyncio.get_running_loop()
+        rpc, served = True, False
+        while not self.stopping:
+            self._spawn(rpc)
+            ready = await self._ready()
+            child = self.child
+            assert child is not None
+            if ready:
+                self.state, self.why, served = "ready", "", True
+                where = (
+                    f"across {', '.join(self.endpoints)}" if rpc else "on this machine alone (it fits here)"
+                )
+                ui.info(f"serving on {self.url} {where}")
+                while child.poll() is None:
+                    await asyncio.sleep(READY_POLL_S)
+            if self.stopping:
+                return
+            gone: list[str] = await loop.run_in_executor(None, self._gone)
+            if rpc and not gone and not served:  # not a worker's doing: the child said why
+                fail(child.returncode or 1)
+                return
+            if rpc:
+                self.state, self.why = "worker gone", f"worker {', '.join(gone) or '?'} went away"
+                ui.warn(f"{self.why}: the answers in flight ended with an error; loading the model again")
+                rpc = False  # first this machine alone: its own plan refuses what does not fit here
+                continue
+            while not self.stopping:
+                missing: list[str] = await loop.run_in_executor(None, self._gone)
+                if not missing:
+                    break
+                await asyncio.sleep(WORKER_POLL_S)
+            rpc = True
+
+    def _gone(self) -> list[str]:
+        return [e for e in self.endpoints if not remote.reachable(e, timeout=1.0)]
+
+    def stop(self) -> None:
+        self.stopping = True
+        if self.child is not None and self.child.poll() is None:
+            self.child.send_signal(signal.SIGTERM)  # it ends the answers in flight within seconds
+
+    def wait(self, timeout: float = 15) -> None:
+        if self.child is None:
+            return
+        try:
+            self.child.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.child.kill()
+            self.child.wait()
+
+
+def _unavailable(path: str, front: Front) -> Any:
+    from starlette.responses import JSONResponse
+
+    if path == "/health":
+        body = {"status": front.state, "error": front.why or None, "workers": front.endpoints}
+        return JSONResponse(body, status_code=503)
+    message = f"{front.why}; the server is loading the model again" if front.why else "the model is loading"
+    err = ApiError(503, message, kind="server_error", code="worker_unavailable")
+    return JSONResponse(error_body(path, err), status_code=503, headers={"Retry-After": "5"})
+
+
+def _stream_error(path: str, content_type: str, message: str) -> bytes:
+    """The error that ends a cut stream, as the API's clients read one mid-stream."""
+    err = ApiError(502, message, kind="server_error", code="worker_unavailable")
+    body = error_body(path, err)
+    if is_ollama(path) or "ndjson" in content_type:
+        return (json.dumps(body) + "\n").encode()
+    if is_anthropic(path):
+        return f"event: error\ndata: {json.dumps(body)}\n\n".encode()
+    if path.startswith("/v1/responses"):
+        event = {"type": "error", "code": err.code, "message": message, "param": None}
+        return f"event: error\ndata: {json.dumps(event)}\n\n".encode()
+    return f"data: {json.dumps(body)}\n\n".encode()
+
+
+def create_front(front: Front) -> Any:
+    """The front's ASGI app: everything forwarded to the child, or answered 503 while there is none."""
+    import httpx
+    from starlette.applications import Starlette
+    from starlette.background import BackgroundTask
+    from starlette.requests import Request
+    from starlette.responses import StreamingResponse
+    from starlette.routing import Route
+
+    client = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=5))
+
+    async def forward(request: Request) -> Any:
+        path = request.url.path
+        if front.state != "ready":
+            return _unavailable(path, front)
+        url = f"http://127.0.0.1:{front.port}{path}" + (f"?{request.url.query}" if request.url.query else "")
+        headers = [(k, v) for k, v in request.headers.items() if k.lower() not in HOP]
+        body = await request.body()
+        try:
+            answer = await client.send(
+                client.build_request(request.method, url, headers=headers, content=body), stream=True
+            )
+        except httpx.HTTPError:
+            front.state = front.state if front.state != "ready" else "loading"
+            return _unavailable(path, front)
+        content_type = answer.headers.get("content-type", "")
+        streaming = "event-stream" in content_type or "ndjson" in content_type
+
+        async def relay() -> Any:
+            try:
+                async for chunk in answer.aiter_raw():
+                    yield chunk
+            except httpx.HTTPError:
+                if streaming:
+                    yield _stream_error(path, content_type, "a worker went away during the answer")
+
+        out_headers = {k: v for k, v in answer.headers.items() if k.lower() not in HOP}
+        return StreamingResponse(
+            relay(),
+            status_code=answer.status_code,
+            headers=out_headers,
+            background=BackgroundTask(answer.aclose),
+        )
+
+    methods = ["GET", "POST", "DELETE", "PUT", "PATCH", "OPTIONS", "HEAD"]
+    return Starlette(routes=[Route("/{path:path}", forward, methods=methods)])
+
+
+def serve_front(host: str, port: int, argv: list[str], rpc: str) -> None:
+    """The front on host:port until Ctrl-C or SIGTERM, the child behind it."""
+    import uvicorn
+
+    endpoints = remote.parse_endpoints(rpc)
+    remote.probe_all(endpoints)  # one line within 3 s for a bad endpoint, before anything loads
+    shown = f"[{host}]" if ":" in host else host
+    front = Front(argv, endpoints, f"http://{shown}:{port}")
+    config = uvicorn.Config(
+        create_front(front),
+        host=host,
+        port=port,
+        log_level="warning",
+        access_log=False,
+        lifespan="off",
+        timeout_graceful_shutdown=10,
+        server_header=False,
+    )
+
+    class Server(uvicorn.Server):
+        @contextlib.contextmanager
+        def capture_signals(self) -> Any:
+            previous = {s: signal.signal(s, self._stop) for s in (signal.SIGINT, signal.SIGTERM)}
+            try:
+                yield
+            finally:
+                for s, handler in previous.items():
+                    signal.signal(s, handler)
+
+        def _stop(self, signum: int, frame: Any) -> None:
+            front.stop()
+            self.handle_exit(signum, frame)
+
+        async def main_loop(self) -> None:
+            def fail(code: int) -> None:
+                failed.append(code)
+                self.should_exit = True
+
+            task = asyncio.ensure_future(front.run(fail))
+            try:
+                await super().main_loop()
+            finally:
+                task.cancel()
+
+    failed: list[int] = []
+    server = Server(config)
+    try:
+        server.run()
+    finally:
+        front.stop()
+        front.wait()
+    if failed:
+        raise SystemExit(failed[0])
