@@ -59,7 +59,8 @@ def serving(args: list[str], log: Path, *, ready_s: float = 120) -> Iterator[Ser
                 if httpx.get(f"{server.url}/health", timeout=2).status_code == 200:
                     break
             except httpx.TransportError:
-                time.sleep(0.2)
+                pass
+            time.sleep(0.2)
         assert proc.poll() is None, server.stderr()
         yield server
     finally:

@@ -22,6 +22,7 @@ import pexpect
 import pytest
 
 from tests.conftest import run_cli
+from tests.serving import serving
 
 GREEDY = ["--temperature", "0", "--seed", "1"]
 ALLOCATED = re.compile(r"a client allocated ([0-9.]+) (B|KB|MB|GB)")
@@ -58,9 +59,9 @@ class Worker:
         self.process.wait()
 
 
-def start_worker(tmp: Path, *args: str) -> Worker:
-    port = free_port()
-    log = tmp / f"worker-{port}.log"
+def start_worker(tmp: Path, *args: str, port: int | None = None) -> Worker:
+    port = port or free_port()
+    log = tmp / f"worker-{port}-{time.monotonic_ns()}.log"
     process = subprocess.Popen(
         [sys.executable, "-m", "runner", "worker", "--port", str(port), "--threads", "1", *args],
         stdout=subprocess.DEVNULL,
@@ -251,3 +252,53 @@ def test_bench_runs_over_rpc(tmp_path: Path, flag: str) -> None:
         done = run_cli("bench", "smollm2", "--repetitions", "1", "--json", flag, rpc(ws), timeout=300)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)
+
+
+def test_serve_over_rpc_outlives_a_worker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import httpx
+    import openai
+
+    monkeypatch.setenv("RUNNER_MEMORY", "100M")  # too little here alone: it waits for the worker
+    with workers(tmp_path) as ws:
+        args = ["smollm2", "--parallel", "2", "--ctx", "1024", "--rpc", rpc(ws)]
+        with serving(args, tmp_path / "serve.log") as server:
+            client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="none", max_retries=0)
+            stream = client.chat.completions.create(
+                model="smollm2",
+                messages=[{"role": "user", "content": "Write a long story about a dragon."}],
+                max_tokens=900,
+                temperature=0,
+                stream=True,
+            )
+            pieces = []
+            with pytest.raises(openai.APIError) as info:
+                for chunk in stream:
+                    pieces.append(chunk.choices[0].delta.content or "" if chunk.choices else "")
+                    if len(pieces) == 5:
+                        ws[1].kill()
+            assert f"worker {ws[1].endpoint} went away during the answer" in str(info.value)
+            assert len(pieces) >= 5
+            health = httpx.get(f"{server.url}/health", timeout=5)
+            assert health.status_code == 503
+            assert f"worker {ws[1].endpoint} went away" in health.json()["error"]
+            refused = httpx.post(
+                f"{server.url}/api/chat",
+                json={"model": "smollm2", "messages": [{"role": "user", "content": "Hi"}]},
+                timeout=5,
+            )
+            assert refused.status_code == 503 and "went away" in refused.json()["error"]
+            back = start_worker(tmp_path, port=ws[1].port)
+            try:
+                end = time.monotonic() + 60
+                while httpx.get(f"{server.url}/health", timeout=5).status_code != 200:
+                    assert time.monotonic() < end, server.stderr()
+                    time.sleep(0.3)
+                again = client.chat.completions.create(
+                    model="smollm2", messages=[{"role": "user", "content": "Say hi."}], max_tokens=8
+                )
+                assert again.choices[0].message.content
+            finally:
+                back.process.send_signal(signal.SIGTERM)
+                back.process.wait(10)
+        log = server.stderr()
+        assert f"worker {ws[1].endpoint} went away" in log and "ggml-rpc.cpp" not in log

@@ -133,6 +133,12 @@ class Front:
                 await asyncio.sleep(WORKER_POLL_S)
             rpc = True
 
+    async def lost(self) -> None:
+        """The child's connection broke under a request: which worker is gone, said at once."""
+        gone: list[str] = await asyncio.get_running_loop().run_in_executor(None, self._gone)
+        if gone and self.state == "ready":
+            self.state, self.why = "worker gone", f"worker {', '.join(gone)} went away"
+
     def _gone(self) -> list[str]:
         return [e for e in self.endpoints if not remote.reachable(e, timeout=1.0)]
 
@@ -198,8 +204,8 @@ def create_front(front: Front) -> Any:
             answer = await client.send(
                 client.build_request(request.method, url, headers=headers, content=body), stream=True
             )
-        except httpx.HTTPError:
-            front.state = front.state if front.state != "ready" else "loading"
+        except httpx.HTTPError:  # the child just ended: the front's loop will say why in a moment
+            await front.lost()
             return _unavailable(path, front)
         content_type = answer.headers.get("content-type", "")
         streaming = "event-stream" in content_type or "ndjson" in content_type
@@ -210,7 +216,10 @@ def create_front(front: Front) -> Any:
                     yield chunk
             except httpx.HTTPError:
                 if streaming:
-                    yield _stream_error(path, content_type, "a worker went away during the answer")
+                    await front.lost()
+                    yield _stream_error(
+                        path, content_type, f"{front.why or 'a worker went away'} during the answer"
+                    )
 
         out_headers = {k: v for k, v in answer.headers.items() if k.lower() not in HOP}
         return StreamingResponse(
