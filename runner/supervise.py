@@ -8,8 +8,9 @@ abort into a message on a pipe and an exit status of its own (runner.engine.rpc.
 backtrace, no core dump). The parent then names the worker that is gone (the ones that no longer
 answer a handshake), restores the terminal's settings if the child left them changed, and exits 1.
 
-Ctrl-C reaches the child from the terminal as it would reach runner (the parent ignores it, so that it
-is not delivered twice); SIGTERM and SIGHUP sent to the parent are passed on.
+Ctrl-C reaches the child from the terminal as it would reach runner (the parent then lets it be, so
+that it is not delivered twice); a SIGINT sent to the parent alone (no terminal, or one where the
+parent is not in the foreground), SIGTERM and SIGHUP are passed on.
 """
 
 from __future__ import annotations
@@ -58,7 +59,9 @@ def run_child(rpc: str, command: str) -> int:
     )
     os.close(write_end)
     try:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # the terminal sends it to the child as well
+        signal.signal(
+            signal.SIGINT, lambda _s, _f: None if _foreground() else child.send_signal(signal.SIGINT)
+        )
         for sig in (signal.SIGTERM, signal.SIGHUP):
             signal.signal(sig, lambda signum, _frame: child.send_signal(signum))
         status = child.wait()
@@ -84,6 +87,16 @@ def run_child(rpc: str, command: str) -> int:
             return 128 - status
         raise EngineError(f"runner {command} over --rpc ended by {name}")
     return status
+
+
+def _foreground() -> bool:
+    """Whether this process's group is its terminal's foreground group: a Ctrl-C typed there reaches
+    the child too (the same group), and passing it on would make it a second Ctrl-C."""
+    for fd in (0, 1, 2):
+        with contextlib.suppress(OSError):
+            if os.isatty(fd):
+                return os.tcgetpgrp(fd) == os.getpgrp()
+    return False
 
 
 def _terminal_settings() -> Any:

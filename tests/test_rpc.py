@@ -160,6 +160,25 @@ def test_a_worker_that_dies_mid_answer_is_one_line_and_exit_1(tmp_path: Path) ->
     assert first + out  # what came of the answer stays on stdout
 
 
+def test_ctrl_c_stops_an_answer_over_rpc(tmp_path: Path) -> None:
+    with workers(tmp_path) as ws:
+        args = ["run", "smollm2", "Write a long story about a dragon.", "--max-tokens", "2000"]
+        child = subprocess.Popen(
+            [sys.executable, "-m", "runner", *args, *GREEDY, "--rpc", rpc(ws)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        assert child.stdout is not None
+        first = child.stdout.read(40)
+        child.send_signal(signal.SIGINT)
+        sent = time.monotonic()
+        out, err = child.communicate(timeout=30)
+        assert time.monotonic() - sent < 3
+        assert child.returncode == 130, err
+        assert first and "Traceback" not in err.decode()
+        assert all(w.process.poll() is None for w in ws)  # the workers serve on
+
+
 def test_endpoints_that_are_no_worker_are_one_line_each(tmp_path: Path) -> None:
     closed = free_port()
     done = run_cli("run", "smollm2", "Hi", "--rpc", f"127.0.0.1:{closed}")
