@@ -452,3 +452,43 @@ def test_a_batch_that_will_not_fit_is_told_its_context_per_sequence(
     ctx = int(offered[1])  # as --ctx means it: each sequence's
     assert 4096 <= ctx < 8192
     assert make_plan(header, machine, ctx=4 * ctx, kv_type="f16", n_seq=4).fits
+
+
+def test_layers_split_over_workers_as_llama_cpp_splits_them(header) -> None:
+    from runner.memory.devices import Remote
+    from runner.memory.split import layer_owners
+    from runner.memory.weights import tensor_layer
+
+    owners = layer_owners(30, 0, [1.0, 1.0])  # SmolLM2: 30 blocks and the output layer
+    assert [list(owners.values()).count(i) for i in (0, 1)] == [16, 15]
+    assert owners[30] == 1  # the output layer on the last worker
+    assert layer_owners(30, 10, [3.0, 1.0]) == {il: 0 if il < 26 else 1 for il in range(10, 31)}
+    workers = (Remote("10.0.0.1:50052", 1 << 30, 1 << 30), Remote("10.0.0.2:50052", 1 << 30, 1 << 30))
+    small = Machine(1 << 34, 90_000_000, workers=workers)  # too little here for the model alone
+    plan = make_plan(header, small, ctx=2048)
+    assert plan.fits and plan.full_offload, plan.verdicts
+    held = {d.device: d for d in plan.estimate.devices}
+    assert set(held) == {"cpu", "10.0.0.1:50052", "10.0.0.2:50052"}
+    offloaded = sum(t.nbytes for t in header.tensors if tensor_layer(t.name, 30) >= 0)
+    tied = header.tensor("token_embd.weight").nbytes  # the output layer's copy of the tied embeddings
+    on_workers = held["10.0.0.1:50052"].weights_bytes + held["10.0.0.2:50052"].weights_bytes
+    assert offloaded + tied <= on_workers <= offloaded + tied + 64 * len(header.tensors)
+    assert held["cpu"].kv_bytes == 0 and held["10.0.0.1:50052"].kv_bytes > 0
+    alone = make_plan(header, Machine(1 << 34, 90_000_000), ctx=2048)
+    assert not alone.fits
+
+
+def test_with_small_workers_the_most_layers_they_hold_and_the_rest_here(header) -> None:
+    from runner.memory.devices import Remote
+
+    workers = (Remote("10.0.0.1:50052", 250_000_000, 250_000_000),)  # room for some layers only
+    plan = make_plan(header, Machine(1 << 34, 4 << 30, workers=workers), ctx=2048)
+    assert plan.fits and 0 < plan.n_gpu_layers < plan.estimate.n_layers, plan.n_gpu_layers
+    more = make_plan(
+        header, Machine(1 << 34, 4 << 30, workers=workers), ctx=2048, gpu_layers=plan.n_gpu_layers + 1
+    )
+    assert not more.fits  # the most the worker holds
+    departed = departures(
+        plan, header, Machine(1 << 34, 4 << 30, workers=workers), ctx=2048, gpu_layers=None, kv_type=None
+    )
+    assert any("on the workers, the rest on this machine's CPU" in d for d in departed)

@@ -160,7 +160,9 @@ def estimate(
     if type_v not in ("f32", "f16", "bf16") and not fa:
         raise ValueError("a quantized V cache needs flash attention (llama-context.cpp:466)")
 
-    buffers, resident = weight_buffers(header, hp, start, gpu, repack_types)
+    # a GPU's host buffer type comes first in the CPU's list and stops repacking; ggml-rpc has none,
+    # so with workers the layers kept here are repacked as on a CPU-only load (llama-model.cpp:1093)
+    buffers, resident = weight_buffers(header, hp, start, gpu and not workers, repack_types)
     buffers += state_buffers(hp, cs, start, type_k=type_k, type_v=type_v, v_trans=v_trans)
     # output_reserve(n_seq_max) at creation (llama-context.cpp:377, 2116): host memory, pinned
     # when the output layer is offloaded

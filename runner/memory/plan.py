@@ -176,15 +176,18 @@ def _most_layers(
     full = attempt(n_ctx, -1, kv)
     if full is None:
         return None
+    # fewer layers offloaded: less on the GPU or workers, more here; so search the most layers the
+    # offload devices hold (their need only grows with layers), then check this machine at that
+    # count, where it holds least
     lo, hi, best = 0, full.estimate.n_layers, None
     while lo <= hi:
         mid = (lo + hi) // 2
         plan = attempt(n_ctx, mid, kv)
-        if plan is not None and plan.fits:
+        if plan is not None and all(v.fits for v in plan.verdicts if v.device != "cpu"):
             best, lo = plan, mid + 1
         else:
             hi = mid - 1
-    return best
+    return best if best is not None and best.fits else None
 
 
 def make_plan(
