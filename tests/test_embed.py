@@ -178,3 +178,31 @@ def test_bad_input_is_one_line_and_exit_2(
     assert done.stdout == b""
     (line,) = done.stderr.decode().splitlines()
     assert said in line
+
+
+def test_the_plan_counts_an_embedding_context_as_llama_cpp_allocates_it(smollm2_path: Path) -> None:
+    """runner serve prices a model with its embedding context (commands/serve._needs): within 5% of
+    the buffers llama.cpp logs as it creates one."""
+    import re
+
+    from runner.engine.embed import MAX_SEQS
+    from runner.engine.llamacpp import LLAMA_LOG
+    from runner.gguf import read_header
+    from runner.memory.estimate import embedding_context_bytes
+
+    lines: list[str] = []
+    listener = lambda _level, text: lines.append(text)  # noqa: E731
+    with Engine(smollm2_path, n_ctx=1024, n_threads=2) as engine:
+        LLAMA_LOG.listeners.append(listener)
+        try:
+            made = Embedder(engine)
+        finally:
+            LLAMA_LOG.listeners.remove(listener)
+        n_ctx, n_seq = made.n_ctx, made.n_seq
+        made.close()
+    logged = re.findall(r"(?:output|KV|compute) buffer size = +([0-9.]+) MiB", "".join(lines))
+    assert len(logged) == 3, lines
+    real = sum(float(mib) for mib in logged) * (1 << 20)
+    planned = embedding_context_bytes(read_header(smollm2_path), n_ctx=n_ctx, n_seq=n_seq)
+    assert n_seq == MAX_SEQS
+    assert abs(planned - real) <= 0.05 * real, (planned, real)

@@ -95,14 +95,14 @@ def serve(request: ServeRequest) -> None:
             if request.models:  # named: loaded now (the others when first asked for)
                 loaded = _load(request, name, offline=request.offline)
                 pool.offers[loaded.name] = _offer(request, loaded.name, loaded)
-                pool.preload(_served(loaded, request), _needs(loaded.plan))
+                pool.preload(_served(loaded, request), _needs(loaded.plan, loaded.header))
             else:
                 pool.offers[name] = _offer(request, name, path=path)
         names = list(found)
         if not names:  # nothing here yet: the catalog's default, fetched now (never by a request)
             loaded = _load(request, load_catalog().default, offline=request.offline)
             pool.offers[loaded.name] = _offer(request, loaded.name, loaded)
-            pool.preload(_served(loaded, request), _needs(loaded.plan))
+            pool.preload(_served(loaded, request), _needs(loaded.plan, loaded.header))
         _run(request, EngineBackend(pool), key, behind_front=bool(inner))
     finally:
         pool.close()
@@ -212,7 +212,7 @@ def _offer(
 
     def needs() -> dict[str, int]:
         header, path = header_and_path()
-        return _needs(plan_for(header, name, **_planning(request), path=path))
+        return _needs(plan_for(header, name, **_planning(request), path=path), header)
 
     def load() -> Any:
         loaded = _load(request, str(path) if path is not None else name, offline=True)
@@ -222,8 +222,19 @@ def _offer(
     return Offer(name, describe, needs, load)
 
 
-def _needs(plan: Any) -> dict[str, int]:
-    return {v.device: v.needed_bytes for v in plan.verdicts}
+def _needs(plan: Any, header: Any) -> dict[str, int]:
+    """What a served model holds, by device: the plan's, and the embedding context it makes at its
+    first embedding request (on the device of its KV cache), so that models on demand are loaded
+    beside it only where both fit."""
+    from runner.engine.embed import EMBED_CTX, MAX_SEQS
+    from runner.memory.estimate import embedding_context_bytes
+
+    needs = {v.device: v.needed_bytes for v in plan.verdicts}
+    n_ctx = min(EMBED_CTX, plan.n_ctx // max(1, plan.n_seq))
+    embedding = embedding_context_bytes(header, n_ctx=n_ctx, n_seq=MAX_SEQS)
+    where = "gpu" if "gpu" in needs and plan.full_offload else "cpu"
+    needs[where] = needs.get(where, 0) + embedding
+    return needs
 
 
 def _budget(memory: int | None) -> dict[str, int]:
