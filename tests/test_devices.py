@@ -41,7 +41,11 @@ def test_probe_this_machine() -> None:
     assert 0 < here.ram_available_bytes <= here.ram_total_bytes
     import llama_cpp
 
-    assert here.can_offload is bool(llama_cpp.llama_supports_gpu_offload())
+    from runner.engine.llamacpp import has_gpu
+
+    # llama.cpp also says yes for the RPC backend alone (the README's build): runner asks for a GPU device
+    assert here.can_offload is (bool(llama_cpp.llama_supports_gpu_offload()) and has_gpu())
+    assert llama_cpp.llama_supports_rpc()  # the README's install has the RPC backend (docs/rpc.md)
 
 
 def test_host_reads_what_psutil_reports(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
