@@ -29,7 +29,7 @@ def bench(
     """
     from runner.commands.bench import bench as run_bench
 
-    run_bench(model, out=sys.stdout, as_json=json, repetitions=repetitions, threads=threads)
+    run_bench(model, out=sys.stdout, as_json=json, repetitions=repetitions, threads=threads, rpc=rpc)
 
 
 @app.command(no_args_is_help=True)

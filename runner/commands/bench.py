@@ -11,6 +11,7 @@ noise. A bar on a terminal's stderr shows the step under way.
 from __future__ import annotations
 
 import json
+import os
 import random
 import statistics
 import subprocess
@@ -39,8 +40,16 @@ NOISE = 0.2
 
 
 def bench(
-    model: str, *, out: TextIO, as_json: bool, repetitions: int = 3, threads: int | None = None
+    model: str,
+    *,
+    out: TextIO,
+    as_json: bool,
+    repetitions: int = 3,
+    threads: int | None = None,
+    rpc: str | None = None,
 ) -> None:
+    """rpc: the workers this process loads across (runner.loader.connect_workers did), for the end to
+    end runs too."""
     check_range(repetitions, "--repetitions", 1, 100)
     steps = 1 + 4 * repetitions + len(PARALLEL)  # the load, pp/tg/TTFT and end to end each time, batches
     with ui.steps_progress("bench", steps, enabled=ui.stderr_is_tty()) as step:
@@ -51,7 +60,7 @@ def bench(
             samples = _single(loaded, repetitions, step)
         finally:
             loaded.close()
-        samples["end_to_end"], rates = _end_to_end(model, repetitions, step)
+        samples["end_to_end"], rates = _end_to_end(model, repetitions, step, rpc)
         parallel = {str(n): _parallel(model, n, threads, step) for n in PARALLEL}
     figures = summarize(samples, rates)
     figures["parallel"] = parallel
@@ -146,15 +155,24 @@ def _single(loaded: LoadedModel, repetitions: int, step: Callable[[str], None]) 
     return {f"pp{PP}": pp, f"tg{TG}": tg, "ttft": ttft}
 
 
-def _end_to_end(model: str, repetitions: int, step: Callable[[str], None]) -> tuple[list[float], list[float]]:
-    """Wall time and tok/s of each `runner run`, a process of its own."""
+def _end_to_end(
+    model: str, repetitions: int, step: Callable[[str], None], rpc: str | None = None
+) -> tuple[list[float], list[float]]:
+    """Wall time and tok/s of each `runner run`, a process of its own (across the same workers)."""
+    from runner.engine.rpc import CHILD_ENV
+
     walls, rates = [], []
+    env = {k: v for k, v in os.environ.items() if k != CHILD_ENV}  # it checks the workers itself
     for i in range(1, repetitions + 1):
         step(f"runner run, end to end ({i} of {repetitions})")
         cmd = [sys.executable, "-m", "runner", "run", model, "Write one sentence about the sea.", "--json"]
         start = time.perf_counter()
+        extra = ["--rpc", rpc] if rpc else []
         done = subprocess.run(
-            [*cmd, "--max-tokens", "32", "--temperature", "0"], capture_output=True, check=False
+            [*cmd, "--max-tokens", "32", "--temperature", "0", *extra],
+            capture_output=True,
+            check=False,
+            env=env,
         )
         wall = time.perf_counter() - start
         if done.returncode != 0:

@@ -150,6 +150,9 @@ class KVContext:
                 if interrupt.requested():
                     raise Interrupted
                 self.extend(tokens[start : start + self.n_batch])
+            # llama_decode returns once the work is queued: on a GPU or on workers (--rpc) it may still
+            # run. Done means done, for the timings (TTFT, prefill tok/s) and for whoever comes next.
+            lib.llama_synchronize(self._ctx)
         finally:
             lib.llama_set_abort_callback(self._ctx, lib.ggml_abort_callback(0), None)  # NULL
         return self.last_prefill_tokens
