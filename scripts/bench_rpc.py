@@ -30,8 +30,10 @@ What each client placed on each runner worker (the most it held, by the workers'
 allocated" lines: weights, KV cache and compute buffers) is shown under the table; the weights' buffers
 in the logs show the split (for SmolLM2, 35.5 MB and 61.1 MB for both clients).
 
-Cached reload: a fresh `runner worker --cache EMPTY_DIR` and `runner run MODEL "Hi" --max-tokens 1
---json --rpc EP` twice: the first load sends the weights, the second only the hashes of the tensors the
+Cached reload: for MODEL and for a synthetic 672 MB llama whose matrices are all over ggml-rpc's 10 MB
+hash threshold (as a big model's are; --no-big leaves it out), a fresh `runner worker --cache
+EMPTY_DIR` and `runner run MODEL "Hi" --max-tokens 1 --json --rpc EP` twice: the first load sends
+the weights, the second only the hashes of the tensors the
 worker cached (those of 10 MB and more; the smaller ones are sent again); against a `--no-cache` worker,
 whose second load sends the weights again. Load time is the run's timings.load_s (llama.cpp's model
 load, the transfer included); the whole command's wall time beside it.
@@ -60,7 +62,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
@@ -135,10 +137,11 @@ class Proc:
     process: subprocess.Popen[bytes]
     log: Path
     port: int = 0
+    host: str = "127.0.0.1"
 
     @property
     def endpoint(self) -> str:
-        return f"127.0.0.1:{self.port}"
+        return f"{self.host}:{self.port}"
 
     def text(self, since: int = 0) -> str:
         return self.log.read_bytes()[since:].decode(errors="replace")
@@ -218,11 +221,49 @@ def finish(proc: Proc, what: str, timeout: float = RUN_S) -> None:
 # -- workers -----------------------------------------------------------------------------------------
 
 
-def runner_worker(logs: Path, threads: int, cache: Path | None, tag: str) -> Proc:
+NETNS, HERE_IP, THERE_IP = "runner-bench-rpc", "10.77.0.1", "10.77.0.2"  # --link: the worker's host
+
+
+@contextlib.contextmanager
+def shaped_link(rate: str | None) -> Iterator[None]:
+    """--link RATE: a second host in a network namespace of its own, behind a veth pair shaped to RATE
+    each way (tc's token bucket; 1gbit carries ~115 MB/s): a worker on another machine, as far as the
+    bytes can tell. Needs root and iproute2; removed at the end."""
+    if rate is None:
+        yield
+        return
+    shape = ["rate", rate, "burst", "256kb", "latency", "10ms"]
+    steps = [
+        ["ip", "netns", "add", NETNS],
+        ["ip", "link", "add", "rbh0", "type", "veth", "peer", "name", "rbh1"],
+        ["ip", "link", "set", "rbh1", "netns", NETNS],
+        ["ip", "addr", "add", f"{HERE_IP}/24", "dev", "rbh0"],
+        ["ip", "link", "set", "rbh0", "up"],
+        ["ip", "netns", "exec", NETNS, "ip", "addr", "add", f"{THERE_IP}/24", "dev", "rbh1"],
+        ["ip", "netns", "exec", NETNS, "ip", "link", "set", "rbh1", "up"],
+        ["ip", "netns", "exec", NETNS, "ip", "link", "set", "lo", "up"],
+        ["tc", "qdisc", "add", "dev", "rbh0", "root", "tbf", *shape],
+        ["ip", "netns", "exec", NETNS, "tc", "qdisc", "add", "dev", "rbh1", "root", "tbf", *shape],
+    ]  # fmt: skip
+    try:
+        for step in steps:
+            subprocess.run(step, check=True, capture_output=True)
+        yield
+    finally:
+        subprocess.run(["ip", "link", "del", "rbh0"], capture_output=True)
+        subprocess.run(["ip", "netns", "del", NETNS], capture_output=True)
+
+
+def runner_worker(logs: Path, threads: int, cache: Path | None, tag: str, remote: bool = False) -> Proc:
+    """`runner worker` here on loopback, or (remote: --link) in the shaped namespace."""
     port = free_port()
     command = [sys.executable, "-m", "runner", "worker", "--port", str(port), "--threads", str(threads)]
     command += ["--cache", str(cache)] if cache is not None else ["--no-cache"]
+    if remote:
+        command = ["ip", "netns", "exec", NETNS, *command, "--host", THERE_IP]
     proc = launch(f"runner worker {port}", command, logs / f"{tag}-runner-worker-{port}.log", port)
+    if remote:
+        proc.host = THERE_IP
     wait_until(lambda: "runner worker on" in proc.text(), proc, proc.name)
     return proc
 
@@ -393,8 +434,8 @@ def mb(n: float | None) -> str:
 # -- the cached reload ---------------------------------------------------------------------------------
 
 
-def timed_run(args: argparse.Namespace, logs: Path, tag: str, endpoint: str) -> dict[str, float]:
-    command = [sys.executable, "-m", "runner", "run", args.model, "Hi", "--max-tokens", "1"]
+def timed_run(args: argparse.Namespace, logs: Path, tag: str, endpoint: str, model: str) -> dict[str, float]:
+    command = [sys.executable, "-m", "runner", "run", model, "Hi", "--max-tokens", "1"]
     command += ["--temperature", "0", "--no-prompt-cache", "--json", "--threads", str(args.threads)]
     command += ["--rpc", endpoint]
     out = logs / f"{tag}.json"
@@ -406,16 +447,31 @@ def timed_run(args: argparse.Namespace, logs: Path, tag: str, endpoint: str) -> 
     return {"load_s": float(json.loads(out.read_text())["timings"]["load_s"]), "wall_s": wall}
 
 
-def reload_round(args: argparse.Namespace, logs: Path, i: int) -> dict[str, dict[str, Any]]:
+def big_model(folder: Path, tokenizer: Path) -> Path:
+    """A synthetic llama (random f16 weights, 2 layers of n_embd 2560, SmolLM2's tokenizer, 672 MB)
+    whose matrices are all over ggml-rpc's 10 MB hash threshold, as a big model's are: what the
+    worker's cache is for."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+    import synth
+
+    spec = synth.Spec(
+        "llama", n_layer=2, n_embd=2560, n_head=20, n_head_kv=20, n_ff=10240, n_vocab=49152, tied=True,
+        tokenizer=tokenizer,
+    )  # fmt: skip
+    path = folder / "big-2x2560-f16.gguf"
+    return path if path.is_file() else synth.write_model(path, spec)
+
+
+def reload_round(args: argparse.Namespace, logs: Path, i: int, model: str) -> dict[str, dict[str, Any]]:
     done: dict[str, dict[str, Any]] = {}
     for kind in ("cache", "no-cache"):
-        tag = f"r{i + 1}-reload-{kind}"
+        tag = f"r{i + 1}-reload-{Path(model).stem}-{kind}"
         folder = Path(tempfile.mkdtemp(prefix=f"{tag}-", dir=logs)) if kind == "cache" else None
         progress(f"round {i + 1}/{args.rounds}: two loads over a worker with {'--cache' if folder else kind}")
-        worker = runner_worker(logs, args.worker_threads, folder, tag)
+        worker = runner_worker(logs, args.worker_threads, folder, tag, remote=args.link is not None)
         try:
-            first = timed_run(args, logs, f"{tag}-first", worker.endpoint)
-            second = timed_run(args, logs, f"{tag}-second", worker.endpoint)
+            first = timed_run(args, logs, f"{tag}-first", worker.endpoint, model)
+            second = timed_run(args, logs, f"{tag}-second", worker.endpoint, model)
         finally:
             stop(worker)
         cached = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file()) if folder else 0
@@ -457,7 +513,7 @@ def report(
     setups: list[Setup],
     clients: list[str],
     speed: list[dict[str, Any]],
-    reload: list[dict[str, Any]],
+    reload: dict[str, list[dict[str, Any]]],
     out: TextIO,
 ) -> dict[str, Any]:
     """The tables and the targets on `out`; returns the medians and the targets."""
@@ -492,11 +548,13 @@ def report(
             if held and held[-1]:
                 shown = " + ".join(mb(h) for h in held[-1])
                 print(f"held on the two runner workers (last round), {client}: {shown}", file=out)
-    loads = reload_table(reload, out) if reload else {}
-    cached = loads.get("cache", {}).get("second_over_first")
-    if reload:
-        targets["cached reload / first load"] = cached
-        lines.append(target("cached reload / first load (load_s)", cached, 0.3, False))
+    loads = {}
+    for model, rounds in reload.items():
+        print(f"\nreload of {model}:", file=out)
+        loads[model] = reload_table(rounds, out)
+        cached = loads[model]["cache"]["second_over_first"]
+        targets[f"cached reload / first load, {model}"] = cached
+        lines.append(target(f"cached reload / first load (load_s), {model}", cached, 0.3, False))
     print("\ntargets:", file=out)
     for line in lines:
         print(f"  {line}", file=out)
@@ -563,6 +621,18 @@ def parse() -> argparse.Namespace:
         help="the RPC setups: runner (runner worker), ggml (ggml-rpc-server)",
     )
     parser.add_argument("--only", choices=("speed", "reload"), help="one part alone")
+    parser.add_argument(
+        "--link",
+        metavar="RATE",
+        help="reload over a link shaped to RATE (e.g. 1gbit: a worker on another machine) instead of "
+        "loopback: a network namespace and tc (root)",
+    )
+    parser.add_argument(
+        "--no-big",
+        dest="big",
+        action="store_false",
+        help="reload only --model, not also a synthetic 672 MB model of tensors over 10 MB",
+    )
     parser.add_argument("--json", action="store_true", help="print medians and every round as JSON")
     parser.add_argument("--runner-client", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--rpc", help=argparse.SUPPRESS)
@@ -607,9 +677,14 @@ def main() -> None:
     progress(f"machine: {info['machine']}\nlogs in {logs}")
     vocab = n_vocab(args.model_path)
     speed: list[dict[str, Any]] = []
-    reload: list[dict[str, Any]] = []
+    reload: dict[str, list[dict[str, Any]]] = {}
+    big = [str(big_model(Path(tempfile.gettempdir()), args.model_path))] if args.big else []
+    reload_models = [args.model, *big]
     setups = [Setup("local", "local", [])]
+    info["reload link"] = f"a veth pair shaped to {args.link} (tc tbf)" if args.link else "loopback"
+    stack = contextlib.ExitStack()
     try:
+        stack.enter_context(shaped_link(args.link))
         if args.only != "reload":
             if "runner" in kinds:
                 ws = [runner_worker(logs, args.worker_threads, None, "speed") for _ in range(2)]
@@ -621,9 +696,11 @@ def main() -> None:
             if args.only != "reload":
                 speed.append(speed_round(args, logs, setups, clients, i, vocab))
             if args.only != "speed":
-                reload.append(reload_round(args, logs, i))
+                for model in reload_models:
+                    reload.setdefault(Path(model).name, []).append(reload_round(args, logs, i, model))
     finally:
         stop_all()
+        stack.close()
     if args.only == "reload":
         setups = []
     # with --json, stdout is the JSON alone and the table goes to stderr
