@@ -199,10 +199,10 @@ def create_front(front: Front) -> Any:
             return _unavailable(path, front)
         url = f"http://127.0.0.1:{front.port}{path}" + (f"?{request.url.query}" if request.url.query else "")
         headers = [(k, v) for k, v in request.headers.items() if k.lower() not in HOP]
-        body = await request.body()
-        try:
+        try:  # the body streams through: the server behind bounds its size, as without a front
             answer = await client.send(
-                client.build_request(request.method, url, headers=headers, content=body), stream=True
+                client.build_request(request.method, url, headers=headers, content=request.stream()),
+                stream=True,
             )
         except httpx.HTTPError:  # the child just ended: the front's loop will say why in a moment
             await front.lost()
