@@ -13,7 +13,6 @@ import contextlib
 import errno
 import ipaddress
 import os
-import signal
 import socket
 import sys
 from collections.abc import Iterator
@@ -255,31 +254,17 @@ def _served(loaded: LoadedModel, request: ServeRequest) -> Any:
     return Served(_info(loaded), loaded, _sampling(loaded, request.sampling))
 
 
-class _Server:
-    """uvicorn's Server, with our signals: the first ends every answer in flight and stops accepting,
-    a second Ctrl-C exits at once (uvicorn's force_exit)."""
+def _Server(config: Any, backend: Any) -> Any:
+    """uvicorn's Server with runner's signals (runner.serve.uvserver): the first ends every answer in
+    flight and stops accepting, a second Ctrl-C exits at once."""
+    from runner.serve.uvserver import make_server
 
-    def __new__(cls, config: Any, backend: Any) -> Any:
-        import uvicorn
+    def stop(server: Any) -> None:
+        if not server.should_exit:
+            ui.info("stopping: the answers in progress end now")
+        backend.stop()
 
-        class Server(uvicorn.Server):
-            @contextlib.contextmanager
-            def capture_signals(self) -> Iterator[None]:
-                # uvicorn's own re-raises the signal once it has stopped: exit 130/143, not 0
-                previous = {s: signal.signal(s, self._stop) for s in (signal.SIGINT, signal.SIGTERM)}
-                try:
-                    yield
-                finally:
-                    for s, handler in previous.items():
-                        signal.signal(s, handler)
-
-            def _stop(self, signum: int, frame: Any) -> None:
-                if not self.should_exit:
-                    ui.info("stopping: the answers in progress end now")
-                backend.stop()
-                self.handle_exit(signum, frame)
-
-        return Server(config)
+    return make_server(config, stop)
 
 
 def _loopback(host: str) -> bool:

@@ -237,6 +237,8 @@ def serve_front(host: str, port: int, argv: list[str], rpc: str) -> None:
     """The front on host:port until Ctrl-C or SIGTERM, the child behind it."""
     import uvicorn
 
+    from runner.serve.uvserver import make_server
+
     endpoints = remote.parse_endpoints(rpc)
     remote.probe_all(endpoints)  # one line within 3 s for a bad endpoint, before anything loads
     shown = f"[{host}]" if ":" in host else host
@@ -252,33 +254,15 @@ def serve_front(host: str, port: int, argv: list[str], rpc: str) -> None:
         server_header=False,
     )
 
-    class Server(uvicorn.Server):
-        @contextlib.contextmanager
-        def capture_signals(self) -> Any:
-            previous = {s: signal.signal(s, self._stop) for s in (signal.SIGINT, signal.SIGTERM)}
-            try:
-                yield
-            finally:
-                for s, handler in previous.items():
-                    signal.signal(s, handler)
+    def fail(server: Any, code: int) -> None:
+        failed.append(code)
+        server.should_exit = True
 
-        def _stop(self, signum: int, frame: Any) -> None:
-            front.stop()
-            self.handle_exit(signum, frame)
-
-        async def main_loop(self) -> None:
-            def fail(code: int) -> None:
-                failed.append(code)
-                self.should_exit = True
-
-            task = asyncio.ensure_future(front.run(fail))
-            try:
-                await super().main_loop()
-            finally:
-                task.cancel()
+    async def beside(server: Any) -> None:
+        await front.run(lambda code: fail(server, code))
 
     failed: list[int] = []
-    server = Server(config)
+    server = make_server(config, lambda _server: front.stop(), beside)
     try:
         server.run()
     finally:
