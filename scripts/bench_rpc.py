@@ -286,10 +286,9 @@ def held_bytes(worker: Proc, since: int) -> float | None:
 
 
 def runner_client_main(args: argparse.Namespace) -> None:
-    """In a child process: load as `runner bench --rpc` does, run bench's pp/tg loop, print JSON.
-
-    The loop is runner.commands.bench._single's (pp512, tg128; greedy; a warm-up first), without its
-    TTFT. The engine's prefill waits for the workers (llama_synchronize) before it returns."""
+    """In a child process: load as `runner bench --rpc` does and run its pp/tg/TTFT loop
+    (runner.commands.bench._single: pp512, tg128, greedy, a warm-up first); print JSON. The engine's
+    prefill waits for the workers (llama_synchronize) before it returns."""
     from runner.commands import bench
     from runner.commands.output import describe_load
     from runner.loader import connect_workers, open_model
@@ -298,30 +297,13 @@ def runner_client_main(args: argparse.Namespace) -> None:
     if args.rpc:
         connect_workers(args.rpc)
     loaded = open_model(args.model, ctx=CTX, threads=args.threads)
-    engine = loaded.engine
-    rng = random.Random(0)
-    pp: list[float] = []
-    tg: list[float] = []
     try:
         print(describe_load(loaded), file=sys.stderr, flush=True)
-        engine.generate([rng.randrange(engine.n_vocab) for _ in range(16)], bench.GREEDY, max_tokens=1)
-        for _ in range(args.repetitions):
-            engine.reset()
-            tokens = [rng.randrange(engine.n_vocab) for _ in range(PP)]  # as llama-bench: random tokens
-            start = time.perf_counter()
-            engine.prefill(tokens)
-            pp.append(PP / (time.perf_counter() - start))
-            engine.reset()
-            steps = engine.generate_step([rng.randrange(engine.n_vocab)], bench.GREEDY)
-            next(steps)  # the one-token prompt, evaluated
-            start = time.perf_counter()
-            for _ in range(TG):
-                next(steps)
-            tg.append(TG / (time.perf_counter() - start))
-            steps.close()
+        samples = bench._single(loaded, args.repetitions, lambda _step: None)
     finally:
         loaded.close()
-    print(json.dumps({"pp": pp, "tg": tg, "load_s": engine.load_s}))
+    pp, tg = samples[f"pp{PP}"], samples[f"tg{TG}"]
+    print(json.dumps({"pp": pp, "tg": tg, "load_s": loaded.engine.load_s}))
 
 
 def measure_runner(args: argparse.Namespace, logs: Path, tag: str, rpc: str | None) -> dict[str, Any]:
