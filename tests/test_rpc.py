@@ -250,6 +250,7 @@ def test_a_chat_over_rpc_survives_ctrl_c(tmp_path: Path) -> None:
         child.expect_exact(">>>")
         child.sendline("Say hello.")
         child.expect_exact(">>>")
+        time.sleep(0.5)  # the prompt drawn is not yet the prompt reading: a Ctrl-D too soon is lost
         child.sendcontrol("d")
         child.expect(pexpect.EOF)
         child.close()

@@ -122,7 +122,8 @@ class Front:
                 fail(child.returncode or 1)
                 return
             if rpc:
-                self.state, self.why = "worker gone", f"worker {', '.join(gone) or '?'} went away"
+                if gone or self.state != "worker gone":  # else lost() named it, before it came back
+                    self.state, self.why = "worker gone", f"worker {', '.join(gone) or '?'} went away"
                 ui.warn(f"{self.why}: the answers in flight ended with an error; loading the model again")
                 rpc = False  # first this machine alone: its own plan refuses what does not fit here
                 continue
