@@ -26,7 +26,6 @@ import asyncio
 import contextlib
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -36,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from benchlib import free_port, progress
 
 LLAMA_SERVER = Path("/tmp/peers/build/bin/llama-server")
 SERVERS = ("runner", "llama-server")
@@ -53,16 +53,6 @@ def texts(n: int) -> list[str]:
         subject, verb = SUBJECTS[i % len(SUBJECTS)], VERBS[(i // len(SUBJECTS)) % len(VERBS)]
         out.append(f"{subject} {verb} {PLACES[(i // 60) % len(PLACES)]}, number {i}.")
     return out
-
-
-def progress(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def model_file(model: str) -> Path:

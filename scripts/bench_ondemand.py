@@ -13,7 +13,6 @@ import argparse
 import json
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -22,14 +21,9 @@ import time
 from pathlib import Path
 
 import httpx
+from benchlib import free_port
 
 PROMPT = "Write one sentence about the sea."
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def model_file(model: str) -> Path:

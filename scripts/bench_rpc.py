@@ -68,6 +68,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import httpx
+from benchlib import free_port, machine, progress, target
 
 PP, TG = 512, 128  # runner bench's (checked against runner.commands.bench in the runner client)
 CTX = PP + TG + 64  # runner bench's context; runner pads it to a multiple of 256
@@ -78,25 +79,6 @@ RUN_S = 900.0
 HELD = re.compile(r"it holds ([0-9.]+) (B|KB|MB|GB|TB)")
 UNITS = {"B": 1, "KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12}
 CLIENTS = ("runner", "llama-server")
-
-
-def progress(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def machine() -> str:
-    cpu = "unknown CPU"
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            cpu = line.split(":", 1)[1].strip()
-            break
-    return f"{cpu}, {os.cpu_count()} CPUs ({len(os.sched_getaffinity(0))} usable)"
 
 
 def model_file(model: str) -> Path:
@@ -467,13 +449,6 @@ def reload_round(args: argparse.Namespace, logs: Path, i: int, model: str) -> di
 
 
 # -- the report ----------------------------------------------------------------------------------------
-
-
-def target(label: str, value: float | None, limit: float, at_least: bool) -> str:
-    if value is None:
-        return f"{label}: n/a"
-    ok = value >= limit if at_least else value <= limit
-    return f"{label}: {value:.2f} ({'>=' if at_least else '<='} {limit}) {'PASS' if ok else 'FAIL'}"
 
 
 def pooled(rounds: list[dict[str, Any]], key: str, figure: str) -> float | None:

@@ -31,7 +31,6 @@ import importlib.metadata
 import json
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -42,6 +41,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import httpx
+from benchlib import free_port, machine, progress, target
 
 LLAMA_SERVER = Path("/tmp/peers/build/bin/llama-server")
 SERVERS = ("runner", "llama-server")
@@ -86,16 +86,6 @@ class Reply:
     prompt_tokens: int
     text: str
     usage: bool  # whether the server sent a usage chunk
-
-
-def progress(message: str) -> None:
-    print(message, file=sys.stderr)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -272,15 +262,6 @@ def flatten(result: dict[str, Any]) -> dict[str, float]:
     return rows
 
 
-def machine() -> str:
-    cpu = "unknown CPU"
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            cpu = line.split(":", 1)[1].strip()
-            break
-    return f"{cpu}, {os.cpu_count()} CPUs ({len(os.sched_getaffinity(0))} usable)"
-
-
 def versions(args: argparse.Namespace) -> dict[str, str]:
     found = {"python": sys.version.split()[0]}
     for dist in ("runner", "llama_cpp_python", "httpx"):
@@ -290,13 +271,6 @@ def versions(args: argparse.Namespace) -> dict[str, str]:
         lines = [x for x in (out.stdout + out.stderr).splitlines() if x.startswith("version")]
         found["llama-server"] = lines[0].split(":", 1)[1].strip() if lines else "unknown"
     return found
-
-
-def target(label: str, value: float | None, limit: float, at_least: bool) -> str:
-    if value is None:
-        return f"{label}: n/a"
-    ok = value >= limit if at_least else value <= limit
-    return f"{label}: {value:.2f} ({'>=' if at_least else '<='} {limit}) {'PASS' if ok else 'FAIL'}"
 
 
 Rounds = dict[str, list[dict]]
