@@ -331,7 +331,7 @@ def dry_run(
             if not model:
                 return None
             ctx = lib.llama_init_from_model(
-                model, context_params(lib, n_ctx, default_threads(), kv_type, flash_attn)
+                model, context_params(lib, n_ctx, default_threads(), kv_type, flash_attn, n_seq)
             )
             if ctx:
                 lib.llama_free(ctx)
