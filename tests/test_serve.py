@@ -350,7 +350,9 @@ def test_ollama_chat_whole_and_streamed_and_generate(olla: ollama.Client) -> Non
     assert generated.done and generated.response and generated.eval_count <= 8
 
     cut = olla.chat(
-        model=MODEL, messages=[{"role": "user", "content": "Tell a long story."}], options={"num_predict": 5}
+        model=MODEL,
+        messages=[{"role": "user", "content": "Tell a long story."}],
+        options={"num_predict": 5, "temperature": 0},
     )
     assert cut.done_reason == "length" and cut.eval_count == 5
 

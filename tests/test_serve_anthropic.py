@@ -165,7 +165,7 @@ def test_a_streamed_answer_is_the_whole_answer(client: anthropic.Anthropic) -> N
 
 
 def test_the_events_come_in_anthropics_order(client: anthropic.Anthropic) -> None:
-    events = list(ask(client, max_tokens=8, stream=True))
+    events = list(ask(client, max_tokens=8, stream=True, extra_body=GREEDY))  # greedy: it runs past 8
     kinds = [event.type for event in events]
     assert kinds[:2] == ["message_start", "content_block_start"]
     assert set(kinds[2:-3]) == {"content_block_delta"}
@@ -175,7 +175,7 @@ def test_the_events_come_in_anthropics_order(client: anthropic.Anthropic) -> Non
 
 
 def test_max_tokens_ends_the_answer(client: anthropic.Anthropic) -> None:
-    reply = ask(client, max_tokens=5)
+    reply = ask(client, max_tokens=5, extra_body=GREEDY)  # greedy: the answer runs past 5
     assert reply.stop_reason == "max_tokens" and reply.usage.output_tokens == 5
 
 

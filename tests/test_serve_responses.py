@@ -195,10 +195,10 @@ def test_a_streamed_answer_is_the_whole_answer(client: openai.OpenAI) -> None:
 
 
 def test_max_output_tokens_leaves_it_incomplete(client: openai.OpenAI) -> None:
-    reply = ask(client, max_output_tokens=5)
+    reply = ask(client, max_output_tokens=5, temperature=0)  # greedy: the answer runs past 5
     assert reply.status == "incomplete" and reply.incomplete_details.reason == "max_output_tokens"
     assert reply.usage.output_tokens == 5 and reply.output[0].status == "incomplete"
-    last = list(ask(client, max_output_tokens=5, stream=True))[-1]
+    last = list(ask(client, max_output_tokens=5, stream=True, temperature=0))[-1]
     assert (
         last.type == "response.incomplete" and last.response.incomplete_details.reason == "max_output_tokens"
     )
