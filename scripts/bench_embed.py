@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from benchlib import free_port, progress
+from benchlib import free_port, model_file, progress
 
 LLAMA_SERVER = Path("/tmp/peers/build/bin/llama-server")
 SERVERS = ("runner", "llama-server")
@@ -53,16 +53,6 @@ def texts(n: int) -> list[str]:
         subject, verb = SUBJECTS[i % len(SUBJECTS)], VERBS[(i // len(SUBJECTS)) % len(VERBS)]
         out.append(f"{subject} {verb} {PLACES[(i // 60) % len(PLACES)]}, number {i}.")
     return out
-
-
-def model_file(model: str) -> Path:
-    import json
-
-    out = subprocess.run(
-        [sys.executable, "-m", "runner", "show", model, "--offline", "--json"],
-        capture_output=True, text=True, check=True,
-    )  # fmt: skip
-    return Path(json.loads(out.stdout)["file"])
 
 
 def server_command(kind: str, args: argparse.Namespace, port: int) -> list[str]:

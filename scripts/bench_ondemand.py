@@ -10,7 +10,6 @@ Progress on stderr, the table on stdout. Machine: see the first line."""
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
 import statistics
@@ -21,18 +20,9 @@ import time
 from pathlib import Path
 
 import httpx
-from benchlib import free_port
+from benchlib import free_port, model_file
 
 PROMPT = "Write one sentence about the sea."
-
-
-def model_file(model: str) -> Path:
-    out = subprocess.run(
-        [sys.executable, "-m", "runner", "show", model, "--offline", "--json"],
-        capture_output=True,
-        check=True,
-    )
-    return Path(json.loads(out.stdout)["file"])
 
 
 def first_token_served(url: str) -> float:

@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import httpx
-from benchlib import free_port, machine, progress, target
+from benchlib import free_port, machine, model_file, progress, target
 
 LLAMA_SERVER = Path("/tmp/peers/build/bin/llama-server")
 SERVERS = ("runner", "llama-server")
@@ -93,14 +93,6 @@ def percentile(values: list[float], q: float) -> float:
     k = (len(ordered) - 1) * q
     low, high = int(k), min(int(k) + 1, len(ordered) - 1)
     return ordered[low] + (ordered[high] - ordered[low]) * (k - low)
-
-
-def model_file(model: str) -> Path:
-    out = subprocess.run(
-        [sys.executable, "-m", "runner", "show", model, "--offline", "--json"],
-        capture_output=True, text=True, check=True,
-    )  # fmt: skip
-    return Path(json.loads(out.stdout)["file"])
 
 
 def server_command(kind: str, args: argparse.Namespace, port: int) -> list[str]:

@@ -1,11 +1,13 @@
 """What the server benchmarks share (scripts/bench_serve.py, bench_embed.py, bench_ondemand.py,
-bench_rpc.py): progress on stderr, a free loopback port, the machine in words, a target's line. Each runs as
-`python scripts/bench_X.py`, with this folder first on sys.path."""
+bench_rpc.py): progress on stderr, a free loopback port, the machine in words, a model's file, a
+target's line. Each runs as `python scripts/bench_X.py`, with this folder first on sys.path."""
 
 from __future__ import annotations
 
+import json
 import os
 import socket
+import subprocess
 import sys
 from pathlib import Path
 
@@ -36,3 +38,12 @@ def machine() -> str:
             cpu = line.split(":", 1)[1].strip()
             break
     return f"{cpu}, {os.cpu_count()} CPUs ({len(os.sched_getaffinity(0))} usable)"
+
+
+def model_file(model: str) -> Path:
+    """The GGUF file runner serves for MODEL, as `runner show` finds it (offline: nothing fetched)."""
+    out = subprocess.run(
+        [sys.executable, "-m", "runner", "show", model, "--offline", "--json"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    return Path(json.loads(out.stdout)["file"])
