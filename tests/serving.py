@@ -3,6 +3,7 @@ stopped by SIGTERM (which must end it with exit 0 and no traceback)."""
 
 from __future__ import annotations
 
+import re
 import signal
 import socket
 import subprocess
@@ -22,6 +23,13 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+ACCESS = re.compile(
+    r"runner: (?P<method>[A-Z]+) (?P<path>\S+) (?P<status>\d+|-)"
+    r"(?: prompt=(?P<prompt>\d+) completion=(?P<completion>\d+) ttft=(?P<ttft>[\d.]+)s)?"
+    r" total=[\d.]+s(?: finish=(?P<finish>\w+))?"
+)
+
+
 @dataclass
 class Server:
     proc: subprocess.Popen[bytes]
@@ -37,7 +45,24 @@ class Server:
         return f"http://{self.address}"
 
     def stderr(self) -> str:
-        return self.log.read_text(errors="replace")
+        return self.log.read_text(encoding="utf-8", errors="replace")
+
+    def mark(self) -> int:
+        """Where the log is now: access_lines(since=mark) are the lines written after it."""
+        return len(self.stderr())
+
+    def access_lines(self, since: int = 0) -> list[re.Match[str]]:
+        return [m for line in self.stderr()[since:].splitlines() if (m := ACCESS.match(line))]
+
+    def wait_for_access(self, since: int, path: str, timeout: float = 15) -> re.Match[str]:
+        """The first access line for `path` written after `since`, waiting up to `timeout` for it."""
+        deadline = time.monotonic() + timeout
+        while True:
+            found = [m for m in self.access_lines(since) if m["path"] == path]
+            if found:
+                return found[0]
+            assert time.monotonic() < deadline, f"no access line for {path} in {timeout} s:\n{self.stderr()}"
+            time.sleep(0.1)
 
 
 @contextmanager

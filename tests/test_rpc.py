@@ -9,7 +9,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -22,17 +21,11 @@ import pexpect
 import pytest
 
 from tests.conftest import run_cli
-from tests.serving import serving
+from tests.serving import free_port, serving
 
 GREEDY = ["--temperature", "0", "--seed", "1"]
 ALLOCATED = re.compile(r"a client allocated ([0-9.]+) (B|KB|MB|GB)")
 UNITS = {"B": 1, "KB": 1e3, "MB": 1e6, "GB": 1e9}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass

@@ -21,7 +21,6 @@ import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +33,8 @@ from hypothesis import Phase, example, given, settings
 from hypothesis import strategies as st
 
 from tests.conftest import TEST_HOME
+from tests.serving import Server, free_port
+from tests.test_batch import QUESTIONS as BATCH_QUESTIONS
 
 MODEL = "smollm2"
 # One fixed thread: answers do not depend on the machine's load (an adapted count may round a near
@@ -57,14 +58,7 @@ WEATHER = [
     }
 ]
 QUESTIONS = [
-    "What is the capital of France?",
-    "Name a yellow fruit.",
-    "How many legs does a spider have?",
-    "What do bees make?",
-    "Name a planet.",
-    "What is 7 times 6?",
-    "Which ocean is the largest?",
-    "What is frozen water called?",
+    *BATCH_QUESTIONS,  # the batch tests' eight, and eight more: 16 clients, 4 sequences
     "What colour is the sky?",
     "Who wrote Hamlet?",
     "What is the boiling point of water?",
@@ -74,20 +68,6 @@ QUESTIONS = [
     "What is the opposite of hot?",
     "Name a language spoken in Spain.",
 ]
-ACCESS = re.compile(
-    r"runner: (?P<method>[A-Z]+) (?P<path>\S+) (?P<status>\d+|-)"
-    r"(?: prompt=(?P<prompt>\d+) completion=(?P<completion>\d+) ttft=(?P<ttft>[\d.]+)s)?"
-    r" total=[\d.]+s(?: finish=(?P<finish>\w+))?"
-)
-
-
-# -- servers ----------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def serve_env(tmp: Path) -> dict[str, str]:
@@ -96,37 +76,6 @@ def serve_env(tmp: Path) -> dict[str, str]:
     env = {**os.environ, "RUNNER_DATA_DIR": str(tmp / "data")}
     env.pop("RUNNER_API_KEY", None)
     return env
-
-
-@dataclass
-class Server:
-    proc: subprocess.Popen[bytes]
-    port: int
-    log: Path
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def stderr(self) -> str:
-        return self.log.read_text(encoding="utf-8", errors="replace")
-
-    def mark(self) -> int:
-        """Where the log is now: access_lines(since=mark) are the lines written after it."""
-        return len(self.stderr())
-
-    def access_lines(self, since: int = 0) -> list[re.Match[str]]:
-        return [m for line in self.stderr()[since:].splitlines() if (m := ACCESS.match(line))]
-
-    def wait_for_access(self, since: int, path: str, timeout: float = 15) -> re.Match[str]:
-        """The first access line for `path` written after `since`, waiting up to `timeout` for it."""
-        deadline = time.monotonic() + timeout
-        while True:
-            found = [m for m in self.access_lines(since) if m["path"] == path]
-            if found:
-                return found[0]
-            assert time.monotonic() < deadline, f"no access line for {path} in {timeout} s:\n{self.stderr()}"
-            time.sleep(0.1)
 
 
 def start_server(tmp: Path, *args: str) -> Server:
