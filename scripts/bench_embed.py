@@ -23,11 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
-import os
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -35,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from benchlib import free_port, model_file, progress
+from benchlib import free_port, model_file, progress, start, stop, wait_ready
 
 LLAMA_SERVER = Path("/tmp/peers/build/bin/llama-server")
 SERVERS = ("runner", "llama-server")
@@ -72,34 +68,6 @@ def server_command(kind: str, args: argparse.Namespace, port: int) -> list[str]:
     command = [str(args.llama_server), "-m", str(args.model_path), "--port", str(port), "--embeddings"]
     command += ["--pooling", "mean", "-fa", "off", "-np", str(slots), "-c", str(slots * 512), "--kv-unified"]
     return command + ["-b", "512", "-ub", "512", "-t", str(args.threads), "--no-webui"]
-
-
-def start(command: list[str], log: Path) -> subprocess.Popen[bytes]:
-    with log.open("wb") as out:
-        return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-
-
-def stop(process: subprocess.Popen[bytes]) -> None:
-    for sig, wait in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, sig)
-        try:
-            process.wait(timeout=wait)
-            return
-        except subprocess.TimeoutExpired:
-            continue
-
-
-async def wait_ready(client: httpx.AsyncClient, process: subprocess.Popen[bytes], timeout: float) -> None:
-    end = time.perf_counter() + timeout
-    while time.perf_counter() < end:
-        if process.poll() is not None:
-            raise RuntimeError(f"server exited with {process.returncode} before it was ready")
-        with contextlib.suppress(httpx.TransportError):
-            if (await client.get("/health", timeout=2.0)).status_code == 200:
-                return
-        await asyncio.sleep(0.1)
-    raise RuntimeError(f"server not ready after {timeout:.0f} s")
 
 
 async def embed(client: httpx.AsyncClient, model: str, inputs: list[str]) -> list[list[float]]:

@@ -26,11 +26,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import importlib.metadata
 import json
-import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -41,7 +38,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import httpx
-from benchlib import free_port, machine, model_file, progress, target
+from benchlib import free_port, machine, model_file, progress, start, stop, target, wait_ready
 
 LLAMA_SERVER = Path("/tmp/peers/build/bin/llama-server")
 SERVERS = ("runner", "llama-server")
@@ -103,36 +100,6 @@ def server_command(kind: str, args: argparse.Namespace, port: int) -> list[str]:
     command = [str(args.llama_server), "-m", str(args.model_path), "--port", str(port)]
     command += ["-np", str(args.parallel), "-c", str(args.parallel * args.ctx), "-t", str(threads)]
     return command + (["--no-webui"] if args.no_webui else [])
-
-
-def start(command: list[str], log: Path) -> subprocess.Popen[bytes]:
-    with log.open("wb") as out:  # the child holds its own copy of the descriptor
-        return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-
-
-def stop(process: subprocess.Popen[bytes], grace: float = 10.0) -> None:
-    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
-        with contextlib.suppress(ProcessLookupError):  # the group is gone already
-            os.killpg(process.pid, sig)
-        try:
-            process.wait(timeout=wait)
-            return
-        except subprocess.TimeoutExpired:
-            continue
-
-
-async def wait_ready(client: httpx.AsyncClient, process: subprocess.Popen[bytes], timeout: float) -> float:
-    start = time.perf_counter()
-    while time.perf_counter() - start < timeout:
-        if process.poll() is not None:
-            raise RuntimeError(f"server exited with {process.returncode} before it was ready")
-        try:
-            if (await client.get("/health", timeout=2.0)).status_code == 200:
-                return time.perf_counter() - start
-        except httpx.TransportError:
-            pass  # not listening yet
-        await asyncio.sleep(0.1)
-    raise RuntimeError(f"server not ready after {timeout:.0f} s")
 
 
 async def chat(client: httpx.AsyncClient, model: str, messages: Messages, max_tokens: int) -> Reply:

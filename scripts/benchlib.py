@@ -1,15 +1,22 @@
 """What the server benchmarks share (scripts/bench_serve.py, bench_embed.py, bench_ondemand.py,
 bench_rpc.py): progress on stderr, a free loopback port, the machine in words, a model's file, a
-target's line. Each runs as `python scripts/bench_X.py`, with this folder first on sys.path."""
+server started, waited on and stopped, a target's line. Each runs as `python scripts/bench_X.py`,
+with this folder first on sys.path."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
+
+import httpx
 
 
 def progress(message: str) -> None:
@@ -47,3 +54,33 @@ def model_file(model: str) -> Path:
         capture_output=True, text=True, check=True,
     )  # fmt: skip
     return Path(json.loads(out.stdout)["file"])
+
+
+def start(command: list[str], log: Path) -> subprocess.Popen[bytes]:
+    """A server in a session of its own (stopped as a group), its output in `log`."""
+    with log.open("wb") as out:  # the child holds its own copy of the descriptor
+        return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def stop(process: subprocess.Popen[bytes], grace: float = 10.0) -> None:
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
+        with contextlib.suppress(ProcessLookupError):  # the group is gone already
+            os.killpg(process.pid, sig)
+        try:
+            process.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+async def wait_ready(client: httpx.AsyncClient, process: subprocess.Popen[bytes], timeout: float) -> float:
+    """Seconds until GET /health answers 200; RuntimeError if the server exits or takes too long."""
+    began = time.perf_counter()
+    while time.perf_counter() - began < timeout:
+        if process.poll() is not None:
+            raise RuntimeError(f"server exited with {process.returncode} before it was ready")
+        with contextlib.suppress(httpx.TransportError):  # not listening yet
+            if (await client.get("/health", timeout=2.0)).status_code == 200:
+                return time.perf_counter() - began
+        await asyncio.sleep(0.1)
+    raise RuntimeError(f"server not ready after {timeout:.0f} s")
