@@ -101,7 +101,7 @@ def connect_workers(rpc: str) -> tuple[devices.Remote, ...]:
     engine_rpc.report_aborts()  # a worker gone: one line and ABORT_EXIT, for the parent to name it
     found = remote.probe_all(endpoints)
     _WORKERS = tuple(devices.Remote(w.endpoint, w.free_bytes, w.total_bytes) for w in found)
-    shares = dict(worker_shares(machine()))
+    shares = dict(worker_shares(devices.Machine(0, 0, workers=_WORKERS)))  # the workers' part only
     use_workers([(engine_rpc.add_worker(w.endpoint)[0], shares[w.endpoint]) for w in _WORKERS])
     return _WORKERS
 

@@ -12,6 +12,7 @@ against it), read from ggml-rpc's debug log.
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import signal
@@ -61,7 +62,7 @@ def _check_port(host: str, port: int) -> None:
         try:
             probe.bind(infos[0][4])
         except OSError as exc:
-            why = "in use" if exc.errno in (98, 48) else (exc.strerror or str(exc))
+            why = "in use" if exc.errno == errno.EADDRINUSE else (exc.strerror or str(exc))
             raise UsageError(f"port {port} on {host}: {why}; pick another with --port") from None
 
 

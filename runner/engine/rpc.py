@@ -26,6 +26,7 @@ from runner.errors import EngineError, UsageError
 
 CHILD_ENV = "RUNNER_RPC_CHILD"  # set in a process its parent runs for --rpc (runner.supervise)
 REPORT_ENV = "RUNNER_RPC_REPORT_FD"  # where such a process reports ggml's abort (default: stderr)
+ABORT_EXIT = 86  # an --rpc child's status after ggml aborted: its parent names the worker that went away
 REBUILD = 'CMAKE_ARGS="-DGGML_RPC=ON" pip install --force-reinstall --no-cache-dir llama-cpp-python==0.3.36'
 
 
@@ -107,9 +108,6 @@ def on_abort(report: Callable[[str], None]) -> None:
 
     _ABORT_HOOK = ctypes.CFUNCTYPE(None, ctypes.c_char_p)(hook)
     base.ggml_set_abort_callback(ctypes.cast(_ABORT_HOOK, ctypes.c_void_p))
-
-
-ABORT_EXIT = 86  # an --rpc child's status after ggml aborted: its parent names the worker that went away
 
 
 def report_aborts() -> None:
