@@ -168,7 +168,7 @@ class Store:
             with store._errors("open"):
                 store._check_version()  # before anything writes, even the journal mode's header bytes
                 db.execute("PRAGMA foreign_keys = ON")
-                db.execute("PRAGMA journal_mode = WAL")
+                store._wal()
                 db.execute("PRAGMA synchronous = NORMAL")  # WAL + NORMAL: a killed process loses nothing
                 store._migrate()
         except StoreError:
@@ -178,6 +178,20 @@ class Store:
 
     def close(self) -> None:
         self._db.close()
+
+    def _wal(self, within: float = 5.0) -> None:
+        """The journal in WAL mode (once per database: it stays). Switching needs the database to
+        itself, and SQLite answers "database is locked" at once, without its busy timeout, while
+        another runner opening the same new database holds it: so try again for a while."""
+        deadline = time.monotonic() + within
+        while True:
+            try:
+                self._db.execute("PRAGMA journal_mode = WAL")
+                return
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.02)
 
     @contextmanager
     def _errors(self, doing: str) -> Iterator[None]:
