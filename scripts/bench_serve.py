@@ -28,6 +28,7 @@ import argparse
 import asyncio
 import importlib.metadata
 import json
+import shlex
 import statistics
 import subprocess
 import sys
@@ -96,7 +97,8 @@ def server_command(kind: str, args: argparse.Namespace, port: int) -> list[str]:
     threads = args.threads
     if kind == "runner":
         command = [sys.executable, "-m", "runner", "serve", args.model, "--port", str(port)]
-        return command + ["--parallel", str(args.parallel), "--ctx", str(args.ctx), "--threads", str(threads)]
+        command += ["--parallel", str(args.parallel), "--ctx", str(args.ctx), "--threads", str(threads)]
+        return command + shlex.split(args.runner_args)
     command = [str(args.llama_server), "-m", str(args.model_path), "--port", str(port)]
     command += ["-np", str(args.parallel), "-c", str(args.parallel * args.ctx), "-t", str(threads)]
     return command + (["--no-webui"] if args.no_webui else [])
@@ -134,18 +136,22 @@ def prompt(i: int) -> Messages:
     return [{"role": "user", "content": f"Write a short story about {topic}."}]
 
 
-async def sequential(client: httpx.AsyncClient, model: str, n: int, max_tokens: int) -> dict[str, float]:
+async def sequential(
+    client: httpx.AsyncClient, model: str, n: int, max_tokens: int, first: int = 0
+) -> dict[str, float]:
     start = time.perf_counter()
-    replies = [await chat(client, model, prompt(i), max_tokens) for i in range(n)]
+    replies = [await chat(client, model, prompt(first + i), max_tokens) for i in range(n)]
     wall = time.perf_counter() - start
     tokens = sum(r.tokens for r in replies)
     missing = sum(not r.usage for r in replies)
     return {"tok_s": tokens / wall, "tokens_per_request": tokens / n, "wall_s": wall, "no_usage": missing}
 
 
-async def concurrent(client: httpx.AsyncClient, model: str, n: int, max_tokens: int) -> dict[str, float]:
+async def concurrent(
+    client: httpx.AsyncClient, model: str, n: int, max_tokens: int, first: int = 0
+) -> dict[str, float]:
     start = time.perf_counter()
-    replies = await asyncio.gather(*(chat(client, model, prompt(i), max_tokens) for i in range(n)))
+    replies = await asyncio.gather(*(chat(client, model, prompt(first + i), max_tokens) for i in range(n)))
     wall = time.perf_counter() - start
     tokens = sum(r.tokens for r in replies)
     ttfts = [r.ttft for r in replies]
@@ -181,11 +187,13 @@ async def measure(kind: str, args: argparse.Namespace, log: Path) -> dict[str, A
             progress(f"  {kind}: ready in {ready:.1f} s on port {port}")
             await chat(client, model, prompt(0), 8)  # warm-up
             result: dict[str, Any] = {"ready_s": ready}
-            result["sequential"] = seq = await sequential(client, model, max(args.clients), args.max_tokens)
+            most = max(args.clients)
+            result["sequential"] = seq = await sequential(client, model, most, args.max_tokens)
             progress(f"  {kind}: sequential {seq['tok_s']:.1f} tok/s")
             loads = {}
-            for n in args.clients:
-                loads[str(n)] = load = await concurrent(client, model, n, args.max_tokens)
+            for k, n in enumerate(args.clients):
+                first = (k + 1) * most if args.fresh else 0  # --fresh: prompts no server has seen
+                loads[str(n)] = load = await concurrent(client, model, n, args.max_tokens, first)
                 load["vs_sequential"] = load["tok_s"] / seq["tok_s"]
                 progress(
                     f"  {kind}: {n} clients {load['tok_s']:.1f} tok/s, TTFT p50 {load['ttft_p50_s']:.3f} s"
@@ -283,6 +291,13 @@ def main() -> None:
     parser.add_argument("--parallel", type=int, default=8, help="slots")
     parser.add_argument("--ctx", type=int, default=2048, help="context per slot")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--runner-args", default="", help="more flags for runner serve: '--flash-attn off'")
+    parser.add_argument(
+        "--fresh",
+        action="store_true",
+        help="each load's prompts unseen before (default: the sequential run's, as a server's prompt "
+        "cache may hold them)",
+    )
     parser.add_argument("--ready-timeout", type=float, default=180.0, help="seconds to wait for /health")
     parser.add_argument("--json", action="store_true", help="print medians and every round as JSON")
     args = parser.parse_args()

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from runner.engine.batch import Done, Job, run_batch, shared_prefix
+from runner.engine.batch import BatchLoop, Done, Job, StateCache, run_batch, shared_prefix
 from runner.engine.engine import Engine
+from runner.engine.llamacpp import llama
 from runner.engine.prompt import render_prompt
 from runner.engine.sampling import SamplingConfig
 from runner.engine.template import Message
@@ -117,6 +118,75 @@ def test_the_shared_head_is_evaluated_once(batch_engine: Engine, engine: Engine,
     # llama.cpp's CPU kernels round differently by batch size (measured: 2 of 8 flip, one token in)
     for i, t in enumerate(tokens):
         same_unless_near_tie(engine, t, texts[False][i], texts[True][i])
+
+
+def counting(engine: Engine, first: int, n: int = 6) -> list[int]:
+    """A raw prompt SmolLM2 goes on counting from: an answer as long as max_tokens, every time."""
+    return engine.tokenize(", ".join(str(first + k) for k in range(n)) + ",", add_special=True)
+
+
+def answer_all(loop: BatchLoop, jobs: list[Job]) -> None:
+    for job in jobs:
+        loop.add(job)
+        while loop.busy():
+            loop.step()
+
+
+def test_kept_states_stay_within_their_limit_least_recently_used_out_first(batch_engine: Engine) -> None:
+    """One sequence, eight prompts one after another: each takes the sequence from the one before,
+    whose state goes to the StateCache, which never holds more than its limit."""
+    tokens = [counting(batch_engine, 100 * k + 101) for k in range(8)]  # each as many tokens
+    batch_engine.reset()
+    loop = BatchLoop(batch_engine, lambda d: None, parallel=1)
+    answer_all(loop, [Job(0, tokens[0], GREEDY, max_tokens=16)])
+    one = int(llama().llama_state_seq_get_size(batch_engine.ctx, 0))  # a prompt and its answer's state
+    loop.close()
+    batch_engine.reset()
+    states = StateCache(int(2.5 * one))
+    loop = BatchLoop(batch_engine, lambda d: None, parallel=1, cache=states)
+    held = []
+    for i, t in enumerate(tokens):
+        answer_all(loop, [Job(i, t, GREEDY, max_tokens=16)])
+        held.append(states.held)
+    loop.close()
+    batch_engine.reset()
+    assert states.saved == len(tokens) - 1  # each but the last, when the next took its sequence
+    assert max(held) <= states.limit and len(states) == 2
+    for i, t in enumerate(tokens[:-1]):
+        found = states.best(t, len(t))[1]
+        assert found == len(t) if i >= len(tokens) - 3 else found < 4, (i, found)  # the two most recent
+
+
+def test_a_prompt_back_after_its_sequence_was_taken_is_restored_and_its_longer_state_kept(
+    batch_engine: Engine,
+) -> None:
+    """A prompt whose sequence another took is restored from the StateCache (only its new tokens
+    evaluated) and answers as it would have in its own sequence; its next, longer state replaces
+    the shorter one it extends."""
+    first, other = counting(batch_engine, 1), counting(batch_engine, 500)
+    batch_engine.reset()
+    done: dict[int, Done] = {}
+    loop = BatchLoop(batch_engine, lambda d: done.__setitem__(d.index, d), parallel=1)
+    answer_all(loop, [Job(0, first, GREEDY, max_tokens=16)])
+    turn = first + batch_engine.tokenize(done[0].text + " 40, 41,", add_special=False)
+    answer_all(loop, [Job(1, turn, GREEDY, max_tokens=16)])  # in its own sequence: the reference
+    loop.close()
+    batch_engine.reset()
+    states = StateCache(1 << 30)
+    loop = BatchLoop(batch_engine, lambda d: done.__setitem__(d.index, d), parallel=1, cache=states)
+    answer_all(loop, [Job(2, first, GREEDY, max_tokens=16), Job(3, other, GREEDY, max_tokens=16)])
+    assert (states.saved, states.restored) == (1, 0)
+    answer_all(loop, [Job(4, turn, GREEDY, max_tokens=16)])
+    assert states.restored == 1
+    assert done[4].prefill_tokens == done[1].prefill_tokens  # as in its own sequence: the new tokens
+    assert done[4].text == done[1].text
+    answer_all(loop, [Job(5, other, GREEDY, max_tokens=16)])
+    loop.close()
+    batch_engine.reset()
+    # kept: `other` (when `turn` took the sequence), `turn` (when `other` came back); `first` was
+    # dropped then, as `turn` holds all of it
+    assert states.saved == 3 and len(states) == 2
+    assert states.best(turn, len(turn))[1] == len(turn)
 
 
 def test_each_line_keeps_input_order_and_answers_around_a_bad_line(smollm2_path: Path) -> None:

@@ -387,6 +387,43 @@ def test_a_resent_conversation_reuses_its_prefix(client: openai.OpenAI) -> None:
     assert previous["prefill_tokens"] * 10 < previous["prompt_tokens"]  # turn 10: far less than all
 
 
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("cache_ram", ["64M", "0"])
+def test_a_prompt_whose_sequence_was_taken_comes_back_from_the_kept_states(
+    smollm2_path: Path, tmp_path: Path, cache_ram: str
+) -> None:
+    """Two sequences, four prompts: the first one's sequence goes to the others, and its state to the
+    kept states (--cache-ram). Asked again, it is restored (all but its last token cached) and answers
+    as it did when its own sequence still held it; with --cache-ram 0 it is evaluated again."""
+    small = start_server(tmp_path, "--parallel", "2", "--ctx", "512", "--cache-ram", cache_ram)
+    client = openai.OpenAI(base_url=f"{small.url}/v1", api_key="unused", max_retries=0, timeout=120)
+
+    def ask(topic: str) -> tuple[str, dict[str, int]]:
+        messages = [{"role": "user", "content": f"Write two sentences about {topic}."}]
+        answer = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=24, temperature=0)
+        return answer.choices[0].message.content or "", answer.model_extra["timings"]
+
+    try:
+        ask("lighthouses")
+        again, held = ask("lighthouses")  # its own sequence: all but the last token reused
+        assert held["cached_tokens"] == held["prompt_tokens"] - 1, held
+        for topic in ("volcanoes", "glaciers", "deserts"):  # both sequences go to other prompts
+            ask(topic)
+        back, timings = ask("lighthouses")
+        meta = httpx.get(f"{small.url}/v1/models/{MODEL}", timeout=10).json()["meta"]
+    finally:
+        stop_server(small)
+    if cache_ram == "0":
+        assert timings["cached_tokens"] < timings["prompt_tokens"] - 8, timings  # the template's head only
+        assert "prompt_states" not in meta
+        return
+    assert timings["cached_tokens"] == timings["prompt_tokens"] - 1, timings
+    assert back == again  # the same cells, the same one-token step: the same greedy answer
+    states = meta["prompt_states"]
+    assert states["restored"] >= 1 and states["kept"] >= 2, states
+    assert 0 < states["bytes"] <= 64_000_000, states
+
+
 # -- a client that leaves --------------------------------------------------------------------------
 
 

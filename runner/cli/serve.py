@@ -70,6 +70,17 @@ Memory = Annotated[
         show_default=False,
     ),
 ]
+CacheRam = Annotated[
+    Optional[str],
+    typer.Option(
+        "--cache-ram",
+        help="Host memory each model may keep prompts' KV states in once their sequence is taken, so a "
+        "client coming back is not evaluated again, e.g. 2G; 0 = none [default: 1G, at most an eighth "
+        "of the memory free at its load]",
+        rich_help_panel=SERVER,
+        show_default=False,
+    ),
+]
 ModelsDir = Annotated[
     Optional[Path],
     typer.Option(
@@ -102,6 +113,7 @@ def serve(
     parallel: ServeParallel = None,
     memory: Memory = None,
     keep_alive: KeepAlive = "5m",
+    cache_ram: CacheRam = None,
     models_dir: ModelsDir = None,
     ctx: o.Ctx = None,
     threads: o.Threads = None,
@@ -148,6 +160,7 @@ def serve(
             parallel=parallel,
             memory=memory,
             keep_alive=keep_alive,
+            cache_ram=cache_ram,
             models_dir=str(models_dir) if models_dir is not None else None,
             ctx=ctx,
             threads=threads,

@@ -31,6 +31,7 @@ DEFAULT_PORT = 8080  # llama-server's; Ollama's 11434 is for OLLAMA_HOST=127.0.0
 DEFAULT_PARALLEL = 4  # llama-server's default slot count; fewer when the plan says they do not fit
 DEFAULT_QUEUE = 64
 DEFAULT_KEEP_ALIVE = "5m"  # Ollama's
+DEFAULT_CACHE_RAM = 1 << 30
 API_KEY_ENV = "RUNNER_API_KEY"
 
 
@@ -51,6 +52,7 @@ class ServeRequest:
     sampling: dict[str, Any] = field(default_factory=dict)  # the flags: each request's defaults
     memory: str | None = None  # --memory: what the served models may use of host memory together
     keep_alive: str = DEFAULT_KEEP_ALIVE  # an idle model loaded on demand is unloaded after this
+    cache_ram: str | None = None  # --cache-ram: each model's kept prompt states (None: cache_ram_limit)
     models_dir: str | None = None  # --models DIR: every .gguf there, served on demand
     force: bool = False
     offline: bool = False
@@ -72,6 +74,8 @@ def serve(request: ServeRequest) -> None:
     memory = parse_size(request.memory, "--memory") if request.memory is not None else None
     if memory is not None and memory <= 0:
         raise UsageError("--memory must be more than 0")
+    if request.cache_ram is not None and parse_size(request.cache_ram, "--cache-ram") < 0:
+        raise UsageError("--cache-ram must be 0 or more")
     _planning(request)  # a bad --flash-attn refused now, not at a model's first request
     from runner.serve.front import INNER_ENV
 
@@ -128,10 +132,9 @@ def _run(request: ServeRequest, backend: Any, key: str | None, behind_front: boo
     server = _Server(config, backend)
     host = f"[{request.host}]" if ":" in request.host else request.host
     for name in backend.loaded():
-        ui.info(
-            f"{describe_load(backend.pool.loaded[name].thread.served.loaded)} · "
-            f"{backend.info(name).parallel} sequences at once"
-        )
+        served = backend.pool.loaded[name].thread.served
+        kept = f" · prompt states kept up to {served.cache_ram / 1e6:,.0f} MB" if served.cache_ram else ""
+        ui.info(f"{describe_load(served.loaded)} · {backend.info(name).parallel} sequences at once{kept}")
     waiting = [n for n in backend.names() if n not in backend.loaded()]
     if waiting:
         ui.info(f"on demand: {', '.join(waiting)}")
@@ -251,7 +254,20 @@ def _budget(memory: int | None) -> dict[str, int]:
 def _served(loaded: LoadedModel, request: ServeRequest) -> Any:
     from runner.serve.engine_backend import Served
 
-    return Served(_info(loaded), loaded, _sampling(loaded, request.sampling))
+    limit = cache_ram_limit(request.cache_ram)
+    return Served(_info(loaded), loaded, _sampling(loaded, request.sampling), limit)
+
+
+def cache_ram_limit(given: str | None) -> int:
+    """The bytes of prompt states a model keeps (runner.engine.batch.StateCache): --cache-ram, else
+    DEFAULT_CACHE_RAM or an eighth of the host memory free now (after the model's load), the less.
+    llama-server keeps up to 8 GiB by default; runner's plan promised the rest of the memory to
+    the models, so its default is smaller. The states are allocated as prompts are set aside."""
+    if given is not None:
+        return parse_size(given, "--cache-ram")
+    import psutil
+
+    return min(DEFAULT_CACHE_RAM, psutil.virtual_memory().available // 8)
 
 
 def _Server(config: Any, backend: Any) -> Any:

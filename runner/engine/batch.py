@@ -10,15 +10,19 @@ sequence that finishes (or is cancelled) frees its slot, and the next job takes 
 Prefix reuse: each sequence remembers the tokens its cells hold. A new job takes the free sequence
 whose cells share the longest head with its prompt (llama-server picks slots the same way), so a
 chat client re-sending its history evaluates only the new turn; when another sequence (busy or not)
-holds a longer head, that stream is copied in first (llama_memory_seq_cp: across streams llama.cpp
-copies the stream's buffer) and only the rest is evaluated. run_batch also evaluates the prompts'
-shared head (system prompt, template) once, before the first job, so every job copies it.
+holds a longer head, its cells are copied in first (copy_sequence) and only the rest is evaluated.
+run_batch also evaluates the prompts' shared head (system prompt, template) once, before the first
+job, so every job copies it. The server also keeps what a sequence held when a new job takes it
+(StateCache, host memory), so a prompt seen before, or a chat client whose sequence went to others,
+is restored rather than evaluated again.
 """
 
 from __future__ import annotations
 
+import ctypes
+import itertools
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,6 +36,7 @@ from runner.engine.sampling import SamplingConfig
 from runner.errors import EngineError, InvalidSetting
 
 MIN_SHARED = 4  # a shared head shorter than this is not worth a copy
+MIN_SAVED = 16  # a sequence losing fewer tokens than this to a new job is not kept in the StateCache
 
 
 @dataclass
@@ -92,6 +97,89 @@ class _Slot:
     pending: list[int] = field(default_factory=list)  # in this step's batch: into the cells once decoded
 
 
+class StateCache:
+    """Sequences' KV states kept in host memory once their sequence goes to another prompt, so a
+    prompt seen before is restored rather than evaluated again: a chat client coming back after
+    other clients took its sequence, the same prompt sent again. llama-server keeps one too
+    (--cache-ram). Each entry is llama_state_seq_get_data's bytes (the sequence's own cells only)
+    and the tokens they hold; an entry another one extends is dropped; past `limit` bytes the least
+    recently used go first. Used from the batch loop's thread only."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.held = 0  # bytes
+        self.saved = 0  # entries ever kept
+        self.restored = 0  # entries ever loaded into a sequence
+        self._entries: OrderedDict[int, tuple[list[int], Any]] = OrderedDict()
+        self._ids = itertools.count()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def best(self, tokens: Sequence[int], most: int) -> tuple[int | None, int]:
+        """The entry sharing the longest head with `tokens` (at most `most`), and that length."""
+        found, n = None, 0
+        for key, (held, _) in self._entries.items():
+            k = min(common_prefix(held, tokens), most)
+            if k > n:
+                found, n = key, k
+        return found, n
+
+    def save(self, ctx: Any, seq: int, tokens: Sequence[int]) -> None:
+        """Keep what sequence `seq` holds (`tokens`), unless an entry holds as much already."""
+        for key, (held, _) in list(self._entries.items()):
+            if len(held) >= len(tokens) and common_prefix(held, tokens) == len(tokens):
+                self._entries.move_to_end(key)
+                return
+            if common_prefix(held, tokens) == len(held):
+                self._drop(key)  # the new entry holds all of this one
+        lib = llama()
+        size = int(lib.llama_state_seq_get_size(ctx, seq))
+        if not 0 < size <= self.limit:
+            return
+        buffer = (ctypes.c_uint8 * size)()
+        if int(lib.llama_state_seq_get_data(ctx, buffer, size, seq)) != size:
+            return
+        while self._entries and self.held + size > self.limit:
+            self._drop(next(iter(self._entries)))
+        self._entries[next(self._ids)] = (list(tokens), buffer)
+        self.held += size
+        self.saved += 1
+
+    def load(self, ctx: Any, memory: Any, key: int, seq: int) -> list[int]:
+        """Entry `key` into sequence `seq` (whatever it held is gone); the tokens it now holds
+        (none where llama.cpp refused the state, or it did not hold what the entry says)."""
+        tokens, buffer = self._entries[key]
+        self._entries.move_to_end(key)
+        lib = llama()
+        ok = lib.llama_state_seq_set_data(ctx, buffer, len(buffer), seq)
+        if not ok or int(lib.llama_memory_seq_pos_max(memory, seq)) != len(tokens) - 1:
+            lib.llama_memory_seq_rm(memory, seq, -1, -1)
+            self._drop(key)  # never trusted again
+            return []
+        self.restored += 1
+        return list(tokens)
+
+    def _drop(self, key: int) -> None:
+        _, buffer = self._entries.pop(key)
+        self.held -= len(buffer)
+
+
+def copy_sequence(ctx: Any, memory: Any, source: int, seq: int) -> bool:
+    """Sequence `source`'s cells into `seq` (whatever `seq` held is gone), through host memory.
+    llama_memory_seq_cp across KV streams copies the whole stream (every cell of every layer: 47 MB
+    for SmolLM2's 2,048-cell stream); this copies the source's cells only."""
+    lib = llama()
+    size = int(lib.llama_state_seq_get_size(ctx, source))
+    buffer = (ctypes.c_uint8 * size)()
+    if int(lib.llama_state_seq_get_data(ctx, buffer, size, source)) != size:
+        return False
+    if lib.llama_state_seq_set_data(ctx, buffer, size, seq):
+        return True
+    lib.llama_memory_seq_rm(memory, seq, -1, -1)
+    return False
+
+
 def shared_prefix(prompts: Sequence[Sequence[int]]) -> int:
     """Tokens every prompt starts with, leaving each at least one of its own to evaluate."""
     if len(prompts) < 2:
@@ -149,7 +237,13 @@ class BatchLoop:
     call from one thread (llama.cpp's): the server's engine thread, or run_batch's caller."""
 
     def __init__(
-        self, engine: Engine, on_done: Callable[[Done], None], *, parallel: int, reuse: bool = True
+        self,
+        engine: Engine,
+        on_done: Callable[[Done], None],
+        *,
+        parallel: int,
+        reuse: bool = True,
+        cache: StateCache | None = None,
     ) -> None:
         if not 1 <= parallel <= engine.n_seq:
             raise InvalidSetting(f"--parallel {parallel}: the context holds {engine.n_seq} sequences")
@@ -160,6 +254,7 @@ class BatchLoop:
         self.parallel = parallel
         self.on_done = on_done
         self.reuse = reuse  # False: every prompt evaluated whole (what prefix reuse saves, measured)
+        self.cache = cache if reuse else None  # sequences' states kept past their sequence (the server)
         self.n_ctx_seq = int(self.lib.llama_n_ctx_seq(self.ctx))
         self.stats = BatchStats()
         self.batch = self.lib.llama_batch_init(engine.n_batch + parallel, 0, 1)
@@ -213,13 +308,13 @@ class BatchLoop:
         started: list[_Slot] = []
         while self.queue and self.free:
             job = self.queue[0]
-            seq, keep, source = self._place(job)
+            seq, keep, source, kept = self._place(job)
             if len(job.tokens) - keep > self.engine.n_batch - used:
                 if started or self.active:
                     break  # the batch is full: next step
                 self.queue.popleft()  # a prompt longer than a batch: alone, in n_batch chunks
                 self.free.remove(seq)
-                long = self._start(seq, job, keep, source, evaluate=True)
+                long = self._start(seq, job, keep, source, kept, evaluate=True)
                 if long is not None and self._take(long, self._sample(long, -1)):
                     self.active.append(long)
                 else:
@@ -227,7 +322,7 @@ class BatchLoop:
                 return
             self.queue.popleft()
             self.free.remove(seq)
-            new = self._start(seq, job, keep, source, evaluate=False)
+            new = self._start(seq, job, keep, source, kept, evaluate=False)
             if new is None:
                 self.free.append(seq)
                 continue
@@ -278,37 +373,58 @@ class BatchLoop:
 
     # -- one sequence ----------------------------------------------------------------------------
 
-    def _place(self, job: Job) -> tuple[int, int, int | None]:
+    def _place(self, job: Job) -> tuple[int, int, int | None, int | None]:
         """Where the job goes: the free sequence holding the longest head of its prompt (else the one
-        unused longest), how many of its cells stay, and a sequence to copy a longer head from."""
+        unused longest), how many of its cells stay, and a sequence or a kept state (self.cache) to
+        copy a longer head from."""
         if not self.reuse:
-            return min(self.free, key=lambda s: self.used[s]), 0, None
+            return min(self.free, key=lambda s: self.used[s]), 0, None, None
         most = len(job.tokens) - 1  # at least one token evaluated: its logits give the first token
         seq = max(
             self.free, key=lambda s: (min(common_prefix(self.cells[s], job.tokens), most), -self.used[s])
         )
         keep = min(common_prefix(self.cells[seq], job.tokens), most)
-        source, best = None, keep + MIN_SHARED - 1
+        source, kept, best = None, None, keep + MIN_SHARED - 1
         for other in range(self.parallel):
             if other != seq:
                 n = min(common_prefix(self.cells[other], job.tokens), most)
                 if n > best:
                     source, best = other, n
-        return (seq, best, source) if source is not None else (seq, keep, None)
+        if self.cache is not None and len(self.cache):
+            key, n = self.cache.best(job.tokens, most)
+            if n > best:
+                source, kept, best = None, key, n
+        if source is None and kept is None:
+            return seq, keep, None, None
+        return seq, best, source, kept
 
-    def _start(self, seq: int, job: Job, keep: int, source: int | None, *, evaluate: bool) -> _Slot | None:
+    def _start(
+        self, seq: int, job: Job, keep: int, source: int | None, kept: int | None, *, evaluate: bool
+    ) -> _Slot | None:
         """The job in sequence `seq`: its first `keep` tokens already there (or copied in from
-        `source`), the rest evaluated now (when `evaluate`) or by the caller's next batch."""
+        sequence `source`, or from the cache's entry `kept`), the rest evaluated now (when
+        `evaluate`) or by the caller's next batch. What `seq` held is kept in the cache first when
+        the job would lose MIN_SAVED tokens of it or more (llama-server: half of it; a chat client's
+        short turn after the template's long head loses less than half, and is worth keeping)."""
         lib = self.lib
         try:
             sampler = self.engine._sampler(job.sampling, job.tokens, job.grammar)
         except InvalidSetting as exc:
             self.fail(job, str(exc))
             return None
-        if source is not None:
-            lib.llama_memory_seq_cp(self.memory, source, seq, -1, -1)  # the whole stream: its head
-            self.cells[seq] = list(self.cells[source])
-        lib.llama_memory_seq_rm(self.memory, seq, keep, -1)
+        held = self.cells[seq]
+        own = keep if source is None and kept is None else 0
+        if self.cache is not None and len(held) - own >= MIN_SAVED:
+            self.cache.save(self.ctx, seq, held)
+        if kept is not None and self.cache is not None:
+            self.cells[seq] = self.cache.load(self.ctx, self.memory, kept, seq)
+        elif source is not None:
+            ok = copy_sequence(self.ctx, self.memory, source, seq)
+            self.cells[seq] = list(self.cells[source]) if ok else []
+        keep = min(keep, len(self.cells[seq]))
+        if keep < len(self.cells[seq]) and not lib.llama_memory_seq_rm(self.memory, seq, keep, -1):
+            lib.llama_memory_seq_rm(self.memory, seq, -1, -1)  # a memory that cannot drop a tail
+            keep = 0
         del self.cells[seq][keep:]
         self.used[seq] = time.perf_counter()
         slot = _Slot(seq, job, sampler, TextAssembler(job.stop), time.perf_counter(), pos=keep)

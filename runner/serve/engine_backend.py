@@ -21,7 +21,7 @@ from typing import Any
 
 from runner import ui
 from runner.engine.answer import FINISH_INTERRUPTED
-from runner.engine.batch import BatchLoop, Done, Job
+from runner.engine.batch import BatchLoop, Done, Job, StateCache
 from runner.engine.constrain import checked_schema, json_grammar, schema_grammar
 from runner.engine.prompt import Prompt, render_prompt
 from runner.engine.reasoning import ANSWER, Splitter
@@ -43,6 +43,7 @@ class Served:
     info: ModelInfo
     loaded: LoadedModel
     sampling: Callable[[dict[str, Any]], SamplingConfig]  # a request's fields over the server's defaults
+    cache_ram: int = 0  # bytes of prompt states kept past their sequence (runner.engine.batch.StateCache)
 
 
 _Queue = asyncio.Queue[Any]  # an answer's parts, then None
@@ -155,7 +156,8 @@ class ModelThread:
         self._stopping = False
         self._events: asyncio.AbstractEventLoop | None = None  # the HTTP side's event loop
         self._outbox: list[tuple[_Generation, Any]] = []  # parts for the event loop, sent once a step
-        self._loop = BatchLoop(self.engine, self._done, parallel=self.engine.n_seq)
+        self.states = StateCache(served.cache_ram) if served.cache_ram > 0 else None
+        self._loop = self._new_loop()
         self.thread = threading.Thread(target=self._run, name=f"engine {served.info.name}", daemon=True)
         self.thread.start()
 
@@ -403,7 +405,10 @@ class ModelThread:
                 self._done(Done(job.index, "", FINISH_INTERRUPTED, len(job.tokens), 0, 0, 0.0, 0.0))
         self._loop.close()
         self.engine.reset()
-        self._loop = BatchLoop(self.engine, self._done, parallel=self.engine.n_seq)
+        self._loop = self._new_loop()
+
+    def _new_loop(self) -> BatchLoop:
+        return BatchLoop(self.engine, self._done, parallel=self.engine.n_seq, cache=self.states)
 
     @staticmethod
     def _answered(future: asyncio.Future[None], error: BaseException | None) -> None:

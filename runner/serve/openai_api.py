@@ -472,9 +472,17 @@ class OpenAI:
     def _model(self, name: str) -> dict[str, Any]:
         info = self.backend.info(name)
         loaded = name in self.backend.loaded()
-        meta = {"context": info.context, "parallel": info.parallel, "size": info.size, "loaded": loaded}
+        meta: dict[str, Any] = {"context": info.context, "parallel": info.parallel, "size": info.size}
+        meta["loaded"] = loaded
         if loaded:
             meta["memory"] = self.backend.memory(name)  # planned bytes: weights, KV cache, compute
+            counters = self.backend.counters(name)
+            if "states_bytes" in counters:  # prompt states kept past their sequence (--cache-ram)
+                meta["prompt_states"] = {
+                    "kept": counters["states_kept"],
+                    "restored": counters["states_restored"],
+                    "bytes": counters["states_bytes"],
+                }
         return {
             "id": name,
             "object": "model",

@@ -208,7 +208,13 @@ class EngineBackend:
 
     def counters(self, name: str) -> dict[str, int]:
         found = self.pool.loaded.get(name)
-        return dict(found.thread.counters) if found else {}
+        if not found:
+            return {}
+        counters, states = dict(found.thread.counters), found.thread.states
+        if states is not None:  # prompt states kept past their sequence, and brought back
+            counters.update(states_kept=states.saved, states_restored=states.restored)
+            counters["states_bytes"] = states.held
+        return counters
 
     async def submit(self, ask: Ask) -> Generation:
         thread = await self.pool.get(ask.model, ask.keep_alive)
