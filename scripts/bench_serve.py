@@ -9,11 +9,15 @@ with one request, measured, and stopped (SIGTERM to its process group, SIGKILL a
 Every request is a streaming POST /v1/chat/completions, greedy, seed 1; completion tokens are counted
 from the usage chunk (stream_options.include_usage), so a server that stops early shows in the mean.
   sequential    the prompts of the largest load one after another: aggregate completion tok/s
-  N clients     N concurrent clients, one distinct prompt each, --max-tokens with ignore_eos:
-                aggregate tok/s (tokens / first send to last end), TTFT p50 and p99 (send to the
-                first non-empty content delta), and the aggregate against the sequential baseline
+  N clients     N concurrent clients, one distinct prompt each (the sequential run's first N; with
+                --fresh, prompts no server has seen, so no prompt cache holds them), --max-tokens
+                with ignore_eos: aggregate tok/s (tokens / first send to last end), TTFT p50 and
+                p99 (send to the first non-empty content delta), and the aggregate against the
+                sequential baseline
   chat          one client, 10 turns over a ~200-token system prompt, the whole history re-sent each
-                turn: TTFT at turn 2 and turn 10 (prefix reuse keeps their ratio near 1)
+                turn: TTFT at turn 2 and turn 10 (prefix reuse keeps their ratio near 1), the
+                median of --conversations such chats, one after another; and the engine's limit
+                for that ratio: a raw llama_decode of the two turns' new tokens at their positions
 Medians across rounds, then three targets: aggregate tok/s at the most clients >= 1.0x llama-server's,
 TTFT p50 at 8 clients <= 1.2x llama-server's, runner's turn-10 TTFT <= 1.2x its turn 2. With --json,
 stdout is one JSON object (settings, medians, every round) and the table goes to stderr with the
@@ -161,16 +165,72 @@ async def concurrent(
     }  # fmt: skip
 
 
-async def conversation(client: httpx.AsyncClient, model: str, max_tokens: int) -> dict[str, list[float]]:
-    messages = [{"role": "system", "content": SYSTEM}]
-    ttft, prompt_tokens = [], []
+async def conversations(
+    client: httpx.AsyncClient, model: str, max_tokens: int, n: int
+) -> dict[str, list[float]]:
+    """n conversations one after another, each its own (no head in common with another, so none
+    finds another's cells): each turn's TTFT is their median, the tokens are the first's."""
+    talks = [await conversation(client, model, max_tokens, k) for k in range(n)]
+    first = talks[0]
+    first["ttft_s"] = [statistics.median(t["ttft_s"][i] for t in talks) for i in range(len(QUESTIONS))]
+    return first
+
+
+async def conversation(
+    client: httpx.AsyncClient, model: str, max_tokens: int, k: int
+) -> dict[str, list[float]]:
+    messages = [{"role": "system", "content": f"Desk {k + 1}. {SYSTEM}"}]
+    ttft, prompt_tokens, completion_tokens = [], [], []
     for question in QUESTIONS:
         messages.append({"role": "user", "content": question})
         reply = await chat(client, model, messages, max_tokens)
         messages.append({"role": "assistant", "content": reply.text})
         ttft.append(reply.ttft)
         prompt_tokens.append(float(reply.prompt_tokens))
-    return {"ttft_s": ttft, "prompt_tokens": prompt_tokens}
+        completion_tokens.append(float(reply.tokens))
+    return {"ttft_s": ttft, "prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens}
+
+
+def engine_limit(
+    args: argparse.Namespace, chat: dict[str, list[float]], repeats: int = 7
+) -> dict[str, float]:
+    """The engine's limit for the chat rows: a raw llama_decode of each turn's new tokens (its prompt
+    less the previous prompt and answer, but the answer's last token, sampled and never decoded) at
+    that turn's position, in a context shaped as the servers' (slots x context, threads), nothing
+    else: how much of turn 10 against turn 2 is llama.cpp's own."""
+    from runner.engine.engine import Engine
+    from runner.engine.llamacpp import llama
+
+    lib, times = llama(), {}
+    with Engine(
+        args.model_path, n_ctx=args.parallel * args.ctx, n_threads=args.threads, n_seq=args.parallel
+    ) as e:
+        batch = lib.llama_batch_init(args.ctx, 0, 1)
+
+        def decode(at: int, n: int) -> float:
+            batch.n_tokens = n
+            for i in range(n):
+                batch.token[i], batch.pos[i], batch.n_seq_id[i] = 100 + (at + i) % 1000, at + i, 1
+                batch.seq_id[i][0], batch.logits[i] = 0, int(i == n - 1)
+            start = time.perf_counter()
+            assert lib.llama_decode(e.ctx, batch) == 0
+            lib.llama_synchronize(e.ctx)
+            return time.perf_counter() - start
+
+        prompts, answers = chat["prompt_tokens"], chat["completion_tokens"]
+        for turn in (2, len(prompts)):
+            total = int(prompts[turn - 1])
+            new = total - int(prompts[turn - 2] + answers[turn - 2]) + 1
+            samples = []
+            for _ in range(repeats):
+                lib.llama_memory_seq_rm(e._memory, 0, -1, -1)
+                for at in range(0, total - new, 512):
+                    decode(at, min(512, total - new - at))
+                samples.append(decode(total - new, new))
+            times[f"turn {turn}"] = statistics.median(samples)
+            times[f"turn {turn} new tokens"] = new
+        lib.llama_batch_free(batch)
+    return times
 
 
 async def measure(kind: str, args: argparse.Namespace, log: Path) -> dict[str, Any]:
@@ -201,7 +261,7 @@ async def measure(kind: str, args: argparse.Namespace, log: Path) -> dict[str, A
             result["clients"] = loads
             if any(x["no_usage"] for x in (seq, *loads.values())):
                 progress(f"  warning: {kind} sent no usage chunk; content deltas counted as tokens")
-            result["chat"] = talk = await conversation(client, model, 32)
+            result["chat"] = talk = await conversations(client, model, 32, args.conversations)
             progress(
                 f"  {kind}: chat TTFT turn 2 {talk['ttft_s'][1]:.3f} s, turn 10 {talk['ttft_s'][-1]:.3f} s"
             )
@@ -243,7 +303,9 @@ def versions(args: argparse.Namespace) -> dict[str, str]:
 Rounds = dict[str, list[dict]]
 
 
-def report(args: argparse.Namespace, setup: dict[str, str], rounds: Rounds, out: TextIO) -> dict:
+def report(
+    args: argparse.Namespace, setup: dict[str, str], rounds: Rounds, limit: dict[str, float], out: TextIO
+) -> dict:
     """The table and the targets, on `out`; returns the medians."""
     medians = {}
     for kind in args.only:
@@ -268,6 +330,13 @@ def report(args: argparse.Namespace, setup: dict[str, str], rounds: Rounds, out:
         return runner[row] / peer[row]
 
     turns = runner["chat turn 10 / turn 2"] if runner else None
+    last = max(int(k.split()[1]) for k in limit if k.endswith("new tokens"))
+    print(
+        f"engine limit, raw llama_decode of the chat's new tokens: turn 2 {limit['turn 2'] * 1000:.1f} ms "
+        f"({limit['turn 2 new tokens']:.0f} tokens), turn {last} {limit[f'turn {last}'] * 1000:.1f} ms "
+        f"({limit[f'turn {last} new tokens']:.0f} tokens): {limit[f'turn {last}'] / limit['turn 2']:.2f}x",
+        file=out,
+    )
     print("targets:", file=out)
     for line in (
         target(f"aggregate tok/s at {top}, runner / llama-server", versus(f"{top} tok/s"), 1.0, True),
@@ -291,6 +360,7 @@ def main() -> None:
     parser.add_argument("--parallel", type=int, default=8, help="slots")
     parser.add_argument("--ctx", type=int, default=2048, help="context per slot")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--conversations", type=int, default=3, help="10-turn chats a round (TTFT: median)")
     parser.add_argument("--runner-args", default="", help="more flags for runner serve: '--flash-attn off'")
     parser.add_argument(
         "--fresh",
@@ -315,7 +385,13 @@ def main() -> None:
     setup["model"] = str(args.model_path)
     setup["settings"] = (
         f"{args.parallel} slots x {args.ctx} context each, {args.threads} threads, "
-        f"{args.max_tokens} tokens a request, clients {','.join(map(str, args.clients))}"
+        f"{args.max_tokens} tokens a request, clients {','.join(map(str, args.clients))}, "
+        + (
+            "each load's prompts unseen before (--fresh)"
+            if args.fresh
+            else "the loads' prompts the sequential run's"
+        )
+        + (f", runner {args.runner_args}" if args.runner_args else "")
     )
     logs = Path(tempfile.mkdtemp(prefix="bench_serve-"))
     progress(f"server logs in {logs}")
@@ -329,10 +405,13 @@ def main() -> None:
             except BaseException:
                 progress(f"{kind} failed; its log: {log}")
                 raise
+    first = rounds[args.only[0]][0]["chat"]
+    progress("engine limit: raw llama_decode of the chat's turn 2 and turn 10 new tokens")
+    limit = engine_limit(args, first)
     # with --json, stdout is the JSON alone and the table goes to stderr
-    medians = report(args, setup, rounds, sys.stderr if args.json else sys.stdout)
+    medians = report(args, setup, rounds, limit, sys.stderr if args.json else sys.stdout)
     if args.json:
-        print(json.dumps({**setup, "medians": medians, "rounds": rounds}, indent=2))
+        print(json.dumps({**setup, "medians": medians, "engine_limit": limit, "rounds": rounds}, indent=2))
 
 
 if __name__ == "__main__":
