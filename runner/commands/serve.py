@@ -74,8 +74,8 @@ def serve(request: ServeRequest) -> None:
     memory = parse_size(request.memory, "--memory") if request.memory is not None else None
     if memory is not None and memory <= 0:
         raise UsageError("--memory must be more than 0")
-    if request.cache_ram is not None and parse_size(request.cache_ram, "--cache-ram") < 0:
-        raise UsageError("--cache-ram must be 0 or more")
+    if request.cache_ram is not None:
+        parse_size(request.cache_ram, "--cache-ram")  # a bad size refused now, before any load
     _planning(request)  # a bad --flash-attn refused now, not at a model's first request
     from runner.serve.front import INNER_ENV
 

@@ -128,18 +128,16 @@ class StateCache:
     def save(self, ctx: Any, seq: int, tokens: Sequence[int]) -> None:
         """Keep what sequence `seq` holds (`tokens`), unless an entry holds as much already."""
         for key, (held, _) in list(self._entries.items()):
-            if len(held) >= len(tokens) and common_prefix(held, tokens) == len(tokens):
+            common = common_prefix(held, tokens)
+            if common == len(tokens):  # this entry holds all of the new one
                 self._entries.move_to_end(key)
                 return
-            if common_prefix(held, tokens) == len(held):
+            if common == len(held):
                 self._drop(key)  # the new entry holds all of this one
-        lib = llama()
-        size = int(lib.llama_state_seq_get_size(ctx, seq))
-        if not 0 < size <= self.limit:
+        buffer = sequence_state(ctx, seq, self.limit)
+        if buffer is None:
             return
-        buffer = (ctypes.c_uint8 * size)()
-        if int(lib.llama_state_seq_get_data(ctx, buffer, size, seq)) != size:
-            return
+        size = len(buffer)
         while self._entries and self.held + size > self.limit:
             self._drop(next(iter(self._entries)))
         self._entries[next(self._ids)] = (list(tokens), buffer)
@@ -170,14 +168,22 @@ def copy_sequence(ctx: Any, memory: Any, source: int, seq: int) -> bool:
     llama_memory_seq_cp across KV streams copies the whole stream (every cell of every layer: 47 MB
     for SmolLM2's 2,048-cell stream); this copies the source's cells only."""
     lib = llama()
-    size = int(lib.llama_state_seq_get_size(ctx, source))
-    buffer = (ctypes.c_uint8 * size)()
-    if int(lib.llama_state_seq_get_data(ctx, buffer, size, source)) != size:
-        return False
-    if lib.llama_state_seq_set_data(ctx, buffer, size, seq):
+    buffer = sequence_state(ctx, source)
+    if buffer is not None and lib.llama_state_seq_set_data(ctx, buffer, len(buffer), seq):
         return True
     lib.llama_memory_seq_rm(memory, seq, -1, -1)
     return False
+
+
+def sequence_state(ctx: Any, seq: int, most: int | None = None) -> Any:
+    """Sequence `seq`'s cells as llama_state_seq_get_data writes them, in a buffer of their size;
+    None where that is nothing, more than `most` bytes, or not what llama.cpp said it would write."""
+    lib = llama()
+    size = int(lib.llama_state_seq_get_size(ctx, seq))
+    if size <= 0 or (most is not None and size > most):
+        return None
+    buffer = (ctypes.c_uint8 * size)()
+    return buffer if int(lib.llama_state_seq_get_data(ctx, buffer, size, seq)) == size else None
 
 
 def shared_prefix(prompts: Sequence[Sequence[int]]) -> int:
