@@ -15,7 +15,14 @@ class UsageError(RunnerError):
 
 
 class InvalidSetting(UsageError):
-    """A flag or setting out of its allowed range."""
+    """A flag or setting out of its allowed range. The message is the command line's (naming the
+    flag); `field` names the setting itself (a SamplingConfig field, "schema", "grammar") and `problem`
+    says what is wrong without naming it, so another edge (an HTTP API) words it with its own name."""
+
+    def __init__(self, message: str, *, field: str | None = None, problem: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
+        self.problem = problem if problem is not None else message
 
 
 class CatalogError(UsageError):
@@ -31,7 +38,13 @@ class InvalidModelFile(UsageError):
 
 
 class PromptTooLong(UsageError):
-    """The prompt does not fit the context window (never truncated silently)."""
+    """The prompt does not fit the context window (never truncated silently): its tokens and the
+    context it had to fit (0 where not said)."""
+
+    def __init__(self, message: str, *, tokens: int = 0, context: int = 0) -> None:
+        super().__init__(message)
+        self.tokens = tokens
+        self.context = context
 
 
 class AccessDenied(UsageError):

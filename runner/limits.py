@@ -57,10 +57,19 @@ def flash_attn_name(value: bool | None) -> str:
     return next(name for name, v in FLASH_ATTN.items() if v is value)
 
 
-def check_range(value: float, flag: str, lo: float | None, hi: float | None, lo_open: bool = False) -> None:
-    """Raise InvalidSetting naming the flag when value lies outside [lo, hi] ((lo, hi] if lo_open)."""
+def check_range(
+    value: float,
+    flag: str,
+    lo: float | None,
+    hi: float | None,
+    lo_open: bool = False,
+    field: str | None = None,
+) -> None:
+    """Raise InvalidSetting naming the flag when value lies outside [lo, hi] ((lo, hi] if lo_open);
+    `field`: the setting's own name, for an edge that words it otherwise (InvalidSetting.field)."""
     if isinstance(value, float) and not math.isfinite(value):
-        raise InvalidSetting(f"{flag} must be a finite number (got {value})")
+        problem = f"must be a finite number (got {value})"
+        raise InvalidSetting(f"{flag} {problem}", field=field, problem=problem)
     too_low = lo is not None and (value <= lo if lo_open else value < lo)
     too_high = hi is not None and value > hi
     if too_low or too_high:
@@ -69,7 +78,8 @@ def check_range(value: float, flag: str, lo: float | None, hi: float | None, lo_
         else:
             bound = f"in ({lo}, {hi}]" if lo_open else f"between {lo} and {hi}"
         got = value if isinstance(value, int) else f"{value:g}"  # an int as typed, not as 2.14748e+09
-        raise InvalidSetting(f"{flag} must be {bound} (got {got})")
+        problem = f"must be {bound} (got {got})"
+        raise InvalidSetting(f"{flag} {problem}", field=field, problem=problem)
 
 
 DURATION = re.compile(r"^(-?\d+(?:\.\d+)?)\s*(ms|s|m|h)?$")

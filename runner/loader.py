@@ -283,12 +283,17 @@ def _draft_file(
 def _load_draft(
     drafting: tuple[str, Path, GGUFHeader], target: Engine, threads: int | None, force: bool, debug: bool
 ) -> Engine:
-    """The draft model's engine, planned (it must fit beside the loaded target) at the target's context."""
+    """The draft model's engine, planned (it must fit beside the loaded target) at the target's context,
+    with as many sequences as the target (runner serve: each sequence drafts in its own)."""
     name, path, header = drafting
-    plan = plan_for(header, name, path=path, ctx=target.n_ctx, kv_type=target.kv_type, force=force)
+    per_seq = target.n_ctx_seq
+    plan = plan_for(
+        header, name, path=path, ctx=per_seq, kv_type=target.kv_type, parallel=target.n_seq, force=force
+    )
     return Engine(
         path,
         n_ctx=target.n_ctx,
+        n_seq=target.n_seq,  # each of the target's sequences drafts in its own
         n_threads=threads,
         n_gpu_layers=plan.n_gpu_layers,
         kv_type=target.kv_type,

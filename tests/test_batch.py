@@ -9,9 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from runner.engine.batch import BatchLoop, Done, Job, StateCache, run_batch, shared_prefix
+from runner.engine.answer import Result
+from runner.engine.batch import Job, run_batch, shared_prefix
 from runner.engine.engine import Engine
 from runner.engine.llamacpp import llama
+from runner.engine.loop import Loop
+from runner.engine.prefix import PrefixStore, StateCache
 from runner.engine.prompt import render_prompt
 from runner.engine.sampling import SamplingConfig
 from runner.engine.template import Message
@@ -100,9 +103,9 @@ def test_the_shared_head_is_evaluated_once(batch_engine: Engine, engine: Engine,
     texts: dict[bool, dict[int, str]] = {True: {}, False: {}}
     evaluated: dict[int, int] = {}
 
-    def copied(d: Done) -> None:
+    def copied(d: Result) -> None:
         texts[True][d.index] = d.text
-        evaluated[d.index] = d.prefill_tokens
+        evaluated[d.index] = d.timings.prefill_tokens
 
     with_copy = run_batch(batch_engine, jobs, copied)
     without = run_batch(
@@ -125,7 +128,7 @@ def counting(engine: Engine, first: int, n: int = 6) -> list[int]:
     return engine.tokenize(", ".join(str(first + k) for k in range(n)) + ",", add_special=True)
 
 
-def answer_all(loop: BatchLoop, jobs: list[Job]) -> None:
+def answer_all(loop: Loop, jobs: list[Job]) -> None:
     for job in jobs:
         loop.add(job)
         while loop.busy():
@@ -137,13 +140,13 @@ def test_kept_states_stay_within_their_limit_least_recently_used_out_first(batch
     whose state goes to the StateCache, which never holds more than its limit."""
     tokens = [counting(batch_engine, 100 * k + 101) for k in range(8)]  # each as many tokens
     batch_engine.reset()
-    loop = BatchLoop(batch_engine, lambda d: None, parallel=1)
+    loop = Loop(batch_engine, lambda d: None, parallel=1)
     answer_all(loop, [Job(0, tokens[0], GREEDY, max_tokens=16)])
     one = int(llama().llama_state_seq_get_size(batch_engine.ctx, 0))  # a prompt and its answer's state
     loop.close()
     batch_engine.reset()
     states = StateCache(int(2.5 * one))
-    loop = BatchLoop(batch_engine, lambda d: None, parallel=1, cache=states)
+    loop = Loop(batch_engine, lambda d: None, parallel=1, store=PrefixStore(ram=states))
     held = []
     for i, t in enumerate(tokens):
         answer_all(loop, [Job(i, t, GREEDY, max_tokens=16)])
@@ -165,20 +168,22 @@ def test_a_prompt_back_after_its_sequence_was_taken_is_restored_and_its_longer_s
     the shorter one it extends."""
     first, other = counting(batch_engine, 1), counting(batch_engine, 500)
     batch_engine.reset()
-    done: dict[int, Done] = {}
-    loop = BatchLoop(batch_engine, lambda d: done.__setitem__(d.index, d), parallel=1)
+    done: dict[int, Result] = {}
+    loop = Loop(batch_engine, lambda d: done.__setitem__(d.index, d), parallel=1)
     answer_all(loop, [Job(0, first, GREEDY, max_tokens=16)])
     turn = first + batch_engine.tokenize(done[0].text + " 40, 41,", add_special=False)
     answer_all(loop, [Job(1, turn, GREEDY, max_tokens=16)])  # in its own sequence: the reference
     loop.close()
     batch_engine.reset()
     states = StateCache(1 << 30)
-    loop = BatchLoop(batch_engine, lambda d: done.__setitem__(d.index, d), parallel=1, cache=states)
+    store = PrefixStore(ram=states)
+    loop = Loop(batch_engine, lambda d: done.__setitem__(d.index, d), parallel=1, store=store)
     answer_all(loop, [Job(2, first, GREEDY, max_tokens=16), Job(3, other, GREEDY, max_tokens=16)])
     assert (states.saved, states.restored) == (1, 0)
     answer_all(loop, [Job(4, turn, GREEDY, max_tokens=16)])
     assert states.restored == 1
-    assert done[4].prefill_tokens == done[1].prefill_tokens  # as in its own sequence: the new tokens
+    # as in its own sequence: the new tokens
+    assert done[4].timings.prefill_tokens == done[1].timings.prefill_tokens
     assert done[4].text == done[1].text
     answer_all(loop, [Job(5, other, GREEDY, max_tokens=16)])
     loop.close()

@@ -177,3 +177,17 @@ def test_the_server_keeps_reasoning_apart(thinking_model: Path, tmp_path: Path) 
         assert (
             reply.message.thinking == message.model_extra["reasoning_content"] and not reply.message.content
         )
+
+
+def test_each_line_keeps_reasoning_apart_as_run_does(thinking_model: Path) -> None:
+    """--each-line answers through the same loop as run: the same reasoning, apart from the answer
+    (--jsonl carries it in its own field; the plain line is the answer alone)."""
+    args = [str(thinking_model), "--temperature", "0", "--max-tokens", "24"]
+    one = json.loads(run_cli("run", *args, "What is 2+2?", "--json").stdout)
+    batch = run_cli("run", *args, "--each-line", "--jsonl", input=b"What is 2+2?\nWhat is 3+3?\n")
+    assert batch.returncode == 0, batch.stderr
+    first = json.loads(batch.stdout.decode().splitlines()[0])
+    assert first["reasoning"] == one["reasoning"] and len(one["reasoning"]) > 10
+    assert first["text"] == one["text"] == ""
+    plain = run_cli("run", *args, "--each-line", input=b"What is 2+2?\n")
+    assert plain.returncode == 0 and plain.stdout == b"\n"  # all thinking: an empty answer line

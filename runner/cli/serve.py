@@ -120,6 +120,8 @@ def serve(
     gpu_layers: o.GpuLayers = None,
     kv_type: o.KvType = None,
     flash_attn: o.FlashAttn = None,
+    spec: o.Spec = None,
+    draft: o.Draft = None,
     temperature: o.Temperature = None,
     top_k: o.TopK = None,
     top_p: o.TopP = None,
@@ -143,6 +145,7 @@ def serve(
     Examples:
       runner serve                                  # every cached model on 127.0.0.1:8080
       runner serve smollm2 --parallel 8 --port 11434
+      runner serve smollm2 --spec none              # no speculative decoding (ngram by default)
       OLLAMA_HOST=127.0.0.1:11434 ollama run smollm2  # Ollama's clients, pointed at runner
     """
     from runner.commands.serve import ServeRequest
@@ -167,6 +170,8 @@ def serve(
             gpu_layers=gpu_layers,
             kv_type=kv_type,
             flash_attn=flash_attn,
+            spec=spec,
+            draft=draft,
             sampling={name: given[name] for name in SAMPLING_FLAGS},
             force=force,
             offline=offline,

@@ -18,9 +18,11 @@ from dataclasses import dataclass, field
 from typing import Any, BinaryIO, TextIO
 
 from runner import ui
-from runner.commands.output import describe_load, sampling_for
-from runner.engine.batch import Done, Job, run_batch
+from runner.commands.output import describe_load, open_prompt_cache, sampling_for
+from runner.engine.answer import Result
+from runner.engine.batch import Job, run_batch
 from runner.engine.constrain import Constraint, ConstraintError, constraint
+from runner.engine.prefix import PrefixStore
 from runner.engine.prompt import render_prompt
 from runner.engine.template import build_messages
 from runner.errors import RunnerError, UsageError
@@ -233,19 +235,23 @@ def _answer(loaded: LoadedModel, request: BatchRequest, items: list[Item], out: 
                 max_tokens=item.max_tokens or request.max_tokens,
                 stop=request.stop,
                 grammar=item.rule.grammar if item.rule else None,
+                reasoning=prompt.reasoning_style,
+                in_reasoning=prompt.opens_reasoning,
             )
         )
     writer = _OrderedWriter(out, items, request.jsonl, errors)
     writer.flush_ready()
     with ui.batch_progress(len(items), enabled=ui.stderr_is_tty()) as progress:
 
-        def done(result: Done) -> None:
+        def done(result: Result) -> None:
             writer.add(result)
             if progress is not None:
                 progress(writer.finished, writer.tokens)
 
         if jobs:
-            stats = run_batch(engine, jobs, done, parallel=engine.n_seq)
+            # the prefix store's disk tier: a head `runner run` or `chat` stored is loaded, not evaluated
+            store = PrefixStore(disk=open_prompt_cache(True, None))
+            stats = run_batch(engine, jobs, done, parallel=engine.n_seq, store=store)
             if request.verbose:
                 rate = stats.completion_tokens / stats.wall_s if stats.wall_s else 0.0
                 threads = f"{stats.threads} thread{'s' if stats.threads != 1 else ''}"
@@ -276,10 +282,11 @@ class _OrderedWriter:
             self.rejected += 1
             self.finished += 1
 
-    def add(self, result: Done) -> None:
+    def add(self, result: Result) -> None:
         item = self.items[result.index]
         self.finished += 1
-        self.tokens += result.completion_tokens
+        t = result.timings
+        self.tokens += t.completion_tokens
         if result.error is not None:
             self.rejected += 1
             self.ready[result.index] = {"id": item.id, "error": f"line {result.index + 1}: {result.error}"}
@@ -296,15 +303,16 @@ class _OrderedWriter:
             self.ready[result.index] = {
                 "id": item.id,
                 "text": text,
+                **({"reasoning": result.reasoning.strip()} if result.reasoning.strip() else {}),
                 "finish_reason": result.finish_reason,
                 "usage": {
-                    "prompt_tokens": result.prompt_tokens,
-                    "completion_tokens": result.completion_tokens,
+                    "prompt_tokens": t.prompt_tokens,
+                    "completion_tokens": t.completion_tokens,
                 },
                 "timings": {
-                    "ttft_s": round(result.ttft_s, 4),
-                    "total_s": round(result.total_s, 4),
-                    "prefill_tokens": result.prefill_tokens,
+                    "ttft_s": round(t.ttft_s, 4),
+                    "total_s": round(t.total_s, 4),
+                    "prefill_tokens": t.prefill_tokens,
                 },
             }
         self.flush_ready()

@@ -18,7 +18,7 @@ from runner.engine.answer import FINISH_LENGTH, Result, Timings
 from runner.engine.llamacpp import supports_gpu_offload
 from runner.engine.prompt import Prompt
 from runner.engine.promptcache import CacheUse, PromptCache
-from runner.engine.reasoning import ANSWER, Splitter
+from runner.engine.reasoning import ANSWER
 from runner.engine.sampling import SamplingConfig, catalog_defaults, resolve_sources
 from runner.engine.speculate import SpecStats
 from runner.limits import flash_attn_name
@@ -120,10 +120,8 @@ def stream_answer(
     prompt_cache: PromptCache | None = None,
     head: int = 0,
 ) -> Answer:
-    """The one loop run and chat share: generate, split reasoning from answer, write as it comes.
-    `prompt_cache` and `head`: see Engine.stream."""
-    splitter = Splitter(prompt.reasoning_style, prompt.opens_reasoning)
-    special = prompt.reasoning_style == "channels"
+    """What run and chat answer with: the engine's one loop for one answer, reasoning split from the
+    answer there, written as it comes. `prompt_cache` and `head`: see Engine.stream."""
     answer: list[str] = []
     reasoning: list[str] = []
     last = None
@@ -132,20 +130,19 @@ def stream_answer(
         sampling,
         max_tokens=max_tokens,
         stop=stop,
-        special=special,
         grammar=grammar,
         prompt_cache=prompt_cache,
         head=head,
+        reasoning=prompt.reasoning_style,
+        in_reasoning=prompt.opens_reasoning,
     ):
-        parts = splitter.push(chunk.text) + (splitter.flush() if chunk.finish_reason else [])
-        for kind, text in parts:
-            (answer if kind == ANSWER else reasoning).append(text)
-            writer.write(kind, text)
+        if chunk.text:
+            (answer if chunk.kind == ANSWER else reasoning).append(chunk.text)
+            writer.write(chunk.kind, chunk.text)
         last = chunk
-    assert last is not None and last.finish_reason is not None and last.timings is not None
-    text = "".join(answer)
-    result = Result(text, last.finish_reason, last.timings, last.context_full)
-    return Answer(text=text, reasoning="".join(reasoning).strip(), result=result)
+    assert last is not None and last.result is not None
+    result = last.result
+    return Answer(text=result.text, reasoning=result.reasoning.strip(), result=result)
 
 
 def to_json(model: str, answer: Answer) -> dict[str, Any]:

@@ -21,10 +21,10 @@ from pathlib import Path
 from typing import Any
 
 from runner import ui
-from runner.commands.output import describe_load, sampling_for
+from runner.commands.output import describe_load, open_prompt_cache, sampling_for
 from runner.errors import UsageError
 from runner.hub.catalog import load_catalog
-from runner.limits import check_range, flash_attn_setting, parse_duration, parse_size
+from runner.limits import check_range, flash_attn_setting, parse_duration, parse_size, spec_setting
 from runner.loader import DEFAULT_BATCH_CTX, LoadedModel, open_model, plan_for
 
 DEFAULT_PORT = 8080  # llama-server's; Ollama's 11434 is for OLLAMA_HOST=127.0.0.1:PORT users to pick
@@ -49,6 +49,8 @@ class ServeRequest:
     gpu_layers: int | None = None
     kv_type: str | None = None
     flash_attn: str | None = None
+    spec: str | None = None  # --spec: ngram (the default) or none, as `runner run` takes it
+    draft: str | None = None  # --draft MODEL: speculation with a draft model, each sequence its own
     sampling: dict[str, Any] = field(default_factory=dict)  # the flags: each request's defaults
     memory: str | None = None  # --memory: what the served models may use of host memory together
     keep_alive: str = DEFAULT_KEEP_ALIVE  # an idle model loaded on demand is unloaded after this
@@ -63,6 +65,7 @@ class ServeRequest:
 def serve(request: ServeRequest) -> None:
     check_range(request.port, "--port", 1, 65535)
     check_range(request.queue, "--queue", 0, 100_000)
+    spec_setting(request.spec, request.draft)  # a bad --spec before anything loads
     if request.parallel is not None:
         check_range(request.parallel, "--parallel", 1, 256)
     key = request.api_key or os.environ.get(API_KEY_ENV) or None
@@ -165,7 +168,13 @@ def _planning(request: ServeRequest) -> dict[str, Any]:
 
 def _load(request: ServeRequest, name: str, *, offline: bool) -> LoadedModel:
     return open_model(
-        name, **_planning(request), threads=request.threads, offline=offline, debug=request.debug
+        name,
+        **_planning(request),
+        threads=request.threads,
+        offline=offline,
+        debug=request.debug,
+        spec=spec_setting(request.spec, request.draft),
+        draft=request.draft,
     )
 
 
@@ -255,7 +264,8 @@ def _served(loaded: LoadedModel, request: ServeRequest) -> Any:
     from runner.serve.engine_backend import Served
 
     limit = cache_ram_limit(request.cache_ram)
-    return Served(_info(loaded), loaded, _sampling(loaded, request.sampling), limit)
+    disk = open_prompt_cache(True, None)  # heads `runner run` and `chat` stored: read, never written
+    return Served(_info(loaded), loaded, _sampling(loaded, request.sampling), limit, disk)
 
 
 def cache_ram_limit(given: str | None) -> int:

@@ -1,7 +1,8 @@
-"""What the engine hands out: an answer's pieces (Chunk), the whole of it (Result), its Timings and
-finish reasons; the text assembly between token bytes and those pieces (a UTF-8 character split across
-tokens held until complete, a tail that may begin a stop string held until it cannot); and the clock
-since the process started (start-up in --json and --verbose).
+"""What the engine hands out: an answer's pieces (Chunk), the whole of it (Result, the one result type
+every caller gets, one sequence or a batch), its Timings and finish reasons; the text assembly
+between token bytes and those pieces (a UTF-8 character split across tokens held until complete, a
+tail that may begin a stop string held until it cannot, and which stop string ended it); and the
+clock since the process started (start-up in --json and --verbose).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from runner.engine.speculate import SpecStats
 FINISH_STOP = "stop"  # end-of-generation token or a stop string
 FINISH_LENGTH = "length"  # --max-tokens reached, or the context is full
 FINISH_INTERRUPTED = "interrupted"  # Ctrl-C: the answer stopped within a token, what came is kept
+FINISH_ERROR = "error"  # the job could not run (its prompt too long, its grammar refused): Result.error
 
 
 @dataclass(frozen=True)
@@ -38,6 +40,11 @@ class Timings:
     thread_changes: int = 0  # how often that count changed during the answer
 
     @property
+    def cached_tokens(self) -> int:
+        """Prompt tokens not evaluated: held by the sequence, copied in, or restored from a kept state."""
+        return self.prompt_tokens - self.prefill_tokens
+
+    @property
     def prefill_tokens_per_s(self) -> float:
         return self.prefill_tokens / self.prefill_s if self.prefill_s > 0 else 0.0
 
@@ -49,20 +56,39 @@ class Timings:
 
 @dataclass(frozen=True)
 class Chunk:
-    """A piece of the answer; finish_reason and timings are set on the last one only."""
+    """A piece of the answer (`kind` "answer" or "reasoning"); the last one carries the Result."""
 
     text: str
-    finish_reason: str | None = None
-    timings: Timings | None = None
-    context_full: bool = False
+    kind: str = "answer"
+    result: Result | None = None
+
+    @property
+    def finish_reason(self) -> str | None:
+        return self.result.finish_reason if self.result is not None else None
+
+    @property
+    def timings(self) -> Timings | None:
+        return self.result.timings if self.result is not None else None
+
+    @property
+    def context_full(self) -> bool:
+        return self.result.context_full if self.result is not None else False
 
 
 @dataclass(frozen=True)
 class Result:
+    """How an answer ended, from the loop to every edge: the answer's text (reasoning apart), why it
+    ended (`finish_reason`; `stop`: the stop string that matched, None for an end-of-generation
+    token), its timings (tokens, cache, speculation), and `error` for a job that could not run."""
+
     text: str
     finish_reason: str
     timings: Timings
     context_full: bool = False
+    reasoning: str = ""
+    stop: str | None = None
+    error: str | None = None
+    index: int = 0  # the job's index (answers of a batch come back in any order)
 
 
 def since_process_start() -> float:
@@ -95,6 +121,7 @@ class TextAssembler:
     stop: Sequence[str]
     pending: str = ""
     stopped: bool = False
+    matched: str | None = None  # the stop string that ended the text
     _decoder: Any = field(default_factory=lambda: codecs.getincrementaldecoder("utf-8")(errors="replace"))
 
     def push(self, data: bytes) -> tuple[str, bool]:
@@ -102,10 +129,11 @@ class TextAssembler:
         if not self.stop:
             out, self.pending = self.pending, ""
             return out, False
-        hits = [i for i in (self.pending.find(s) for s in self.stop if s) if i >= 0]
+        hits = [(i, s) for s in self.stop if s and (i := self.pending.find(s)) >= 0]
         if hits:
+            at, self.matched = min(hits, key=lambda hit: hit[0])
             self.stopped = True
-            out, self.pending = self.pending[: min(hits)], ""
+            out, self.pending = self.pending[:at], ""
             return out, True
         hold = max((_overlap(self.pending, s) for s in self.stop), default=0)
         cut = len(self.pending) - hold

@@ -141,14 +141,21 @@ def _load_schema(value: str) -> dict[str, Any]:
 def checked_schema(parsed: Any, where: str = "--schema") -> dict[str, Any]:
     """A schema given as a value (a server's request): a JSON object that is a valid JSON Schema."""
     if not isinstance(parsed, dict):
-        raise InvalidSetting(f"{where} must be a JSON object (a JSON Schema)")
+        problem = "must be a JSON object (a JSON Schema)"
+        raise InvalidSetting(f"{where} {problem}", field="schema", problem=problem)
     import jsonschema
 
     try:
         jsonschema.validators.validator_for(parsed).check_schema(parsed)
     except jsonschema.SchemaError as exc:
-        raise InvalidSetting(f"{where} is not a valid JSON Schema: {exc.message}") from None
+        problem = f"is not a valid JSON Schema: {exc.message}"
+        raise InvalidSetting(f"{where} {problem}", field="schema", problem=problem) from None
     return parsed
+
+
+def _schema_error(problem: str) -> InvalidSetting:
+    """What is wrong with a schema, as --schema says it (and, by field and problem, a server)."""
+    return InvalidSetting(f"--schema: {problem}", field="schema", problem=problem)
 
 
 # JSON Schema assertions llama-cpp-python's converter ignores: a grammar from such a schema would let
@@ -211,16 +218,16 @@ def schema_grammar(schema: dict[str, Any]) -> str:
 
     found = _unsupported(schema)
     if found is not None:
-        raise InvalidSetting(
-            f"--schema: llama.cpp's grammar cannot enforce {found[0]} (at {found[1]}); "
+        raise _schema_error(
+            f"llama.cpp's grammar cannot enforce {found[0]} (at {found[1]}); "
             "remove it, or use --format json and check the answer yourself"
         )
     try:
         grammar = json_schema_to_gbnf(json.dumps(_bounded(schema)))
     except Exception as exc:  # the converter raises plain exceptions (ValueError, KeyError, ...)
-        raise InvalidSetting(f"--schema: llama.cpp's grammar cannot express it ({exc})") from None
+        raise _schema_error(f"llama.cpp's grammar cannot express it ({exc})") from None
     if not grammar.strip():
-        raise InvalidSetting("--schema: llama.cpp's grammar cannot express it (empty grammar)")
+        raise _schema_error("llama.cpp's grammar cannot express it (empty grammar)")
     return "\n".join(_bounded_rule(line) for line in str(grammar).splitlines()) + "\n"
 
 

@@ -1,11 +1,11 @@
-"""The llama.cpp context under an Engine and its KV cache: which tokens it holds, evaluating more
-(extend, prefill), keeping a prefix and dropping the rest, its state as bytes (the prompt cache, a
-context that grows), and the speculation verify step (a batch with logits at every position, sampled
-in order, the rejected drafts dropped).
+"""The llama.cpp context under an Engine and its KV cache: which tokens each sequence's cells hold,
+evaluating more (the one prefill every caller uses: the loop for a prompt alone, a draft model, the
+benchmarks), keeping a prefix and dropping the rest, a sequence's state as bytes (the prefix store, a
+context that grows), the llama_batch the loop fills, and why a prompt does not fit.
 
-KVContext is the Engine's base: runner.engine.engine loads the model and the first context, then runs
-the generation loop over these steps. A one-sequence context is allocated small and grows as it fills
-(_reserve).
+KVContext is the Engine's base: runner.engine.engine loads the model and the first context;
+runner.engine.loop runs the generation over these steps. A one-sequence context is allocated small
+and grows as it fills (_reserve).
 """
 
 from __future__ import annotations
@@ -18,9 +18,10 @@ from typing import Any
 from runner import interrupt
 from runner.engine.llamacpp import LLAMA_LOG, context_params, interrupt_callbacks, llama
 from runner.engine.threads import Threads, set_threads
-from runner.errors import EngineError
+from runner.errors import EngineError, PromptTooLong
 
 CTX_PAD = 256  # llama.cpp rounds a context up to this
+CTX_STEP = 256  # a suggested --ctx is rounded up to this
 START_CTX = 512  # a one-sequence context is first allocated at most this large, then grows (_reserve)
 DECODE_ABORTED = 2  # llama_decode's status when the abort callback stopped it
 
@@ -30,19 +31,20 @@ class Interrupted(Exception):
 
 
 class KVContext:
-    """A llama.cpp context over a loaded model, and the tokens its KV cache holds (sequence 0)."""
+    """A llama.cpp context over a loaded model, and the tokens each sequence's KV cells hold."""
 
     _model: Any
     _vocab: Any
     _ctx: Any
     _memory: Any
     _settings: tuple[str | None, bool | None]  # KV type, flash attention
-    _allocated: int  # cells the context has now; it may grow to n_ctx
-    _cached: list[int]  # the tokens whose keys and values are in the KV cache
-    _verify_batch: Any  # llama_batch for [last, drafts…], made on first use
-    _verify_batch_size: int
+    _allocated: int  # cells the context has now; it may grow to n_ctx (one sequence)
+    cells: list[list[int]]  # per sequence: the tokens whose keys and values its cells hold
+    _batch: Any  # the llama_batch every evaluation fills (batch_for)
+    _batch_size: int
     threads: Threads  # the decode thread count, chosen again between steps (runner.engine.threads)
-    n_ctx: int
+    n_ctx: int  # one sequence: the size the context may grow to; several: all sequences together
+    n_ctx_train: int
     n_seq: int
     n_batch: int
     last_prefill_tokens: int
@@ -68,8 +70,22 @@ class KVContext:
 
     @property
     def ctx(self) -> Any:
-        """The llama_context (for the batch loop and a draft model's sampler)."""
+        """The llama_context (for the loop and a draft model's sampler)."""
         return self._ctx
+
+    @property
+    def memory(self) -> Any:
+        return self._memory
+
+    @property
+    def growing(self) -> bool:
+        """One sequence: the context is allocated small and grows as it fills, up to n_ctx."""
+        return self.n_seq == 1
+
+    @property
+    def n_ctx_seq(self) -> int:
+        """The cells one sequence may fill (the whole n_ctx for a context that grows)."""
+        return self.n_ctx if self.growing else int(llama().llama_n_ctx_seq(self._ctx))
 
     def _new_context(self, size: int) -> None:
         """(Re)create the llama.cpp context with room for `size` tokens."""
@@ -92,64 +108,85 @@ class KVContext:
             if self._ctx:
                 llama().llama_free(self._ctx)
                 self._ctx = None
-            self._cached.clear()
+            for held in self.cells:
+                held.clear()
 
-    def _reserve(self, tokens: int) -> None:
+    def reserve(self, tokens: int) -> None:
         """Have the context hold `tokens` cells: past its allocation (and within n_ctx), a context twice
         as large takes the KV cache's state over (llama_state_seq_get/set_data, through host memory:
         the old one is freed before the new one is made, so the peak stays within the plan's).
         A one-shot answer so starts with a 512-token context: allocating 8,192 took 0.17 s of each
         start here, 2,048 0.037 s, 512 0.010-0.015 s. A longer prompt grows it once, before its
         prefill, to the size it needs; an answer that fills it doubles it (SmolLM2: ~12 MB of state
-        moved at 512 tokens)."""
-        if tokens <= self._allocated or self._allocated >= self.n_ctx:
+        moved at 512 tokens). Several sequences: allocated whole at the load, nothing to do."""
+        if not self.growing or tokens <= self._allocated or self._allocated >= self.n_ctx:
             return
         size = min(self.n_ctx, max(-(-tokens // CTX_PAD) * CTX_PAD, 2 * self._allocated))
         lib = llama()
         with interrupt.deferred():
-            state = self.state_bytes() if self._cached else b""
+            state = self.state_bytes() if self.cells[0] else b""
             lib.llama_free(self._ctx)
             self._ctx = None
             self._new_context(size)
-            if state and not self._set_state(state):
-                self._cached.clear()
+            if state and not self._set_state(state, 0):
+                self.cells[0].clear()
                 raise EngineError("llama.cpp could not move the KV cache into a larger context")
 
-    def extend(self, tokens: Sequence[int]) -> None:
-        """Evaluate tokens after those in the KV cache (at most n_batch)."""
-        self._reserve(len(self._cached) + len(tokens))
+    _reserve = reserve
+
+    # -- the batch ------------------------------------------------------------------------------
+
+    def batch_for(self, n: int) -> Any:
+        """The llama_batch evaluations fill, with room for n tokens, emptied."""
         lib = llama()
-        array = (lib.llama_token * len(tokens))(*tokens)
-        rc = self.decode(lib.llama_batch_get_one(array, len(tokens)), len(tokens))
+        if self._batch is None or self._batch_size < n:
+            if self._batch is not None:
+                lib.llama_batch_free(self._batch)
+            self._batch_size = max(n, self.n_batch + self.n_seq, 64)
+            self._batch = lib.llama_batch_init(self._batch_size, 0, 1)
+        self._batch.n_tokens = 0
+        return self._batch
+
+    def evaluate(self, batch: Any) -> None:
+        """llama_decode of the filled batch; an EngineError (and every sequence forgotten) if it fails."""
+        rc = self.decode(batch, batch.n_tokens)
+        if rc != 0:
+            self._failed(rc)
+
+    # -- one sequence ---------------------------------------------------------------------------
+
+    def extend(self, tokens: Sequence[int], seq: int = 0) -> None:
+        """Evaluate tokens after those sequence `seq` holds (at most n_batch)."""
+        held = self.cells[seq]
+        self.reserve(len(held) + len(tokens))
+        batch = self.batch_for(len(tokens))
+        add_tokens(batch, seq, tokens, len(held), logits=True)
+        rc = self.decode(batch, len(tokens))
         if rc == DECODE_ABORTED:  # Ctrl-C: llama.cpp kept the ubatches it finished, dropped the rest
-            self._cached.extend(tokens)
-            del self._cached[max(0, lib.llama_memory_seq_pos_max(self._memory, 0) + 1) :]
+            held.extend(tokens)
+            del held[max(0, llama().llama_memory_seq_pos_max(self._memory, seq) + 1) :]
             raise Interrupted
         if rc != 0:
             self._failed(rc)
-        self._cached.extend(tokens)
+        held.extend(tokens)
 
-    def prefill(self, tokens: Sequence[int]) -> int:
-        """Evaluate the prompt, reusing the prefix already in the KV cache; returns tokens evaluated."""
+    def prefill(self, tokens: Sequence[int], seq: int = 0) -> int:
+        """Evaluate the prompt into sequence `seq`, reusing the head its cells hold already; returns
+        the tokens evaluated (the last prompt token always is: its logits give the first answer token).
+        Ctrl-C stops it mid-batch (Interrupted), the tokens evaluated so far kept."""
         lib = llama()
-        keep = min(
-            self.shared_prefix(tokens), len(tokens) - 1
-        )  # the last prompt token is always evaluated, for its logits
-        if keep < len(self._cached) and not lib.llama_memory_seq_rm(self._memory, -1, keep, -1):
-            keep = 0  # e.g. recurrent memory cannot drop a suffix: start over
-            lib.llama_memory_clear(self._memory, True)
-        del self._cached[keep:]
-        self._reserve(len(tokens))  # before the abort callback is set on the context
+        keep = self.keep_head(tokens, seq)
+        self.reserve(len(tokens))  # before the abort callback is set on the context
         self.last_prefill_tokens = len(tokens) - keep
         # llama.cpp asks the abort callback at every graph node: a Python call each time, ~8% of a
-        # one-token decode here, nothing next to a batch. So it is set for the prefill only; a decode
+        # one-token decode here, nothing next to a batch. So it is set for a prefill only; a decode
         # step is checked between tokens instead.
         lib.llama_set_abort_callback(self._ctx, interrupt_callbacks()[1], None)
         try:
             for start in range(keep, len(tokens), self.n_batch):
                 if interrupt.requested():
                     raise Interrupted
-                self.extend(tokens[start : start + self.n_batch])
+                self.extend(tokens[start : start + self.n_batch], seq)
             # llama_decode returns once the work is queued: on a GPU or on workers (--rpc) it may still
             # run. Done means done, for the timings (TTFT, prefill tok/s) and for whoever comes next.
             lib.llama_synchronize(self._ctx)
@@ -157,93 +194,123 @@ class KVContext:
             lib.llama_set_abort_callback(self._ctx, lib.ggml_abort_callback(0), None)  # NULL
         return self.last_prefill_tokens
 
-    def shared_prefix(self, tokens: Sequence[int]) -> int:
-        """Tokens at the start of `tokens` whose keys and values the KV cache holds already."""
-        return common_prefix(self._cached, tokens)
+    def keep_head(self, tokens: Sequence[int], seq: int = 0) -> int:
+        """Drop what sequence `seq` holds past its common head with `tokens` (leaving at least the last
+        token to evaluate); how many it keeps. A memory that cannot drop a tail (recurrent) is
+        cleared: 0."""
+        held = self.cells[seq]
+        keep = min(common_prefix(held, tokens), len(tokens) - 1)
+        if keep < len(held) and not llama().llama_memory_seq_rm(self._memory, seq, keep, -1):
+            llama().llama_memory_seq_rm(self._memory, seq, -1, -1)
+            keep = 0
+        del held[keep:]
+        return keep
 
-    def drop_after(self, n: int) -> bool:
-        """Keep the first n cached tokens only; False where the memory cannot drop a suffix."""
-        if n < len(self._cached):
-            if not llama().llama_memory_seq_rm(self._memory, 0, n, -1):
+    def shared_prefix(self, tokens: Sequence[int], seq: int = 0) -> int:
+        """Tokens at the start of `tokens` whose keys and values sequence `seq` holds already."""
+        return common_prefix(self.cells[seq], tokens)
+
+    def drop_after(self, n: int, seq: int = 0) -> bool:
+        """Keep the first n tokens of sequence `seq` only; False where the memory cannot drop a suffix."""
+        held = self.cells[seq]
+        if n < len(held):
+            if not llama().llama_memory_seq_rm(self._memory, seq, n, -1):
                 return False
-            del self._cached[n:]
+            del held[n:]
         return True
 
-    def state_bytes(self) -> bytes:
-        """The KV cache's state (sequence 0), as llama.cpp serializes it."""
+    def forget(self, seq: int) -> None:
+        """Sequence `seq` emptied."""
+        llama().llama_memory_seq_rm(self._memory, seq, -1, -1)
+        self.cells[seq].clear()
+
+    def state_bytes(self, seq: int = 0) -> bytes:
+        """Sequence `seq`'s KV state, as llama.cpp serializes it."""
         lib = llama()
-        size = lib.llama_state_seq_get_size(self._ctx, 0)
+        size = lib.llama_state_seq_get_size(self._ctx, seq)
         buffer = (ctypes.c_uint8 * size)()
-        n = lib.llama_state_seq_get_data(self._ctx, buffer, size, 0)
+        n = lib.llama_state_seq_get_data(self._ctx, buffer, size, seq)
         return ctypes.string_at(buffer, n)
 
-    def load_state(self, data: bytes, tokens: Sequence[int]) -> bool:
-        """Replace the KV cache with a state from state_bytes() that holds `tokens`; False (and an
-        empty cache) where llama.cpp refuses it."""
-        self.reset()
-        self._reserve(len(tokens) + 1)
-        if not self._set_state(data) or llama().llama_memory_seq_pos_max(self._memory, 0) != len(tokens) - 1:
-            self.reset()  # refused, or not the tokens it claims: never trusted
+    def load_state(self, data: bytes, tokens: Sequence[int], seq: int = 0) -> bool:
+        """Replace sequence `seq`'s cells with a state (state_bytes) that holds `tokens`; False (and an
+        empty sequence) where llama.cpp refuses it."""
+        self.forget(seq)
+        self.reserve(len(tokens) + 1)
+        if (
+            not self._set_state(data, seq)
+            or llama().llama_memory_seq_pos_max(self._memory, seq) != len(tokens) - 1
+        ):
+            self.forget(seq)  # refused, or not the tokens it claims: never trusted
             return False
-        self._cached = list(tokens)
+        self.cells[seq][:] = tokens
         return True
 
-    def _set_state(self, data: bytes) -> bool:
+    def _set_state(self, data: bytes, seq: int) -> bool:
         buffer = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
         with interrupt.deferred():
-            return bool(llama().llama_state_seq_set_data(self._ctx, buffer, len(data), 0))
+            return bool(llama().llama_state_seq_set_data(self._ctx, buffer, len(data), seq))
 
     @property
     def n_cached(self) -> int:
-        """Tokens whose keys and values are in the KV cache now (how full the context is)."""
-        return len(self._cached)
+        """Tokens sequence 0 holds now (how full a one-sequence context is)."""
+        return len(self.cells[0])
+
+    @property
+    def _cached(self) -> list[int]:
+        return self.cells[0]
 
     def reset(self) -> None:
-        """Forget the KV cache (a new conversation; benchmarks that measure a cold prefill)."""
+        """Forget every sequence (a new conversation; benchmarks that measure a cold prefill)."""
         llama().llama_memory_clear(self._memory, True)
-        self._cached.clear()
-
-    def _verify(self, sampler: Any, last: int, drafts: Sequence[int]) -> list[int]:
-        """Evaluate [last, drafts…] in one batch and sample each position in order: the drafts the
-        target's own samples agree with, then its sample where they part (or after the last draft).
-        The rejected drafts leave the KV cache."""
-        lib = llama()
-        n = len(drafts) + 1
-        if self._verify_batch is None or self._verify_batch_size < n:
-            if self._verify_batch is not None:
-                lib.llama_batch_free(self._verify_batch)
-            self._verify_batch_size = max(n, 64)
-            self._verify_batch = lib.llama_batch_init(self._verify_batch_size, 0, 1)
-        b = self._verify_batch
-        base = len(self._cached)
-        self._reserve(base + n)
-        for i, token in enumerate([last, *drafts]):
-            b.token[i] = token
-            b.pos[i] = base + i
-            b.n_seq_id[i] = 1
-            b.seq_id[i][0] = 0
-            b.logits[i] = 1
-        b.n_tokens = n
-        rc = self.decode(b, n)
-        if rc != 0:
-            self._failed(rc)
-        self._cached.append(last)
-        kept: list[int] = []
-        for i in range(n):
-            token = lib.llama_sampler_sample(sampler, self._ctx, i)
-            kept.append(token)
-            if i == len(drafts) or token != drafts[i] or self.is_end(token):
-                break
-            self._cached.append(token)  # a kept draft: its keys and values stay
-        if not lib.llama_memory_seq_rm(self._memory, 0, len(self._cached), -1):
-            self._failed(-1, "llama.cpp could not drop the rejected draft tokens")
-        return kept
+        for held in self.cells:
+            held.clear()
 
     def _failed(self, rc: int, what: str | None = None) -> None:
-        self._cached.clear()
-        lib = llama()
-        lib.llama_memory_clear(self._memory, True)
+        for held in self.cells:
+            held.clear()
+        llama().llama_memory_clear(self._memory, True)
         raise EngineError(what or f"llama_decode failed ({rc}): {LLAMA_LOG.last_error() or 'no log'}")
+
+    def too_long(self, n: int, max_tokens: int | None = None) -> PromptTooLong | None:
+        """Why a prompt of n tokens does not fit a sequence (never truncated), with the --ctx that
+        would (each sequence's, as --ctx is in every command), never past the trained context; None
+        when it fits with room for one token of answer."""
+        room = self.n_ctx_seq
+        if n < room:
+            return None
+        suggest = -(-(n + (max_tokens or CTX_STEP)) // CTX_STEP) * CTX_STEP
+        if self.n_ctx_train and suggest > self.n_ctx_train:
+            return PromptTooLong(
+                f"the prompt is {n:,} tokens, more than this model's trained context of "
+                f"{self.n_ctx_train:,} allows with room for an answer; shorten it",
+                tokens=n,
+                context=room,
+            )
+        where = "the context" if self.growing else "a sequence's context"
+        return PromptTooLong(
+            f"the prompt is {n:,} tokens but {where} is {room:,}; use --ctx {suggest} or more",
+            tokens=n,
+            context=room,
+        )
+
+
+def add_tokens(batch: Any, seq: int, tokens: Sequence[int], pos: int, *, logits: bool | str) -> int:
+    """Tokens of one sequence into the batch at positions from `pos`; logits for the last (True), for
+    every one ("all") or none (False). Returns the row of the first token."""
+    n = batch.n_tokens
+    every = logits == "all"
+    for i, token in enumerate(tokens):
+        row = n + i
+        batch.token[row] = token
+        batch.pos[row] = pos + i
+        batch.n_seq_id[row] = 1
+        batch.seq_id[row][0] = seq
+        batch.logits[row] = every
+    if logits is True and tokens:
+        batch.logits[n + len(tokens) - 1] = 1
+    batch.n_tokens = n + len(tokens)
+    return n
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:

@@ -1,17 +1,16 @@
-"""Load a model and run the one generation loop every command shares.
+"""Load a model; what it knows (tokens, pieces, its sampler chains, speculation); and the one loop
+every command's answers go through (runner.engine.loop), here for one answer at a time:
 
-Layers, each a generator over the one below (as mlx-lm's generate.py):
-  Engine.generate_step   token ids: prefill the prompt, then sample and decode one token at a time,
-                         or verify several drafted at once (runner.engine.speculate)
-  Engine.stream          Chunk(text, ...): UTF-8-safe detokenization, stop strings, limits, timings
+  Engine.stream          Chunk(text, kind, ...): the answer (reasoning apart) as it comes, the last
+                         chunk carrying the Result: a batch of one in the engine's own loop
   Engine.generate        the whole answer as one Result
+  Engine.generate_step   the token ids the loop samples (benchmarks)
 
-Everything runs on llama.cpp's low-level API (runner.engine.llamacpp): sampling in
-llama.cpp's native sampler chain, one token piece converted per step (no re-detokenizing of earlier
-tokens), and a KV cache that keeps the prompt prefix a later request shares (chat turns), or loads a
-stored one from disk (runner.engine.promptcache). The context and its KV cache (evaluating, dropping,
-growing, the verify step) are runner.engine.context's KVContext, the Engine's base; what an answer
-carries (Chunk, Result, Timings, the text assembly) is runner.engine.answer's.
+Everything runs on llama.cpp's low-level API (runner.engine.llamacpp): sampling in llama.cpp's native
+sampler chain, one token piece converted per step, and a KV cache that keeps the prompt prefix a later
+request shares (chat turns), or loads a stored one (runner.engine.prefix). The context and its KV
+cache (evaluating, dropping, growing, a sequence's state) are runner.engine.context's KVContext, the
+Engine's base; what an answer carries (Chunk, Result, Timings) is runner.engine.answer's.
 """
 
 from __future__ import annotations
@@ -19,23 +18,14 @@ from __future__ import annotations
 import ctypes
 import os
 import time
-from collections.abc import Generator, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from runner import interrupt
-from runner.engine.answer import (
-    FINISH_INTERRUPTED,
-    FINISH_LENGTH,
-    FINISH_STOP,
-    Chunk,
-    Result,
-    TextAssembler,
-    Timings,
-    since_process_start,
-)
-from runner.engine.context import CTX_PAD, START_CTX, Interrupted, KVContext
+from runner.engine.answer import FINISH_INTERRUPTED, Chunk, Result, since_process_start
+from runner.engine.context import CTX_PAD, CTX_STEP, START_CTX, KVContext
 from runner.engine.llamacpp import (
     LLAMA_LOG,
     default_threads,
@@ -44,14 +34,25 @@ from runner.engine.llamacpp import (
     supports_gpu_offload,
     workers_in_use,
 )
-from runner.engine.promptcache import MIN_HEAD, CacheUse, PromptCache
+from runner.engine.loop import Loop
+from runner.engine.prefix import PrefixStore
+from runner.engine.promptcache import PromptCache
 from runner.engine.sampling import SamplingConfig
-from runner.engine.speculate import SPEC_NONE, SpecStats, Speculator
+from runner.engine.sequence import Job
+from runner.engine.speculate import (
+    SPEC_DRAFT,
+    SPEC_NONE,
+    ModelDrafter,
+    NgramDrafter,
+    SpecCosts,
+    Speculation,
+    Speculator,
+)
 from runner.engine.threads import Threads, free_threads, runnable_others
-from runner.errors import EngineError, InvalidModelFile, InvalidSetting, PromptTooLong
+from runner.errors import EngineError, InvalidModelFile, InvalidSetting, UsageError
 from runner.limits import DEFAULT_CTX
 
-CTX_STEP = 256  # a suggested --ctx is rounded up to this
+__all__ = ["CTX_STEP", "Engine"]
 
 
 class Engine(KVContext):
@@ -72,9 +73,13 @@ class Engine(KVContext):
     ) -> None:
         LLAMA_LOG.echo = debug
         self.flash_attn = flash_attn  # None: llama.cpp's "auto"
-        self.n_seq = (
-            n_seq  # sequences the context holds at once (runner.engine.batch), n_ctx split among them
-        )
+        self.cells = [[] for _ in range(n_seq)]  # per sequence: the tokens its KV cells hold
+        self._batch: Any = None  # the llama_batch every evaluation fills (KVContext.batch_for)
+        self._batch_size = 0
+        self.speculation: Speculation | None = None  # runner.engine.speculate; None: one token a step
+        self.spec_costs: SpecCosts | None = None  # what steps cost, measured, shared by the sequences
+        self._own_loop: Loop | None = None  # stream()'s, kept from answer to answer
+        self.n_seq = n_seq  # sequences the context holds at once (runner.engine.loop), n_ctx split among them
         self.path = Path(path)
         self._busy_before = runnable_others()  # read again after the load: a moment's task is not a load
         start = time.perf_counter()
@@ -136,37 +141,43 @@ class Engine(KVContext):
             self.n_ctx = self._allocated
         self.kv_type = kv_type or "f16"
         self.n_vocab = int(lib.llama_vocab_n_tokens(self._vocab))
-        self._cached: list[int] = []  # the tokens whose keys and values are in the KV cache
         self.last_prefill_tokens = 0  # prompt tokens the last prefill evaluated (the rest were cached)
         self._piece = ctypes.create_string_buffer(256)
-        self.speculator: Speculator | None = None  # runner.engine.speculate; None: one token a step
-        self._verify_batch: Any = None  # llama_batch for [last, drafts…], made on first use
-        self._verify_batch_size = 0
 
     def speculate(self, mode: str, draft: Engine | None = None, fixed: int | None = None) -> bool:
-        """Turn speculative decoding on (runner.engine.speculate): "ngram", or a draft model's engine
-        (this engine owns it from now on). False where this model's memory cannot drop a rejected
-        suffix (recurrent and hybrid models) or the context holds several sequences: plain decoding.
+        """Turn speculative decoding on (runner.engine.speculate) for every sequence: "ngram", or a
+        draft model's engine (holding as many sequences; this engine owns it from now on). False where
+        this model's memory cannot drop a rejected suffix (recurrent and hybrid models): plain decoding.
         `fixed`: always draft that many tokens where there is a draft, never adapt (tests, benchmarks)."""
-        from runner.engine.speculate import SPEC_DRAFT, ModelDrafter, NgramDrafter
-
         lib = llama()
-        if self.speculator is not None:
-            self.speculator.close()
-            self.speculator = None
+        self._end_speculation()
         drops_suffix = not (
             lib.llama_model_is_recurrent(self._model) or lib.llama_model_is_hybrid(self._model)
         )
-        if mode == SPEC_NONE or self.n_seq > 1 or not drops_suffix:
+        if mode == SPEC_NONE or not drops_suffix:
             if draft is not None:
                 draft.close()
             return mode == SPEC_NONE
-        if mode == SPEC_DRAFT and draft is not None:
-            drafter: ModelDrafter | NgramDrafter = ModelDrafter(draft)
-        else:
-            drafter = NgramDrafter(is_end=self.is_end)
-        self.speculator = Speculator(drafter, fixed)
+        use = draft if mode == SPEC_DRAFT else None
+        if draft is not None and use is None:
+            draft.close()
+        self.speculation = Speculation(SPEC_DRAFT if use is not None else mode, use, fixed)
+        self.spec_costs = SpecCosts()
         return True
+
+    @property
+    def speculator(self) -> Speculation | None:
+        """The speculation setting (None: one token a step)."""
+        return self.speculation
+
+    def _end_speculation(self) -> None:
+        if self._own_loop is not None:
+            self._own_loop.close()  # its speculators (a draft model's sampler)
+            self._own_loop = None
+        if self.speculation is not None and self.speculation.draft is not None:
+            self.speculation.draft.close()
+        self.speculation = None
+        self.spec_costs = None
 
     # -- tokens ---------------------------------------------------------------------------------
 
@@ -216,25 +227,17 @@ class Engine(KVContext):
 
     def check_fits(self, prompt_tokens: Sequence[int], max_tokens: int | None = None) -> None:
         """Refuse a prompt that leaves no room to answer; never truncate silently."""
-        n = len(prompt_tokens)
-        if n < self.n_ctx:
-            return
-        needed = n + (max_tokens or CTX_STEP)
-        suggest = -(-needed // CTX_STEP) * CTX_STEP
-        if self.n_ctx_train and suggest > self.n_ctx_train:
-            raise PromptTooLong(
-                f"the prompt is {n:,} tokens, more than this model's trained context of {self.n_ctx_train:,} "
-                "allows with room for an answer; shorten it"
-            )
-        raise PromptTooLong(
-            f"the prompt is {n:,} tokens but the context is {self.n_ctx:,}; use --ctx {suggest} or more"
-        )
+        problem = self.too_long(len(prompt_tokens), max_tokens)
+        if problem is not None:
+            raise problem
 
-    # -- the loop -------------------------------------------------------------------------------
+    # -- sampling --------------------------------------------------------------------------------
 
-    def _sampler(self, cfg: SamplingConfig, history: Sequence[int] = (), grammar: str | None = None) -> Any:
+    def sampler(self, cfg: SamplingConfig, history: Sequence[int] = (), grammar: str | None = None) -> Any:
         """The native sampler chain: a grammar first (when given), penalties (which have seen
-        `history`, as llama-cli's do), then greedy or top-k, top-p, min-p, temperature and a draw."""
+        `history`, as llama-cli's do), then greedy or top-k, top-p, min-p, temperature and a draw.
+        The caller owns it: a Job takes it (the loop frees it), else llama_sampler_free.
+        InvalidSetting (field "grammar") where llama.cpp cannot parse the grammar."""
         lib = llama()
         chain = lib.llama_sampler_chain_init(lib.llama_sampler_chain_default_params())
         add = lib.llama_sampler_chain_add
@@ -242,9 +245,8 @@ class Engine(KVContext):
             constrain = lib.llama_sampler_init_grammar(self._vocab, grammar.encode(), b"root")
             if not constrain:
                 lib.llama_sampler_free(chain)
-                raise InvalidSetting(
-                    f"llama.cpp cannot parse the grammar: {LLAMA_LOG.last_error() or 'no log'}"
-                )
+                problem = f"llama.cpp cannot parse the grammar: {LLAMA_LOG.last_error() or 'no log'}"
+                raise InvalidSetting(problem, field="grammar", problem=problem)
             add(chain, constrain)
         if cfg.penalties:
             last_n = cfg.repeat_last_n if cfg.repeat_last_n > 0 else self.n_ctx
@@ -266,59 +268,29 @@ class Engine(KVContext):
         add(chain, lib.llama_sampler_init_dist(seed))
         return chain
 
-    def generate_step(
-        self,
-        prompt_tokens: Sequence[int],
-        sampling: SamplingConfig,
-        grammar: str | None = None,
-        max_tokens: int | None = None,
-    ) -> Generator[int, None, None]:
-        """Token ids, forever: the caller stops at an end-of-generation token or its limits
-        (max_tokens only bounds how far a speculative draft looks ahead)."""
-        lib = llama()
-        sampler = self._sampler(sampling, prompt_tokens, grammar)
-        spec = self.speculator
-        if spec is not None:
-            spec.begin()
-        try:
-            self.prefill(prompt_tokens)
-            history = list(prompt_tokens)  # the prompt and every token yielded
-            token_array = (lib.llama_token * 1)()
-            batch = lib.llama_batch_get_one(token_array, 1)
-            token = lib.llama_sampler_sample(sampler, self._ctx, -1)  # also accepts it into the chain
-            while True:
-                yield token
-                history.append(token)
-                drafts: list[int] = []
-                if spec is not None:
-                    # drafts past --max-tokens or the context would be verified for nothing
-                    left = max_tokens - (len(history) - len(prompt_tokens)) if max_tokens else self.n_ctx
-                    room = min(left - 1, self.n_ctx - len(self._cached) - 2, self.n_batch - 1)
-                    started = time.perf_counter()
-                    drafts = spec.draft(history, room)
-                    drafted_s = time.perf_counter() - started
-                if drafts:
-                    kept = self._verify(sampler, token, drafts)
-                    assert spec is not None
-                    spec.verified(len(drafts), len(kept) - 1, time.perf_counter() - started, drafted_s)
-                    for token in kept[:-1]:
-                        yield token
-                        history.append(token)
-                    token = kept[-1]
-                    continue
-                # decode_one_token: the caller resumes us only when it wants the next one
-                started = time.perf_counter()
-                self._reserve(len(self._cached) + 1)
-                token_array[0] = token
-                rc = self.decode(batch, 1)  # no abort callback here: checked between tokens
-                if rc != 0:
-                    self._failed(rc)
-                self._cached.append(token)
-                token = lib.llama_sampler_sample(sampler, self._ctx, -1)
-                if spec is not None:
-                    spec.plain_step(time.perf_counter() - started)
-        finally:
-            lib.llama_sampler_free(sampler)
+    _sampler = sampler
+
+    def check_grammar(self, grammar: str) -> None:
+        """InvalidSetting where llama.cpp cannot parse the grammar; what the check built is freed."""
+        llama().llama_sampler_free(self.sampler(SamplingConfig(temperature=0), (), grammar))
+
+    # -- the loop -------------------------------------------------------------------------------
+    # Every answer goes through runner.engine.loop; run and chat are a batch of one, in the engine's
+    # own loop (kept, so its speculators and their measured costs carry over from answer to answer).
+
+    def new_speculator(self, seq: int) -> Speculator:
+        """Sequence `seq`'s speculator for the engine's setting (speculate()), its costs shared."""
+        setting = self.speculation
+        assert setting is not None and self.spec_costs is not None
+        if setting.draft is not None:
+            drafter: ModelDrafter | NgramDrafter = ModelDrafter(setting.draft, seq)
+        else:
+            drafter = NgramDrafter(is_end=self.is_end)
+        return Speculator(drafter, setting.fixed, self.spec_costs)
+
+    def loop(self, on_done: Callable[[Result], None], **kwargs: Any) -> Loop:
+        """A loop over this engine's sequences (runner.engine.loop): the server's, a batch's."""
+        return Loop(self, on_done, **kwargs)
 
     def stream(
         self,
@@ -327,133 +299,111 @@ class Engine(KVContext):
         *,
         max_tokens: int | None = None,
         stop: Sequence[str] = (),
-        special: bool = False,
         grammar: str | None = None,
         prompt_cache: PromptCache | None = None,
         head: int = 0,
+        reasoning: str | None = None,
+        in_reasoning: bool = False,
+        on_token: Callable[[int], None] | None = None,
+        ignore_end: bool = False,
     ) -> Iterator[Chunk]:
-        """The answer as text pieces, UTF-8 safe, with stop strings held back until they cannot match.
+        """One answer as text pieces (kind "answer" or "reasoning", split by the template's `reasoning`
+        style: "think" or "channels"), UTF-8 safe, stop strings held back until they cannot match; the
+        last chunk carries the Result. A batch of one through the one loop, in sequence 0.
 
         Ctrl-C (runner.interrupt) ends it within one token, or mid-prefill, with finish_reason
         "interrupted": what was generated is kept, and the interrupt counts as reported (the flag is
-        cleared). `special` renders control tokens as text (a parser of gpt-oss's channels needs them).
-        `grammar` (GBNF, root rule "root") constrains every token (runner.engine.constrain).
-        `prompt_cache`: the longest stored head of the prompt is loaded from it; where none is and
-        the prompt's stable `head` tokens are at least MIN_HEAD, they are evaluated and stored first.
+        cleared). `grammar` (GBNF, root rule "root") constrains every token (runner.engine.constrain).
+        `prompt_cache`: the prefix store's disk tier: the longest stored head of the prompt is loaded
+        from it; where none is and the prompt's stable `head` tokens are at least MIN_HEAD, they are
+        evaluated and stored first.
         """
         self.check_fits(prompt_tokens)
+        tokens = list(prompt_tokens)
+        job = Job(
+            0,
+            tokens,
+            sampling,
+            max_tokens=max_tokens,
+            stop=tuple(stop),
+            grammar=grammar,
+            sampler=self.sampler(sampling, tokens, grammar),  # a grammar llama.cpp refuses: here
+            reasoning=reasoning,
+            in_reasoning=in_reasoning,
+            head=head if prompt_cache is not None else 0,
+            on_token=on_token,
+            ignore_end=ignore_end,
+        )
         with interrupt.deferred():
-            yield from self._stream(
-                prompt_tokens, sampling, max_tokens, stop, special, grammar, prompt_cache, head
-            )
+            yield from self._stream(job, prompt_cache)
 
-    def _stream(
-        self,
-        prompt_tokens: Sequence[int],
-        sampling: SamplingConfig,
-        max_tokens: int | None,
-        stop: Sequence[str],
-        special: bool,
-        grammar: str | None = None,
-        prompt_cache: PromptCache | None = None,
-        head: int = 0,
-    ) -> Iterator[Chunk]:
+    def _stream(self, job: Job, prompt_cache: PromptCache | None) -> Iterator[Chunk]:
         start = time.perf_counter()
         startup = since_process_start()
+        out: list[Chunk] = []
+        done: list[Result] = []
+        job.on_piece = lambda kind, text: out.append(Chunk(text, kind))
+        loop = self._own_loop
+        if loop is None:
+            loop = self._own_loop = Loop(self, done.append, parallel=1)
+        loop.on_done = done.append
+        loop.store = PrefixStore(disk=prompt_cache)
         self.threads.begin()
-        cache_use = CacheUse()
-        if prompt_cache is not None:
-            cache_use = self._use_cache(prompt_cache, prompt_tokens, head)
-        evaluated = 0
-        text = TextAssembler(stop)
-        finish, context_full = FINISH_LENGTH, False
-        n_out, first_at = 0, None
-        steps = self.generate_step(prompt_tokens, sampling, grammar, max_tokens)
         try:
-            for token in steps:
-                if first_at is None:
-                    first_at = time.perf_counter()
-                    evaluated = self.last_prefill_tokens
-                if self.is_end(token):
-                    finish = FINISH_STOP
-                    break
-                n_out += 1
-                piece, stopped = text.push(self.token_bytes(token, special=special))
-                if piece:
-                    yield Chunk(piece)
-                if stopped:
-                    finish = FINISH_STOP
-                    break
+            loop.add(job)
+            while loop.busy():
+                loop.step()
+                if out:
+                    yield from out
+                    out.clear()
                 if interrupt.requested():  # checked between tokens: the answer stops within one
-                    finish = FINISH_INTERRUPTED
-                    break
-                if max_tokens is not None and n_out >= max_tokens:
-                    break
-                if len(prompt_tokens) + n_out >= self.n_ctx:
-                    context_full = True
-                    break
-        except Interrupted:
-            finish = FINISH_INTERRUPTED
-            evaluated = evaluated or self.last_prefill_tokens
+                    loop.interrupt()
         finally:
-            steps.close()
-        if finish == FINISH_INTERRUPTED:
+            loop.interrupt()  # the caller stopped reading: the answer ends here (its result unused)
+            loop.store = None
+        result = done[0]
+        if result.error is not None:  # refused as it was added (an empty prompt)
+            raise UsageError(result.error)
+        if result.finish_reason == FINISH_INTERRUPTED:
             interrupt.clear()  # reported by the finish reason
-        tail = "" if text.stopped else text.flush()
-        end = time.perf_counter()
-        first = first_at or end
-        timings = Timings(
-            load_s=self.load_s,
-            prompt_tokens=len(prompt_tokens),
-            prefill_tokens=evaluated,
-            prefill_s=first - start,
-            ttft_s=first - start,
-            completion_tokens=n_out,
-            decode_s=end - first,
-            total_s=end - start,
+        timings = replace(
+            result.timings,
             startup_s=startup,
-            speculation=self.speculator.stats() if self.speculator is not None else SpecStats(),
-            prompt_cache=cache_use,
+            total_s=time.perf_counter() - start,
             threads=self.threads.used(),
             thread_changes=self.threads.changes,
         )
-        yield Chunk(tail, finish_reason=finish, timings=timings, context_full=context_full)
+        yield from out
+        yield Chunk("", result=replace(result, timings=timings))
 
-    def _use_cache(self, cache: PromptCache, prompt: Sequence[int], head: int) -> CacheUse:
-        """Load the longest stored head of the prompt; then, where the stable head is longer than what
-        came from disk and not stored yet, evaluate it alone and store it (the prompt's own prefill
-        goes on from there)."""
-        used = cache.restore(self, prompt)
-        head = min(head, len(prompt) - 1)
-        if head < MIN_HEAD or head <= used.loaded_tokens or cache.holds(self, prompt[:head]):
-            return used
-        try:
-            if not self.drop_after(head):  # the state stored must be the head's alone
-                return used
-            self.prefill(prompt[:head])
-        except Interrupted:
-            return used  # the prompt's own prefill sees the interrupt next
-        stored = cache.store(self, prompt[:head])
-        return replace(used, stored_tokens=stored.stored_tokens, write_s=stored.write_s)
+    def generate_step(
+        self, prompt_tokens: Sequence[int], sampling: SamplingConfig, grammar: str | None = None
+    ) -> Generator[int, None, None]:
+        """Token ids as the loop samples them, end-of-generation tokens too, until the caller stops or
+        the context is full (benchmarks: tg128 decodes whatever comes)."""
+        tokens: list[int] = []
+        steps = self.stream(prompt_tokens, sampling, grammar=grammar, on_token=tokens.append, ignore_end=True)
+        for _ in steps:
+            yield from tokens
+            tokens.clear()
+        yield from tokens
 
     def generate(self, prompt_tokens: Sequence[int], sampling: SamplingConfig, **kwargs: Any) -> Result:
-        parts: list[str] = []
+        """The whole answer (reasoning apart, where `reasoning` names the template's style)."""
+        last = None
         for chunk in self.stream(prompt_tokens, sampling, **kwargs):
-            parts.append(chunk.text)
             last = chunk
-        assert last.finish_reason is not None and last.timings is not None
-        return Result("".join(parts), last.finish_reason, last.timings, last.context_full)
+        assert last is not None and last.result is not None
+        return last.result
 
     def close(self) -> None:
         lib = llama()
         with interrupt.deferred():  # llama_free logs through a ctypes callback: no KeyboardInterrupt there
-            speculator = getattr(self, "speculator", None)
-            if speculator is not None:
-                speculator.close()  # a draft model's engine
-                self.speculator = None
-            if getattr(self, "_verify_batch", None) is not None:
-                lib.llama_batch_free(self._verify_batch)
-                self._verify_batch = None
+            if hasattr(self, "speculation"):
+                self._end_speculation()  # a draft model's engine
+            if getattr(self, "_batch", None) is not None:
+                lib.llama_batch_free(self._batch)
+                self._batch = None
             if getattr(self, "_ctx", None):
                 lib.llama_free(self._ctx)
                 self._ctx = None

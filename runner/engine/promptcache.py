@@ -58,18 +58,18 @@ class CacheUse:
 
 class Cacheable(Protocol):
     """What the cache needs of an engine (runner.engine.engine.Engine is one): what its state must
-    match, which prefix of a prompt it holds, and its state as bytes, out and in."""
+    match, which prefix of a prompt a sequence holds, and a sequence's state as bytes, out and in."""
 
     path: Path
     kv_type: str
     flash_attn: bool | None
     n_gpu_layers: int
 
-    def shared_prefix(self, tokens: Sequence[int]) -> int: ...
+    def shared_prefix(self, tokens: Sequence[int], seq: int = 0) -> int: ...
 
-    def state_bytes(self) -> bytes: ...
+    def state_bytes(self, seq: int = 0) -> bytes: ...
 
-    def load_state(self, data: bytes, tokens: Sequence[int]) -> bool: ...
+    def load_state(self, data: bytes, tokens: Sequence[int], seq: int = 0) -> bool: ...
 
 
 def folder() -> Path:
@@ -124,33 +124,44 @@ class PromptCache:
         """Whether an entry for exactly these tokens is stored (not whether it is sound)."""
         return not self.off and self._file(self.identity(engine), tokens).is_file()
 
-    def restore(self, engine: Cacheable, prompt: Sequence[int]) -> CacheUse:
-        """Load the longest stored head of `prompt` that is longer than what the KV cache already
-        shares with it (and leaves at least the last prompt token to evaluate)."""
-        if self.off:
-            return CacheUse()
+    def restore(self, engine: Cacheable, prompt: Sequence[int], seq: int = 0) -> CacheUse:
+        """Load into sequence `seq` the longest stored head of `prompt` that is longer than what the
+        sequence already shares with it (and leaves at least the last prompt token to evaluate)."""
         start = time.perf_counter()
+        shared = engine.shared_prefix(prompt, seq)
+        for n in self.lengths(engine, prompt, shared):
+            if self.load(engine, prompt[:n], seq):
+                return CacheUse(loaded_tokens=n, read_s=time.perf_counter() - start)
+        return CacheUse(read_s=time.perf_counter() - start)
+
+    def lengths(self, engine: Cacheable, prompt: Sequence[int], beat: int) -> list[int]:
+        """The lengths of the stored heads of `prompt` longer than `beat` (and shorter than the
+        prompt), longest first: what load() may find."""
+        if self.off:
+            return []
         identity = self.identity(engine)
-        shared = engine.shared_prefix(prompt)
         try:
-            names = [p.name for p in self.path.glob(f"{identity}-*.kv")] if self.path.is_dir() else []
+            names = {p.name for p in self.path.glob(f"{identity}-*.kv")} if self.path.is_dir() else set()
         except OSError as exc:
             self._failed("cannot read", exc)
-            return CacheUse()
+            return []
         lengths = sorted({int(n.split("-")[1]) for n in names if n.count("-") == 2}, reverse=True)
-        for n in lengths:
-            if not shared < n < len(prompt):
-                continue
-            file = self._file(identity, prompt[:n])
-            if file.name not in names:
-                continue
-            payload = self._read(file, identity, prompt[:n])
-            if payload is not None and engine.load_state(payload, prompt[:n]):
-                with contextlib.suppress(OSError):
-                    os.utime(file)  # recently used
-                return CacheUse(loaded_tokens=n, read_s=time.perf_counter() - start)
-            _discard(file)  # it failed a check, or llama.cpp refused it: never again
-        return CacheUse(read_s=time.perf_counter() - start)
+        return [
+            n for n in lengths if beat < n < len(prompt) and self._file(identity, prompt[:n]).name in names
+        ]
+
+    def load(self, engine: Cacheable, tokens: Sequence[int], seq: int = 0) -> bool:
+        """The stored state of exactly `tokens` into sequence `seq`; False (and the file deleted) where
+        it fails a check or llama.cpp refuses it."""
+        identity = self.identity(engine)
+        file = self._file(identity, tokens)
+        payload = self._read(file, identity, tokens)
+        if payload is not None and engine.load_state(payload, tokens, seq):
+            with contextlib.suppress(OSError):
+                os.utime(file)  # recently used
+            return True
+        _discard(file)  # it failed a check, or llama.cpp refused it: never again
+        return False
 
     def _read(self, file: Path, identity: str, tokens: Sequence[int]) -> bytes | None:
         try:
@@ -179,13 +190,13 @@ class PromptCache:
 
     # -- writing ------------------------------------------------------------------------------------
 
-    def store(self, engine: Cacheable, tokens: Sequence[int]) -> CacheUse:
-        """Write the state of the KV cache, which holds exactly `tokens`; evict past the limit."""
+    def store(self, engine: Cacheable, tokens: Sequence[int], seq: int = 0) -> CacheUse:
+        """Write the state of sequence `seq`, which holds exactly `tokens`; evict past the limit."""
         if self.off:
             return CacheUse()
         start = time.perf_counter()
         identity = self.identity(engine)
-        payload = engine.state_bytes()
+        payload = engine.state_bytes(seq)
         meta = json.dumps(
             {
                 "identity": identity,

@@ -61,7 +61,7 @@ class SamplingConfig:
             value = getattr(self, f.name)
             if value is None:
                 continue
-            check_range(value, **f.metadata)
+            check_range(value, **f.metadata, field=f.name)
 
     @property
     def greedy(self) -> bool:

@@ -1,22 +1,27 @@
 """Speculative decoding: propose several tokens cheaply, let the target verify them in one batch.
 
-The engine's loop (Engine.generate_step) does the verifying: it evaluates [last, d0 … dk-1] in one
-llama_decode with logits at every position, samples each position in order with the answer's own
-native sampler chain, keeps the drafts up to the first one its sample differs from, plus that sample,
-and drops the rest from the KV cache. Each kept token is the target's own sample, drawn by the same
-chain in the same order as without speculation, so the answer does not change (up to llama.cpp's
-batch-size-dependent kernels, which can flip a near tie).
+The one loop (runner.engine.loop) does the verifying, per sequence inside the shared batch: it adds
+[last, d0 … dk-1] to the step's llama_decode with logits at every position, samples each position in
+order with the answer's own native sampler chain, keeps the drafts up to the first one its sample
+differs from, plus that sample, and drops the rest from the KV cache. Each kept token is the target's
+own sample, drawn by the same chain in the same order as without speculation, so the answer does not
+change (up to llama.cpp's batch-size-dependent kernels, which can flip a near tie).
 
 This module proposes, and decides how many to propose:
   NgramDrafter   prompt lookup: the tokens that followed the latest earlier match of the answer's last
                  n-gram (keys of 4, then 3, then 2 tokens) in the prompt and the answer so far; while
                  the answer copies a proposal's source, it is followed at that place
   ModelDrafter   a small model with the same vocabulary, decoding greedily in its own context
-  Speculator     the adaptive length: from the measured cost of a plain step, of a verify batch per
-                 drafted token, of drafting, and the measured acceptance, the draft length with the
-                 best expected tokens per second, or none (a copy kept whole at least doubles its
-                 next draft); speculation stops for the rest of an answer when the last verify
-                 batches, as measured, did not pay.
+  Speculator     one sequence's adaptive length: from the measured cost of a plain step, of the
+                 tokens drafts add to it, of drafting (SpecCosts, shared by every sequence of a loop),
+                 and this answer's measured acceptance, the draft length with the best expected
+                 tokens per second for the whole batch, or none (a copy kept whole at least doubles
+                 its next draft); speculation stops for the rest of an answer when the last verify
+                 batches, as measured, did not pay. With n sequences in a step, a sequence's drafts
+                 slow all n: it drafts only where (n + expected kept) / (step + drafts' cost) beats
+                 n / step, so a batch full enough that drafting costs more than it saves drafts
+                 nothing (on a CPU, whose step cost grows with its tokens, at a few sequences; on a
+                 GPU, whose step barely does, much later).
 
 Where runner differs from llama.cpp's (common/speculative.cpp, pinned build):
   ngram-simple looks up a 12-token key and drafts up to 48 tokens whenever it matches; runner looks up
@@ -53,6 +58,16 @@ VOCAB_SIZE_SLACK = 128  # llama.cpp's SPEC_VOCAB_MAX_SIZE_DIFFERENCE
 VOCAB_CHECK_FROM = 5  # llama.cpp's SPEC_VOCAB_CHECK_START_TOKEN_ID: the first few are often specials
 EMA = 0.3  # weight of a new timing measurement
 FORGET = 0.9  # per verify batch, the weight left to older batch costs
+
+
+@dataclass(frozen=True)
+class Speculation:
+    """An engine's speculative decoding setting: the mode, the draft model's engine (mode "draft"),
+    and a fixed draft length (tests, benchmarks; None: adaptive)."""
+
+    mode: str
+    draft: Any = None
+    fixed: int | None = None
 
 
 @dataclass(frozen=True)
@@ -168,32 +183,34 @@ class NgramDrafter:
 
 
 class DraftEngine(Protocol):
-    """What a draft model's engine must do (runner.engine.engine.Engine does): evaluate a history
-    reusing its cached prefix, one more token, and give its context to sample from."""
+    """What a draft model's engine must do (runner.engine.engine.Engine does): evaluate a sequence's
+    history reusing its cached prefix, one more token, and give its context to sample from."""
 
-    n_ctx: int
+    @property
+    def n_ctx_seq(self) -> int: ...
 
     @property
     def ctx(self) -> Any: ...
 
-    def prefill(self, tokens: Sequence[int]) -> int: ...
+    def prefill(self, tokens: Sequence[int], seq: int = 0) -> int: ...
 
-    def extend(self, tokens: Sequence[int]) -> None: ...
+    def extend(self, tokens: Sequence[int], seq: int = 0) -> None: ...
 
     def is_end(self, token: int) -> bool: ...
 
-    def close(self) -> None: ...
-
 
 class ModelDrafter:
-    """A small model with the target's vocabulary, in its own context, drafting greedily. Its KV cache
-    follows the answer by the engine's own prefix reuse: only what changed is evaluated."""
+    """A small model with the target's vocabulary, in its own context, drafting greedily for one
+    sequence (`seq`: the target's sequence, the same one in the draft's context, which holds as many).
+    Its KV cache follows the answer by the engine's own prefill: only what changed is evaluated. The
+    draft engine is shared by every sequence's drafter and closed by its owner, not here."""
 
     mode = SPEC_DRAFT
     costs_time = True
 
-    def __init__(self, engine: DraftEngine, most: int = DRAFT_MAX) -> None:
+    def __init__(self, engine: DraftEngine, seq: int = 0, most: int = DRAFT_MAX) -> None:
         self.engine = engine
+        self.seq = seq
         self.most = most
         lib = llama()
         self._greedy = lib.llama_sampler_init_greedy()
@@ -202,12 +219,12 @@ class ModelDrafter:
         pass  # the draft's KV cache keeps what the next prompt shares, as the target's does
 
     def candidates(self, history: Sequence[int]) -> tuple[int, int]:
-        return 1, min(self.most, self.engine.n_ctx - len(history) - 1)
+        return 1, min(self.most, self.engine.n_ctx_seq - len(history) - 1)
 
     def propose(self, history: Sequence[int], n: int) -> list[int]:
         lib = llama()
         engine = self.engine
-        engine.prefill(history)
+        engine.prefill(history, self.seq)
         out: list[int] = []
         for i in range(n):
             token = lib.llama_sampler_sample(self._greedy, engine.ctx, -1)
@@ -215,14 +232,13 @@ class ModelDrafter:
             if engine.is_end(token):
                 break
             if i + 1 < n:
-                engine.extend([token])
+                engine.extend([token], self.seq)
         return out
 
     def close(self) -> None:
         if self._greedy:
             llama().llama_sampler_free(self._greedy)
             self._greedy = None
-        self.engine.close()
 
 
 # Acceptance before anything is measured, by the kind of draft: (kept, missed) pseudo-counts. A 4-token
@@ -249,17 +265,50 @@ class _Acceptance:
         return self.kept / (self.kept + self.missed)
 
 
-class Speculator:
-    """An engine's speculation: what to draft at each step, and whether it still pays. The measured
-    costs carry over from answer to answer; acceptance and the "does it pay" record are per answer."""
+class SpecCosts:
+    """What steps cost on this machine, measured as the loop runs and shared by every sequence's
+    Speculator (it carries over from answer to answer): a plain step (every sequence's one token),
+    the extra a step's drafted tokens add, in plain steps, and drafting time per drafted token."""
 
-    def __init__(self, drafter: Any, fixed: int | None = None) -> None:
+    def __init__(self) -> None:
+        self.step_s: float | None = None
+        self.batch_cost = _BatchCost()
+        self.draft_s = 0.0
+
+    def plain_step(self, seconds: float) -> None:
+        self.step_s = _ema(self.step_s, seconds)
+
+    def verify_step(self, drafted: int, seconds: float) -> None:
+        """A step with `drafted` drafts in all took `seconds` (drafting not included)."""
+        if self.step_s is not None and drafted:
+            self.batch_cost.add(drafted, seconds / self.step_s - 1.0)
+
+
+class Speculator:
+    """One sequence's speculation: what to draft at each step, and whether it still pays. The measured
+    costs (SpecCosts) carry over from answer to answer and are shared by a loop's sequences;
+    acceptance and the "does it pay" record are per answer."""
+
+    def __init__(self, drafter: Any, fixed: int | None = None, costs: SpecCosts | None = None) -> None:
         self.drafter = drafter
         self.fixed = fixed  # draft this many whenever possible, never stop (tests, benchmarks)
-        self.step_s: float | None = None  # a plain step (decode one token, sample), measured
-        self.batch_cost = _BatchCost()  # a verify batch's extra cost, in plain steps, by its drafts
-        self.draft_s = 0.0  # drafting time per drafted token (a draft model), measured
+        self.costs = costs if costs is not None else SpecCosts()
         self.begin()
+
+    @property
+    def step_s(self) -> float | None:
+        """A plain step (decode every sequence's one token, sample), measured."""
+        return self.costs.step_s
+
+    @property
+    def batch_cost(self) -> _BatchCost:
+        """The extra cost of a step's drafted tokens, in plain steps."""
+        return self.costs.batch_cost
+
+    @property
+    def draft_s(self) -> float:
+        """Drafting time per drafted token (a draft model), measured."""
+        return self.costs.draft_s
 
     @property
     def mode(self) -> str:
@@ -273,13 +322,15 @@ class Speculator:
         self._acceptance: dict[int, _Acceptance] = {}
         self._recent: list[tuple[float, float]] = []  # (time a plain loop would take, time taken)
         self._shadow: tuple[int, list[int], int] | None = None  # an n-gram draft not verified
+        self._sequences = 1  # how many shared the last step drafted for
         self.steps = self.drafted = self.accepted = 0
         self.stopped = False
 
     # -- what to draft ------------------------------------------------------------------------
 
-    def draft(self, history: Sequence[int], room: int) -> list[int]:
-        """Tokens to verify after history's last token (at most `room`), or none for a plain step."""
+    def draft(self, history: Sequence[int], room: int, sequences: int = 1) -> list[int]:
+        """Tokens to verify after history's last token (at most `room`), or none for a plain step;
+        `sequences`: how many share the step (each one's token is slowed by these drafts)."""
         if self.stopped or room < 1:
             return []
         self._check_shadow(history)
@@ -289,12 +340,14 @@ class Speculator:
         most = min(most, room)
         if most < 1:
             return []
-        n = min(self.fixed, most) if self.fixed else self._best_length(self._accept(kind).p, most)
+        self._sequences = sequences
+        p = self._accept(kind).p
+        n = min(self.fixed, most) if self.fixed else self._best_length(p, most, sequences)
         if kind > CONTINUING and self._full_run and not self.fixed:
             # a copy whose last draft was kept whole: the longer it has run, the likelier it goes
             # on (a geometric guess undersells that), so at least double the last draft, up to the
             # best length were nearly every draft kept (so the price of a miss stays bounded)
-            n = max(n, min(2 * self._full_run, self._best_length(COPY_ACCEPTANCE, most)))
+            n = max(n, min(2 * self._full_run, self._best_length(COPY_ACCEPTANCE, most, sequences)))
         if n == 0:
             if self.drafter.costs_time:  # nothing would change the estimate again: off for this answer
                 self.stopped = True
@@ -306,15 +359,17 @@ class Speculator:
         start = time.perf_counter()
         proposal = self.drafter.propose(history, n)
         if self.drafter.costs_time and proposal:
-            self.draft_s = _ema(self.draft_s or None, (time.perf_counter() - start) / len(proposal))
+            per_token = (time.perf_counter() - start) / len(proposal)
+            self.costs.draft_s = _ema(self.costs.draft_s or None, per_token)
         self._kind = kind
         return proposal
 
-    def _best_length(self, p: float, most: int) -> int:
-        """The draft length with the best expected tokens per second; 0 if a plain step is better."""
+    def _best_length(self, p: float, most: int, sequences: int = 1) -> int:
+        """The draft length with the best expected tokens per second for the whole step (each of the
+        `sequences` gives one token; this one's kept drafts come on top); 0 if a plain step is better."""
         assert self.step_s is not None
-        best_n, best_rate = 0, 1.0 / self.step_s
-        expected, p_i = 1.0, 1.0
+        best_n, best_rate = 0, sequences / self.step_s
+        expected, p_i = float(sequences), 1.0
         for n in range(1, most + 1):
             p_i *= p
             expected += p_i  # the target's own token, plus each draft kept only if all before were
@@ -352,20 +407,25 @@ class Speculator:
     # -- what happened ------------------------------------------------------------------------
 
     def plain_step(self, seconds: float) -> None:
-        self.step_s = _ema(self.step_s, seconds)
+        self.costs.plain_step(seconds)
 
-    def verified(self, drafted: int, kept: int, seconds: float, draft_seconds: float) -> None:
-        """A verify batch of `drafted` drafts (plus the last token) took `seconds` (drafting
-        included); `kept` drafts were the target's own samples."""
+    def verified(
+        self, drafted: int, kept: int, seconds: float, draft_seconds: float, *, measured: bool = True
+    ) -> None:
+        """A verify step of `drafted` drafts (plus the last token) took `seconds` (drafting included;
+        in a step several sequences drafted in, this one's share); `kept` drafts were the target's own
+        samples. `measured`: the step's cost is this sequence's alone to learn from (one sequence);
+        the loop measures a shared step once (SpecCosts.verify_step)."""
         assert self.step_s is not None
         self.steps += 1
         self.drafted += drafted
         self.accepted += kept
         self._accept(self._kind).add(kept, int(kept < drafted))
         self._full_run = drafted if kept == drafted else 0
-        verify_s = seconds - draft_seconds
-        self.batch_cost.add(drafted, verify_s / self.step_s - 1.0)
-        self._recent = (self._recent + [((kept + 1) * self.step_s, seconds)])[-WINDOW:]
+        if measured:
+            self.costs.verify_step(drafted, seconds - draft_seconds)
+        n = self._sequences
+        self._recent = (self._recent + [((kept + n) * self.step_s / n, seconds)])[-WINDOW:]
         if len(self._recent) == WINDOW and not self.fixed:
             worth = sum(w for w, _ in self._recent)
             spent = sum(s for _, s in self._recent)

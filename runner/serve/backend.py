@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from runner.engine.answer import Result
 from runner.errors import RunnerError, UsageError
 
 
@@ -36,11 +37,13 @@ class Ask:
 
 @dataclass
 class Outcome:
-    """How an answer ended, once its parts are all out."""
+    """How an answer ended, once its parts are all out: the engine's Result (runner.engine.answer) as
+    the HTTP side reads it, the text parsed for tool calls."""
 
     text: str = ""  # the answer (reasoning apart)
     reasoning: str = ""
-    finish_reason: str = "stop"  # "stop" | "length" | "tool_calls" | "interrupted"
+    finish_reason: str = "stop"  # "stop" | "length" | "tool_calls" | "interrupted" | "error"
+    stop_sequence: str | None = None  # the stop string that ended it (None: an end token, or not a stop)
     prompt_tokens: int = 0
     cached_tokens: int = 0  # of the prompt, reused from the slot's KV cache (not evaluated)
     completion_tokens: int = 0
@@ -49,6 +52,22 @@ class Outcome:
     prefill_s: float = 0.0
     decode_s: float = 0.0
     total_s: float = 0.0
+    drafted: int = 0  # speculative decoding: tokens drafted and verified (llama-server's draft_n)
+    accepted: int = 0  # of those, kept (draft_n_accepted)
+    context_full: bool = False
+
+    def take(self, result: Result) -> None:
+        """The engine's Result, field by field (in the model's thread, before the outcome is read)."""
+        t = result.timings
+        self.text, self.reasoning = result.text, result.reasoning
+        self.finish_reason = result.finish_reason if result.error is None else "error"
+        self.stop_sequence = result.stop
+        self.prompt_tokens, self.completion_tokens = t.prompt_tokens, t.completion_tokens
+        self.cached_tokens = t.cached_tokens
+        self.ttft_s, self.prefill_s, self.total_s = t.ttft_s, t.prefill_s, t.total_s
+        self.decode_s = max(0.0, t.total_s - t.ttft_s)
+        self.drafted, self.accepted = t.speculation.drafted, t.speculation.accepted
+        self.context_full = result.context_full
 
     def timings(self) -> dict[str, Any]:
         """runner's own timings, as --json names them (the extra `timings` field of an answer)."""
@@ -61,6 +80,8 @@ class Outcome:
             "prefill_s": round(self.prefill_s, 4),
             "decode_s": round(self.decode_s, 4),
             "total_s": round(self.total_s, 4),
+            "drafted": self.drafted,
+            "accepted": self.accepted,
         }
 
 

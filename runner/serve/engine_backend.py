@@ -1,8 +1,9 @@
 """The Backend behind the HTTP side: each served model's engine, driven by a thread of its own.
 
 A request crosses from the event loop to the model's thread as a `_Request`; that thread renders the
-chat template, tokenizes, checks the prompt fits a sequence, and adds the job to runner.engine.batch's
-loop, the one `runner run --each-line` runs; it then steps the loop while any job is active. Each
+chat template, tokenizes, checks the prompt fits a sequence, builds the request's sampler chain (its
+grammar compiled once, here), and adds the job to runner.engine.loop's loop, the one every command
+runs; it then steps the loop while any job is active. Each
 answer's pieces come back to the event loop through call_soon_threadsafe. Nothing else calls llama.cpp.
 An embedding request crosses as an EmbedRequest: the thread pools its texts (runner.serve.embed_queue)
 one llama_decode between two batch steps.
@@ -11,7 +12,6 @@ one llama_decode between two batch steps.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import itertools
 import threading
 import time
@@ -20,20 +20,21 @@ from dataclasses import dataclass
 from typing import Any
 
 from runner import ui
-from runner.engine.answer import FINISH_INTERRUPTED
-from runner.engine.batch import BatchLoop, Done, Job, StateCache
+from runner.engine.answer import Result
 from runner.engine.constrain import checked_schema, json_grammar, schema_grammar
+from runner.engine.loop import Loop
+from runner.engine.prefix import PrefixStore, StateCache
 from runner.engine.prompt import Prompt, render_prompt
-from runner.engine.reasoning import ANSWER, Splitter
+from runner.engine.promptcache import PromptCache
+from runner.engine.reasoning import ANSWER
 from runner.engine.sampling import SamplingConfig
+from runner.engine.sequence import Job, dropped
 from runner.engine.template import TEMPLATE_KEY, Message
 from runner.errors import InvalidSetting, RunnerError
 from runner.loader import LoadedModel
 from runner.serve.backend import Ask, BadField, ModelInfo, Outcome, QueueFull, TooLong
 from runner.serve.embed_queue import EmbedQueue, EmbedRequest
 from runner.serve.tools import forced_call_schema, parse_tool_calls, tools_as_system
-
-FLAG_FIELD = {f.metadata["flag"]: f.name for f in dataclasses.fields(SamplingConfig)}
 
 
 @dataclass
@@ -43,7 +44,8 @@ class Served:
     info: ModelInfo
     loaded: LoadedModel
     sampling: Callable[[dict[str, Any]], SamplingConfig]  # a request's fields over the server's defaults
-    cache_ram: int = 0  # bytes of prompt states kept past their sequence (runner.engine.batch.StateCache)
+    cache_ram: int = 0  # bytes of prompt states kept past their sequence (runner.engine.prefix.StateCache)
+    prompt_cache: PromptCache | None = None  # the prefix store's disk tier: heads other processes stored
 
 
 _Queue = asyncio.Queue[Any]  # an answer's parts, then None
@@ -60,8 +62,6 @@ class _Generation:
         self._queue: _Queue = asyncio.Queue()
         self._ended = asyncio.Event()  # set with the last item: the outcome is complete
         self._hold = hold  # tools: the answer may be a call, so it comes whole at the end
-        self._splitter = Splitter(None)
-        self._parts: dict[str, list[str]] = {"answer": [], "reasoning": []}
         self.job: Job | None = None
         self.tools: list[dict[str, Any]] | None = None
         self.forced = False
@@ -91,34 +91,21 @@ class _Generation:
 
     # -- the model's thread ----------------------------------------------------------------------
 
-    def start(self, prompt: Prompt) -> None:
-        self._splitter = Splitter(prompt.reasoning_style, start_in_reasoning=prompt.opens_reasoning)
+    def piece(self, kind: str, text: str) -> None:
+        """A piece of the answer or its reasoning (the loop split them), in the model's thread."""
+        if not (self._hold and kind == ANSWER):
+            self._put((kind, text))
 
-    def piece(self, text: str) -> None:
-        self._out(self._splitter.push(text))
-
-    def done(self, d: Done) -> None:
-        self._out(self._splitter.flush())
+    def done(self, result: Result) -> None:
         o = self.outcome
-        o.text, o.reasoning = "".join(self._parts["answer"]), "".join(self._parts["reasoning"])
-        o.finish_reason = d.finish_reason if d.error is None else "error"
-        o.prompt_tokens, o.completion_tokens = d.prompt_tokens, d.completion_tokens
-        o.cached_tokens = d.prompt_tokens - d.prefill_tokens
-        o.ttft_s, o.prefill_s, o.total_s = d.ttft_s, d.prefill_s, d.total_s
-        o.decode_s = max(0.0, d.total_s - d.ttft_s)
-        if self.tools and d.error is None:
+        o.take(result)
+        if self.tools and result.error is None:
             o.tool_calls, rest = parse_tool_calls(o.text, self.tools, whole_json=self.forced)
             if o.tool_calls:
                 o.text, o.finish_reason = rest, "tool_calls"
         if self._hold and o.text:
             self._put(("answer", o.text))
         self._put(None)
-
-    def _out(self, parts: list[tuple[str, str]]) -> None:
-        for kind, text in parts:
-            self._parts[kind].append(text)
-            if not (self._hold and kind == ANSWER):
-                self._put((kind, text))
 
     def _put(self, item: tuple[str, str] | None) -> None:
         self._post(self, item)
@@ -156,7 +143,9 @@ class ModelThread:
         self._stopping = False
         self._events: asyncio.AbstractEventLoop | None = None  # the HTTP side's event loop
         self._outbox: list[tuple[_Generation, Any]] = []  # parts for the event loop, sent once a step
-        self.states = StateCache(served.cache_ram) if served.cache_ram > 0 else None
+        states = StateCache(served.cache_ram) if served.cache_ram > 0 else None
+        self.states = states
+        self.store = PrefixStore(ram=states, disk=served.prompt_cache)
         self._loop = self._new_loop()
         self.thread = threading.Thread(target=self._run, name=f"engine {served.info.name}", daemon=True)
         self.thread.start()
@@ -222,11 +211,7 @@ class ModelThread:
         try:
             return self.served.sampling(ask.sampling)
         except InvalidSetting as exc:
-            message = str(exc)
-            param = next((f for flag, f in FLAG_FIELD.items() if flag in message), "sampling")
-            for flag, name in FLAG_FIELD.items():
-                message = message.replace(flag, name)
-            raise BadField(param, message) from None
+            raise _bad_field(exc, "sampling") from None
 
     def _post(self, generation: _Generation, item: Any) -> None:
         self._outbox.append((generation, item))
@@ -311,15 +296,16 @@ class ModelThread:
                     prompt_tokens=n,
                     context=room,
                 )
-            if request.grammar is not None:  # a grammar llama.cpp cannot parse: this request's 400
-                self.engine._sampler(request.sampling, (), request.grammar)
+            try:  # built once, here: the job owns it (a grammar llama.cpp cannot parse: a 400)
+                sampler = self.engine.sampler(request.sampling, prompt.tokens, request.grammar)
+            except InvalidSetting as exc:
+                raise BadField("tool_choice" if ask.tools else "response_format", exc.problem) from None
         except RunnerError as exc:
             self._answered(request.admitted, exc)
             with self._lock:
                 self._in_flight -= 1
             return
         index = next(self._ids)
-        generation.start(prompt)
         generation.prompt_tokens = len(prompt.tokens)
         generation.job = Job(
             index,
@@ -328,6 +314,9 @@ class ModelThread:
             max_tokens=ask.max_tokens,
             stop=ask.stop,
             grammar=request.grammar,
+            sampler=sampler,
+            reasoning=prompt.reasoning_style,
+            in_reasoning=prompt.opens_reasoning,
             on_piece=generation.piece,
             arrived=request.arrived,
         )
@@ -385,30 +374,30 @@ class ModelThread:
             tools = None
         return render_prompt(engine, header, messages, enable_thinking=ask.think, quiet=True, tools=tools)
 
-    def _done(self, d: Done) -> None:
-        generation = self._jobs.pop(d.index)
-        if d.error is not None:
-            ui.warn(f"{self.served.info.name}: {d.error}")
+    def _done(self, result: Result) -> None:
+        generation = self._jobs.pop(result.index)
+        if result.error is not None:
+            ui.warn(f"{self.served.info.name}: {result.error}")
+        t = result.timings
         c = self.counters
         c["requests"] += 1
-        c["prompt_tokens"] += d.prompt_tokens
-        c["prefill_tokens"] += d.prefill_tokens
-        c["cached_tokens"] += d.prompt_tokens - d.prefill_tokens
+        c["prompt_tokens"] += t.prompt_tokens
+        c["prefill_tokens"] += t.prefill_tokens
+        c["cached_tokens"] += t.cached_tokens
         with self._lock:
             self._in_flight -= 1
-        generation.done(d)
+        generation.done(result)
 
     def _restart(self) -> None:
         for generation in list(self._jobs.values()):
             if generation.job is not None:
-                job = generation.job
-                self._done(Done(job.index, "", FINISH_INTERRUPTED, len(job.tokens), 0, 0, 0.0, 0.0))
+                self._done(dropped(generation.job))
         self._loop.close()
         self.engine.reset()
         self._loop = self._new_loop()
 
-    def _new_loop(self) -> BatchLoop:
-        return BatchLoop(self.engine, self._done, parallel=self.engine.n_seq, cache=self.states)
+    def _new_loop(self) -> Loop:
+        return Loop(self.engine, self._done, parallel=self.engine.n_seq, store=self.store)
 
     @staticmethod
     def _answered(future: asyncio.Future[None], error: BaseException | None) -> None:
@@ -434,18 +423,29 @@ def _message(m: dict[str, Any]) -> Message:
     return Message(str(m["role"]), content if isinstance(content, str) else "", extra or None)
 
 
+def _bad_field(exc: InvalidSetting, param: str) -> BadField:
+    """An engine's InvalidSetting as a request's 400: the field it names (else `param`), said by its
+    field name rather than the command line's flag."""
+    field = exc.field or param
+    return BadField(field, f"{field} {exc.problem}" if exc.field else str(exc))
+
+
 def _grammar(ask: Ask) -> tuple[str | None, bool]:
     """The grammar a request asks for (a JSON object, a schema, a forced tool call) and whether the
     answer is then a tool call as a whole JSON object."""
     forced = bool(ask.tools) and ask.tool_choice not in (None, "auto", "none")
+    param = "tool_choice" if forced else "response_format"
     try:
         if forced and ask.tools:
             return schema_grammar(forced_call_schema(ask.tools, ask.tool_choice)), True
         if ask.json_schema is not None:
-            return schema_grammar(checked_schema(ask.json_schema, "the schema")), False
-    except InvalidSetting as exc:
-        param = "tool_choice" if forced else "response_format"
-        raise BadField(param, str(exc).replace("--schema: ", "").replace("--schema", "the schema")) from None
+            try:
+                schema = checked_schema(ask.json_schema, "the schema")
+            except InvalidSetting as exc:
+                raise BadField(param, f"the schema {exc.problem}") from None
+            return schema_grammar(schema), False
+    except InvalidSetting as exc:  # what llama.cpp's grammar cannot express
+        raise BadField(param, exc.problem) from None
     if ask.json_object:
         return json_grammar(), False
     return None, False

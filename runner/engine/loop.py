@@ -1,0 +1,468 @@
+"""The one generation loop: every answer of every command, one sequence or many, in one llama_decode
+a step (llama.cpp's server does the same in update_slots).
+
+`runner run` and `runner chat` are a batch of one (Engine.stream), `--each-line` and `runner bench`'s
+batched row a batch known at the start (runner.engine.batch.run_batch), `runner serve` a batch whose
+jobs arrive while others decode (its model thread calls add() and step()). Each step adds to one batch
+the next token of every active sequence, with the tokens its speculator drafted (runner.engine
+.speculate: verified in the same step, with logits at each of them), and the prompts of new jobs, as
+many as the batch holds; a prompt too long for the room left, or any prompt of a one-sequence loop,
+is evaluated alone first (Ctrl-C stops it mid-batch). Then each sequence samples its own tokens with
+its own sampler chain and takes them (runner.engine.sequence: text, reasoning, stop strings, limits);
+an answer that ends frees its sequence for the next job at once.
+
+Prefix reuse (runner.engine.prefix): a job takes the free sequence whose cells share the longest head
+with its prompt; a longer head held by another sequence is copied in, one kept in the prefix store's
+RAM or disk tier restored, and only the rest evaluated. What a sequence held is kept in RAM before a
+new job overwrites it; a prompt's stable head (job.head) is stored on disk once evaluated.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+from runner.engine.answer import FINISH_INTERRUPTED, Result
+from runner.engine.context import Interrupted, add_tokens, common_prefix
+from runner.engine.llamacpp import llama
+from runner.engine.prefix import Found, PrefixStore, Sequences, copy_sequence
+from runner.engine.promptcache import CacheUse
+from runner.engine.sampling import SamplingConfig
+from runner.engine.sequence import Job, Slot, dropped, failed
+from runner.engine.speculate import SpecCosts, Speculation, Speculator
+from runner.engine.threads import Threads
+from runner.errors import EngineError, InvalidSetting, PromptTooLong
+
+MIN_SHARED = 4  # a head held by another sequence shorter than this is not worth a copy
+
+
+class Decoder(Sequences, Protocol):
+    """What the loop needs of an engine (runner.engine.engine.Engine is one): its context's steps
+    (runner.engine.context), its vocabulary, sampler chains and speculation."""
+
+    threads: Threads
+    n_seq: int
+    n_batch: int
+    load_s: float
+    speculation: Speculation | None
+    spec_costs: SpecCosts | None
+
+    @property
+    def n_ctx_seq(self) -> int: ...
+
+    def too_long(self, n: int, max_tokens: int | None = None) -> PromptTooLong | None: ...
+
+    def prefill(self, tokens: Sequence[int], seq: int = 0) -> int: ...
+
+    def keep_head(self, tokens: Sequence[int], seq: int = 0) -> int: ...
+
+    def reserve(self, tokens: int) -> None: ...
+
+    def batch_for(self, n: int) -> Any: ...
+
+    def evaluate(self, batch: Any) -> None: ...
+
+    def is_end(self, token: int) -> bool: ...
+
+    def token_bytes(self, token: int, *, special: bool = False) -> bytes: ...
+
+    def sampler(
+        self, cfg: SamplingConfig, history: Sequence[int] = (), grammar: str | None = None
+    ) -> Any: ...
+
+    def new_speculator(self, seq: int) -> Speculator: ...
+
+    def reset(self) -> None: ...
+
+
+class LoopStats:
+    """What a loop did, for --verbose and the benchmarks."""
+
+    def __init__(self) -> None:
+        self.prompts = 0
+        self.prefill_tokens = 0  # every prompt token evaluated, a shared head once
+        self.shared_tokens = 0
+        self.cached_tokens = 0  # prompt tokens a job found in its sequence (or copied in), not evaluated
+        self.completion_tokens = 0
+        self.steps = 0
+        self.wall_s = 0.0
+        self.interrupted = False
+        self.threads = 0  # the decode threads most tokens ran on (runner.engine.threads)
+        self.thread_changes = 0
+
+
+class Loop:
+    """add() jobs at any time, step() until not busy(), close() at the end. Every call from one thread
+    (llama.cpp's): the server's model thread, or the command's own."""
+
+    def __init__(
+        self,
+        engine: Decoder,
+        on_done: Callable[[Result], None],
+        *,
+        parallel: int | None = None,
+        reuse: bool = True,
+        store: PrefixStore | None = None,
+    ) -> None:
+        parallel = parallel or engine.n_seq
+        if not 1 <= parallel <= engine.n_seq:
+            raise InvalidSetting(f"--parallel {parallel}: the context holds {engine.n_seq} sequences")
+        self.engine = engine
+        self.lib = llama()
+        self.parallel = parallel
+        self.on_done = on_done
+        self.reuse = reuse  # False: every prompt evaluated whole (what prefix reuse saves, measured)
+        self.store = store if reuse else None
+        self.cells = engine.cells  # the tokens each sequence holds
+        self.used: list[float] = [0.0] * parallel  # when each sequence last took a job
+        self.free = list(range(parallel))
+        self.active: list[Slot] = []
+        self.queue: deque[Job] = deque()
+        self.stats = LoopStats()
+        self._speculators: dict[int, Speculator] = {}
+        self._speculation: Any = None  # the engine's setting the speculators were made for
+        engine.threads.begin()
+
+    @property
+    def n_ctx_seq(self) -> int:
+        return self.engine.n_ctx_seq
+
+    def close(self) -> None:
+        for slot in self.active:
+            self.lib.llama_sampler_free(slot.sampler)
+        self.active.clear()
+        for job in self.queue:
+            self._free_sampler(job)
+        self.queue.clear()
+        for speculator in self._speculators.values():
+            speculator.close()
+        self._speculators.clear()
+        self.stats.threads = self.engine.threads.used()
+        self.stats.thread_changes = self.engine.threads.changes
+
+    def add(self, job: Job) -> None:
+        if not job.tokens:  # nothing to evaluate, so no logits to sample the first token from
+            self.fail(job, "the prompt is empty")
+            return
+        too_long = self.engine.too_long(len(job.tokens), job.max_tokens)
+        if too_long is not None:
+            self.fail(job, str(too_long))
+            return
+        self.queue.append(job)
+
+    def busy(self) -> bool:
+        return bool(self.queue or self.active)
+
+    def waiting(self) -> int:
+        return len(self.queue)
+
+    def fail(self, job: Job, error: str) -> None:
+        self._free_sampler(job)
+        self.on_done(failed(job, error))
+
+    def share_head(self, prompts: list[list[int]]) -> None:
+        """The head every prompt starts with, evaluated once in sequence 0 (each job copies it)."""
+        shared = shared_prefix(prompts)
+        if not shared:
+            return
+        self.engine.prefill(prompts[0][:shared], 0)
+        self.stats.shared_tokens = shared
+        self.stats.prefill_tokens += shared
+
+    def interrupt(self) -> None:
+        """Every active answer ends now, interrupted, what it made kept (Ctrl-C in run and chat)."""
+        for slot in self.active:
+            self._finish(slot, FINISH_INTERRUPTED)
+        self.active = []
+        while self.queue:
+            job = self.queue.popleft()
+            self._free_sampler(job)
+            self.on_done(dropped(job))
+
+    # -- one step --------------------------------------------------------------------------------
+
+    def step(self) -> None:
+        """One llama_decode: every active sequence's next token and drafts, and the prompts of new
+        jobs (as llama-server mixes them), as many as the batch holds. Cancelled jobs end first."""
+        self._cancel()
+        engine = self.engine
+        room = engine.n_batch - len(self.active)
+        started: list[Slot] = []
+        while self.queue and self.free:
+            job = self.queue[0]
+            seq, keep, found = self._place(job)
+            if self.parallel == 1 or len(job.tokens) - keep > room:
+                if started or self.active:
+                    break  # the batch is full: next step
+                self.queue.popleft()
+                self._alone(seq, job, keep, found)  # alone, in n_batch chunks, Ctrl-C stopping it
+                return
+            self.queue.popleft()
+            slot = self._start(seq, job, keep, found)
+            if slot is None:
+                continue
+            slot.pending = job.tokens[slot.pos :]
+            room -= len(slot.pending)
+            started.append(slot)
+        for slot in self.active:
+            slot.pending = [slot.last]
+        if not self.active and not started:
+            return
+        drafted = 0 if started else self._draft(room)
+        # in sequence order, each sequence's tokens together: with a KV stream per sequence, llama.cpp
+        # splits a batch into ubatches of consecutive sequence ids (split_equal), so a batch in the
+        # order slots happened to free (3, 0, 5, 1 …) cost a ubatch per run: 32 clients on 8
+        # sequences ran at 0.68x llama-server's aggregate, measured
+        slots = sorted([*self.active, *started], key=lambda s: s.seq)
+        total = sum(len(s.pending) + len(s.drafts) for s in slots)
+        engine.reserve(max(s.pos + len(s.pending) + len(s.drafts) for s in slots))
+        batch = engine.batch_for(total)
+        for slot in slots:
+            tokens = slot.pending + slot.drafts
+            slot.row = add_tokens(batch, slot.seq, tokens, slot.pos, logits="all" if slot.drafts else True)
+        began = time.perf_counter()
+        engine.evaluate(batch)
+        seconds = time.perf_counter() - began
+        self.stats.steps += 1
+        self._measure(slots, started, drafted, seconds)
+        still = []
+        for slot in slots:
+            if self._advance(slot):
+                still.append(slot)
+            else:
+                self.free.append(slot.seq)
+        self.active = still
+
+    def _advance(self, slot: Slot) -> bool:
+        """After the decode: the slot's tokens in its cells, its samples taken (drafts verified in
+        order: kept while the target's own sample agrees, the rest dropped from the cells)."""
+        held = self.cells[slot.seq]
+        held.extend(slot.pending)
+        slot.pos += len(slot.pending)
+        first = slot.row + len(slot.pending) - 1  # the row whose logits give the next token
+        drafts, slot.pending, slot.drafts = slot.drafts, [], []
+        for i in range(len(drafts) + 1):
+            token = int(self.lib.llama_sampler_sample(slot.sampler, self.engine.ctx, first + i))
+            kept = i < len(drafts) and token == drafts[i] and not self.engine.is_end(token)
+            if not self._take(slot, token):
+                if drafts:
+                    self._drop_tail(slot, held)
+                return False
+            if not kept:
+                break
+            held.append(token)  # a kept draft: its keys and values stay
+            slot.pos += 1
+        if drafts:
+            if slot.speculator is not None:
+                slot.speculator.verified(len(drafts), i, *slot.verify_s, measured=self.parallel == 1)
+            self._drop_tail(slot, held)
+        return True
+
+    def _drop_tail(self, slot: Slot, held: list[int]) -> None:
+        """The rejected drafts out of the sequence's cells."""
+        if not self.lib.llama_memory_seq_rm(self.engine.memory, slot.seq, len(held), -1):
+            self.engine.reset()
+            raise EngineError("llama.cpp could not drop the rejected draft tokens")
+
+    def _take(self, slot: Slot, token: int) -> bool:
+        """One sampled token into its slot; False once that answer is over (and reported)."""
+        before = slot.n_out
+        reason = slot.take(token, self.engine, self.n_ctx_seq)
+        self.stats.completion_tokens += slot.n_out - before
+        if reason is None:
+            return True
+        self._finish(slot, reason)
+        return False
+
+    # -- speculation ------------------------------------------------------------------------------
+
+    def _draft(self, room: int) -> int:
+        """Each active sequence's drafts for this step, within the batch's room; how many in all."""
+        engine = self.engine
+        if engine.speculation is None or room <= 0:
+            return 0
+        n = len(self.active)
+        total = 0
+        for slot in self.active:
+            spec = slot.speculator
+            if spec is None:
+                continue
+            job = slot.job
+            left = job.max_tokens - slot.n_out if job.max_tokens else self.n_ctx_seq
+            most = min(left - 1, self.n_ctx_seq - slot.pos - 2, room - total)
+            started = time.perf_counter()
+            slot.drafts = spec.draft(slot.history, most, n)
+            slot.verify_s = (0.0, time.perf_counter() - started)  # (step share, drafting) set in _measure
+            total += len(slot.drafts)
+        return total
+
+    def _measure(self, slots: list[Slot], started: list[Slot], drafted: int, seconds: float) -> None:
+        """What the step cost, for the speculators: a plain step (nothing drafted, no prompt in it),
+        or a verify step whose extra cost each drafting sequence shares by its drafts."""
+        costs = self.engine.spec_costs
+        if costs is None or started:
+            return
+        if not drafted:
+            costs.plain_step(seconds)
+            return
+        if self.parallel > 1:
+            costs.verify_step(drafted, seconds)
+        plain = costs.step_s or seconds
+        extra = max(0.0, seconds - plain)
+        for slot in slots:
+            if slot.drafts:
+                share = plain + extra * len(slot.drafts) / drafted if self.parallel > 1 else seconds
+                slot.verify_s = (share + slot.verify_s[1], slot.verify_s[1])
+
+    def _speculator(self, seq: int) -> Speculator | None:
+        """Sequence `seq`'s speculator (its measured costs shared by all), made once per setting."""
+        setting = self.engine.speculation
+        if setting is not self._speculation:
+            for speculator in self._speculators.values():
+                speculator.close()
+            self._speculators.clear()
+            self._speculation = setting
+        if setting is None:
+            return None
+        if seq not in self._speculators:
+            self._speculators[seq] = self.engine.new_speculator(seq)
+        speculator = self._speculators[seq]
+        speculator.begin()
+        return speculator
+
+    # -- a job into its sequence -------------------------------------------------------------------
+
+    def _place(self, job: Job) -> tuple[int, int, Found | None]:
+        """Where the job goes: the free sequence holding the longest head of its prompt (else the one
+        unused longest), how many of its cells stay, and a longer head to copy or restore instead."""
+        if not self.reuse:
+            return min(self.free, key=lambda s: self.used[s]), 0, None
+        most = len(job.tokens) - 1  # at least one token evaluated: its logits give the first token
+        seq = max(
+            self.free, key=lambda s: (min(common_prefix(self.cells[s], job.tokens), most), -self.used[s])
+        )
+        keep = min(common_prefix(self.cells[seq], job.tokens), most)
+        found, best = None, keep + MIN_SHARED - 1
+        for other in range(self.parallel):
+            if other != seq:
+                n = min(common_prefix(self.cells[other], job.tokens), most)
+                if n > best:
+                    found, best = Found(n, source=other), n
+        if self.store is not None:
+            kept = self.store.find(self.engine, job.tokens, most, best)
+            if kept is not None:
+                found = kept
+        return seq, keep, found
+
+    def _start(self, seq: int, job: Job, keep: int, found: Found | None) -> Slot | None:
+        """The job in sequence `seq`: its first `keep` tokens already there, or a longer head copied
+        or restored (`found`); its stable head evaluated and stored first where the store wants it.
+        What `seq` held is kept in the store's RAM first when the job would lose enough of it."""
+        engine = self.engine
+        self.free.remove(seq)
+        try:
+            sampler = (
+                job.sampler
+                if job.sampler is not None
+                else engine.sampler(job.sampling, job.tokens, job.grammar)
+            )
+        except InvalidSetting as exc:
+            self.free.append(seq)
+            self.on_done(failed(job, str(exc)))
+            return None
+        job.sampler = None  # the slot owns it now
+        held = self.cells[seq]
+        use = CacheUse()
+        if self.store is not None:
+            self.store.keep(engine, seq, len(held) - (keep if found is None else 0))
+        if found is not None and found.source is not None:
+            copy_sequence(engine, found.source, seq)
+        elif found is not None and self.store is not None:
+            use = self.store.load(engine, job.tokens, found, seq)
+        keep = engine.keep_head(job.tokens, seq)
+        self.used[seq] = time.perf_counter()
+        slot = Slot(seq, job, sampler, self._speculator(seq), time.perf_counter(), pos=keep, cache_use=use)
+        if slot.speculator is not None:
+            slot.history = list(job.tokens)
+        head = job.tokens[: job.head]
+        if self.store is not None and keep < len(head) < len(job.tokens) and self.store.wants(engine, head):
+            try:
+                engine.prefill(head, seq)
+            except Interrupted:
+                self._interrupted(slot)
+                return None
+            stored = self.store.store(engine, head, seq)
+            slot.cache_use = CacheUse(use.loaded_tokens, stored.stored_tokens, stored.write_s, use.read_s)
+            slot.prefill += len(head) - keep
+            slot.pos = keep = len(head)
+        slot.prefill += len(job.tokens) - keep
+        self.stats.prefill_tokens += len(job.tokens) - keep
+        self.stats.cached_tokens += keep
+        return slot
+
+    def _alone(self, seq: int, job: Job, keep: int, found: Found | None) -> None:
+        """A prompt evaluated alone (a one-sequence loop, or longer than the batch's room), in n_batch
+        chunks that Ctrl-C can stop, then its first token sampled."""
+        slot = self._start(seq, job, keep, found)
+        if slot is None:
+            return
+        try:
+            self.engine.prefill(job.tokens, seq)
+        except Interrupted:
+            self._interrupted(slot)
+            return
+        slot.pos = len(self.cells[seq])
+        self.stats.steps += 1
+        token = int(self.lib.llama_sampler_sample(slot.sampler, self.engine.ctx, -1))
+        if self._take(slot, token):
+            self.active.append(slot)
+        else:
+            self.free.append(seq)
+
+    def _interrupted(self, slot: Slot) -> None:
+        """Ctrl-C stopped its prefill: the answer ends before its first token."""
+        self._finish(slot, FINISH_INTERRUPTED)
+        self.free.append(slot.seq)
+
+    # -- the end of a job ----------------------------------------------------------------------
+
+    def _cancel(self) -> None:
+        """Jobs whose client went away: out of the queue, and out of their sequences."""
+        if any(job.cancelled for job in self.queue):
+            for job in [j for j in self.queue if j.cancelled]:
+                self.queue.remove(job)
+                self._free_sampler(job)
+                self.on_done(dropped(job))
+        if not any(slot.job.cancelled for slot in self.active):
+            return
+        still = []
+        for slot in self.active:
+            if slot.job.cancelled:
+                self._finish(slot, FINISH_INTERRUPTED, flush=False)
+                self.free.append(slot.seq)
+            else:
+                still.append(slot)
+        self.active = still
+
+    def _finish(self, slot: Slot, reason: str, *, flush: bool = True) -> None:
+        self.lib.llama_sampler_free(slot.sampler)
+        slot.sampler = None
+        extra = {"load_s": self.engine.load_s}
+        self.on_done(slot.result(reason, flush=flush, extra=extra))
+
+    def _free_sampler(self, job: Job) -> None:
+        if job.sampler is not None:
+            self.lib.llama_sampler_free(job.sampler)
+            job.sampler = None
+
+
+def shared_prefix(prompts: list[list[int]]) -> int:
+    """Tokens every prompt starts with, leaving each at least one of its own to evaluate."""
+    if len(prompts) < 2:
+        return 0
+    n = min(len(p) for p in prompts) - 1
+    for p in prompts[1:]:
+        n = min(n, common_prefix(prompts[0], p))
+    return n if n >= MIN_SHARED else 0

@@ -1,0 +1,168 @@
+"""One answer inside the loop: what it asks (Job) and where it stands (Slot), and the step function
+every command shares: take a token -> its text, split into reasoning and answer, and whether and why
+the answer ends (end-of-generation token, stop string, max tokens, context full).
+
+Nothing here calls llama_decode: runner.engine.loop batches every slot's tokens into one step and
+hands each slot the tokens it sampled.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from runner.engine.answer import (
+    FINISH_ERROR,
+    FINISH_INTERRUPTED,
+    FINISH_LENGTH,
+    FINISH_STOP,
+    Result,
+    TextAssembler,
+    Timings,
+)
+from runner.engine.promptcache import CacheUse
+from runner.engine.reasoning import ANSWER, Splitter
+from runner.engine.sampling import SamplingConfig
+from runner.engine.speculate import SpecStats, Speculator
+
+
+class Vocab(Protocol):
+    """What taking a token needs of the engine (runner.engine.engine.Engine is one)."""
+
+    def is_end(self, token: int) -> bool: ...
+
+    def token_bytes(self, token: int, *, special: bool = False) -> bytes: ...
+
+
+@dataclass
+class Job:
+    """One answer asked of the loop: the prompt's tokens and how to answer it."""
+
+    index: int  # the caller's: a batch's answers come back in any order, each with its index
+    tokens: list[int]
+    sampling: SamplingConfig
+    max_tokens: int | None = None
+    stop: tuple[str, ...] = ()
+    grammar: str | None = None  # GBNF, root rule "root" (runner.engine.constrain)
+    sampler: Any = None  # a chain built beforehand (Engine.sampler): the loop owns and frees it
+    reasoning: str | None = None  # the template's reasoning style ("think" | "channels"), split out
+    in_reasoning: bool = False  # the template opened a <think> block: the answer starts in it
+    head: int = 0  # the prompt's stable head: kept in the prefix store's disk tier (run, chat)
+    ignore_end: bool = False  # end-of-generation tokens are tokens like any (benchmarks' tg128)
+    on_piece: Callable[[str, str], None] | None = None  # (kind, text) as they come, in the loop's thread
+    on_token: Callable[[int], None] | None = None  # every token sampled, end-of-generation included
+    arrived: float | None = None  # perf_counter when it was asked (the server: TTFT counts the wait)
+    cancelled: bool = False  # set from any thread (a client went away): ended at the next step
+
+    @property
+    def special(self) -> bool:
+        """Render control tokens as text: gpt-oss's channel markers are control tokens."""
+        return self.reasoning == "channels"
+
+
+@dataclass
+class Slot:
+    """A job in its sequence: its sampler, text assembly, reasoning split, speculation and counts."""
+
+    seq: int
+    job: Job
+    sampler: Any
+    speculator: Speculator | None
+    start: float  # when its sequence took it
+    pos: int = 0  # the next token's position (the tokens its cells hold)
+    last: int = 0  # the token sampled last, not yet in the cells
+    n_out: int = 0
+    prefill: int = 0  # prompt tokens evaluated for it (the rest were held, copied or restored)
+    cache_use: CacheUse = CacheUse()
+    first_at: float | None = None
+    history: list[int] = field(default_factory=list)  # prompt and answer tokens (drafts read it)
+    pending: list[int] = field(default_factory=list)  # this step's tokens: into the cells once decoded
+    drafts: list[int] = field(default_factory=list)  # this step's drafts, verified after the decode
+    row: int = 0  # the batch row of its first token in this step
+    verify_s: tuple[float, float] = (0.0, 0.0)  # this step's verify: (its share, drafting), seconds
+    context_full: bool = False
+    text: TextAssembler = field(init=False)
+    splitter: Splitter = field(init=False)
+    parts: dict[str, list[str]] = field(default_factory=lambda: {"answer": [], "reasoning": []})
+
+    def __post_init__(self) -> None:
+        self.text = TextAssembler(self.job.stop)
+        self.splitter = Splitter(self.job.reasoning, start_in_reasoning=self.job.in_reasoning)
+
+    def take(self, token: int, vocab: Vocab, room: int) -> str | None:
+        """One sampled token: its text out; the finish reason once the answer is over, else None.
+        `room`: the cells the sequence may fill."""
+        if self.first_at is None:
+            self.first_at = time.perf_counter()
+        job = self.job
+        if job.on_token is not None:
+            job.on_token(token)
+        if not job.ignore_end and vocab.is_end(token):
+            return FINISH_STOP
+        self.n_out += 1
+        self.history.append(token)
+        text, stopped = self.text.push(vocab.token_bytes(token, special=job.special))
+        self.emit(text)
+        if stopped:
+            return FINISH_STOP
+        if job.max_tokens is not None and self.n_out >= job.max_tokens:
+            return FINISH_LENGTH
+        if self.pos + 1 >= room:
+            self.context_full = True
+            return FINISH_LENGTH
+        self.last = token
+        return None
+
+    def emit(self, text: str, *, final: bool = False) -> None:
+        parts = self.splitter.push(text) if text else []
+        if final:
+            parts += self.splitter.flush()
+        on_piece = self.job.on_piece
+        for kind, part in parts:
+            self.parts[kind].append(part)
+            if on_piece is not None:
+                on_piece(kind, part)
+
+    def result(self, reason: str, *, flush: bool, extra: dict[str, Any]) -> Result:
+        """The answer as it ends: what is held back written out (unless `flush` is off: a client that
+        went away), the timings from its arrival (or its sequence taking it) to now."""
+        if flush and not self.text.stopped:
+            self.emit(self.text.flush(), final=True)
+        elif flush:
+            self.emit("", final=True)
+        now = time.perf_counter()
+        first = self.first_at or now
+        began = self.job.arrived or self.start
+        timings = Timings(
+            prompt_tokens=len(self.job.tokens),
+            prefill_tokens=self.prefill,
+            prefill_s=first - self.start,
+            ttft_s=first - began,
+            completion_tokens=self.n_out,
+            decode_s=now - first,
+            total_s=now - began,
+            speculation=self.speculator.stats() if self.speculator is not None else SpecStats(),
+            prompt_cache=self.cache_use,
+            **extra,
+        )
+        return Result(
+            "".join(self.parts[ANSWER]),
+            reason,
+            timings,
+            context_full=self.context_full,
+            reasoning="".join(self.parts["reasoning"]),
+            stop=self.text.matched if reason == FINISH_STOP else None,
+            index=self.job.index,
+        )
+
+
+def failed(job: Job, error: str) -> Result:
+    """A job that could not run (its prompt too long, its grammar refused): no text, the reason."""
+    return Result("", FINISH_ERROR, Timings(prompt_tokens=len(job.tokens)), error=error, index=job.index)
+
+
+def dropped(job: Job) -> Result:
+    """A job cancelled before its sequence took it (its client went away, the loop restarted)."""
+    return Result("", FINISH_INTERRUPTED, Timings(prompt_tokens=len(job.tokens)), index=job.index)

@@ -1,0 +1,219 @@
+"""The one generation loop: its step function on hand-made tokens, and with the real model the same
+loop under a one-shot answer, a batch and the server's sequences (speculation in a shared batch, the
+stop string reported, a head stored by one loop restored by another)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from runner.engine.answer import FINISH_INTERRUPTED, FINISH_LENGTH, FINISH_STOP, Result
+from runner.engine.batch import run_batch
+from runner.engine.engine import Engine
+from runner.engine.loop import Loop
+from runner.engine.prefix import PrefixStore
+from runner.engine.prompt import render_prompt
+from runner.engine.promptcache import MIN_HEAD, PromptCache
+from runner.engine.reasoning import ANSWER, REASONING
+from runner.engine.sampling import SamplingConfig
+from runner.engine.sequence import Job, Slot
+from runner.engine.template import Message
+from runner.gguf import read_header
+
+GREEDY = SamplingConfig(temperature=0)
+PARAGRAPH = (
+    "The old lighthouse stood on the northern cliff for two hundred years. Every night its keeper "
+    "climbed the spiral stairs, trimmed the wick and polished the great lens until it shone. Ships "
+    "passing in the dark trusted its beam to guide them past the rocks."
+)
+
+
+# -- the step function, on hand-made tokens ----------------------------------------------------------
+
+
+class Vocab:
+    """Token ids -> text, some of them control tokens that render only when asked (as llama.cpp's)."""
+
+    def __init__(self, words: dict[int, str], control: set[int], end: int = 0) -> None:
+        self.words, self.control, self.end = words, control, end
+        self.asked: list[bool] = []
+
+    def is_end(self, token: int) -> bool:
+        return token == self.end
+
+    def token_bytes(self, token: int, *, special: bool = False) -> bytes:
+        self.asked.append(special)
+        if token in self.control and not special:
+            return b""
+        return self.words[token].encode()
+
+
+HARMONY = {
+    1: "<|channel|>",
+    2: "analysis",
+    3: "<|message|>",
+    4: "Two and two",
+    5: " make four.",
+    6: "<|end|>",
+    7: "<|start|>",
+    8: "assistant",
+    9: "final",
+    10: "It is 4.",
+    11: "STOP",
+}
+HARMONY_TOKENS = [1, 2, 3, 4, 5, 6, 7, 8, 1, 9, 3, 10]
+
+
+def take_all(job: Job, vocab: Vocab, tokens: list[int], room: int = 1000) -> tuple[Slot, str | None]:
+    slot = Slot(0, job, sampler=None, speculator=None, start=0.0)
+    reason = None
+    for token in tokens:
+        reason = slot.take(token, vocab, room)
+        if reason is not None:
+            break
+        slot.pos += 1
+    return slot, reason
+
+
+def test_channels_are_split_because_the_step_renders_their_control_tokens() -> None:
+    """gpt-oss's markers are control tokens: a job of the "channels" style renders them as text, so
+    reasoning and answer come apart in every command (the loop's one step function); without the
+    style they are not rendered and nothing is split."""
+    pieces: list[tuple[str, str]] = []
+    vocab = Vocab(HARMONY, control={1, 3, 6, 7})
+    job = Job(0, [5], GREEDY, reasoning="channels", on_piece=lambda kind, text: pieces.append((kind, text)))
+    slot, reason = take_all(job, vocab, [*HARMONY_TOKENS, 0])
+    result = slot.result(reason or FINISH_STOP, flush=True, extra={})
+    assert all(vocab.asked) and reason == FINISH_STOP
+    assert (result.reasoning, result.text) == ("Two and two make four.", "It is 4.")
+    assert "".join(t for k, t in pieces if k == REASONING) == result.reasoning
+    assert "".join(t for k, t in pieces if k == ANSWER) == result.text
+    plain, _ = take_all(Job(0, [5], GREEDY), Vocab(HARMONY, control={1, 3, 6, 7}), HARMONY_TOKENS)
+    plain_result = plain.result(FINISH_LENGTH, flush=True, extra={})
+    assert plain_result.reasoning == "" and "<|channel|>" not in plain_result.text
+
+
+def test_the_step_reports_why_an_answer_ended() -> None:
+    words = {1: "one ", 2: "two ", 3: "ST", 4: "OP here", 5: "five"}
+    slot, reason = take_all(Job(0, [5], GREEDY, stop=("STOP", "TWO")), Vocab(words, set()), [1, 2, 3, 4, 5])
+    result = slot.result(reason or "", flush=True, extra={})
+    assert (reason, result.stop, result.text, slot.n_out) == (FINISH_STOP, "STOP", "one two ", 4)
+    slot, reason = take_all(Job(0, [5], GREEDY), Vocab(words, set()), [1, 2, 0])  # the end token
+    assert reason == FINISH_STOP and slot.result(reason, flush=True, extra={}).stop is None
+    slot, reason = take_all(Job(0, [5], GREEDY, max_tokens=2), Vocab(words, set()), [1, 2, 5])
+    assert (reason, slot.context_full) == (FINISH_LENGTH, False)
+    slot, reason = take_all(Job(0, [5], GREEDY), Vocab(words, set()), [1, 2, 5], room=3)
+    assert (reason, slot.context_full, slot.n_out) == (FINISH_LENGTH, True, 3)
+
+
+# -- the loop, with the real model ------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def four(smollm2_path: Path):
+    """Four sequences, as `runner serve --parallel 4` loads them."""
+    with Engine(smollm2_path, n_ctx=4 * 1024, n_threads=2, n_seq=4) as engine:
+        yield engine
+
+
+def chat_tokens(engine: Engine, path: Path, text: str, system: str | None = None) -> list[int]:
+    head = [Message("system", system)] if system else []
+    return render_prompt(engine, read_header(path), [*head, Message("user", text)]).tokens
+
+
+def test_a_stop_string_is_reported_by_the_engine_alone_and_in_a_batch(
+    engine: Engine, four: Engine, smollm2_path: Path
+) -> None:
+    tokens = chat_tokens(engine, smollm2_path, "Count from 1 to 20, separated by commas.")
+    engine.reset()
+    free = engine.generate(tokens, GREEDY, max_tokens=40).text
+    stop = next(s for s in ("7", "5", "3", ",") if s in free)
+    alone = engine.generate(tokens, GREEDY, max_tokens=40, stop=[stop, "never there"])
+    assert (alone.finish_reason, alone.stop) == (FINISH_STOP, stop) and stop not in alone.text
+    done: dict[int, Result] = {}
+    run_batch(
+        four,
+        [Job(i, tokens, GREEDY, max_tokens=40, stop=("never there", stop)) for i in range(2)],
+        lambda r: done.__setitem__(r.index, r),
+    )
+    assert all((r.finish_reason, r.stop, r.text) == (FINISH_STOP, stop, alone.text) for r in done.values())
+
+
+def test_speculation_in_a_shared_batch_keeps_every_greedy_answer(four: Engine, smollm2_path: Path) -> None:
+    """Four sequences, each drafting (a fixed 4 tokens a step, so every step verifies drafts of
+    several sequences in one llama_decode): the answers are those without speculation."""
+    texts = [PARAGRAPH, PARAGRAPH.replace("keeper", "guardian"), PARAGRAPH.upper(), PARAGRAPH[::-1][:150]]
+    prompts = [chat_tokens(four, smollm2_path, f"Repeat this text exactly:\n\n{t}") for t in texts]
+
+    def answers() -> dict[int, Result]:
+        done: dict[int, Result] = {}
+        run_batch(
+            four,
+            [Job(i, p, GREEDY, max_tokens=48) for i, p in enumerate(prompts)],
+            lambda r: done.__setitem__(r.index, r),
+            share_prefix=False,
+        )
+        return done
+
+    plain = answers()
+    assert four.speculate("ngram", fixed=4)
+    try:
+        drafted = answers()
+    finally:
+        four.speculate("none")
+    assert sum(r.timings.speculation.drafted for r in drafted.values()) > 0
+    assert sum(r.timings.speculation.accepted for r in drafted.values()) > 0
+    same = sum(drafted[i].text == plain[i].text for i in plain)
+    assert same >= 3, [(plain[i].text, drafted[i].text) for i in plain]  # a near tie may flip one
+
+
+def test_a_head_stored_by_a_one_shot_answer_is_restored_in_another_loops_sequence(
+    engine: Engine, four: Engine, smollm2_path: Path, tmp_path: Path
+) -> None:
+    """The prefix store's disk tier: `runner run` stores a prompt's stable head; the server's loop
+    (four sequences, a job in whichever is free) restores it and evaluates only the rest."""
+    system = "You are a careful assistant. " * 12
+    cache = PromptCache(tmp_path / "prompts", 1 << 30, lambda _m: None)
+    first = chat_tokens(engine, smollm2_path, "Name a colour.", system)
+    head = len(chat_tokens(engine, smollm2_path, "", system)) - 8
+    assert head >= MIN_HEAD
+    engine.reset()
+    stored = engine.generate(first, GREEDY, max_tokens=8, prompt_cache=cache, head=head)
+    assert stored.timings.prompt_cache.stored_tokens == head
+    second = chat_tokens(four, smollm2_path, "Name a fruit.", system)
+    done: list[Result] = []
+    four.reset()
+    loop = Loop(four, done.append, store=PrefixStore(disk=cache))
+    loop.add(Job(0, second, GREEDY, max_tokens=8))
+    while loop.busy():
+        loop.step()
+    loop.close()
+    four.reset()
+    (result,) = done
+    assert result.timings.prompt_cache.loaded_tokens == head
+    assert result.timings.prefill_tokens == len(second) - head
+    engine.reset()
+    assert result.text == engine.generate(second, GREEDY, max_tokens=8).text
+
+
+def test_a_cancelled_job_and_an_interrupted_loop_end_with_what_they_made(
+    four: Engine, smollm2_path: Path
+) -> None:
+    tokens = chat_tokens(four, smollm2_path, "Write a long story about a cat.")
+    done: dict[int, Result] = {}
+    four.reset()
+    loop = Loop(four, lambda r: done.__setitem__(r.index, r))
+    jobs = [Job(i, tokens, GREEDY, max_tokens=64) for i in range(3)]
+    for job in jobs:
+        loop.add(job)
+    for _ in range(4):
+        loop.step()
+    jobs[1].cancelled = True
+    loop.step()
+    assert done[1].finish_reason == FINISH_INTERRUPTED and 0 < done[1].timings.completion_tokens < 64
+    loop.interrupt()
+    loop.close()
+    four.reset()
+    assert {done[i].finish_reason for i in (0, 2)} == {FINISH_INTERRUPTED}
+    assert done[0].text and done[0].text == done[2].text
