@@ -11,6 +11,7 @@ and grows as it fills (_reserve).
 from __future__ import annotations
 
 import ctypes
+import struct
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -224,21 +225,38 @@ class KVContext:
         llama().llama_memory_seq_rm(self._memory, seq, -1, -1)
         self.cells[seq].clear()
 
+    @property
+    def state_streams(self) -> int:
+        """The KV streams a state from state_bytes() is written for: 1 where it can be loaded into a
+        context of any number of sequences (a plain KV cache), else this context's (a sliding-window
+        model's two caches, a recurrent or hybrid memory: their states are kept as llama.cpp wrote them)."""
+        lib = llama()
+        plain = not (
+            lib.llama_model_n_swa(self._model) > 0
+            or lib.llama_model_is_recurrent(self._model)
+            or lib.llama_model_is_hybrid(self._model)
+        )
+        return 1 if plain else self.n_seq
+
     def state_bytes(self, seq: int = 0) -> bytes:
-        """Sequence `seq`'s KV state, as llama.cpp serializes it."""
+        """Sequence `seq`'s KV state, as llama.cpp serializes it, for state_streams() streams."""
         lib = llama()
         size = lib.llama_state_seq_get_size(self._ctx, seq)
         buffer = (ctypes.c_uint8 * size)()
         n = lib.llama_state_seq_get_data(self._ctx, buffer, size, seq)
-        return ctypes.string_at(buffer, n)
+        data = ctypes.string_at(buffer, n)
+        return restream(data, 1) if self.n_seq > 1 and self.state_streams == 1 else data
 
     def load_state(self, data: bytes, tokens: Sequence[int], seq: int = 0) -> bool:
         """Replace sequence `seq`'s cells with a state (state_bytes) that holds `tokens`; False (and an
         empty sequence) where llama.cpp refuses it."""
         self.forget(seq)
         self.reserve(len(tokens) + 1)
+        if self.n_seq > 1 and self.state_streams == 1:
+            data = restream(data, self.n_seq)
         if (
-            not self._set_state(data, seq)
+            not data
+            or not self._set_state(data, seq)
             or llama().llama_memory_seq_pos_max(self._memory, seq) != len(tokens) - 1
         ):
             self.forget(seq)  # refused, or not the tokens it claims: never trusted
@@ -293,6 +311,31 @@ class KVContext:
             tokens=n,
             context=room,
         )
+
+
+STATE_HEAD = 8  # llama_state_seq_get_data's magic and the sequence id, before the memory's state
+
+
+def restream(data: bytes, n_stream: int) -> bytes:
+    """A sequence's state (a plain KV cache's: after the magic and the sequence id, the stream count,
+    then each stream's cell count and, where that is not 0, its cells) rewritten for a context of
+    `n_stream` streams. A sequence's cells are all in one stream, and llama.cpp reads them into the
+    destination sequence's stream whichever stream they were written from, so the state is the same
+    cells beside other, empty streams. b"" where the bytes are not one such state (never loaded)."""
+    at = STATE_HEAD
+    if len(data) < at + 8:
+        return b""
+    (have,) = struct.unpack_from("<I", data, at)
+    counts = [struct.unpack_from("<I", data, at + 4 + 4 * i)[0] for i in range(min(have, 64))]
+    lead = next((i for i, c in enumerate(counts) if c), None)
+    if have < 1 or lead is None or at + 4 + 4 * have > len(data):
+        return b""
+    trail = have - 1 - lead
+    end = len(data) - 4 * trail
+    if end <= at + 4 + 4 * lead or data[end:].strip(b"\0"):
+        return b""
+    section = data[at + 4 + 4 * lead : end]
+    return data[:at] + struct.pack("<I", n_stream) + section + b"\0" * (4 * (n_stream - 1))
 
 
 def add_tokens(batch: Any, seq: int, tokens: Sequence[int], pos: int, *, logits: bool | str) -> int:

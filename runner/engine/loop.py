@@ -175,6 +175,7 @@ class Loop:
         """Every active answer ends now, interrupted, what it made kept (Ctrl-C in run and chat)."""
         for slot in self.active:
             self._finish(slot, FINISH_INTERRUPTED)
+            self.free.append(slot.seq)
         self.active = []
         while self.queue:
             job = self.queue.popleft()
@@ -393,6 +394,10 @@ class Loop:
             except Interrupted:
                 self._interrupted(slot)
                 return None
+            except BaseException:  # llama_decode failed, or a signal: the sequence is free again
+                self.lib.llama_sampler_free(slot.sampler)
+                self.free.append(seq)
+                raise
             stored = self.store.store(engine, head, seq)
             slot.cache_use = CacheUse(use.loaded_tokens, stored.stored_tokens, stored.write_s, use.read_s)
             slot.prefill += len(head) - keep
@@ -413,6 +418,10 @@ class Loop:
         except Interrupted:
             self._interrupted(slot)
             return
+        except BaseException:  # llama_decode failed, or a signal: the sequence is free again
+            self.lib.llama_sampler_free(slot.sampler)
+            self.free.append(seq)
+            raise
         slot.pos = len(self.cells[seq])
         self.stats.steps += 1
         token = int(self.lib.llama_sampler_sample(slot.sampler, self.engine.ctx, -1))

@@ -65,6 +65,9 @@ class Cacheable(Protocol):
     flash_attn: bool | None
     n_gpu_layers: int
 
+    @property
+    def state_streams(self) -> int: ...
+
     def shared_prefix(self, tokens: Sequence[int], seq: int = 0) -> int: ...
 
     def state_bytes(self, seq: int = 0) -> bytes: ...
@@ -110,6 +113,7 @@ class PromptCache:
             "kv": engine.kv_type,
             "flash_attn": engine.flash_attn,
             "gpu": engine.n_gpu_layers != 0,
+            "streams": engine.state_streams,  # 1: loads into a context of any number of sequences
             "llama.cpp": [str(lib), *_stat(lib)] if lib else None,
             "format": VERSION,
         }
