@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from benchlib import free_port, model_file, progress, start, stop, wait_ready
+from benchlib import free_port, model_file, peer_flags, progress, start, stop, wait_ready
 
 LLAMA_SERVER = Path("/tmp/peers/build/bin/llama-server")
 SERVERS = ("runner", "llama-server")
@@ -67,7 +67,7 @@ def server_command(kind: str, args: argparse.Namespace, port: int) -> list[str]:
     slots = args.clients
     command = [str(args.llama_server), "-m", str(args.model_path), "--port", str(port), "--embeddings"]
     command += ["--pooling", "mean", "-fa", "off", "-np", str(slots), "-c", str(slots * 512), "--kv-unified"]
-    return command + ["-b", "512", "-ub", "512", "-t", str(args.threads), "--no-webui"]
+    return command + ["-b", "512", "-ub", "512", "-t", str(args.threads), "--no-webui", *peer_flags()]
 
 
 async def embed(client: httpx.AsyncClient, model: str, inputs: list[str]) -> list[list[float]]:

@@ -68,7 +68,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import httpx
-from benchlib import free_port, machine, progress, target
+from benchlib import free_port, machine, peer_flags, progress, target
 
 PP, TG = 512, 128  # runner bench's (checked against runner.commands.bench in the runner client)
 CTX = PP + TG + 64  # runner bench's context; runner pads it to a multiple of 256
@@ -316,7 +316,7 @@ def measure_llama_server(
     port = free_port()
     command = [str(args.peers / "llama-server"), "-m", str(args.model_path), "--host", "127.0.0.1"]
     command += ["--port", str(port), "-t", str(args.threads), "-c", str(PADDED_CTX), "-np", "1"]
-    command += ["--fit", "off"]
+    command += ["--fit", "off", *peer_flags()]
     if rpc:
         shares = ",".join("1" for _ in rpc.split(","))
         command += ["--rpc", rpc, "-ngl", "99", "--tensor-split", shares]

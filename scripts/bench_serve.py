@@ -23,7 +23,8 @@ TTFT p50 at 8 clients <= 1.2x llama-server's, runner's turn-10 TTFT <= 1.2x its 
 stdout is one JSON object (settings, medians, every round) and the table goes to stderr with the
 progress. The servers' own output goes to log files in a temporary folder, named when one fails.
 The model file is `runner show MODEL --offline --json`'s (--model-path to override); llama-server is
-a build of the pinned llama.cpp (--llama-server PATH).
+a build of the pinned llama.cpp (--llama-server PATH), started with --no-repack on a CPU with AMX,
+where it segfaults at load otherwise (benchlib.peer_flags).
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import httpx
-from benchlib import free_port, machine, model_file, progress, start, stop, target, wait_ready
+from benchlib import free_port, machine, model_file, peer_flags, progress, start, stop, target, wait_ready
 
 LLAMA_SERVER = Path("/tmp/peers/build/bin/llama-server")
 SERVERS = ("runner", "llama-server")
@@ -105,7 +106,7 @@ def server_command(kind: str, args: argparse.Namespace, port: int) -> list[str]:
         return command + shlex.split(args.runner_args)
     command = [str(args.llama_server), "-m", str(args.model_path), "--port", str(port)]
     command += ["-np", str(args.parallel), "-c", str(args.parallel * args.ctx), "-t", str(threads)]
-    return command + (["--no-webui"] if args.no_webui else [])
+    return command + peer_flags() + (["--no-webui"] if args.no_webui else [])
 
 
 async def chat(client: httpx.AsyncClient, model: str, messages: Messages, max_tokens: int) -> Reply:

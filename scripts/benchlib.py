@@ -47,6 +47,22 @@ def machine() -> str:
     return f"{cpu}, {os.cpu_count()} CPUs ({len(os.sched_getaffinity(0))} usable)"
 
 
+def amx() -> bool:
+    """Whether this CPU has AMX (Sapphire Rapids and later): the pinned llama.cpp's AMX matmul
+    segfaults there on the first batch of more than one token unless its weights are not repacked, so
+    llama.cpp's own programs run with --no-repack (as runner loads: runner.engine.llamacpp.cpu_repacks)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            return any(line.startswith("flags") and " amx_int8" in line for line in f)
+    except OSError:
+        return False
+
+
+def peer_flags() -> list[str]:
+    """The flags llama-server (and llama-bench) need on this machine beside the benchmark's own."""
+    return ["--no-repack"] if amx() else []
+
+
 def model_file(model: str) -> Path:
     """The GGUF file runner serves for MODEL, as `runner show` finds it (offline: nothing fetched)."""
     out = subprocess.run(
