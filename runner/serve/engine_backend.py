@@ -27,11 +27,11 @@ from runner.engine.prompt import Prompt, render_prompt
 from runner.engine.reasoning import ANSWER, Splitter
 from runner.engine.sampling import SamplingConfig
 from runner.engine.template import TEMPLATE_KEY, Message
+from runner.engine.tools import forced_call_schema, parse_tool_calls, tools_as_system
 from runner.errors import InvalidSetting, RunnerError
 from runner.loader import LoadedModel
 from runner.serve.backend import Ask, BadField, ModelInfo, Outcome, QueueFull, TooLong
 from runner.serve.embed_queue import EmbedQueue, EmbedRequest
-from runner.serve.tools import forced_call_schema, parse_tool_calls, tools_as_system
 
 FLAG_FIELD = {f.metadata["flag"]: f.name for f in dataclasses.fields(SamplingConfig)}
 
