@@ -17,9 +17,9 @@ import openai
 import pytest
 
 from runner.serve.backend import Outcome
-from runner.serve.responses_input import chat_messages, input_items
-from runner.serve.responses_output import Output, whole_output
-from runner.serve.responses_store import ResponseStore
+from runner.serve.responses.input import chat_messages, input_items
+from runner.serve.responses.output import Output, whole_output
+from runner.serve.responses.store import ResponseStore
 from runner.store import StoredResponse
 from tests.serving import Server, serving
 

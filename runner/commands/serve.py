@@ -115,7 +115,7 @@ def _run(request: ServeRequest, backend: Any, key: str | None, behind_front: boo
     import uvicorn
 
     from runner.serve.app import create_app
-    from runner.serve.responses_store import open_responses
+    from runner.serve.responses.store import open_responses
 
     store = open_responses()  # where /v1/responses keeps its responses (None: it keeps none)
     app = create_app(backend, api_key=key, cors=request.cors, log=ui.info, store=store)

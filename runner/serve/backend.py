@@ -41,6 +41,7 @@ class Outcome:
     text: str = ""  # the answer (reasoning apart)
     reasoning: str = ""
     finish_reason: str = "stop"  # "stop" | "length" | "tool_calls" | "interrupted"
+    stop_sequence: str | None = None  # the stop string that ended the answer (None: an end token, length …)
     prompt_tokens: int = 0
     cached_tokens: int = 0  # of the prompt, reused from the slot's KV cache (not evaluated)
     completion_tokens: int = 0
