@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 import anthropic
-import httpx
 import pytest
 
 from runner.serve.anthropic.protocol import CountRequest
@@ -228,34 +227,11 @@ def _refused(client: anthropic.Anthropic, error: type[anthropic.APIStatusError],
     return f"{said['error']['type']}: {said['error']['message']}"
 
 
-def test_bad_requests_are_refused_in_anthropics_shape(client: anthropic.Anthropic) -> None:
-    bad = anthropic.BadRequestError
-    assert _refused(client, bad, max_tokens=None).startswith(
-        "invalid_request_error: max_tokens: Field required"
-    )
-    assert "max_tokens" in _refused(client, bad, max_tokens=0)
-    assert "temperature" in _refused(client, bad, temperature=1.5)
-    assert "messages[0].role" in _refused(client, bad, messages=[{"role": "robot", "content": "Hi"}])
-    image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AAAA"}}
-    said = _refused(client, bad, messages=[{"role": "user", "content": [image]}])
-    assert "messages[0].content" in said and "image blocks are not supported" in said
-    misplaced = [
-        {"role": "user", "content": [{"type": "tool_use", "id": "t", "name": "get_weather", "input": {}}]}
-    ]
-    assert "tool_use blocks belong in assistant messages" in _refused(client, bad, messages=misplaced)
-    assert "tool_choice.name" in _refused(
-        client, bad, tools=[WEATHER], tool_choice={"type": "tool", "name": "x"}
-    )
+def test_a_prompt_past_the_context_is_refused_in_anthropics_shape(client: anthropic.Anthropic) -> None:
+    """Refused by the model (its tokens past the context); the refusals the fields alone decide are in
+    test_serve_protocol.py, in process."""
     long = [{"role": "user", "content": "word " * 2000}]
-    assert "context" in _refused(client, bad, messages=long)
-    missing = _refused(client, anthropic.NotFoundError, model="claude-opus-4")
-    assert missing.startswith("not_found_error:") and MODEL in missing
-
-
-def test_a_wrong_method_is_refused_in_anthropics_shape(server: Server) -> None:
-    reply = httpx.get(f"{server.url}/v1/messages", timeout=10)
-    assert reply.status_code == 405
-    assert reply.json()["type"] == "error" and reply.json()["error"]["type"] == "invalid_request_error"
+    assert "context" in _refused(client, anthropic.BadRequestError, messages=long)
 
 
 def test_a_client_that_leaves_cancels_its_answer(client: anthropic.Anthropic, server: Server) -> None:
