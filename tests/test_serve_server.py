@@ -1,8 +1,9 @@
 """runner serve as a server, with the real model: a client leaving mid-stream, the access line, model
 names that never read a file, a full queue (429), the API key, CORS, SIGTERM with answers in flight,
-and the refusals before anything loads (another host without a key, a port in use). One server
-(SmolLM2, 4 sequences of 1024 tokens) answers most; servers of their own check what needs other
-flags. Every server is stopped with SIGTERM and must exit 0 without a traceback.
+the refusals before anything loads (another host without a key, a port in use), and a model given as
+a path, served under its file's stem. One server (SmolLM2, 4 sequences of 1024 tokens) answers most;
+servers of their own check what needs other flags. Every server is stopped with SIGTERM and must exit
+0 without a traceback.
 """
 
 from __future__ import annotations
@@ -338,3 +339,44 @@ def test_cors_only_when_asked_for(smollm2_path: Path, tmp_path: Path, http: http
     assert "access-control-allow-origin" not in got.headers and got.status_code == 405
     got = http.get("/v1/models", headers={"Origin": "https://example.org"})
     assert got.status_code == 200 and "access-control-allow-origin" not in got.headers
+
+
+@pytest.mark.timeout(300)
+def test_a_model_given_as_a_path_is_served_under_its_stem(smollm2_path: Path, tmp_path: Path) -> None:
+    """`runner serve PATH`: /v1/models and /api/tags list the file's stem (as --models DIR and models
+    on demand name theirs), requests name it so, and the whole path is no model name."""
+    file = tmp_path / "tiny-chat.gguf"
+    file.symlink_to(smollm2_path)
+    with model_server(tmp_path, "--parallel", "1", "--ctx", "512", model=str(file)) as served:
+        client = openai_client(served)
+        assert [m.id for m in client.models.list()] == ["tiny-chat"]
+        answer = client.chat.completions.create(model="tiny-chat", messages=HI, max_tokens=2)  # type: ignore[arg-type]
+        assert (
+            answer.model == "tiny-chat" and answer.usage is not None and answer.usage.completion_tokens >= 1
+        )
+        tags = httpx.get(f"{served.url}/api/tags", timeout=10).json()
+        assert [m["name"] for m in tags["models"]] == ["tiny-chat"]
+        with pytest.raises(openai.NotFoundError):
+            client.chat.completions.create(model=str(file), messages=HI, max_tokens=2)  # type: ignore[arg-type]
+        assert "serving tiny-chat on" in served.stderr()
+
+
+@pytest.mark.timeout(300)
+def test_two_files_with_one_stem_are_refused(smollm2_path: Path, tmp_path: Path) -> None:
+    """Two files both named x.gguf: exit 2, one line saying the name is taken, before the second loads."""
+    files = []
+    for folder in ("a", "b"):
+        (tmp_path / folder).mkdir()
+        files.append(tmp_path / folder / "x.gguf")
+        files[-1].symlink_to(smollm2_path)
+    done = subprocess.run(
+        [sys.executable, "-m", "runner", "serve", *map(str, files), "--port", str(free_port()), *THREADS],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        env=serve_env(tmp_path),
+        timeout=120,
+    )
+    assert done.returncode == 2, done.stderr
+    assert "another model is already served as 'x'" in done.stderr.strip().splitlines()[-1]
+    assert "Traceback" not in done.stderr

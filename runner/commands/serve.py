@@ -96,7 +96,9 @@ def serve(request: ServeRequest) -> None:
         found = {name: None for name in request.models} if request.models else _local_models(request)
         for name, path in found.items():
             if request.models:  # named: loaded now (the others when first asked for)
+                stem = _stem_if_path(name, taken=pool.offers)
                 loaded = _load(request, name, offline=request.offline)
+                loaded.name = stem or loaded.name
                 pool.offers[loaded.name] = _offer(request, loaded.name, loaded)
                 pool.preload(_served(loaded, request), _needs(loaded.plan, loaded.header))
             else:
@@ -167,6 +169,21 @@ def _load(request: ServeRequest, name: str, *, offline: bool) -> LoadedModel:
     return open_model(
         name, **_planning(request), threads=request.threads, offline=offline, debug=request.debug
     )
+
+
+def _stem_if_path(name: str, taken: dict[str, Any]) -> str | None:
+    """The name a model given as a file is served under: the file's name without .gguf, as for the files
+    of --models DIR (a client sends `model: "x"` for ./x.gguf, not the path). None for an alias or a
+    Hub reference, whose name is as given. A second file with the same stem is refused before it loads."""
+    from runner.hub.refs import LocalRef, resolve
+
+    ref = resolve(name, load_catalog())
+    if not isinstance(ref, LocalRef):
+        return None
+    stem = ref.path.stem
+    if stem in taken:
+        raise UsageError(f"{name}: another model is already served as {stem!r}; give each file its own name")
+    return stem
 
 
 def _local_models(request: ServeRequest) -> dict[str, Path | None]:
