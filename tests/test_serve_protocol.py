@@ -249,7 +249,7 @@ def test_an_exception_in_a_route_is_a_500_in_its_apis_shape(http: TestClient, ba
     async def broken(ask: Any) -> Any:
         raise KeyError("boom")
 
-    backend.submit = broken  # type: ignore[method-assign]
+    backend.submit = broken
     got = http.post("/v1/chat/completions", content=chat())
     assert got.status_code == 500 and got.json()["error"]["type"] == "server_error"
     assert "server's log" in got.json()["error"]["message"]
@@ -324,11 +324,11 @@ def test_finish_and_done_reasons_come_from_the_outcome(http: TestClient, backend
         text="Hello there", finish_reason="length", prompt_tokens=5, completion_tokens=2
     )
     client = openai.OpenAI(base_url="http://testserver/v1", api_key="unused", max_retries=0, http_client=http)
-    answer = client.chat.completions.create(model=MODEL, messages=HI, max_tokens=2)  # type: ignore[arg-type]
+    answer = client.chat.completions.create(model=MODEL, messages=HI, max_tokens=2)
     assert answer.choices[0].finish_reason == "length" and answer.choices[0].message.content == "Hello there"
     done = http.post("/api/chat", json={"model": MODEL, "messages": HI, "stream": False}).json()
     assert done["done_reason"] == "length" and done["message"]["content"] == "Hello there"
-    reply = anthropic_client(http).messages.create(model=MODEL, messages=HI, max_tokens=2)  # type: ignore[arg-type]
+    reply = anthropic_client(http).messages.create(model=MODEL, messages=HI, max_tokens=2)
     assert reply.stop_reason == "max_tokens"
 
 
@@ -417,9 +417,17 @@ def test_responses_bad_requests_are_refused_in_openais_shape_and_keep_nothing(
             image = {"type": "input_image", "image_url": "https://example.com/a.png"}
             said = refused(400, input=[{"role": "user", "content": [image]}])
             assert said["param"] == "input[0].content" and "input_image" in said["message"]
-            for field, value in [("background", True), ("truncation", "auto"), ("include", ["x.results"])]:
+            for field, value in [
+                ("background", True),
+                ("truncation", "auto"),
+                ("include", ["file_search_call.results"]),
+            ]:
                 assert refused(400, **{field: value})["param"] == field
-            weather = {"type": "function", "name": "get_weather", "parameters": {"type": "object"}}
+            weather = {
+                "type": "function",
+                "name": "get_weather",
+                "parameters": WEATHER[0]["function"]["parameters"],
+            }
             choice = {"type": "function", "name": "x"}
             assert refused(400, tools=[weather], tool_choice=choice)["param"] == "tool_choice"
             assert refused(400, tool_choice={"type": "function", "name": ["x"]})["param"] == "tool_choice"

@@ -350,14 +350,14 @@ def test_a_model_given_as_a_path_is_served_under_its_stem(smollm2_path: Path, tm
     with model_server(tmp_path, "--parallel", "1", "--ctx", "512", model=str(file)) as served:
         client = openai_client(served)
         assert [m.id for m in client.models.list()] == ["tiny-chat"]
-        answer = client.chat.completions.create(model="tiny-chat", messages=HI, max_tokens=2)  # type: ignore[arg-type]
+        answer = client.chat.completions.create(model="tiny-chat", messages=HI, max_tokens=2)
         assert (
             answer.model == "tiny-chat" and answer.usage is not None and answer.usage.completion_tokens >= 1
         )
         tags = httpx.get(f"{served.url}/api/tags", timeout=10).json()
         assert [m["name"] for m in tags["models"]] == ["tiny-chat"]
         with pytest.raises(openai.NotFoundError):
-            client.chat.completions.create(model=str(file), messages=HI, max_tokens=2)  # type: ignore[arg-type]
+            client.chat.completions.create(model=str(file), messages=HI, max_tokens=2)
         assert "serving tiny-chat on" in served.stderr()
 
 
