@@ -76,10 +76,15 @@ async def embed(client: httpx.AsyncClient, model: str, inputs: list[str]) -> lis
     return [d["embedding"] for d in sorted(reply.json()["data"], key=lambda d: d["index"])]
 
 
+def served_name(model: str) -> str:
+    """The name `runner serve MODEL` serves MODEL under: a file's name without .gguf, else MODEL."""
+    return Path(model).stem if Path(model).expanduser().is_file() else model
+
+
 async def measure(kind: str, args: argparse.Namespace, log: Path) -> dict[str, Any]:
     port = free_port()
     process = start(server_command(kind, args, port), log)
-    model = args.model if kind == "runner" else "model"
+    model = served_name(args.model) if kind == "runner" else "model"
     sentences = texts(args.texts)
     try:
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:

@@ -192,6 +192,11 @@ async def conversation(
     return {"ttft_s": ttft, "prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens}
 
 
+def served_name(model: str) -> str:
+    """The name `runner serve MODEL` serves MODEL under: a file's name without .gguf, else MODEL."""
+    return Path(model).stem if Path(model).expanduser().is_file() else model
+
+
 def engine_limit(
     args: argparse.Namespace, chat: dict[str, list[float]], repeats: int = 7
 ) -> dict[str, float]:
@@ -237,7 +242,7 @@ def engine_limit(
 async def measure(kind: str, args: argparse.Namespace, log: Path) -> dict[str, Any]:
     port = free_port()
     process = start(server_command(kind, args, port), log)
-    model = args.model if kind == "runner" else str(args.model_path)
+    model = served_name(args.model) if kind == "runner" else str(args.model_path)
     # a connection per request, as from separate clients: llama-server closes a kept-alive connection
     # after a few requests, and a request sent on it as it closes fails
     limits = httpx.Limits(max_connections=max(args.clients) + 4, max_keepalive_connections=0)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ctypes
 import json
 import re
 from pathlib import Path
@@ -20,17 +19,8 @@ from runner.engine.sampling import SamplingConfig
 from runner.engine.template import Message
 from runner.gguf import read_header
 from tests.conftest import run_cli
+from tests.serving import QUESTIONS, same_unless_near_tie
 
-QUESTIONS = [
-    "What is the capital of France?",
-    "Name a yellow fruit.",
-    "How many legs does a spider have?",
-    "What do bees make?",
-    "Name a planet.",
-    "What is 7 times 6?",
-    "Which ocean is the largest?",
-    "What is frozen water called?",
-]
 GREEDY = SamplingConfig(temperature=0)
 
 
@@ -46,33 +36,6 @@ def prompts(
     header = read_header(path)
     head = [Message("system", system)] if system else []
     return [render_prompt(engine, header, [*head, Message("user", q)]).tokens for q in QUESTIONS]
-
-
-def top2_gap(engine: Engine, tokens: list[int]) -> float:
-    """The logit gap between the best two next tokens after `tokens` (one sequence, one decode)."""
-    from runner.engine.llamacpp import llama
-
-    engine.reset()
-    engine.prefill(tokens)
-    row = llama().llama_get_logits_ith(engine.ctx, -1)
-    logits = sorted(ctypes.cast(row, ctypes.POINTER(ctypes.c_float))[: engine.n_vocab], reverse=True)
-    return logits[0] - logits[1]
-
-
-NEAR_TIE = 0.5  # logits: where llama.cpp's batch-size-dependent kernels may choose either token
-
-
-def same_unless_near_tie(engine: Engine, prompt: list[int], a: str, b: str) -> bool:
-    """True when a == b; False when they part at a near tie of the top two candidates (a flip that
-    llama.cpp's batch-size-dependent kernels may make, which a caller may count); an AssertionError
-    when they part anywhere else. Never assert its value: a near tie is allowed, not a failure."""
-    if a == b:
-        return True
-    ta, tb = engine.tokenize(a, add_special=False), engine.tokenize(b, add_special=False)
-    k = next((j for j in range(min(len(ta), len(tb))) if ta[j] != tb[j]), min(len(ta), len(tb)))
-    gap = top2_gap(engine, prompt + ta[:k])
-    assert gap < NEAR_TIE, (a, b, gap)
-    return False
 
 
 def test_greedy_answers_are_the_same_alone_and_batched(

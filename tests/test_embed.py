@@ -13,27 +13,10 @@ import pytest
 from runner.engine.embed import Embedder, EmptyInput, InputTooLong, normalized, plan_batches
 from runner.engine.engine import Engine
 from tests.conftest import run_cli
+from tests.serving import BATCH_COSINE, BATCH_TOLERANCE, TEXTS, cosine
 
-TEXTS = [
-    "The cat sat on the mat.",
-    "A kitten is sitting on a rug.",
-    "Stock markets fell sharply today.",
-    "Share prices dropped and the economy slowed.",
-    "How do I bake bread at home?",
-    "A recipe for a loaf of homemade bread.",
-]
 SAME_TOPIC = [(0, 1), (2, 3), (4, 5)]
-# The same text batched with others, against alone: llama.cpp's CPU kernels round differently where a
-# sequence starts at another offset of the batch (SIMD lanes), measured here at most 2.1e-3 per
-# component and 1 - 1.3e-5 in cosine over the batches below (flash attention, which runner.engine.embed
-# leaves off, made it 8e-3 and 1 - 5e-4); the first six, 46 tokens in one decode, 3e-8.
-BATCH_TOLERANCE = 4e-3
-BATCH_COSINE = 1 - 4e-5
 CLI_TOLERANCE = 1e-6  # another process, maybe another thread count, the text alone: measured 0 here
-
-
-def cosine(a: list[float], b: list[float]) -> float:
-    return sum(x * y for x, y in zip(a, b, strict=True))  # both at unit length
 
 
 @pytest.fixture(scope="module")

@@ -68,3 +68,17 @@ def test_an_import_cycle_is_caught(tmp_path: Path) -> None:
     assert "No cycles are allowed in runner.engine" in done.stdout
     assert "runner.engine.promptcache is not allowed to import runner.engine.engine" in done.stdout
     assert "2 broken" in done.stdout
+
+
+def test_an_api_importing_another_is_caught(tmp_path: Path) -> None:
+    """The server's APIs share through runner.serve.shared only: OpenAI's translation borrowing
+    Ollama's breaks their independence (and the server's layers, where they sit side by side)."""
+    copy_of_runner(tmp_path)
+    add_import(
+        tmp_path / "runner" / "serve" / "openai" / "serving.py", "from runner.serve.ollama.serving import now"
+    )
+    done = lint_imports(tmp_path)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "runner.serve.openai.serving -> runner.serve.ollama.serving" in done.stdout
+    assert "The APIs never import each other" in done.stdout
+    assert "2 broken" in done.stdout

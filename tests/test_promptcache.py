@@ -16,7 +16,7 @@ from runner.engine.engine import Engine
 from runner.engine.promptcache import MIN_HEAD, PromptCache
 from runner.engine.sampling import SamplingConfig
 from tests.conftest import run_cli
-from tests.test_batch import same_unless_near_tie
+from tests.serving import same_unless_near_tie
 
 GREEDY = SamplingConfig(temperature=0)
 WORDS = [

@@ -155,8 +155,8 @@ def test_the_server_keeps_reasoning_apart(thinking_model: Path, tmp_path: Path) 
 
     from tests.serving import serving
 
-    name, question = str(thinking_model), [{"role": "user", "content": "What is 2+2?"}]
-    with serving([name, "--parallel", "1", "--ctx", "1024"], tmp_path / "stderr") as server:
+    name, question = thinking_model.stem, [{"role": "user", "content": "What is 2+2?"}]  # a file's stem
+    with serving([str(thinking_model), "--parallel", "1", "--ctx", "1024"], tmp_path / "stderr") as server:
         client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused")
         thought = client.chat.completions.create(model=name, messages=question, max_tokens=24, temperature=0)
         message = thought.choices[0].message

@@ -4,7 +4,6 @@ errors in Anthropic's own shape."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 from collections.abc import Iterator
@@ -12,11 +11,10 @@ from pathlib import Path
 from typing import Any
 
 import anthropic
-import httpx
 import pytest
 
-from runner.serve.anthropic_api import CountRequest, Stops
-from runner.serve.backend import Outcome
+from runner.serve.anthropic.protocol import CountRequest
+from runner.serve.anthropic.serving import ask_of
 from tests.serving import Server, serving
 
 MODEL = "smollm2"
@@ -27,51 +25,6 @@ WEATHER = {
     "description": "The weather in a city.",
     "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
 }
-
-
-class Scripted:
-    """A Generation that yields its parts and goes on after cancel(), as the engine does until its
-    next step."""
-
-    def __init__(self, parts: list[tuple[str, str]]) -> None:
-        self.parts = parts
-        self.prompt_tokens = 3
-        self.outcome = Outcome(text="".join(text for kind, text in parts if kind == "answer"))
-        self.cancelled = False
-
-    def __aiter__(self) -> Any:
-        return self._parts()
-
-    async def _parts(self) -> Any:
-        for part in self.parts:
-            yield part
-
-    def cancel(self) -> None:
-        self.cancelled = True
-
-
-def _through(inner: Scripted, stop: tuple[str, ...]) -> tuple[list[tuple[str, str]], Stops]:
-    async def drain() -> tuple[list[tuple[str, str]], Stops]:
-        stops = Stops(inner, stop)
-        return [part async for part in stops], stops
-
-    return asyncio.run(drain())
-
-
-def test_a_stop_sequence_split_across_pieces_ends_the_answer() -> None:
-    inner = Scripted(
-        [("reasoning", "hm"), ("answer", "Hel"), ("answer", "lo E"), ("answer", "ND more"), ("answer", "!")]
-    )
-    out, stops = _through(inner, ("@@", "END"))
-    assert out == [("reasoning", "hm"), ("answer", "Hel"), ("answer", "lo ")]
-    assert stops.matched == "END" and inner.cancelled
-    assert stops.outcome.text == "Hello " and stops.outcome.finish_reason == "stop"
-
-
-def test_a_held_tail_that_never_becomes_a_stop_sequence_comes_out() -> None:
-    out, stops = _through(Scripted([("answer", "Hello E"), ("answer", "N")]), ("END",))
-    assert "".join(text for _, text in out) == "Hello EN" and stops.matched is None
-    assert stops.outcome.text == "Hello EN"
 
 
 def test_blocks_become_the_messages_the_templates_read() -> None:
@@ -107,7 +60,7 @@ def test_blocks_become_the_messages_the_templates_read() -> None:
             "thinking": {"type": "disabled"},
         }
     )
-    ask = request.ask(MODEL)
+    ask = ask_of(request, MODEL)
     call = {
         "id": "t1",
         "type": "function",
@@ -273,34 +226,11 @@ def _refused(client: anthropic.Anthropic, error: type[anthropic.APIStatusError],
     return f"{said['error']['type']}: {said['error']['message']}"
 
 
-def test_bad_requests_are_refused_in_anthropics_shape(client: anthropic.Anthropic) -> None:
-    bad = anthropic.BadRequestError
-    assert _refused(client, bad, max_tokens=None).startswith(
-        "invalid_request_error: max_tokens: Field required"
-    )
-    assert "max_tokens" in _refused(client, bad, max_tokens=0)
-    assert "temperature" in _refused(client, bad, temperature=1.5)
-    assert "messages[0].role" in _refused(client, bad, messages=[{"role": "robot", "content": "Hi"}])
-    image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AAAA"}}
-    said = _refused(client, bad, messages=[{"role": "user", "content": [image]}])
-    assert "messages[0].content" in said and "image blocks are not supported" in said
-    misplaced = [
-        {"role": "user", "content": [{"type": "tool_use", "id": "t", "name": "get_weather", "input": {}}]}
-    ]
-    assert "tool_use blocks belong in assistant messages" in _refused(client, bad, messages=misplaced)
-    assert "tool_choice.name" in _refused(
-        client, bad, tools=[WEATHER], tool_choice={"type": "tool", "name": "x"}
-    )
+def test_a_prompt_past_the_context_is_refused_in_anthropics_shape(client: anthropic.Anthropic) -> None:
+    """Refused by the model (its tokens past the context); the refusals the fields alone decide are in
+    test_serve_protocol.py, in process."""
     long = [{"role": "user", "content": "word " * 2000}]
-    assert "context" in _refused(client, bad, messages=long)
-    missing = _refused(client, anthropic.NotFoundError, model="claude-opus-4")
-    assert missing.startswith("not_found_error:") and MODEL in missing
-
-
-def test_a_wrong_method_is_refused_in_anthropics_shape(server: Server) -> None:
-    reply = httpx.get(f"{server.url}/v1/messages", timeout=10)
-    assert reply.status_code == 405
-    assert reply.json()["type"] == "error" and reply.json()["error"]["type"] == "invalid_request_error"
+    assert "context" in _refused(client, anthropic.BadRequestError, messages=long)
 
 
 def test_a_client_that_leaves_cancels_its_answer(client: anthropic.Anthropic, server: Server) -> None:

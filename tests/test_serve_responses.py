@@ -17,9 +17,9 @@ import openai
 import pytest
 
 from runner.serve.backend import Outcome
-from runner.serve.responses_input import chat_messages, input_items
-from runner.serve.responses_output import Output, whole_output
-from runner.serve.responses_store import ResponseStore
+from runner.serve.responses.input import chat_messages, input_items
+from runner.serve.responses.output import Output, whole_output
+from runner.serve.responses.store import ResponseStore
 from runner.store import StoredResponse
 from tests.serving import Server, serving
 
@@ -305,32 +305,11 @@ def _refused(client: openai.OpenAI, status: int, **fields: Any) -> dict[str, Any
     return said
 
 
-def test_bad_requests_are_refused_in_openais_shape_and_keep_nothing(
-    client: openai.OpenAI, data: Path
-) -> None:
+def test_a_prompt_past_the_context_is_refused_and_keeps_nothing(client: openai.OpenAI, data: Path) -> None:
+    """Refused by the model (its tokens past the context); the refusals the fields alone decide are in
+    test_serve_protocol.py, in process."""
     before = kept(data)
-    said = _refused(client, 404, model="gpt-9")
-    assert said["type"] == "not_found_error" and said["param"] == "model"
-    said = _refused(client, 400, tools=[{"type": "web_search"}])
-    assert said["param"] == "tools[0].type" and "web_search" in said["message"]
-    said = _refused(client, 400, input=[{"type": "computer_call", "id": "x"}])
-    assert said["param"] == "input[0].type" and "computer_call" in said["message"]
-    said = _refused(client, 404, previous_response_id="resp_nothing")
-    assert said["type"] == "not_found_error" and said["param"] == "previous_response_id"
-    image = {"type": "input_image", "image_url": "https://example.com/a.png"}
-    said = _refused(client, 400, input=[{"role": "user", "content": [image]}])
-    assert said["param"] == "input[0].content" and "input_image" in said["message"]
-    for field, value in [
-        ("background", True),
-        ("truncation", "auto"),
-        ("include", ["file_search_call.results"]),
-    ]:
-        assert _refused(client, 400, **{field: value})["param"] == field
-    assert _refused(client, 400, tools=[WEATHER], tool_choice={"type": "function", "name": "x"})["param"] == (
-        "tool_choice"
-    )
-    assert _refused(client, 400, temperature=3)["param"] == "temperature"
-    said = _refused(client, 400, input="word " * 1500)  # refused by the model: past the context
+    said = _refused(client, 400, input="word " * 1500)
     assert said["code"] == "context_length_exceeded"
     assert kept(data) == before
 

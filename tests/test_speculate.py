@@ -14,8 +14,8 @@ from runner.engine.speculate import CONTINUING, NGRAM_KEYS, NgramDrafter, Specul
 from runner.engine.template import Message
 from runner.gguf import read_header
 from tests.conftest import run_cli
+from tests.serving import same_unless_near_tie
 from tests.synth import SPECS, Spec, write_model
-from tests.test_batch import same_unless_near_tie
 
 GREEDY = SamplingConfig(temperature=0)
 COPYING = NGRAM_KEYS[0] + CONTINUING  # the kind of a draft that carries on a copy under way

@@ -99,7 +99,9 @@ def serve(request: ServeRequest) -> None:
         found = {name: None for name in request.models} if request.models else _local_models(request)
         for name, path in found.items():
             if request.models:  # named: loaded now (the others when first asked for)
+                stem = _stem_if_path(name, taken=pool.offers)
                 loaded = _load(request, name, offline=request.offline)
+                loaded.name = stem or loaded.name
                 pool.offers[loaded.name] = _offer(request, loaded.name, loaded)
                 pool.preload(_served(loaded, request), _needs(loaded.plan, loaded.header))
             else:
@@ -118,7 +120,7 @@ def _run(request: ServeRequest, backend: Any, key: str | None, behind_front: boo
     import uvicorn
 
     from runner.serve.app import create_app
-    from runner.serve.responses_store import open_responses
+    from runner.serve.responses.store import open_responses
 
     store = open_responses()  # where /v1/responses keeps its responses (None: it keeps none)
     app = create_app(backend, api_key=key, cors=request.cors, log=ui.info, store=store)
@@ -176,6 +178,21 @@ def _load(request: ServeRequest, name: str, *, offline: bool) -> LoadedModel:
         spec=spec_setting(request.spec, request.draft),
         draft=request.draft,
     )
+
+
+def _stem_if_path(name: str, taken: dict[str, Any]) -> str | None:
+    """The name a model given as a file is served under: the file's name without .gguf, as for the files
+    of --models DIR (a client sends `model: "x"` for ./x.gguf, not the path). None for an alias or a
+    Hub reference, whose name is as given. A second file with the same stem is refused before it loads."""
+    from runner.hub.refs import LocalRef, resolve
+
+    ref = resolve(name, load_catalog())
+    if not isinstance(ref, LocalRef):
+        return None
+    stem = ref.path.stem
+    if stem in taken:
+        raise UsageError(f"{name}: another model is already served as {stem!r}; give each file its own name")
+    return stem
 
 
 def _local_models(request: ServeRequest) -> dict[str, Path | None]:

@@ -1,5 +1,6 @@
-"""`runner serve`: the models on this machine behind the OpenAI and Ollama HTTP APIs.
+"""`runner serve`: the models on this machine behind the OpenAI, Ollama and Anthropic HTTP APIs.
 
-backend.py is the one engine thread (the batch loop every request joins) and what the HTTP side sees
-of it; the HTTP side (app.py and one module per API) never calls llama.cpp. Imported only by `serve`.
+engine_backend.py is each model's engine thread (the batch loop every request joins), backend.py what
+the HTTP side sees of it. The HTTP side (app.py over apis.py, one package per API over shared/) never
+calls llama.cpp. Imported only by `serve`.
 """

@@ -1,9 +1,9 @@
 """The HTTP application `runner serve` runs: the APIs' routes over one backend, and what wraps them.
 
 From the outside in: the access line (and the last guard against a bare 500), CORS when asked for,
-the API key when one is set, then the routes. Every error leaves in the shape of the API it was
-asked through: Anthropic's for /v1/messages*, OpenAI's for the rest of /v1/* (and anything else),
-Ollama's for /api/*.
+the API key when one is set, then the routes (runner.serve.apis: one package per API). Every error
+leaves in the shape of the API it was asked through: a route's by its own API, the rest by the API
+that claims the path (Anthropic's /v1/messages*, Ollama's /api/*, OpenAI's the rest).
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ import sys
 import time
 from collections.abc import Callable
 
-from pydantic import ValidationError
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
@@ -23,20 +22,10 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from runner.errors import RunnerError
-from runner.serve import anthropic_api, embeddings_api, ollama_api, openai_api, responses_api
+from runner.serve import apis
 from runner.serve.backend import Backend
-from runner.serve.common import (
-    TRAFFIC,
-    ApiError,
-    Traffic,
-    as_api_error,
-    brief,
-    error_body,
-    error_response,
-    quoted,
-)
-from runner.serve.responses_store import ResponseStore
+from runner.serve.responses.store import ResponseStore
+from runner.serve.shared.http import TRAFFIC, ApiError, Traffic, as_api_error, brief, quoted
 
 MAX_BODY = 4 << 20  # a request's body: room for a long conversation, not for a flood
 
@@ -66,11 +55,7 @@ def create_app(
     routes = [
         Route("/", root, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
-        *openai_api.routes(backend, max_body),
-        *ollama_api.routes(backend, max_body),
-        *embeddings_api.routes(backend, max_body),
-        *anthropic_api.routes(backend, max_body),
-        *responses_api.routes(backend, max_body, store),
+        *apis.routes(backend, max_body, store),
     ]
     middleware = [Middleware(AccessLog, log=log or _to_stderr)]
     if cors:
@@ -83,13 +68,7 @@ def create_app(
         )
     if api_key:
         middleware.append(Middleware(ApiKey, key=api_key))
-    handlers = {
-        HTTPException: _no_route,
-        ApiError: error_response,
-        ValidationError: error_response,
-        RunnerError: error_response,
-    }
-    return Starlette(routes=routes, middleware=middleware, exception_handlers=handlers)
+    return Starlette(routes=routes, middleware=middleware, exception_handlers={HTTPException: _no_route})
 
 
 def _no_route(request: Request, exc: Exception) -> Response:
@@ -103,7 +82,7 @@ def _no_route(request: Request, exc: Exception) -> Response:
         err = ApiError(404, f"{where}: no such endpoint", kind="not_found_error")
     else:
         err = ApiError(status, f"{where}: {getattr(exc, 'detail', '')}")
-    return error_response(request, err)
+    return apis.shape_of(request.url.path).response(request, err)
 
 
 def _to_stderr(line: str) -> None:
@@ -142,7 +121,7 @@ class AccessLog:
             note.error = brief(exc)
             if status == 0:
                 err = as_api_error(exc)
-                body = error_body(scope.get("path", ""), err)
+                body = apis.shape_of(scope.get("path", "")).body(err)
                 await JSONResponse(body, status_code=err.status)(scope, receive, sending)
         finally:
             self.log(access_line(scope, status, note))
@@ -180,7 +159,7 @@ class ApiKey:
             401, "a valid API key is required", kind="authentication_error", code="invalid_api_key"
         )
         request = Request(scope, receive)
-        response = error_response(request, err)
+        response = apis.shape_of(request.url.path).response(request, err)
         response.headers["WWW-Authenticate"] = "Bearer"
         await response(scope, receive, send)
 

@@ -30,11 +30,11 @@ from runner.engine.reasoning import ANSWER
 from runner.engine.sampling import SamplingConfig
 from runner.engine.sequence import Job, dropped
 from runner.engine.template import TEMPLATE_KEY, Message
+from runner.engine.tools import forced_call_schema, parse_tool_calls, tools_as_system
 from runner.errors import InvalidSetting, RunnerError
 from runner.loader import LoadedModel
 from runner.serve.backend import Ask, BadField, ModelInfo, Outcome, QueueFull, TooLong
 from runner.serve.embed_queue import EmbedQueue, EmbedRequest
-from runner.serve.tools import forced_call_schema, parse_tool_calls, tools_as_system
 
 
 @dataclass

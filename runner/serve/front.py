@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import signal
 import socket
@@ -25,7 +24,8 @@ import sys
 from typing import Any
 
 from runner import remote, ui
-from runner.serve.common import ApiError, error_body, is_anthropic, is_ollama
+from runner.serve.apis import shape_of
+from runner.serve.shared.http import ApiError
 
 INNER_ENV = "RUNNER_SERVE_INNER_PORT"  # the child serves on 127.0.0.1:this
 READY_POLL_S = 0.2
@@ -166,21 +166,13 @@ def _unavailable(path: str, front: Front) -> Any:
         return JSONResponse(body, status_code=503)
     message = f"{front.why}; the server is loading the model again" if front.why else "the model is loading"
     err = ApiError(503, message, kind="server_error", code="worker_unavailable")
-    return JSONResponse(error_body(path, err), status_code=503, headers={"Retry-After": "5"})
+    return JSONResponse(shape_of(path).body(err), status_code=503, headers={"Retry-After": "5"})
 
 
-def _stream_error(path: str, content_type: str, message: str) -> bytes:
+def _stream_error(path: str, message: str) -> bytes:
     """The error that ends a cut stream, as the API's clients read one mid-stream."""
     err = ApiError(502, message, kind="server_error", code="worker_unavailable")
-    body = error_body(path, err)
-    if is_ollama(path) or "ndjson" in content_type:
-        return (json.dumps(body) + "\n").encode()
-    if is_anthropic(path):
-        return f"event: error\ndata: {json.dumps(body)}\n\n".encode()
-    if path.startswith("/v1/responses"):
-        event = {"type": "error", "code": err.code, "message": message, "param": None}
-        return f"event: error\ndata: {json.dumps(event)}\n\n".encode()
-    return f"data: {json.dumps(body)}\n\n".encode()
+    return shape_of(path).in_stream(err).encode()
 
 
 def create_front(front: Front) -> Any:
@@ -218,9 +210,7 @@ def create_front(front: Front) -> Any:
             except httpx.HTTPError:
                 if streaming:
                     await front.lost()
-                    yield _stream_error(
-                        path, content_type, f"{front.why or 'a worker went away'} during the answer"
-                    )
+                    yield _stream_error(path, f"{front.why or 'a worker went away'} during the answer")
 
         out_headers = {k: v for k, v in answer.headers.items() if k.lower() not in HOP}
         return StreamingResponse(

@@ -4,15 +4,18 @@ grammar (tool_choice "required" or a named function), and calls read back out of
 Call formats read: Hermes / Qwen2.5 / Qwen3 `<tool_call>{"name", "arguments"}</tool_call>` blocks,
 and an answer that is one JSON object {"name", "arguments" | "parameters"} (Llama 3.x, and what
 tools_as_system asks of any other model). A name not among the request's tools is no call.
+
+The server's engine thread uses this beside the template (runner.serve.engine_backend); it sits in the
+engine's bottom layer with template.py and imports nothing of it: a message here is any frozen
+dataclass with `role` and `content` (template.Message), copied with dataclasses.replace.
 """
 
 from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 from typing import Any
-
-from runner.engine.template import Message
 
 TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 
@@ -27,18 +30,22 @@ def functions(tools: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return out
 
 
-def tools_as_system(messages: list[Message], tools: list[dict[str, Any]]) -> list[Message]:
-    """The tools described in the system message, for a template that has no place for them."""
+def tools_as_system(messages: list[Any], tools: list[dict[str, Any]]) -> list[Any]:
+    """The tools described in the system message, for a template that has no place for them: added to
+    the system message there is, or a system message of its own before the first (a conversation of
+    no messages has none to copy, and is left as it is)."""
     listed = "\n".join(json.dumps(fn, ensure_ascii=False) for fn in functions(tools).values())
     text = (
         "You can call these functions:\n"
         f"{listed}\n"
         'To call one, answer with only a JSON object: {"name": <function name>, "arguments": {...}}.'
     )
-    if messages and messages[0].role == "system":
-        first = messages[0]
-        return [Message("system", f"{first.content}\n\n{text}", first.extra), *messages[1:]]
-    return [Message("system", text), *messages]
+    if not messages:
+        return messages
+    first = messages[0]
+    if first.role == "system":
+        return [replace(first, content=f"{first.content}\n\n{text}"), *messages[1:]]
+    return [replace(first, role="system", content=text, extra=None), *messages]
 
 
 def forced_call_schema(tools: list[dict[str, Any]], choice: Any) -> dict[str, Any]:

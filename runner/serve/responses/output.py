@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import secrets
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any
@@ -19,7 +18,9 @@ from typing import Any
 from starlette.requests import Request
 
 from runner.serve.backend import Generation, Outcome
-from runner.serve.common import as_api_error, brief, finish, json_line, traffic
+from runner.serve.responses.errors import error_event
+from runner.serve.shared.answers import Drained, sse, streamed
+from runner.serve.shared.translate import new_id
 
 Event = dict[str, Any]  # {"type": "response.…", …}: sequence_number is added as it is sent
 
@@ -27,10 +28,6 @@ Event = dict[str, Any]  # {"type": "response.…", …}: sequence_number is adde
 STATUS = {"stop": "completed", "tool_calls": "completed", "length": "incomplete", "interrupted": "incomplete"}
 INCOMPLETE = {"length": "max_output_tokens", "interrupted": "interrupted"}
 FAILED = "the model failed while answering (the server's log has its line)"
-
-
-def new_id(prefix: str) -> str:
-    return prefix + secrets.token_hex(12)
 
 
 def status_of(outcome: Outcome) -> str:
@@ -172,10 +169,10 @@ def final_event(response: dict[str, Any]) -> Event:
 
 
 def _sse(event: Event, number: int) -> str:
-    return f"event: {event['type']}\ndata: {json_line({**event, 'sequence_number': number})}\n\n"
+    return sse({**event, "sequence_number": number}, event["type"])
 
 
-async def events(
+def events(
     request: Request,
     generation: Generation,
     head: dict[str, Any],
@@ -186,28 +183,22 @@ async def events(
     """An answer as the Responses API's Server-Sent Events, each with its sequence_number:
     response.created and .in_progress, each item's events as its parts come, then the whole response
     (kept first, unless store is false) in response.completed, .incomplete or .failed. An error once
-    the stream began is an `error` event. Its `finally` cancels an answer the client left."""
-    note = traffic(request)
+    the stream began is an `error` event."""
     numbers = itertools.count()
-    done = False
-    try:
+
+    async def chunks(answers: list[Drained]) -> AsyncGenerator[str, None]:
+        (answer,) = answers
         started = in_progress(head)
         yield _sse({"type": "response.created", "response": started}, next(numbers))
         yield _sse({"type": "response.in_progress", "response": started}, next(numbers))
         output = Output()
-        async for kind, text in generation:
+        async for kind, text in answer:
             for event in output.part(kind, text) if text else ():
                 yield _sse(event, next(numbers))
-        done = True
-        for event in output.end(generation.outcome, one_call=one_call):
+        for event in output.end(answer.outcome, one_call=one_call):
             yield _sse(event, next(numbers))
-        response = finished(head, generation.outcome, output.items)
+        response = finished(head, answer.outcome, output.items)
         await keep(response)
         yield _sse(final_event(response), next(numbers))
-    except Exception as exc:  # the stream has begun: the error goes in it, as OpenAI's clients read it
-        note.error = brief(exc)
-        err = as_api_error(exc)
-        failure = {"type": "error", "code": err.code or err.kind, "message": err.message, "param": err.param}
-        yield _sse(failure, next(numbers))
-    finally:
-        await finish(note, generation, done)
+
+    return streamed(request, [generation], chunks, lambda err: _sse(error_event(err), next(numbers)))

@@ -15,7 +15,9 @@ from typing import Any, Literal, Optional, TypeVar, Union
 
 from pydantic import BaseModel, Field, StrictStr, ValidationError, field_validator
 
-from runner.serve.common import ApiError, Loose, call_arguments, loc_param
+from runner.serve.shared.fields import Loose
+from runner.serve.shared.http import ApiError, loc_param
+from runner.serve.shared.translate import call_arguments, joined_text, past_call, shown, with_system
 
 M = TypeVar("M", bound=BaseModel)
 UNSERVED_PARTS = ("input_image", "input_file", "input_audio")  # a 400 naming them: the models read text
@@ -23,22 +25,19 @@ UNSERVED_PARTS = ("input_image", "input_file", "input_audio")  # a 400 naming th
 
 def _text_of(value: Any) -> str:
     """A string, or a list of text parts (input_text, output_text, refusal) joined."""
-    if isinstance(value, str):
-        return value
-    if not isinstance(value, list):
-        raise ValueError("must be a string or a list of content parts")
-    texts = []
-    for i, part in enumerate(value):
-        kind = part.get("type") if isinstance(part, dict) else None
-        field = "refusal" if kind == "refusal" else "text"
-        if kind in ("input_text", "output_text", "refusal") and isinstance(part.get(field), str):
-            texts.append(part[field])
-        elif kind in UNSERVED_PARTS:
-            raise ValueError(f"[{i}]: {kind} parts are not supported (the served models read text)")
-        else:
-            shown = json.dumps(kind)[:60] if isinstance(kind, str) else "a part without a type"
-            raise ValueError(f"[{i}]: only input_text and output_text parts are served (got {shown})")
-    return "".join(texts)
+    return joined_text(
+        value,
+        {"input_text": "text", "output_text": "text", "refusal": "refusal"},
+        joiner="",
+        not_a_list="must be a string or a list of content parts",
+        refused=_refused,
+    )
+
+
+def _refused(index: int, kind: Any) -> str:
+    if kind in UNSERVED_PARTS:
+        return f"[{index}]: {kind} parts are not supported (the served models read text)"
+    return f"[{index}]: only input_text and output_text parts are served (got {shown(kind, 60)})"
 
 
 class MessageItem(Loose):
@@ -115,9 +114,9 @@ def input_items(value: Any, where: str = "input") -> list[Item]:
         kind = raw.get("type", "message" if "role" in raw else None) if isinstance(raw, dict) else None
         model = ITEMS.get(kind) if isinstance(kind, str) else None
         if model is None:
-            shown = json.dumps(kind)[:60] if isinstance(kind, str) else "an item without a type"
+            said = json.dumps(kind)[:60] if isinstance(kind, str) else "an item without a type"
             served = ", ".join(ITEMS)
-            message = f"{where}[{i}].type: {shown} items are not supported (served: {served})"
+            message = f"{where}[{i}].type: {said} items are not supported (served: {served})"
             raise ApiError(400, message, param=f"{where}[{i}].type")
         items.append(checked(model, raw, f"{where}[{i}]"))
     return items
@@ -141,8 +140,7 @@ def chat_messages(instructions: str | None, items: list[Item]) -> list[dict[str,
             continue
         if isinstance(item, FunctionCallItem):
             names[item.call_id] = item.name
-            function = {"name": item.name, "arguments": call_arguments(item.arguments)}
-            call = {"id": item.call_id, "type": "function", "function": function}
+            call = past_call(item.call_id, item.name, call_arguments(item.arguments))
             if out and out[-1]["role"] == "assistant" and reasoning is None:
                 out[-1].setdefault("tool_calls", []).append(call)
                 continue
@@ -161,4 +159,4 @@ def chat_messages(instructions: str | None, items: list[Item]) -> list[dict[str,
             turn["reasoning_content"] = reasoning
         reasoning = None
         out.append(turn)
-    return [{"role": "system", "content": "\n\n".join(systems)}, *out] if systems else out
+    return with_system(systems, out)

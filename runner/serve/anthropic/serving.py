@@ -1,0 +1,199 @@
+"""The Anthropic Messages API's requests as the engine's Ask, and its answers back: whole (a message of
+content blocks) or as Anthropic's Server-Sent Events.
+
+Content blocks map onto the chat messages the templates read: text joined, `tool_use` as an assistant's
+tool calls, `tool_result` as a tool message, `thinking` dropped (the model's own past reasoning is not
+shown back to it), `system` (top-level or among the messages) merged into one system message first.
+The stop sequence an answer names is the one the engine stopped at (Outcome.stop_sequence).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncGenerator
+from typing import Any
+
+from starlette.requests import Request
+
+from runner.serve.anthropic import errors
+from runner.serve.anthropic.protocol import CountRequest, Message, TextBlock, ToolResultBlock, ToolUseBlock
+from runner.serve.backend import Ask, Generation, Outcome
+from runner.serve.shared.answers import Drained, sse, streamed
+from runner.serve.shared.http import ApiError
+from runner.serve.shared.translate import (
+    NoSuchTool,
+    NoTools,
+    function_tool,
+    new_id,
+    past_call,
+    tool_choice,
+    with_system,
+)
+
+# -- requests -------------------------------------------------------------------------------------
+
+
+def ask_of(req: CountRequest, model: str, **fields: Any) -> Ask:
+    """What shapes the prompt, as an Ask (`fields`: sampling, length and stop strings, for /v1/messages)."""
+    tools = [function_tool(tool.name, tool.description, tool.input_schema) for tool in req.tools or ()]
+    output = req.output_config.format if req.output_config else None
+    return Ask(
+        model=model,
+        messages=chat_messages(req.system, req.messages),
+        think={"enabled": True, "disabled": False}.get(req.thinking.type) if req.thinking else None,
+        tools=tools or None,
+        tool_choice=tool_choice_of(req),
+        json_schema=output.schema_ if output else None,
+        **fields,
+    )
+
+
+def tool_choice_of(req: CountRequest) -> str | dict[str, Any] | None:
+    """Anthropic's tool_choice in the Ask's words: any is "required", tool a named function."""
+    choice = req.tool_choice
+    if choice is None:
+        return None
+    kind = {"any": "required", "tool": "function"}.get(choice.type, choice.type)
+    try:
+        return tool_choice(kind, choice.name, (tool.name for tool in req.tools or ()))
+    except NoTools:
+        raise ApiError(400, f"tool_choice: {choice.type!r} needs tools", param="tool_choice") from None
+    except NoSuchTool:
+        message = f"tool_choice.name: {json.dumps(choice.name)[:60]} is none of the tools given"
+        raise ApiError(400, message, param="tool_choice.name") from None
+
+
+def chat_messages(system: str | None, messages: list[Message]) -> list[dict[str, Any]]:
+    """Ask.messages: the system texts first as one message, then each turn as the templates read it
+    (a user's tool results become tool messages, before the user's own text)."""
+    systems = [system] if system else []
+    out: list[dict[str, Any]] = []
+    names: dict[str, str] = {}  # tool_use id -> the tool's name, for the tool messages that answer it
+    for message in messages:
+        text = "\n".join(block.text for block in message.content if isinstance(block, TextBlock))
+        if message.role == "system":
+            systems.append(text)
+        elif message.role == "assistant":
+            turn: dict[str, Any] = {"role": "assistant", "content": text}
+            uses = [block for block in message.content if isinstance(block, ToolUseBlock)]
+            if uses:
+                names.update((use.id, use.name) for use in uses)
+                turn["tool_calls"] = [past_call(use.id, use.name, use.input) for use in uses]
+            out.append(turn)
+        else:
+            results = [block for block in message.content if isinstance(block, ToolResultBlock)]
+            for result in results:
+                name = {"name": names[result.tool_use_id]} if result.tool_use_id in names else {}
+                content = f"Error: {result.content}" if result.is_error else result.content
+                out.append({"role": "tool", "tool_call_id": result.tool_use_id, **name, "content": content})
+            if text or not results:
+                out.append({"role": "user", "content": text})
+    return with_system(systems, out)
+
+
+# -- answers --------------------------------------------------------------------------------------
+
+
+def stop_reason(outcome: Outcome, max_tokens: int) -> str:
+    if outcome.tool_calls:
+        return "tool_use"
+    if outcome.stop_sequence is not None:
+        return "stop_sequence"
+    if outcome.finish_reason == "length":  # max_tokens, or the sequence's context full before it
+        return "max_tokens" if outcome.completion_tokens >= max_tokens else "model_context_window_exceeded"
+    return "end_turn"  # an end token; "interrupted" (the server stopping) too, said in timings
+
+
+def usage(outcome: Outcome) -> dict[str, int]:
+    """Anthropic's split: input_tokens the prompt's evaluated tokens, the reused ones apart (their
+    sum, with cache_creation_input_tokens, is the prompt)."""
+    return {
+        "input_tokens": outcome.prompt_tokens - outcome.cached_tokens,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": outcome.cached_tokens,
+        "output_tokens": outcome.completion_tokens,
+    }
+
+
+def tool_uses(outcome: Outcome) -> list[dict[str, Any]]:
+    """The answer's calls as tool_use blocks, each with an id of its own."""
+    calls = outcome.tool_calls
+    return [
+        {"type": "tool_use", "id": new_id("toolu_"), "name": c["name"], "input": c["arguments"]}
+        for c in calls
+    ]
+
+
+def whole(head: dict[str, Any], outcome: Outcome, max_tokens: int) -> dict[str, Any]:
+    content: list[dict[str, Any]] = []
+    if outcome.reasoning:
+        content.append({"type": "thinking", "thinking": outcome.reasoning, "signature": ""})
+    if outcome.text:
+        content.append({"type": "text", "text": outcome.text})
+    return {
+        **head,
+        "content": content + tool_uses(outcome),
+        "stop_reason": stop_reason(outcome, max_tokens),
+        "stop_sequence": outcome.stop_sequence,
+        "usage": usage(outcome),
+        "timings": outcome.timings(),
+    }
+
+
+def _event(kind: str, value: dict[str, Any]) -> str:
+    return sse({"type": kind, **value}, kind)
+
+
+def _pieces(kind: str, text: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A part's block as it opens (empty) and the part as that block's delta."""
+    if kind == "reasoning":
+        delta = {"type": "thinking_delta", "thinking": text}
+        return {"type": "thinking", "thinking": "", "signature": ""}, delta
+    return {"type": "text", "text": ""}, {"type": "text_delta", "text": text}
+
+
+def events(
+    request: Request, generation: Generation, head: dict[str, Any], max_tokens: int
+) -> AsyncGenerator[str, None]:
+    """An answer as Anthropic's Server-Sent Events: message_start, a content block per run of parts
+    (thinking, text) and per tool call, message_delta with the stop reason and usage, message_stop."""
+
+    async def chunks(answers: list[Drained]) -> AsyncGenerator[str, None]:
+        (answer,) = answers
+        index, open_kind = -1, ""
+        started = {**head, "content": [], "stop_reason": None, "stop_sequence": None}
+        begun = {"input_tokens": answer.prompt_tokens, "output_tokens": 0}
+        yield _event("message_start", {"message": {**started, "usage": begun}})
+        async for kind, text in answer:
+            if not text:
+                continue
+            empty, delta = _pieces(kind, text)
+            if kind != open_kind:
+                if open_kind:
+                    yield _event("content_block_stop", {"index": index})
+                index, open_kind = index + 1, kind
+                yield _event("content_block_start", {"index": index, "content_block": empty})
+            yield _event("content_block_delta", {"index": index, "delta": delta})
+        if open_kind:
+            yield _event("content_block_stop", {"index": index})
+        outcome = answer.outcome
+        for use in tool_uses(outcome):  # whole, at the end: partial_json is the arguments' whole text
+            index += 1
+            partial = {"type": "input_json_delta", "partial_json": json.dumps(use["input"])}
+            yield _event("content_block_start", {"index": index, "content_block": {**use, "input": {}}})
+            yield _event("content_block_delta", {"index": index, "delta": partial})
+            yield _event("content_block_stop", {"index": index})
+        yield _event(
+            "message_delta",
+            {
+                "delta": {
+                    "stop_reason": stop_reason(outcome, max_tokens),
+                    "stop_sequence": outcome.stop_sequence,
+                },
+                "usage": usage(outcome),
+                "timings": outcome.timings(),
+            },
+        )
+        yield _event("message_stop", {})
+
+    return streamed(request, [generation], chunks, errors.in_stream)

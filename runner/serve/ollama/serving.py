@@ -1,0 +1,189 @@
+"""The Ollama API's requests as the engine's Ask, and its answers back: whole, or as NDJSON lines (a
+line per part, then the done line), durations in nanoseconds; and the models as /api/tags, /api/ps and
+/api/show describe them."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import AsyncGenerator
+from datetime import datetime, timezone
+from typing import Any
+
+from starlette.requests import Request
+
+from runner.serve.backend import Ask, Backend, Generation, ModelInfo, Outcome
+from runner.serve.ollama import errors
+from runner.serve.ollama.protocol import Base, Message, Options
+from runner.serve.shared.answers import Drained, streamed
+from runner.serve.shared.fields import sampling, schema_of
+from runner.serve.shared.http import ApiError, json_line
+from runner.serve.shared.translate import past_call
+
+# -- requests -------------------------------------------------------------------------------------
+
+
+def ask_of(req: Base, backend: Backend, model: str, **fields: Any) -> Ask:
+    """What chat and generate share, as an Ask (`fields`: the messages or the prompt, and more)."""
+    options = req.options or Options()
+    if options.num_ctx is not None and options.num_ctx > (context := backend.info(model).context):
+        message = f"options.num_ctx: {options.num_ctx} is over the {context} tokens a sequence has here"
+        raise ApiError(400, message, param="options.num_ctx")
+    knobs = sampling(
+        temperature=options.temperature,
+        top_k=options.top_k,
+        top_p=options.top_p,
+        min_p=options.min_p,
+        seed=options.seed,
+        repeat_penalty=options.repeat_penalty,
+        presence_penalty=options.presence_penalty,
+        frequency_penalty=options.frequency_penalty,
+    )
+    schema = schema_of(req.format, "format") if isinstance(req.format, dict) else None
+    return Ask(
+        model=model,
+        sampling=knobs,
+        max_tokens=options.num_predict,
+        stop=options.stop or (),
+        json_schema=schema,
+        json_object=req.format == "json",
+        think=req.think,
+        keep_alive=req.keep_alive,
+        **fields,
+    )
+
+
+def message_of(message: Message, index: int) -> dict[str, Any]:
+    """A message as Ask.messages carries it (OpenAI's names: reasoning_content, tool_calls)."""
+    out: dict[str, Any] = {
+        "role": "system" if message.role == "developer" else message.role,
+        "content": message.content or "",
+    }
+    if message.thinking:
+        out["reasoning_content"] = message.thinking
+    if message.tool_calls:
+        out["tool_calls"] = [
+            past_call(f"call_{index}_{i}", call.function.name, call.function.arguments)
+            for i, call in enumerate(message.tool_calls)
+        ]
+    if message.tool_name is not None:
+        out["name"] = message.tool_name
+    return out
+
+
+# -- answers --------------------------------------------------------------------------------------
+
+
+def rfc3339(seconds: float) -> str:
+    return datetime.fromtimestamp(seconds, timezone.utc).isoformat().replace("+00:00", "Z")
+
+
+def now() -> str:
+    return datetime.now(timezone.utc).isoformat().replace("+00:00", "Z")
+
+
+def _ns(seconds: float) -> int:
+    return int(seconds * 1e9)
+
+
+def done_fields(outcome: Outcome) -> dict[str, Any]:
+    reason = "stop" if outcome.finish_reason == "tool_calls" else outcome.finish_reason
+    return {
+        "done": True,
+        "done_reason": reason,
+        "total_duration": _ns(outcome.total_s),
+        "load_duration": 0,
+        "prompt_eval_count": outcome.prompt_tokens,
+        "prompt_eval_duration": _ns(outcome.prefill_s),
+        "eval_count": outcome.completion_tokens,
+        "eval_duration": _ns(outcome.decode_s),
+    }
+
+
+def tool_calls(outcome: Outcome) -> list[dict[str, Any]]:
+    return [
+        {"function": {"name": call.get("name", ""), "arguments": call.get("arguments", {})}}
+        for call in outcome.tool_calls
+    ]
+
+
+def chat_message(text: str, thinking: str = "", calls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": text}
+    if thinking:
+        message["thinking"] = thinking
+    if calls:
+        message["tool_calls"] = calls
+    return message
+
+
+def whole(model: str, outcome: Outcome, *, chat: bool, raw: bool) -> dict[str, Any]:
+    head = {"model": model, "created_at": now()}
+    if chat:
+        return {
+            **head,
+            "message": chat_message(outcome.text, outcome.reasoning, tool_calls(outcome)),
+            **done_fields(outcome),
+        }
+    if raw:  # no template, no channels: the text as the model wrote it
+        return {**head, "response": outcome.reasoning + outcome.text, **done_fields(outcome)}
+    thinking = {"thinking": outcome.reasoning} if outcome.reasoning else {}
+    return {**head, "response": outcome.text, **thinking, **done_fields(outcome)}
+
+
+def lines(
+    request: Request, generation: Generation, model: str, *, chat: bool, raw: bool
+) -> AsyncGenerator[str, None]:
+    """An answer as NDJSON: a line per part, the tool calls, then the done line with the durations."""
+
+    def line(**fields: Any) -> str:
+        return json_line({"model": model, "created_at": now(), **fields}) + "\n"
+
+    def piece(kind: str, text: str) -> dict[str, Any]:
+        thinking = kind == "reasoning" and not raw
+        if chat:
+            return {"message": chat_message("", text) if thinking else chat_message(text)}
+        return {"response": "", "thinking": text} if thinking else {"response": text}
+
+    async def chunks(answers: list[Drained]) -> AsyncGenerator[str, None]:
+        (answer,) = answers
+        async for kind, text in answer:
+            yield line(**piece(kind, text), done=False)
+        outcome = answer.outcome
+        if chat and outcome.tool_calls:
+            yield line(message=chat_message("", calls=tool_calls(outcome)), done=False)
+        yield line(**({"message": chat_message("")} if chat else {"response": ""}), **done_fields(outcome))
+
+    return streamed(request, [generation], chunks, errors.in_stream)
+
+
+# -- the models -----------------------------------------------------------------------------------
+
+
+def details(info: ModelInfo) -> dict[str, Any]:
+    return {
+        "parent_model": "",
+        "format": "gguf",
+        "family": info.architecture,
+        "families": [info.architecture],
+        "parameter_size": info.parameters,
+        "quantization_level": info.quantization,
+    }
+
+
+def plain(value: Any) -> Any:
+    """A metadata value that JSON can carry: non-finite floats as null, anything else odd as text."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, (bool, int, float)):
+        return value
+    return str(value).encode("utf-8", "replace").decode("utf-8")
+
+
+def capabilities(info: ModelInfo) -> list[str]:
+    """What Ollama's clients look for before they send tools or think: read off the chat template."""
+    template = info.template or ""
+    found = ["completion"]
+    if "tools" in template:
+        found.append("tools")
+    if "think" in template:
+        found.append("thinking")
+    return found

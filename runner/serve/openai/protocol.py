@@ -1,0 +1,152 @@
+"""The OpenAI API's requests: /v1/chat/completions and /v1/completions, checked for shape and range
+(a 400 naming the field); what only the model knows (a prompt's length in tokens, a schema's grammar)
+is the backend's."""
+
+from __future__ import annotations
+
+from typing import Any, Literal, Optional
+
+from pydantic import Field, StrictBool, StrictInt, StrictStr, ValidationInfo, field_validator
+
+from runner.serve.shared.fields import (
+    CallFunction,
+    Loose,
+    MaxTokens,
+    MinP,
+    Penalty,
+    RepeatPenalty,
+    Seed,
+    Temperature,
+    ToolDef,
+    TopK,
+    TopP,
+    stops,
+)
+from runner.serve.shared.translate import joined_text, shown
+
+N_MAX = 16  # answers to one request: each takes a sequence of its own, at most --parallel of them
+STOP_LIMIT = 4  # OpenAI's own bound on `stop`: a request that works there works here
+
+
+class StreamOptions(Loose):
+    include_usage: Optional[StrictBool] = None
+
+
+class ResponseFormat(Loose):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: Any = None
+    # llama-server's {"type": "json_object", "schema": {...}}: a schema without the json_schema wrapper
+    schema_: Any = Field(default=None, alias="schema")
+
+
+class Knobs(Loose):
+    """The fields chat and completions share: sampling, length, stop strings, output format."""
+
+    model: Optional[StrictStr] = None
+    stream: Optional[StrictBool] = None
+    stream_options: Optional[StreamOptions] = None
+    temperature: Temperature = None
+    top_p: TopP = None
+    top_k: TopK = None
+    min_p: MinP = None
+    repeat_penalty: RepeatPenalty = None
+    presence_penalty: Penalty = None
+    frequency_penalty: Penalty = None
+    seed: Seed = None
+    max_tokens: MaxTokens = None
+    max_completion_tokens: MaxTokens = None
+    stop: Any = None
+    n: Optional[StrictInt] = None
+    logit_bias: Optional[dict[str, Any]] = None
+    response_format: Optional[ResponseFormat] = None
+
+    @field_validator("stop")
+    @classmethod
+    def _stop(cls, value: Any) -> tuple[str, ...]:
+        return stops(value, STOP_LIMIT)
+
+    @field_validator("n")
+    @classmethod
+    def _n(cls, value: int | None) -> int | None:
+        if value is not None and not 1 <= value <= N_MAX:
+            raise ValueError(f"must be between 1 and {N_MAX} (and at most the server's --parallel)")
+        return value
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _logit_bias(cls, value: dict[str, Any] | None) -> None:
+        if value:
+            raise ValueError("not supported")
+        return None
+
+
+class ToolCall(Loose):
+    id: Optional[StrictStr] = None
+    type: Literal["function"] = "function"
+    function: CallFunction
+
+
+class ChatMessage(Loose):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: Any = Field(default=None, validate_default=True)
+    name: Optional[StrictStr] = None
+    tool_calls: Optional[list[ToolCall]] = None
+    tool_call_id: Optional[StrictStr] = None
+    reasoning_content: Optional[StrictStr] = None
+
+    @field_validator("content")
+    @classmethod
+    def _content(cls, value: Any, info: ValidationInfo) -> str:
+        """A string, or a list of text parts joined; null only from the assistant (a tool call)."""
+        if value is None:
+            if info.data.get("role") in ("assistant", None):
+                return ""
+            raise ValueError("required (null only in an assistant's message)")
+        return joined_text(
+            value,
+            {"text": "text"},
+            joiner="",
+            not_a_list="must be a string or a list of text parts",
+            refused=lambda _, kind: (
+                f'only {{"type": "text", "text"}} parts are served (got {shown(kind, 40)})'
+            ),
+        )
+
+
+class ChatRequest(Knobs):
+    messages: list[ChatMessage] = Field(min_length=1)
+    tools: Optional[list[ToolDef]] = None
+    tool_choice: Any = None
+    logprobs: Optional[StrictBool] = None
+    chat_template_kwargs: Optional[dict[str, Any]] = None
+
+    @field_validator("logprobs")
+    @classmethod
+    def _logprobs(cls, value: bool | None) -> bool | None:
+        if value:
+            raise ValueError("not supported")
+        return value
+
+
+class CompletionRequest(Knobs):
+    prompt: Any
+    echo: Optional[StrictBool] = None
+    suffix: Optional[StrictStr] = None
+    best_of: Optional[StrictInt] = None
+    logprobs: Optional[StrictInt] = None
+
+    @field_validator("prompt")
+    @classmethod
+    def _prompt(cls, value: Any) -> str:
+        if isinstance(value, list) and len(value) == 1:
+            value = value[0]
+        if not isinstance(value, str):
+            raise ValueError("must be a string (or a list of one string)")
+        return value
+
+    @field_validator("echo", "suffix", "best_of", "logprobs")
+    @classmethod
+    def _unserved(cls, value: Any, info: ValidationInfo) -> Any:
+        if value and not (info.field_name == "best_of" and value == 1):
+            raise ValueError("not supported")
+        return value

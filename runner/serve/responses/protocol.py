@@ -1,0 +1,90 @@
+"""The Responses API's request, checked for shape and range (a 400 naming the field). Fields that
+would change the answer but are not served are a 400 naming them (their off values accepted)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal, Optional
+
+from pydantic import Field, StrictBool, StrictInt, StrictStr, field_validator
+
+from runner.serve.shared.fields import Loose, MaxTokens, MinP, Seed, Temperature, TopK, TopP
+
+
+class FunctionTool(Loose):
+    type: Literal["function"]
+    name: StrictStr = Field(min_length=1, max_length=256)
+    description: Optional[StrictStr] = None
+    parameters: Optional[dict[str, Any]] = None
+    strict: Optional[StrictBool] = None
+
+
+class TextFormat(Loose):
+    type: Literal["text", "json_object", "json_schema"]
+    name: Optional[StrictStr] = None
+    description: Optional[StrictStr] = None
+    schema_: Any = Field(default=None, alias="schema")
+    strict: Optional[StrictBool] = None
+
+
+class TextConfig(Loose):
+    format: Optional[TextFormat] = None
+    verbosity: Optional[StrictStr] = None  # accepted, without meaning here
+
+
+class ReasoningConfig(Loose):
+    effort: Optional[StrictStr] = None  # "none": the template's thinking off; any other: on
+    summary: Optional[StrictStr] = None  # accepted: the reasoning comes whole, as reasoning_text
+
+
+class ResponsesRequest(Loose):
+    model: Optional[StrictStr] = None
+    input: Any = None
+    instructions: Optional[StrictStr] = None
+    max_output_tokens: MaxTokens = None
+    temperature: Temperature = None
+    top_p: TopP = None
+    top_k: TopK = None  # llama-server's extras, as on /v1/chat/completions
+    min_p: MinP = None
+    seed: Seed = None
+    tools: Optional[list[Any]] = None
+    tool_choice: Any = None
+    parallel_tool_calls: Optional[StrictBool] = None
+    text: Optional[TextConfig] = None
+    reasoning: Optional[ReasoningConfig] = None
+    stream: Optional[StrictBool] = None
+    store: Optional[StrictBool] = None
+    previous_response_id: Optional[StrictStr] = None
+    metadata: Optional[dict[str, StrictStr]] = None
+    user: Optional[StrictStr] = None
+    # would change the answer, and are not served: a 400 when set (their off values accepted)
+    background: Optional[StrictBool] = None
+    include: Optional[list[Any]] = None
+    truncation: Optional[Literal["auto", "disabled"]] = None
+    conversation: Any = None
+    prompt: Any = None
+    top_logprobs: Optional[StrictInt] = None
+    max_tool_calls: Optional[StrictInt] = None
+    context_management: Any = None
+
+    @field_validator(
+        "background",
+        "include",
+        "conversation",
+        "prompt",
+        "top_logprobs",
+        "max_tool_calls",
+        "context_management",
+    )
+    @classmethod
+    def _unserved(cls, value: Any) -> Any:
+        if value:
+            shown = f" ({', '.join(map(str, value))[:100]})" if isinstance(value, list) else ""
+            raise ValueError(f"not supported{shown}")
+        return value
+
+    @field_validator("truncation")
+    @classmethod
+    def _truncation(cls, value: str | None) -> str | None:
+        if value == "auto":
+            raise ValueError('"auto" is not supported: a prompt is never truncated (too long is a 400)')
+        return value

@@ -1,0 +1,136 @@
+"""runner serve's Ollama API with the real model: the `ollama` client against a real `runner serve`
+(SmolLM2, 4 sequences of 1024 tokens) over 127.0.0.1. Chat whole and streamed, generate, lengths,
+list, show, ps, version and `format` schemas, and the refusals only the model can make (a prompt too
+long in tokens, a schema its grammar cannot take). The refusals the fields alone decide are in
+test_serve_protocol.py, in process.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import jsonschema
+import ollama
+import pytest
+
+from tests.serving import MODEL, PERSON, Server, body, chat, check_refused, model_server
+
+LONG_TEXT = " ".join(["word"] * 3000)  # ~3000 tokens: past a sequence's 1024
+MINIMUM = {"type": "object", "properties": {"age": {"type": "integer", "minimum": 3}}}
+
+
+@pytest.fixture(scope="module")
+def server(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """The file's server: 4 sequences of 1024 tokens, no key, no CORS."""
+    with model_server(tmp_path_factory.mktemp("serve"), "--parallel", "4", "--ctx", "1024") as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def olla(server: Server) -> ollama.Client:
+    return ollama.Client(host=server.url, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def http(server: Server) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=server.url, timeout=120) as raw:
+        yield raw
+
+
+# -- the Ollama API through its client ------------------------------------------------------------
+
+
+@pytest.mark.timeout(300)
+def test_ollama_chat_whole_and_streamed_and_generate(olla: ollama.Client) -> None:
+    """Ollama's client: a greedy chat whole and streamed are the same text (the stream's last part
+    done, with the counts); generate answers; num_predict 5 ends with done_reason "length" after 5."""
+    messages = [{"role": "user", "content": "Name a planet."}]
+    options = {"temperature": 0, "num_predict": 24}
+    olla.chat(model=MODEL, messages=messages, options=options)  # the prompt into a slot, as above
+    whole = olla.chat(model=MODEL, messages=messages, options=options)
+    parts = list(olla.chat(model=MODEL, messages=messages, options=options, stream=True))
+    assert whole.done and whole.message.role == "assistant" and whole.message.content
+    assert "".join(p.message.content or "" for p in parts) == whole.message.content
+    assert parts[-1].done and not any(p.done for p in parts[:-1])
+    assert parts[-1].eval_count == whole.eval_count and parts[-1].done_reason == whole.done_reason
+    assert whole.prompt_eval_count and whole.prompt_eval_count > 10  # the template around the question
+
+    generated = olla.generate(
+        model=MODEL, prompt="Name a colour.", options={"temperature": 0, "num_predict": 8}
+    )
+    assert generated.done and generated.response and generated.eval_count <= 8
+
+    cut = olla.chat(
+        model=MODEL,
+        messages=[{"role": "user", "content": "Tell a long story."}],
+        options={"num_predict": 5, "temperature": 0},
+    )
+    assert cut.done_reason == "length" and cut.eval_count == 5
+
+
+@pytest.mark.timeout(300)
+def test_ollama_list_show_ps_and_format(olla: ollama.Client, http: httpx.Client) -> None:
+    """list() and ps() show the served model, show() describes it (family, quantization, metadata),
+    and a `format` JSON schema's answer validates against it."""
+    assert [m.model for m in olla.list().models] == [MODEL]
+    [running] = olla.ps().models
+    assert running.model == MODEL
+    shown = olla.show(MODEL)
+    assert shown.details.family == "llama" and shown.details.quantization_level == "Q4_1"
+    assert shown.modelinfo and shown.modelinfo["general.architecture"] == "llama"
+    assert shown.template and "im_start" in shown.template
+    assert olla.show(f"{MODEL}:latest").details.family == "llama"  # Ollama's default tag
+    assert http.get("/api/version").json()["version"]
+
+    answer = olla.chat(
+        model=MODEL,
+        messages=[{"role": "user", "content": "Give me a person's name as JSON."}],
+        format=PERSON,
+        options={"temperature": 0, "num_predict": 64},
+    )
+    assert answer.done_reason == "stop"
+    jsonschema.validate(json.loads(answer.message.content), PERSON)
+
+
+# -- what only the model refuses ----------------------------------------------------------------------
+
+
+def test_a_schema_the_grammar_cannot_take_is_a_400(http: httpx.Client) -> None:
+    check_refused(http, "/api/chat", chat(format=MINIMUM), 400, None, "minimum")
+
+
+def check_too_long(http: httpx.Client, case: tuple[str, str, int, str | None, str]) -> None:
+    """A prompt past a sequence's context, refused in the API's shape with its count of tokens."""
+    message = check_refused(http, *case)
+    counted = re.search(r"the prompt is ([\d,]+) tokens", message)
+    assert counted and int(counted[1].replace(",", "")) > 2500, message
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        (
+            "/api/chat",
+            body(model=MODEL, messages=[{"role": "user", "content": LONG_TEXT}], stream=False),
+            400,
+            None,
+            "tokens; a sequence's context is 1,024",
+        ),
+        (
+            "/api/generate",
+            body(model=MODEL, prompt=LONG_TEXT),
+            400,
+            None,
+            "tokens; a sequence's context is 1,024",
+        ),
+    ],
+    ids=["ollama chat too long", "ollama generate too long"],
+)
+def test_a_prompt_too_long_is_a_400_with_its_count(
+    http: httpx.Client, case: tuple[str, str, int, str | None, str]
+) -> None:
+    check_too_long(http, case)
