@@ -39,7 +39,8 @@ def test_each_sequence_drafts_and_the_answer_is_the_one_without(smollm2_path: Pa
     assert plain["timings"]["drafted"] == 0 and plain["timings"]["accepted"] == 0
     for answer in answers:
         assert answer["choices"][0]["message"]["content"] == plain["choices"][0]["message"]["content"]
-        assert answer["usage"] == plain["usage"]
+        for count in ("prompt_tokens", "completion_tokens"):  # cached_tokens: the second found its head
+            assert answer["usage"][count] == plain["usage"][count]
     drafted = sum(a["timings"]["drafted"] for a in answers)
     accepted = sum(a["timings"]["accepted"] for a in answers)
     assert drafted > 0 and 0 < accepted <= drafted

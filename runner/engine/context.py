@@ -305,9 +305,11 @@ class KVContext:
                 tokens=n,
                 context=room,
             )
-        where = "the context" if self.growing else "a sequence's context"
+        where = (
+            f"but the context is {room:,}" if self.growing else f"more than a sequence's context of {room:,}"
+        )
         return PromptTooLong(
-            f"the prompt is {n:,} tokens but {where} is {room:,}; use --ctx {suggest} or more",
+            f"the prompt is {n:,} tokens{' ' if self.growing else ', '}{where}; use --ctx {suggest} or more",
             tokens=n,
             context=room,
         )

@@ -382,7 +382,11 @@ class Loop:
             copy_sequence(engine, found.source, seq)
         elif found is not None and self.store is not None:
             use = self.store.load(engine, job.tokens, found, seq)
-        keep = engine.keep_head(job.tokens, seq)
+        if self.reuse:
+            keep = engine.keep_head(job.tokens, seq)
+        else:  # every prompt evaluated whole (what prefix reuse saves, measured)
+            engine.forget(seq)
+            keep = 0
         self.used[seq] = time.perf_counter()
         slot = Slot(seq, job, sampler, self._speculator(seq), time.perf_counter(), pos=keep, cache_use=use)
         if slot.speculator is not None:
