@@ -214,7 +214,7 @@ def test_fit_reads_a_remote_repo_per_quant_without_downloading(tmp_path: Path) -
     import sys
 
     from tests.fakehub import FakeHub, hf_env
-    from tests.test_manage import write_gguf
+    from tests.synth import write_gguf
 
     q4 = write_gguf(tmp_path / "q4.gguf", layers=2, padding=8_000_000)
     q8 = write_gguf(tmp_path / "q8.gguf", layers=3, padding=8_000_000)
