@@ -4,7 +4,13 @@ are in tests/serving.py, GGUF writers in tests/synth.py, the terminal in tests/t
 
 from __future__ import annotations
 
+import os
+import sys
+
+import pexpect
+
 from runner.gguf import GGUFHeader, TensorInfo
+from runner.store import Store
 
 # -- GGUF headers in memory (test_memory.py, test_plan.py) ---------------------------------------
 
@@ -60,3 +66,31 @@ def llama_like(
         "vocab_size": n_vocab,
     }
     return header(arch, {**base, **meta}, tensors)
+
+
+# -- runner chat (test_chat.py, test_chat_screen.py) -------------------------------------------
+
+GREEDY = ["--temperature", "0"]
+
+
+def conversations() -> list:
+    store = Store.open()
+    try:
+        return [store.load(s.id) for s in reversed(store.summaries())]
+    finally:
+        store.close()
+
+
+def spawn(*args: str, size: tuple[int, int] = (40, 160)) -> pexpect.spawn:
+    env = {**os.environ, "PROMPT_TOOLKIT_NO_CPR": "1", "TERM": "xterm"}
+    child = pexpect.spawn(
+        sys.executable, ["-m", "runner", *args], env=env, encoding="utf-8", timeout=60, dimensions=size
+    )
+    child.expect_exact("chatting with smollm2")
+    return child
+
+
+def ready(child: pexpect.spawn) -> None:
+    """Wait for the prompt: keys typed before it is drawn reach a terminal in cooked mode, where
+    Ctrl-D and Ctrl-C mean something else than to prompt_toolkit."""
+    child.expect_exact(">>>")
