@@ -4,7 +4,9 @@ Each one exercises a shape the memory estimator must get right: per-layer KV hea
 sliding-window layers (gemma3), a large vocabulary, experts (qwen3moe), biases (qwen2),
 a recurrent state (mamba), a tied Q4_0 embedding that CPU_REPACK copies. The vocabulary is
 llama.cpp's "none" tokenizer with {arch}.vocab_size dummy tokens: enough to evaluate token
-ids, no tokenizer needed.
+ids, no tokenizer needed. Two writers make files for runner's own header reader only:
+write_unknown_arch (an architecture llama.cpp refuses) and write_gguf (a tiny llama-like model
+with real metadata and stand-in tensors, for list, show, rm, fit and pulls from a loopback Hub).
 
     python tests/synth.py /tmp/synth      # writes every model in SPECS
 """
@@ -302,6 +304,46 @@ def write_unknown_arch(path: str | Path) -> Path:
     w = GGUFWriter(str(path), "foobar")
     w.add_tensor("x.weight", np.ones(64, dtype=np.float32))
     return _finish(w, Path(path))
+
+
+TINY_TEMPLATE = "{% for m in messages %}<|{{ m.role }}|>{{ m.content }}\n{% endfor %}<|assistant|>"
+
+
+def write_gguf(
+    path: Path,
+    *,
+    layers: int = 2,
+    template: str | None = TINY_TEMPLATE,
+    padding: int = 0,
+    arch: str = "llama",
+    vocab: int = 256,
+) -> Path:
+    """A llama-like GGUF: real metadata, a 256-token vocabulary, Q8_0 matrices and F32 norms (zeros:
+    a header to read and bytes to pull, not a model llama.cpp loads)."""
+    w = GGUFWriter(str(path), arch)
+    w.add_name("Tiny Test")
+    w.add_license("mit")
+    w.add_context_length(4096)
+    w.add_embedding_length(64)
+    w.add_block_count(layers)
+    w.add_head_count(4)
+    w.add_head_count_kv(2)
+    w.add_tokenizer_model("llama")
+    w.add_token_list([f"t{i}" for i in range(vocab)])
+    if template is not None:
+        w.add_chat_template(template)
+    q8 = GGMLQuantizationType.Q8_0
+    w.add_tensor("token_embd.weight", np.zeros((vocab, 2 * 34), dtype=np.uint8), raw_dtype=q8)  # vocab x 64
+    for i in range(layers):
+        w.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(64, dtype=np.float32))
+        w.add_tensor(f"blk.{i}.attn_q.weight", np.zeros((64, 2 * 34), dtype=np.uint8), raw_dtype=q8)
+    if padding:
+        w.add_tensor("output.weight", np.zeros(padding // 4, dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
 
 
 def write_all(folder: str | Path, names: list[str] | None = None) -> dict[str, Path]:

@@ -18,39 +18,16 @@ import pytest
 
 from runner.store import Store
 from tests.conftest import run_cli
+from tests.helpers import GREEDY, conversations, ready, spawn
 
 QUIT_HINT = "Ctrl-D, /bye or /exit to quit"
-GREEDY = ["--temperature", "0"]
 ISO_TIME = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ"
-
-
-def conversations() -> list:
-    store = Store.open()
-    try:
-        return [store.load(s.id) for s in reversed(store.summaries())]
-    finally:
-        store.close()
 
 
 def chat_pipe(
     lines: str, *args: str, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[bytes]:
     return run_cli("chat", "smollm2", *GREEDY, *args, input=lines.encode(), env=env)
-
-
-def spawn(*args: str, size: tuple[int, int] = (40, 160)) -> pexpect.spawn:
-    env = {**os.environ, "PROMPT_TOOLKIT_NO_CPR": "1", "TERM": "xterm"}
-    child = pexpect.spawn(
-        sys.executable, ["-m", "runner", *args], env=env, encoding="utf-8", timeout=60, dimensions=size
-    )
-    child.expect_exact("chatting with smollm2")
-    return child
-
-
-def ready(child: pexpect.spawn) -> None:
-    """Wait for the prompt: keys typed before it is drawn reach a terminal in cooked mode, where
-    Ctrl-D and Ctrl-C mean something else than to prompt_toolkit."""
-    child.expect_exact(">>>")
 
 
 def test_a_scripted_conversation_through_a_pipe() -> None:

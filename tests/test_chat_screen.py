@@ -7,8 +7,8 @@ from collections import Counter
 
 import pexpect
 
+from tests.helpers import GREEDY, conversations, ready, spawn
 from tests.term import Terminal, rendered_markdown
-from tests.test_chat import GREEDY, conversations, ready, spawn
 
 
 def answer_on_screen(child: pexpect.spawn, message: str, size: tuple[int, int]) -> list[str]:

@@ -168,7 +168,7 @@ CELLS = [(fault, path) for fault, (_, outcomes) in MATRIX.items() for path in ou
 
 @pytest.fixture
 def gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from tests.test_manage import write_gguf
+    from tests.synth import write_gguf
 
     return write_gguf(tmp_path_factory.mktemp("model") / FILE, padding=300_000)
 

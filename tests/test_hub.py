@@ -16,6 +16,7 @@ from runner.hub.catalog import load_catalog
 from runner.hub.fetch import cached_path, locate, pull
 from runner.hub.refs import resolve
 from tests.fakehub import FakeHub, fake_hub_fixture, hf_env, instant_backoff
+from tests.synth import write_gguf
 
 fake_hub = fake_hub_fixture()
 
@@ -253,7 +254,6 @@ def test_pull_prints_size_and_path_per_file_and_list_downloads_nothing(
     fake_hub: FakeHub, tmp_path: Path
 ) -> None:
     from runner.ui import human_bytes
-    from tests.test_manage import write_gguf
 
     shards = {
         f"Q8_0/big-Q8_0-0000{i}-of-00002.gguf": write_gguf(tmp_path / f"s{i}.gguf", layers=i) for i in (1, 2)
@@ -283,8 +283,6 @@ def test_pull_prints_size_and_path_per_file_and_list_downloads_nothing(
 
 
 def test_pull_refuses_what_will_not_fit_before_downloading(fake_hub: FakeHub, tmp_path: Path) -> None:
-    from tests.test_manage import write_gguf
-
     fake_hub.add_repo("user/tiny-GGUF", {"tiny-Q4_K_M.gguf": write_gguf(tmp_path / "t.gguf")})
     refused = _cli(fake_hub, "pull", "user/tiny-GGUF", "--ctx", "2000000000")
     assert refused.returncode == 1
@@ -327,8 +325,6 @@ def test_progress_bar_on_a_terminal_and_quiet_otherwise(fake_hub: FakeHub) -> No
 
 
 def test_run_refuses_what_will_not_fit_before_downloading(fake_hub: FakeHub, tmp_path: Path) -> None:
-    from tests.test_manage import write_gguf
-
     fake_hub.add_repo(
         "user/tiny-GGUF", {"tiny-Q4_K_M.gguf": write_gguf(tmp_path / "t.gguf", padding=8_000_000)}
     )
@@ -348,7 +344,6 @@ def test_a_refusal_names_smaller_quants_of_the_repo_that_fit(
     from runner.memory import devices
     from runner.memory.devices import Machine
     from runner.memory.estimate import estimate
-    from tests.test_manage import write_gguf
 
     big = write_gguf(tmp_path / "big.gguf", padding=40_000_000)
     small = write_gguf(tmp_path / "small.gguf", layers=3, padding=4_000_000)

@@ -1,8 +1,10 @@
-"""The one lint step, run with the suite so CI runs it: ruff check, ruff format --check, mypy, and the
-layer contracts (import-linter, as pyproject.toml's [tool.importlinter] sets them)."""
+"""The one lint step, run with the suite so CI runs it: ruff check, ruff format --check, mypy, the
+layer contracts (import-linter, as pyproject.toml's [tool.importlinter] sets them), and test files
+that import no other test file."""
 
 from __future__ import annotations
 
+import ast
 import shutil
 import subprocess
 import sys
@@ -82,3 +84,72 @@ def test_an_api_importing_another_is_caught(tmp_path: Path) -> None:
     assert "runner.serve.openai.serving -> runner.serve.ollama.serving" in done.stdout
     assert "The APIs never import each other" in done.stdout
     assert "2 broken" in done.stdout
+
+
+def imported_test_module(name: str | None) -> str | None:
+    """The test module an import names (tests.test_x, test_x as tests/ on sys.path reads it), else None."""
+    last = (name or "").split(".")
+    if last[0] == "tests":
+        last = last[1:]
+    return last[0] if len(last) == 1 and last[0].startswith("test_") else None
+
+
+def cross_test_imports(source: str) -> list[str]:
+    """The test modules a test file's source imports, anywhere in it (function-level imports too):
+    what test files share belongs in tests/helpers.py, tests/serving.py or tests/synth.py."""
+    found: list[str] = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found += [m for alias in node.names if (m := imported_test_module(alias.name))]
+        elif isinstance(node, ast.ImportFrom):
+            if m := imported_test_module(node.module):
+                found.append(m)
+            elif node.module in (None, "tests"):  # from tests import test_x, from . import test_x
+                found += [m for alias in node.names if (m := imported_test_module(alias.name))]
+    return found
+
+
+def test_no_test_file_imports_another() -> None:
+    """Importing a test file imports its tests and fixtures too (pytest may collect them twice, and
+    a fixture's scope is the wrong module's): shared helpers live in their own modules."""
+    found = {
+        path.name: imports
+        for path in sorted((ROOT / "tests").glob("test_*.py"))
+        if (imports := cross_test_imports(path.read_text()))
+    }
+    assert found == {}
+
+
+def test_a_test_file_importing_another_is_caught() -> None:
+    """The check can fail: each way of importing another test file is named, the shared modules are not."""
+    source = """
+from tests.test_chat import GREEDY, spawn
+import tests.test_manage
+from tests import test_memory, serving
+from . import test_hub
+from .test_faults import gguf
+import test_plan
+
+
+def later() -> None:
+    from tests.test_signals import fake_hub
+"""
+    assert sorted(cross_test_imports(source)) == [
+        "test_chat",
+        "test_faults",
+        "test_hub",
+        "test_manage",
+        "test_memory",
+        "test_plan",
+        "test_signals",
+    ]
+    shared = """
+from tests.conftest import run_cli
+from tests.helpers import GREEDY, llama_like
+from tests.serving import QUESTIONS
+from tests.synth import write_gguf
+from tests.fakehub import FakeHub
+from tests import helpers
+import synth
+"""
+    assert cross_test_imports(shared) == []

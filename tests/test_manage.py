@@ -11,9 +11,7 @@ import shutil
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
-from gguf import GGMLQuantizationType, GGUFWriter
 
 from runner import ui
 from runner.commands.history import list_conversations
@@ -29,47 +27,11 @@ from runner.hub.refs import resolve
 from runner.store import Store, StoredMessage
 from tests.conftest import run_cli
 from tests.fakehub import FakeHub, fake_hub_fixture, hf_env, hub_cache_dir
+from tests.synth import TINY_TEMPLATE, write_gguf
 
 fake_hub = fake_hub_fixture()
 
-TEMPLATE = "{% for m in messages %}<|{{ m.role }}|>{{ m.content }}\n{% endfor %}<|assistant|>"
 PADDING = 4_000_000  # bytes of tensor data after the header: what a remote `show` must not fetch
-
-
-def write_gguf(
-    path: Path,
-    *,
-    layers: int = 2,
-    template: str | None = TEMPLATE,
-    padding: int = 0,
-    arch: str = "llama",
-    vocab: int = 256,
-) -> Path:
-    """A llama-like GGUF: real metadata, a 256-token vocabulary, Q8_0 matrices and F32 norms."""
-    w = GGUFWriter(str(path), arch)
-    w.add_name("Tiny Test")
-    w.add_license("mit")
-    w.add_context_length(4096)
-    w.add_embedding_length(64)
-    w.add_block_count(layers)
-    w.add_head_count(4)
-    w.add_head_count_kv(2)
-    w.add_tokenizer_model("llama")
-    w.add_token_list([f"t{i}" for i in range(vocab)])
-    if template is not None:
-        w.add_chat_template(template)
-    q8 = GGMLQuantizationType.Q8_0
-    w.add_tensor("token_embd.weight", np.zeros((vocab, 2 * 34), dtype=np.uint8), raw_dtype=q8)  # vocab x 64
-    for i in range(layers):
-        w.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(64, dtype=np.float32))
-        w.add_tensor(f"blk.{i}.attn_q.weight", np.zeros((64, 2 * 34), dtype=np.uint8), raw_dtype=q8)
-    if padding:
-        w.add_tensor("output.weight", np.zeros(padding // 4, dtype=np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
 
 
 def params(layers: int, padding: int = 0) -> int:
@@ -297,7 +259,7 @@ def test_show_a_local_file(files: dict[str, Path]) -> None:
         f"file           {path}",
     ]
     template = run_cli("show", str(path), "--template")
-    assert (template.returncode, template.stdout.decode()) == (0, TEMPLATE + "\n")
+    assert (template.returncode, template.stdout.decode()) == (0, TINY_TEMPLATE + "\n")
     report = json.loads(run_cli("show", str(path), "--json").stdout)
     assert report == {
         "model": str(path),
@@ -314,7 +276,7 @@ def test_show_a_local_file(files: dict[str, Path]) -> None:
         "vocab_size": 256,
         "license": "mit",
         "size_bytes": path.stat().st_size,
-        "chat_template": TEMPLATE,
+        "chat_template": TINY_TEMPLATE,
     }
     none = run_cli("show", str(files["bare"]), "--template")
     assert (none.returncode, none.stdout) == (2, b"")
@@ -333,7 +295,7 @@ def test_show_a_cached_model_asks_the_hub_nothing(fake_hub: FakeHub, files: dict
     assert report["size_bytes"] == files["shard1"].stat().st_size + files["shard2"].stat().st_size
     assert Path(report["file"]).is_relative_to(hub_cache_dir())
     assert report["file"].endswith("/Q8_0/big-Q8_0-00001-of-00002.gguf")
-    assert report["layers"] == 1 and report["chat_template"] == TEMPLATE  # the first shard's metadata
+    assert report["layers"] == 1 and report["chat_template"] == TINY_TEMPLATE  # the first shard's metadata
 
 
 def test_show_a_model_not_cached_reads_only_its_header_on_the_hub(

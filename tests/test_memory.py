@@ -7,66 +7,15 @@ from pathlib import Path
 
 import pytest
 
-from runner.gguf import GGUFHeader, TensorInfo, read_header
+from runner.gguf import read_header
 from runner.memory import estimate as memory
 from runner.memory.arch import hparams_from_header
 from runner.memory.graph import OUTPUT, Ctx, Graph, compute_buffer_size, pad
 from runner.memory.kv import context_size, kv_cache_bytes
 from runner.memory.weights import gpu_start
+from tests.helpers import F16, Q4_0, header, llama_like
 
 MiB = 1 << 20
-F32, F16, Q4_0, Q8_0 = 0, 1, 2, 8
-
-
-def header(arch: str, meta: dict, tensors: list[tuple[str, tuple[int, ...], int]]) -> GGUFHeader:
-    """A GGUFHeader as runner.gguf.read_header() returns it, tensors packed in order."""
-    infos, offset = [], 0
-    for name, shape, ggml_type in tensors:
-        info = TensorInfo(name, shape, ggml_type, offset)
-        infos.append(info)
-        offset += (info.nbytes + 31) // 32 * 32
-    metadata = {"general.architecture": arch, **{f"{arch}.{k}": v for k, v in meta.items()}}
-    return GGUFHeader("test", 3, metadata, tuple(infos), 32, 4096, 4096 + offset)
-
-
-def llama_like(
-    n_layer: int = 30,
-    n_embd: int = 576,
-    n_head: int = 9,
-    n_head_kv=3,
-    n_ff: int = 1536,
-    n_vocab: int = 49152,
-    arch: str = "llama",
-    weight: int = F16,
-    **meta,
-) -> GGUFHeader:
-    """SmolLM2-135M's shape by default."""
-    kv = n_head_kv if isinstance(n_head_kv, list) else [n_head_kv] * n_layer
-    hd = n_embd // n_head
-    tensors = [("token_embd.weight", (n_embd, n_vocab), Q8_0)]
-    for il in range(n_layer):
-        tensors += [
-            (f"blk.{il}.attn_norm.weight", (n_embd,), F32),
-            (f"blk.{il}.attn_q.weight", (n_embd, hd * n_head), weight),
-            (f"blk.{il}.attn_k.weight", (n_embd, hd * kv[il]), weight),
-            (f"blk.{il}.attn_v.weight", (n_embd, hd * kv[il]), weight),
-            (f"blk.{il}.attn_output.weight", (hd * n_head, n_embd), weight),
-            (f"blk.{il}.ffn_norm.weight", (n_embd,), F32),
-            (f"blk.{il}.ffn_gate.weight", (n_embd, n_ff), weight),
-            (f"blk.{il}.ffn_up.weight", (n_embd, n_ff), weight),
-            (f"blk.{il}.ffn_down.weight", (n_ff, n_embd), weight),
-        ]
-    tensors.append(("output_norm.weight", (n_embd,), F32))
-    base = {
-        "block_count": n_layer,
-        "embedding_length": n_embd,
-        "attention.head_count": n_head,
-        "attention.head_count_kv": n_head_kv,
-        "feed_forward_length": n_ff,
-        "context_length": 8192,
-        "vocab_size": n_vocab,
-    }
-    return header(arch, {**base, **meta}, tensors)
 
 
 # -- context sizes ------------------------------------------------------------------------------

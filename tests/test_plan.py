@@ -73,7 +73,7 @@ def test_an_explicit_kv_type_is_kept(header) -> None:
 
 
 def test_a_model_without_flash_attention_never_gets_a_quantized_cache() -> None:
-    from tests.test_memory import llama_like
+    from tests.helpers import llama_like
 
     odd = llama_like(n_head=12, n_head_kv=4)  # head size 48: no CUDA flash attention, so no q8_0 V
     full = estimate(odd, n_ctx=8192, n_gpu_layers=-1, gpu=True).device("gpu")
@@ -214,7 +214,7 @@ def test_fit_reads_a_remote_repo_per_quant_without_downloading(tmp_path: Path) -
     import sys
 
     from tests.fakehub import FakeHub, hf_env
-    from tests.test_manage import write_gguf
+    from tests.synth import write_gguf
 
     q4 = write_gguf(tmp_path / "q4.gguf", layers=2, padding=8_000_000)
     q8 = write_gguf(tmp_path / "q8.gguf", layers=3, padding=8_000_000)

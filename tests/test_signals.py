@@ -234,7 +234,7 @@ def test_sigterm_mid_pull_keeps_the_partial_file_for_the_next_pull(fake_hub: Fak
     from runner.hub.catalog import load_catalog
     from runner.hub.fetch import pull
     from runner.hub.refs import resolve
-    from tests.test_manage import write_gguf
+    from tests.synth import write_gguf
 
     data = write_gguf(tmp_path / "big-Q4_K_M.gguf", padding=3_000_000).read_bytes()
     fake_hub.add_repo("user/big-GGUF", {"big-Q4_K_M.gguf": data})
