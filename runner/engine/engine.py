@@ -380,12 +380,15 @@ class Engine(KVContext):
         self, prompt_tokens: Sequence[int], sampling: SamplingConfig, grammar: str | None = None
     ) -> Generator[int, None, None]:
         """Token ids as the loop samples them, end-of-generation tokens too, until the caller stops or
-        the context is full (benchmarks: tg128 decodes whatever comes)."""
+        the context is full (benchmarks: tg128 decodes whatever comes). Ctrl-C raises
+        KeyboardInterrupt in the caller: there is no answer to keep."""
         tokens: list[int] = []
         steps = self.stream(prompt_tokens, sampling, grammar=grammar, on_token=tokens.append, ignore_end=True)
-        for _ in steps:
+        for chunk in steps:
             yield from tokens
             tokens.clear()
+            if chunk.finish_reason == FINISH_INTERRUPTED:
+                raise KeyboardInterrupt  # no answer to keep: Ctrl-C stops the caller (a benchmark)
         yield from tokens
 
     def generate(self, prompt_tokens: Sequence[int], sampling: SamplingConfig, **kwargs: Any) -> Result:
