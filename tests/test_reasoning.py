@@ -148,8 +148,10 @@ def test_chat_stores_reasoning_apart(thinking_model: Path) -> None:
 
 
 def test_the_server_keeps_reasoning_apart(thinking_model: Path, tmp_path: Path) -> None:
-    """runner serve: the OpenAI API's reasoning_content and Ollama's thinking carry the reasoning, the
-    answer's content the rest; enable_thinking off (chat_template_kwargs, Ollama's think) closes it."""
+    """runner serve: the OpenAI API's reasoning_content, Ollama's thinking, Anthropic's thinking block
+    and a Responses reasoning item carry the same reasoning, the answer's content the rest;
+    enable_thinking off (chat_template_kwargs, Ollama's think) closes it."""
+    import anthropic
     import ollama
     import openai
 
@@ -177,6 +179,18 @@ def test_the_server_keeps_reasoning_apart(thinking_model: Path, tmp_path: Path) 
         assert (
             reply.message.thinking == message.model_extra["reasoning_content"] and not reply.message.content
         )
+        # every API the same reasoning, split in the one loop: Anthropic's thinking block, a Responses
+        # reasoning item
+        reasoned = anthropic.Anthropic(base_url=server.url, api_key="unused").messages.create(
+            model=name, messages=question, max_tokens=24, extra_body={"temperature": 0}
+        )
+        blocks = {block.type: block for block in reasoned.content}
+        assert blocks["thinking"].thinking == message.model_extra["reasoning_content"]
+        assert "text" not in blocks or not blocks["text"].text
+        response = client.responses.create(model=name, input=question, max_output_tokens=24, temperature=0)
+        items = {item.type: item for item in response.output}
+        texts = [part.text for part in items["reasoning"].content or []]
+        assert "".join(texts) == message.model_extra["reasoning_content"] and not response.output_text
 
 
 def test_each_line_keeps_reasoning_apart_as_run_does(thinking_model: Path) -> None:
