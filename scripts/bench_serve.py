@@ -37,14 +37,24 @@ import shlex
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
 import httpx
-from benchlib import free_port, machine, model_file, peer_flags, progress, start, stop, target, wait_ready
+from benchlib import (
+    free_port,
+    interleaved,
+    machine,
+    model_file,
+    peer_flags,
+    progress,
+    start,
+    stop,
+    target,
+    wait_ready,
+)
 
 LLAMA_SERVER = Path("/tmp/peers/build/bin/llama-server")
 SERVERS = ("runner", "llama-server")
@@ -399,18 +409,9 @@ def main() -> None:
         )
         + (f", runner {args.runner_args}" if args.runner_args else "")
     )
-    logs = Path(tempfile.mkdtemp(prefix="bench_serve-"))
-    progress(f"server logs in {logs}")
-    rounds: dict[str, list[dict]] = {kind: [] for kind in args.only}
-    for i in range(args.rounds):
-        for kind in args.only:
-            progress(f"round {i + 1}/{args.rounds}: {kind}")
-            log = logs / f"{kind}-{i + 1}.log"
-            try:
-                rounds[kind].append(asyncio.run(measure(kind, args, log)))
-            except BaseException:
-                progress(f"{kind} failed; its log: {log}")
-                raise
+    rounds = interleaved(
+        list(args.only), args.rounds, "bench_serve-", lambda kind, log: measure(kind, args, log)
+    )
     first = rounds[args.only[0]][0]["chat"]
     progress("engine limit: raw llama_decode of the chat's turn 2 and turn 10 new tokens")
     limit = engine_limit(args, first)

@@ -40,14 +40,13 @@ import shlex
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
 import httpx
-from benchlib import free_port, machine, model_file, progress, start, stop, target, wait_ready
+from benchlib import free_port, interleaved, machine, model_file, progress, start, stop, target, wait_ready
 
 MODES = ("ngram", "none")
 SINGLE = 4  # texts the 1-client load sends one after another
@@ -449,18 +448,9 @@ def main() -> None:
         + (f", runner {args.runner_args}" if args.runner_args else "")
         + ("" if args.spec_flag else ", serve has no --spec")
     )
-    logs = Path(tempfile.mkdtemp(prefix="bench_serve_spec-"))
-    progress(f"server logs in {logs}")
-    rounds: dict[str, list[dict]] = {mode: [] for mode in args.only}
-    for i in range(args.rounds):
-        for mode in args.only:
-            progress(f"round {i + 1}/{args.rounds}: --spec {mode}")
-            log = logs / f"{mode}-{i + 1}.log"
-            try:
-                rounds[mode].append(asyncio.run(measure(mode, args, log)))
-            except BaseException:
-                progress(f"{mode} failed; its log: {log}")
-                raise
+    rounds = interleaved(
+        list(args.only), args.rounds, "bench_serve_spec-", lambda mode, log: measure(mode, args, log)
+    )
     # with --json, stdout is the JSON alone and the table goes to stderr
     medians = report(args, setup, rounds, sys.stderr if args.json else sys.stdout)
     if args.json:

@@ -13,8 +13,11 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -100,3 +103,23 @@ async def wait_ready(client: httpx.AsyncClient, process: subprocess.Popen[bytes]
                 return time.perf_counter() - began
         await asyncio.sleep(0.1)
     raise RuntimeError(f"server not ready after {timeout:.0f} s")
+
+
+def interleaved(
+    kinds: list[str], rounds: int, prefix: str, measure: Callable[[str, Path], Awaitable[dict[str, Any]]]
+) -> dict[str, list[dict[str, Any]]]:
+    """Each kind measured once a round, the kinds in turn (machine noise hits all alike), each with
+    a log file of its own in a temporary folder, named when one fails."""
+    logs = Path(tempfile.mkdtemp(prefix=prefix))
+    progress(f"server logs in {logs}")
+    done: dict[str, list[dict[str, Any]]] = {kind: [] for kind in kinds}
+    for i in range(rounds):
+        for kind in kinds:
+            progress(f"round {i + 1}/{rounds}: {kind}")
+            log = logs / f"{kind.replace(' ', '')}-{i + 1}.log"
+            try:
+                done[kind].append(asyncio.run(measure(kind, log)))
+            except BaseException:
+                progress(f"{kind} failed; its log: {log}")
+                raise
+    return done
