@@ -227,24 +227,9 @@ def _with_tokenizer(w: GGUFWriter, s: Spec) -> Spec:
     """Copy the tokenizer.* keys of s.tokenizer's GGUF into w; the spec with n_vocab to match."""
     from dataclasses import replace
 
-    from gguf import GGUFReader, GGUFValueType
-
     assert s.tokenizer is not None
-    n_vocab = s.n_vocab
-    for name, f in GGUFReader(s.tokenizer).fields.items():
-        if not name.startswith("tokenizer."):
-            continue
-        value = f.contents()
-        if name == "tokenizer.ggml.tokens":
-            value = list(value)
-            for i, text in s.token_edits.items():
-                value[i] = text
-            n_vocab = len(value)
-        if f.types[0] == GGUFValueType.ARRAY:
-            w.add_key_value(name, value, GGUFValueType.ARRAY, sub_type=f.types[-1])
-        else:
-            w.add_key_value(name, value, f.types[0])
-    return replace(s, n_vocab=n_vocab)
+    _copy_tokenizer(w, s.tokenizer, s.token_edits, None)
+    return replace(s, n_vocab=_vocab_size(s.tokenizer))
 
 
 SSM = {"d_conv": 4, "d_state": 16}  # mamba's d_inner is 2 * n_embd, dt_rank n_embd / 16
@@ -296,6 +281,107 @@ def _finish(w: GGUFWriter, path: Path) -> Path:
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+def write_scripted(
+    path: str | Path,
+    tokenizer: Path,
+    script: list[int],
+    *,
+    once: int | None = None,
+    edits: dict[int, str] | None = None,
+    template: str | None = None,
+) -> Path:
+    """A one-layer llama on a real model's tokenizer whose greedy answer is written out by hand:
+    `script` is the prompt's last token, then the answer's tokens (the last one an end of generation).
+
+    Each token's follower is a bigram table. A token that comes twice with different followers
+    (harmony's <|channel|> is followed by "analysis", later by "final") takes its second follower
+    once token `once` is in the context, and must not come a third time. How: each scripted token
+    has a dimension of its own in the embedding (every other token embeds as zeros); Q and K are
+    zero, so attention averages the whole context, and its V carries one thing, whether `once` is in
+    it, into a dimension of its own; the FFN is zero. The output rows score a token's follower +10,
+    its later follower +5, and the first follower -40 once `once` was seen. The prompt must not hold
+    `once`; up to ~1,000 tokens of context keep the margins. `edits` rewrites tokens of the
+    tokenizer (ids of its unused control tokens), `template` becomes its chat template."""
+    follows: dict[int, int] = {}
+    follows_once: dict[int, int] = {}
+    seen_once = False
+    for token, after in zip(script, script[1:], strict=False):
+        seen_once = seen_once or token == once
+        if follows.setdefault(token, after) != after:
+            assert seen_once and follows_once.setdefault(token, after) == after, f"{token} is ambiguous"
+    keys = sorted(set(follows) | ({once} if once is not None else set()))
+    n_embd = 64
+    assert len(keys) < n_embd, "a script of at most 63 distinct tokens"
+    for token in follows_once:  # a first follower loses once `once` is seen: it follows nothing else
+        assert [after for after in follows.values()].count(follows[token]) == 1
+    dim = {token: i for i, token in enumerate(keys)}
+    seen = n_embd - 1  # the dimension that says `once` was seen
+    n_vocab = _vocab_size(tokenizer)
+    w = GGUFWriter(str(path), "llama")
+    w.add_block_count(1)
+    w.add_context_length(4096)
+    w.add_embedding_length(n_embd)
+    w.add_feed_forward_length(n_embd)
+    w.add_head_count(1)
+    w.add_head_count_kv(1)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_rope_freq_base(10000.0)
+    _copy_tokenizer(w, tokenizer, edits or {}, template)
+    w.add_uint32("llama.vocab_size", n_vocab)
+    embd = np.zeros((n_vocab, n_embd), dtype=np.float32)
+    out = np.zeros((n_vocab, n_embd), dtype=np.float32)
+    for token, i in dim.items():
+        embd[token, i] = 1.0
+    for token, after in follows.items():
+        out[after, dim[token]] = 10.0
+    for token, later in follows_once.items():
+        out[later, dim[token]] = 5.0
+        out[follows[token], seen] = -40.0
+    square = np.zeros((n_embd, n_embd), dtype=np.float32)
+    v = square.copy()
+    if once is not None:
+        v[seen, dim[once]] = 20.0  # x8 by the norm, averaged over the context
+    o = square.copy()
+    o[seen, seen] = 1.0
+    w.add_tensor("token_embd.weight", embd.astype(np.float16))
+    w.add_tensor("blk.0.attn_norm.weight", np.ones(n_embd, dtype=np.float32))
+    for name, data in (("q", square), ("k", square), ("v", v), ("output", o)):
+        w.add_tensor(f"blk.0.attn_{name}.weight", data.astype(np.float16))
+    w.add_tensor("blk.0.ffn_norm.weight", np.ones(n_embd, dtype=np.float32))
+    for name in ("gate", "up", "down"):
+        w.add_tensor(f"blk.0.ffn_{name}.weight", square.astype(np.float16))
+    w.add_tensor("output_norm.weight", np.ones(n_embd, dtype=np.float32))
+    w.add_tensor("output.weight", out.astype(np.float16))
+    return _finish(w, Path(path))
+
+
+def _vocab_size(tokenizer: Path) -> int:
+    """How many tokens a GGUF's tokenizer holds."""
+    from gguf import GGUFReader
+
+    return len(GGUFReader(tokenizer).fields["tokenizer.ggml.tokens"].contents())
+
+
+def _copy_tokenizer(w: GGUFWriter, tokenizer: Path, edits: dict[int, str], template: str | None) -> None:
+    """Every tokenizer.* key of `tokenizer`'s GGUF into w, its tokens edited, its template replaced."""
+    from gguf import GGUFReader, GGUFValueType
+
+    for name, f in GGUFReader(tokenizer).fields.items():
+        if not name.startswith("tokenizer.") or (name == "tokenizer.chat_template" and template is not None):
+            continue
+        value = f.contents()
+        if name == "tokenizer.ggml.tokens":
+            value = list(value)
+            for i, text in edits.items():
+                value[i] = text
+        if f.types[0] == GGUFValueType.ARRAY:
+            w.add_key_value(name, value, GGUFValueType.ARRAY, sub_type=f.types[-1])
+        else:
+            w.add_key_value(name, value, f.types[0])
+    if template is not None:
+        w.add_chat_template(template)
 
 
 def write_unknown_arch(path: str | Path) -> Path:

@@ -205,3 +205,117 @@ def test_each_line_keeps_reasoning_apart_as_run_does(thinking_model: Path) -> No
     assert first["text"] == one["text"] == ""
     plain = run_cli("run", *args, "--each-line", input=b"What is 2+2?\n")
     assert plain.returncode == 0 and plain.stdout == b"\n"  # all thinking: an empty answer line
+
+
+# gpt-oss's harmony format from a model that really emits it: a scripted model (tests/synth.py) on
+# SmolLM2's tokenizer, its unused control tokens renamed to harmony's markers, whose greedy answer is
+# analysis, then final, then <|return|>. The pinned llama.cpp treats these markers as gpt-oss's (its
+# vocabulary load finds them by text): <|end|> is no end of generation, <|return|> is.
+HARMONY_MARKERS = {
+    3: "<|channel|>",
+    4: "<|message|>",
+    5: "<|end|>",
+    6: "<|start|>",
+    7: "<|return|>",
+    8: "<|call|>",
+    9: "<|constrain|>",
+}
+HARMONY_TEMPLATE = (
+    "{% for m in messages %}<|start|>{{ m.role }}"
+    "{% if m.role == 'assistant' %}<|channel|>final{% endif %}<|message|>{{ m.content }}<|return|>"
+    "{% endfor %}{% if add_generation_prompt %}<|start|>assistant{% endif %}"
+)
+REASONED, ANSWERED = "Two and two make four.", "It is 4!"
+
+
+@pytest.fixture(scope="module")
+def harmony_model(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    import llama_cpp
+
+    from tests.synth import write_scripted
+
+    vocab = llama_cpp.Llama(str(smollm2_path), vocab_only=True, verbose=False)
+
+    def tokens(text: str) -> list[int]:
+        return vocab.tokenize(text.encode(), add_bos=False, special=False)
+
+    channel, message, end, start, ret = 3, 4, 5, 6, 7
+    assistant = tokens("assistant")  # the generation prompt's last tokens, and the second header's
+    script = [assistant[-1], channel, *tokens("analysis"), message, *tokens(REASONED), end, start]
+    script += [*assistant, channel, *tokens("final"), message, *tokens(ANSWERED), ret]
+    out = tmp_path_factory.mktemp("harmony") / "harmony.gguf"
+    return write_scripted(
+        out, smollm2_path, script, once=end, edits=HARMONY_MARKERS, template=HARMONY_TEMPLATE
+    )
+
+
+def test_a_harmony_answer_is_split_the_same_by_run_each_line_and_chat(harmony_model: Path) -> None:
+    """The scripted model answers "<|channel|>analysis<|message|>R<|end|><|start|>assistant
+    <|channel|>final<|message|>A<|return|>": run, --each-line and chat keep R apart from A."""
+    from runner.store import Store
+
+    args = [str(harmony_model), "--temperature", "0", "--max-tokens", "64"]
+    one = run_cli("run", *args, "What is 2+2?", "--json")
+    assert one.returncode == 0, one.stderr
+    data = json.loads(one.stdout)
+    assert (data["reasoning"], data["text"], data["finish_reason"]) == (REASONED, ANSWERED, "stop")
+    piped = run_cli("run", *args, "What is 2+2?")
+    assert piped.stdout.decode().strip() == ANSWERED and REASONED in piped.stderr.decode()
+    batch = run_cli("run", *args, "--each-line", "--jsonl", input=b"What is 2+2?\nAnd 3+3?\n")
+    assert batch.returncode == 0, batch.stderr
+    for line in batch.stdout.decode().splitlines():
+        row = json.loads(line)
+        assert (row["reasoning"], row["text"]) == (REASONED, ANSWERED)
+    chat = run_cli("chat", *args, input=b"What is 2+2?\n")
+    assert chat.returncode == 0, chat.stderr
+    assert chat.stdout.decode().strip() == ANSWERED
+    store = Store.open()
+    try:
+        conversation = store.load(store.latest() or 0)
+    finally:
+        store.close()
+    assert conversation is not None
+    answer = conversation.messages[-1]
+    assert (answer.role, answer.content, answer.reasoning) == ("assistant", ANSWERED, REASONED)
+
+
+def test_a_harmony_answer_is_split_the_same_by_every_api(harmony_model: Path, tmp_path: Path) -> None:
+    """runner serve: OpenAI's reasoning_content (whole and streamed), Ollama's thinking, Anthropic's
+    thinking block and a Responses reasoning item carry R, the answer's text A."""
+    import anthropic
+    import ollama
+    import openai
+
+    from tests.serving import serving
+
+    name, question = harmony_model.stem, [{"role": "user", "content": "What is 2+2?"}]
+    with serving([str(harmony_model), "--parallel", "2", "--ctx", "1024"], tmp_path / "stderr") as server:
+        client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused")
+        whole = client.chat.completions.create(model=name, messages=question, max_tokens=64, temperature=0)
+        message = whole.choices[0].message
+        assert (message.model_extra["reasoning_content"], message.content) == (REASONED, ANSWERED)
+        assert whole.choices[0].finish_reason == "stop"
+        reasoning, content = "", ""
+        for chunk in client.chat.completions.create(
+            model=name, messages=question, max_tokens=64, temperature=0, stream=True
+        ):
+            if chunk.choices:
+                delta = chunk.choices[0].delta
+                reasoning += (delta.model_extra or {}).get("reasoning_content") or ""
+                content += delta.content or ""
+        assert (reasoning, content) == (REASONED, ANSWERED)
+        reply = ollama.Client(host=server.url).chat(
+            model=name, messages=question, think=True, options={"num_predict": 64, "temperature": 0}
+        )
+        assert (reply.message.thinking, reply.message.content) == (REASONED, ANSWERED)
+        assert reply.done_reason == "stop"
+        reasoned = anthropic.Anthropic(base_url=server.url, api_key="unused").messages.create(
+            model=name, messages=question, max_tokens=64, extra_body={"temperature": 0}
+        )
+        blocks = {block.type: block for block in reasoned.content}
+        assert (blocks["thinking"].thinking, blocks["text"].text) == (REASONED, ANSWERED)
+        assert reasoned.stop_reason == "end_turn"
+        response = client.responses.create(model=name, input=question, max_output_tokens=64, temperature=0)
+        items = {item.type: item for item in response.output}
+        texts = [part.text for part in items["reasoning"].content or []]
+        assert ("".join(texts), response.output_text) == (REASONED, ANSWERED)
