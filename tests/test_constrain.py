@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import json
-import re
 import time
 from pathlib import Path
 
 import jsonschema
 import pytest
 
+from runner.engine import constrain
 from runner.engine.answer import FINISH_STOP
-from runner.engine.constrain import ConstraintError, constraint, json_grammar
+from runner.engine.constrain import ConstraintError, constraint, subschemas
 from runner.engine.sampling import SamplingConfig
 from runner.engine.template import Message
 from runner.errors import InvalidSetting
@@ -53,7 +53,7 @@ def test_schema_answers_always_parse_and_validate(engine, smollm2_path: Path, se
     sampling = SamplingConfig(temperature=0.9, top_k=0, top_p=1.0, min_p=0.0, seed=seed)  # wide open
     for prompt in PROMPTS:
         result = engine.generate(
-            tokens_for(engine, smollm2_path, prompt), sampling, max_tokens=200, grammar=rule.grammar
+            tokens_for(engine, smollm2_path, prompt), sampling, max_tokens=200, guide=rule.guide
         )
         assert result.finish_reason == FINISH_STOP, (prompt, result.text)  # it closed, and said so
         value = json.loads(rule.check(result.text, result.finish_reason))
@@ -125,7 +125,7 @@ def test_sampled_answers_are_one_object_and_rarely_run_on(
     for prompt in prompts:
         tokens = tokens_for(engine, smollm2_path, prompt)
         for seed in range(15):
-            result = engine.generate(tokens, SamplingConfig(seed=seed), max_tokens=300, grammar=rule.grammar)
+            result = engine.generate(tokens, SamplingConfig(seed=seed), max_tokens=300, guide=rule.guide)
             if result.finish_reason != FINISH_STOP:
                 cut.append((prompt, seed, result.text[-60:]))
                 continue
@@ -149,16 +149,17 @@ def _shape(value: object) -> tuple[int, int, int]:
     )
 
 
-def test_json_grammar_bounds_hold_in_llama_cpp(engine, smollm2_path: Path) -> None:
-    # small bounds, so that sampled answers reach them: llama.cpp keeps every answer within them
-    grammar = json_grammar(depth=2, members=2, chars=6)
+def test_json_bounds_hold_in_llguidance(engine, smollm2_path: Path, monkeypatch) -> None:
+    # small bounds, so that sampled answers reach them: llguidance keeps every answer within them
+    monkeypatch.setattr(constrain, "MAX_DEPTH", 2)
+    monkeypatch.setattr(constrain, "MAX_MEMBERS", 2)
+    monkeypatch.setattr(constrain, "MAX_CHARS", 6)
+    guide = constrain.schema_guide({"type": "object"})  # --format json's, with these bounds
     reached = [0, 0, 0]
     for seed in range(4):
         for prompt in ("A cat.", "List the planets with their moons."):
             tokens = tokens_for(engine, smollm2_path, prompt)
-            # at most 976 bytes (six-byte escapes, 52-byte numbers, 21 bytes of whitespace each time),
-            # so at most 976 tokens before the grammar allows nothing but the end
-            result = engine.generate(tokens, SamplingConfig(seed=seed), max_tokens=1000, grammar=grammar)
+            result = engine.generate(tokens, SamplingConfig(seed=seed), max_tokens=1000, guide=guide)
             assert result.finish_reason == FINISH_STOP, result.text  # so it always closes
             value = json.loads(result.text)
             depth, most, longest = _shape(value)
@@ -192,11 +193,12 @@ def test_an_answer_cut_before_its_json_closes_is_an_error_and_prints_nothing(smo
         (["--schema", '{"type": "nope"}'], "--schema is not a valid JSON Schema"),
         (["--schema", "{not json"], "--schema is not JSON"),
         (["--schema", "/no/such/schema.json"], "--schema: cannot read /no/such/schema.json"),
-        (["--schema", '{"$ref": "https://example.com/s.json"}'], "llama.cpp's grammar cannot express it"),
-        (["--schema", '{"type": "string", "pattern": "^(?=a)b$"}'], "llama.cpp's grammar cannot express it"),
+        (["--schema", '{"$ref": "https://example.com/s.json"}'], "runner never fetches one"),
+        (["--schema", '{"type": "string", "pattern": "^(?=a)b$"}'], "cannot be enforced: regex parse error"),
+        (["--schema", '{"$ref": "#/$defs/x"}'], "cannot be enforced: Pointer '/$defs/x' does not exist"),
         (
-            ["--schema", '{"properties": {"age": {"type": "integer", "maximum": 120}}}'],
-            "cannot enforce maximum (at properties/age)",
+            ["--schema", '{"properties": {"tags": {"type": "array", "uniqueItems": true}}}'],
+            "cannot enforce uniqueItems (at properties/tags)",
         ),
         (["--format", "yaml"], "--format must be json"),
         (["--format", "json", "--schema", "{}"], "do not go together"),
@@ -220,13 +222,6 @@ def test_a_grammar_llama_cpp_cannot_parse_is_exit_2(smollm2_path: Path, tmp_path
     assert "llama.cpp cannot parse the grammar" in done.stderr.decode()
 
 
-def test_strings_in_a_schema_grammar_exclude_control_characters() -> None:
-    from runner.engine.constrain import LOOSE_CHAR, STRICT_CHAR
-
-    rule = constraint(schema=json.dumps(PERSON))
-    assert rule is not None and STRICT_CHAR in rule.grammar and LOOSE_CHAR not in rule.grammar
-
-
 @pytest.mark.parametrize(
     "flags",
     [
@@ -247,11 +242,23 @@ def test_strings_in_a_schema_grammar_exclude_control_characters() -> None:
     ],
     ids=["format-json", "open", "any", "additional", "minimums"],
 )
-def test_a_json_grammar_repeats_nothing_without_bound(flags: dict[str, str]) -> None:
+def test_what_llguidance_gets_repeats_nothing_without_bound(flags: dict[str, str]) -> None:
+    # every string, array and object of the schema llguidance compiles has a bound (or a fixed form)
     rule = constraint(**flags)
-    assert rule is not None
-    operators = re.sub(r'"(\\.|[^"\\])*"|\[(\\.|[^\]\\])*\]', "", rule.grammar)  # literals, classes out
-    assert "*" not in operators and "+" not in operators, rule.grammar
+    assert rule is not None and rule.guide is not None
+    compiled = json.loads(rule.guide)["grammars"][0]["json_schema"]
+    for path, sub in subschemas(compiled):
+        types = sub.get("type") if isinstance(sub.get("type"), list) else [sub.get("type")]
+        if "string" in types:
+            assert "maxLength" in sub or "enum" in sub or "format" in sub, (path, sub)
+        if "array" in types:
+            assert "maxItems" in sub, (path, sub)
+        if "object" in types or "properties" in sub:
+            assert sub.get("additionalProperties") is False, (path, sub)
+            if "patternProperties" in sub:  # keys of a pattern: as many as maxProperties allows
+                assert "maxProperties" in sub, (path, sub)
+            for pattern in sub.get("patternProperties", {}):
+                assert pattern == "^.{0,200}$", (path, pattern)
 
 
 def test_check_says_where_an_answer_breaks_the_schema() -> None:

@@ -1,7 +1,7 @@
 """runner serve's Ollama API with the real model: the `ollama` client against a real `runner serve`
 (SmolLM2, 4 sequences of 1024 tokens) over 127.0.0.1. Chat whole and streamed, generate, lengths,
 list, show, ps, version and `format` schemas, and the refusals only the model can make (a prompt too
-long in tokens, a schema its grammar cannot take). The refusals the fields alone decide are in
+long in tokens, a schema its constraint engine cannot enforce). The refusals the fields alone decide are in
 test_serve_protocol.py, in process.
 """
 
@@ -20,7 +20,10 @@ import pytest
 from tests.serving import MODEL, PERSON, Server, body, chat, check_refused, model_server
 
 LONG_TEXT = " ".join(["word"] * 3000)  # ~3000 tokens: past a sequence's 1024
-MINIMUM = {"type": "object", "properties": {"age": {"type": "integer", "minimum": 3}}}
+UNIQUE = {
+    "type": "object",
+    "properties": {"tags": {"type": "array", "items": {"type": "string"}, "uniqueItems": True}},
+}
 
 
 @pytest.fixture(scope="module")
@@ -99,8 +102,8 @@ def test_ollama_list_show_ps_and_format(olla: ollama.Client, http: httpx.Client)
 # -- what only the model refuses ----------------------------------------------------------------------
 
 
-def test_a_schema_the_grammar_cannot_take_is_a_400(http: httpx.Client) -> None:
-    check_refused(http, "/api/chat", chat(format=MINIMUM), 400, None, "minimum")
+def test_a_schema_the_constraint_engine_cannot_enforce_is_a_400(http: httpx.Client) -> None:
+    check_refused(http, "/api/chat", chat(format=UNIQUE), 400, None, "uniqueItems (at properties/tags)")
 
 
 def check_too_long(http: httpx.Client, case: tuple[str, str, int, str | None, str]) -> None:

@@ -2,9 +2,9 @@
 (SmolLM2, 4 sequences of 1024 tokens) over 127.0.0.1. Whole and streamed answers, stop strings,
 lengths and seeds, JSON schemas, forced tool calls, raw completions, many clients at once, a
 conversation's prefix reused, the kept prompt states, and the refusals only the model can make (a
-prompt too long in tokens, a schema its grammar cannot take). The refusals the fields alone decide are
-in test_serve_protocol.py, in process. Nothing is mocked; every server is stopped with SIGTERM and
-must exit 0 without a traceback.
+prompt too long in tokens, a schema its constraint engine cannot enforce). The refusals the fields
+alone decide are in test_serve_protocol.py, in process. Nothing is mocked; every server is stopped
+with SIGTERM and must exit 0 without a traceback.
 """
 
 from __future__ import annotations
@@ -40,7 +40,10 @@ from tests.serving import (
 )
 
 LONG_TEXT = " ".join(["word"] * 3000)  # ~3000 tokens: past a sequence's 1024
-MINIMUM = {"type": "object", "properties": {"age": {"type": "integer", "minimum": 3}}}
+UNIQUE = {
+    "type": "object",
+    "properties": {"tags": {"type": "array", "items": {"type": "string"}, "uniqueItems": True}},
+}
 
 
 @pytest.fixture(scope="module")
@@ -274,10 +277,12 @@ def test_an_empty_prompt_is_answered_and_frees_its_sequence(smollm2_path: Path, 
 # -- what only the model refuses ----------------------------------------------------------------------
 
 
-def test_a_schema_the_grammar_cannot_take_is_a_400(http: httpx.Client) -> None:
-    schema = {"name": "x", "schema": MINIMUM}
+def test_a_schema_the_constraint_engine_cannot_enforce_is_a_400(http: httpx.Client) -> None:
+    schema = {"name": "x", "schema": UNIQUE}
     content = chat(response_format={"type": "json_schema", "json_schema": schema})
-    check_refused(http, "/v1/chat/completions", content, 400, "response_format", "minimum")
+    check_refused(
+        http, "/v1/chat/completions", content, 400, "response_format", "uniqueItems (at properties/tags)"
+    )
 
 
 def check_too_long(http: httpx.Client, case: tuple[str, str, int, str | None, str]) -> None:

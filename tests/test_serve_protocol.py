@@ -49,8 +49,8 @@ def http(backend: StandIn, lines: list[str]) -> Iterator[TestClient]:
 # -- bad requests, each in its API's shape ---------------------------------------------------------
 
 # (path, body, status, param (OpenAI) or None, what the message says). The ones only the model can
-# refuse (a prompt too long in tokens, a schema its grammar cannot take) are in test_serve_openai.py
-# and test_serve_ollama.py.
+# refuse (a prompt too long in tokens, a schema its constraint engine cannot enforce) are in
+# test_serve_openai.py and test_serve_ollama.py.
 BAD = {
     "unknown model": ("/v1/chat/completions", chat(model="nope"), 404, "model", "served: smollm2"),
     "not JSON": ("/v1/chat/completions", '{"model": ', 400, None, "not valid JSON"),

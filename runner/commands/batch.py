@@ -235,6 +235,7 @@ def _answer(loaded: LoadedModel, request: BatchRequest, items: list[Item], out: 
                 max_tokens=item.max_tokens or request.max_tokens,
                 stop=request.stop,
                 grammar=item.rule.grammar if item.rule else None,
+                guide=item.rule.guide if item.rule else None,
                 reasoning=prompt.reasoning_style,
                 in_reasoning=prompt.opens_reasoning,
             )

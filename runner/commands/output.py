@@ -117,6 +117,7 @@ def stream_answer(
     max_tokens: int | None = None,
     stop: tuple[str, ...] = (),
     grammar: str | None = None,
+    guide: str | None = None,
     prompt_cache: PromptCache | None = None,
     head: int = 0,
 ) -> Answer:
@@ -131,6 +132,7 @@ def stream_answer(
         max_tokens=max_tokens,
         stop=stop,
         grammar=grammar,
+        guide=guide,
         prompt_cache=prompt_cache,
         head=head,
         reasoning=prompt.reasoning_style,

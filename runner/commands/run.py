@@ -107,6 +107,7 @@ def run_once(request: RunRequest, *, stdin: BinaryIO | None, out: TextIO) -> Res
                 max_tokens=request.max_tokens,
                 stop=request.stop,
                 grammar=constrained.grammar if constrained else None,
+                guide=constrained.guide if constrained else None,
                 prompt_cache=cache,
                 head=head,
             )

@@ -259,6 +259,7 @@ class Session:
                 max_tokens=self.max_tokens,
                 stop=self.request.stop,
                 grammar=self.constraint.grammar if self.constraint else None,
+                guide=self.constraint.guide if self.constraint else None,
                 prompt_cache=self.prompt_cache,
             )
         writer.end()

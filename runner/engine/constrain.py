@@ -1,17 +1,21 @@
-"""Output a script can rely on: --format json, --schema, --grammar as a GBNF grammar for llama.cpp.
+"""Output a script can rely on: --format json, --schema, --grammar.
 
-The grammar sampler runs in the engine's native sampler chain (llama_sampler_init_grammar), so every
-token is one the grammar allows: the answer is the JSON and nothing else, and it ends where the JSON
-ends. A schema becomes GBNF with llama-cpp-python's converter (llama_cpp.llama_grammar, the port of
-llama.cpp's json-schema-to-grammar), after jsonschema has checked it is a valid schema; both happen
-before any model loads. Where neither bounds them, strings, members, items and (--format json)
-nesting are bounded, so that a small model's loop ends where a bound does (MAX_CHARS and the rest,
-below). What the grammar cannot guarantee is said, not hidden: an answer cut by --max-tokens or the
+Every token is one the constraint allows: the answer is the JSON and nothing else, and it ends where
+the JSON ends. A JSON Schema (--schema, a server's json_schema, a forced tool call) is enforced by
+llguidance (runner.engine.guide), and so is --format json (a schema for any object): jsonschema
+checks a schema is valid, llguidance compiles it and names any keyword it cannot enforce, both before
+any model loads; during sampling its mask removes every token the schema cannot take next. --grammar
+(GBNF) runs llama.cpp's own grammar sampler in the engine's native sampler chain
+(llama_sampler_init_grammar). Where a schema leaves them open, strings, members, items and nesting
+are bounded, so that a small model's loop ends where a bound does (MAX_CHARS and the rest, below).
+What the constraint cannot guarantee is said, not hidden: an answer cut by --max-tokens or the
 context before its JSON closed is an error, and so is one that does not validate.
 """
 
 from __future__ import annotations
 
+import copy
+import functools
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,8 +33,9 @@ class ConstraintError(RunnerError):
 @dataclass(frozen=True)
 class Constraint:
     kind: str  # "json", "schema" or "grammar"
-    grammar: str  # GBNF, root rule "root"
+    grammar: str | None  # GBNF, root rule "root", for llama.cpp's grammar sampler ("json", "grammar")
     schema: dict[str, Any] | None = None
+    guide: str | None = None  # the schema's llguidance grammar (runner.engine.guide), for "schema"
 
     @property
     def is_json(self) -> bool:
@@ -70,10 +75,10 @@ def constraint(
     if format is not None:
         if format.strip().lower() not in FORMATS:
             raise InvalidSetting(f"--format must be json (got {format!r})")
-        return Constraint("json", json_grammar())
+        return Constraint("json", None, None, json_guide())
     if schema is not None:
         parsed = _load_schema(schema)
-        return Constraint("schema", schema_grammar(parsed), parsed)
+        return Constraint("schema", None, parsed, schema_guide(parsed))
     if grammar is not None:
         path = Path(grammar)
         try:
@@ -88,36 +93,20 @@ def constraint(
 
 
 # --format json: any JSON object, within bounds a small model cannot loop in without end. llama.cpp's
-# json.gbnf bounds whitespace only (`ws ::= | " " | "\n" [ \t]{0,20}`, kept here). Sampled at the
-# default temperature, SmolLM2-135M still ran past 300 tokens in 13 of 120 answers (3 prompts x 40
-# seeds), each in a loop that grammar allows: one phrase again and again inside a string, the same
-# member again and again, objects nested in objects. With these bounds: 3 of 120. A schema's strings
-# and arrays get the same bounds where it sets none (61 of 120 answers to an open schema ran on; 15).
+# json.gbnf bounds whitespace only. Sampled at the default temperature, SmolLM2-135M still ran past
+# 300 tokens in 13 of 120 answers (3 prompts x 40 seeds), each in a loop that grammar allows: one
+# phrase again and again inside a string, the same member again and again, objects nested in objects.
+# With these bounds: 3 of 120. A schema's strings, arrays and open objects get the same bounds where it
+# sets none (61 of 120 answers to an open schema ran on; 15). They are applied to the schema
+# (_bounded) before llguidance compiles it; whitespace is bounded by JSON_OPTIONS.
 MAX_DEPTH = 4  # objects and arrays inside one another, the answer's own object counted
 MAX_MEMBERS = 16  # members of one object, items of one array
 MAX_CHARS = 200  # characters in one string, keys included
-JSON_SCALARS = r"""
-scalar ::= string | number | ("true" | "false" | "null") ws
-string ::= "\"" char{0,%d} "\"" ws
-char ::= [^"\\\x7F\x00-\x1F] | "\\" (["\\/bfnrt] | "u" [0-9a-fA-F]{4})
-number ::= "-"? ([0-9] | [1-9] [0-9]{0,15}) ("." [0-9]{1,16})? ([eE] [-+]? [0-9]{1,16})? ws
-ws ::= | " " | "\n" [ \t]{0,20}
-"""
 
 
-def json_grammar(depth: int = MAX_DEPTH, members: int = MAX_MEMBERS, chars: int = MAX_CHARS) -> str:
-    """GBNF for one JSON object: json.gbnf's rules, with every repetition a loop could fill bounded."""
-    more = f"{{0,{members - 1}}}"  # after the first
-    rules = ["root ::= object1"]
-    for level in range(1, depth + 1):
-        inner = f"value{level + 1}" if level < depth else "scalar"
-        rules.append(
-            f'object{level} ::= "{{" ws (string ":" ws {inner} ("," ws string ":" ws {inner}){more})? "}}" ws'
-        )
-        if level > 1:
-            rules.append(f'array{level} ::= "[" ws ({inner} ("," ws {inner}){more})? "]" ws')
-            rules.append(f"value{level} ::= object{level} | array{level} | scalar")
-    return "\n".join(rules) + JSON_SCALARS % chars
+def json_guide() -> str:
+    """--format json, a server's json_object: llguidance's grammar for any JSON object within the bounds."""
+    return schema_guide_of('{"type": "object"}')
 
 
 def _load_schema(value: str) -> dict[str, Any]:
@@ -158,115 +147,169 @@ def _schema_error(problem: str) -> InvalidSetting:
     return InvalidSetting(f"--schema: {problem}", field="schema", problem=problem)
 
 
-# JSON Schema assertions llama-cpp-python's converter ignores: a grammar from such a schema would let
-# answers through that break it, so they are refused rather than half kept.
-UNSUPPORTED = frozenset(
-    {
-        "minimum",
-        "maximum",
-        "exclusiveMinimum",
-        "exclusiveMaximum",
-        "multipleOf",
-        "minProperties",
-        "maxProperties",
-        "uniqueItems",
-        "not",
-        "if",
-        "then",
-        "else",
-        "patternProperties",
-        "propertyNames",
-        "dependentRequired",
-        "dependentSchemas",
-        "dependencies",
-        "contains",
-        "minContains",
-        "maxContains",
-        "unevaluatedProperties",
-        "unevaluatedItems",
-    }
-)
+# How llguidance writes JSON: whitespace where llama.cpp's converter allows it (none, a space, or a
+# line break and up to 20 spaces or tabs), never a run a small model could fill without end.
+JSON_OPTIONS = {"whitespace_pattern": r"(?: |\n[ \t]{0,20})?"}
+MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")  # name -> schema
+DATA = ("enum", "const", "default", "examples", "required", "dependentRequired", "$comment")  # not schemas
 
 
-def _unsupported(schema: Any, where: str = "") -> tuple[str, str] | None:
-    """The first assertion the grammar cannot enforce, and where: (keyword, path), or None."""
+def subschemas(schema: Any, where: str = "") -> Any:
+    """(path, schema) for the schema and every schema inside it, in document order."""
     if not isinstance(schema, dict):
-        return None
-    for key in schema:
-        if key in UNSUPPORTED:
-            return key, where or "the top level"
-    subs: list[tuple[str, Any]] = []
-    for key in ("properties", "$defs", "definitions"):
-        if isinstance(schema.get(key), dict):
-            subs += [(f"{where}/{key}/{k}", v) for k, v in schema[key].items()]
-    for key in ("items", "additionalProperties"):
-        if isinstance(schema.get(key), dict):
-            subs.append((f"{where}/{key}", schema[key]))
-    for key in ("items", "prefixItems", "anyOf", "oneOf", "allOf"):
-        if isinstance(schema.get(key), list):
-            subs += [(f"{where}/{key}/{i}", v) for i, v in enumerate(schema[key])]
-    for path, sub in subs:
-        found = _unsupported(sub, path.lstrip("/"))
-        if found:
-            return found
-    return None
+        return
+    yield where, schema
+    for key, value in schema.items():
+        if key in DATA:
+            continue
+        if key in MAPS and isinstance(value, dict):
+            for name, sub in value.items():
+                yield from subschemas(sub, f"{where}/{key}/{name}")
+        elif isinstance(value, dict):
+            yield from subschemas(value, f"{where}/{key}")
+        elif isinstance(value, list):
+            for i, sub in enumerate(value):
+                yield from subschemas(sub, f"{where}/{key}/{i}")
 
 
-def schema_grammar(schema: dict[str, Any]) -> str:
-    """GBNF for a schema, by llama-cpp-python's converter; InvalidSetting where it cannot express it."""
-    from llama_cpp.llama_grammar import json_schema_to_gbnf
-
-    found = _unsupported(schema)
-    if found is not None:
-        raise _schema_error(
-            f"llama.cpp's grammar cannot enforce {found[0]} (at {found[1]}); "
-            "remove it, or use --format json and check the answer yourself"
-        )
-    try:
-        grammar = json_schema_to_gbnf(json.dumps(_bounded(schema)))
-    except Exception as exc:  # the converter raises plain exceptions (ValueError, KeyError, ...)
-        raise _schema_error(f"llama.cpp's grammar cannot express it ({exc})") from None
-    if not grammar.strip():
-        raise _schema_error("llama.cpp's grammar cannot express it (empty grammar)")
-    return "\n".join(_bounded_rule(line) for line in str(grammar).splitlines()) + "\n"
+def _where(path: str) -> str:
+    return path.lstrip("/") or "the top level"
 
 
-def _bounded(schema: Any) -> Any:
-    """The schema with MAX_CHARS on each string and MAX_MEMBERS on each array it leaves open: the
-    converter then bounds them (the answer is still checked against the schema as given)."""
-    if not isinstance(schema, dict):
-        return schema
-    out = dict(schema)
-    for key in ("properties", "$defs", "definitions"):
-        if isinstance(out.get(key), dict):
-            out[key] = {name: _bounded(sub) for name, sub in out[key].items()}
-    for key in ("items", "additionalProperties", "prefixItems", "anyOf", "oneOf", "allOf"):
-        if isinstance(out.get(key), list):
-            out[key] = [_bounded(sub) for sub in out[key]]
-        elif key in out:
-            out[key] = _bounded(out[key])
-    if out.get("type") == "string" and "maxLength" not in out:
-        out["maxLength"] = max(MAX_CHARS, out.get("minLength", 0))
-    if out.get("type", "array") == "array" and isinstance(out.get("items"), dict) and "maxItems" not in out:
-        out["maxItems"] = max(MAX_MEMBERS, out.get("minItems", 0))
+def schema_guide(schema: dict[str, Any]) -> str:
+    """The llguidance grammar that enforces `schema` (runner.engine.guide), compiled and checked here,
+    before any model loads; InvalidSetting naming the keyword and where, for what it cannot enforce.
+    A remote $ref is never fetched. A `format` llguidance does not know is an annotation, as JSON
+    Schema has it (the answer is checked against the schema as given): left out of the grammar."""
+    from llguidance import LLMatcher
+
+    for path, sub in subschemas(schema):
+        ref = sub.get("$ref")
+        if isinstance(ref, str) and not ref.startswith("#"):
+            problem = f"$ref {ref!r} (at {_where(path)}) is not in the schema: runner never fetches one"
+            raise _schema_error(problem)
+    bounded = _bounded(schema)
+    for _ in range(64):  # each unknown format found, left out, and the schema compiled again
+        try:
+            grammar = LLMatcher.grammar_from_json_schema(bounded, defaults=JSON_OPTIONS)  # type: ignore[arg-type]
+        except ValueError as exc:
+            raise _schema_error(f"cannot be enforced ({exc})") from None
+        failed, messages = LLMatcher.validate_grammar_with_warnings(grammar)
+        if not failed:
+            return grammar
+        message = " ".join((messages[0] if messages else "no reason given").split())  # one line
+        if message.startswith("Unknown format: "):
+            name = message.removeprefix("Unknown format: ")
+            if _drop_format(bounded, name):
+                continue
+        raise _schema_error(_problem(schema, message))
+    raise _schema_error("cannot be enforced (too many unknown formats)")
+
+
+@functools.lru_cache(maxsize=256)
+def schema_guide_of(text: str) -> str:
+    """schema_guide for a schema as JSON text, kept by its text: a server's clients send the same
+    schema again and again. The schema is checked to be valid JSON Schema first (checked_schema)."""
+    return schema_guide(json.loads(text))
+
+
+def _problem(schema: dict[str, Any], message: str) -> str:
+    """llguidance's reason, worded for the user: the first place an unimplemented keyword is."""
+    if message.startswith("Unimplemented keys: "):
+        try:
+            keys = set(json.loads(message.removeprefix("Unimplemented keys: ")))
+        except ValueError:
+            keys = set()
+        for path, sub in subschemas(schema):
+            found = [k for k in sub if k in keys]
+            if found:
+                return (
+                    f"runner's constraint engine (llguidance) cannot enforce {found[0]} (at {_where(path)}); "
+                    "remove it, or ask for any JSON object and check the answer yourself"
+                )
+    return f"cannot be enforced: {message}"
+
+
+def _drop_format(schema: Any, name: str) -> bool:
+    """Every `format: name` left out of the (bounded copy of the) schema; whether there was one."""
+    dropped = False
+    for _, sub in list(subschemas(schema)):
+        if sub.get("format") == name:
+            del sub["format"]
+            dropped = True
+    return dropped
+
+
+def _bounded(schema: dict[str, Any]) -> dict[str, Any]:
+    """A copy of the schema with MAX_CHARS on each string, MAX_MEMBERS on each array and each open
+    object it leaves unbounded, so a small model's loop ends where a bound does (the answer is still
+    checked against the schema as given). A string with a format, pattern, enum or const is left be.
+    An object with `properties` and no `additionalProperties` takes no others, as llama.cpp's own
+    converter has it (llama-server's json_schema), except inside allOf, whose parts add up; a value
+    left free (an open object's members, an array's items) is any JSON within the same bounds."""
+    out: dict[str, Any] = copy.deepcopy(schema)
+    for path, sub in list(subschemas(out)):
+        types = sub.get("type")
+        types = set(types) if isinstance(types, list) else {types}
+        fixed = any(k in sub for k in ("format", "pattern", "enum", "const"))
+        if "string" in types and "maxLength" not in sub and not fixed:
+            sub["maxLength"] = max(MAX_CHARS, _int(sub.get("minLength")))
+        if ("array" in types or "items" in sub) and "maxItems" not in sub and "prefixItems" not in sub:
+            sub["maxItems"] = max(MAX_MEMBERS, _int(sub.get("minItems")))
+        if "array" in types and sub.get("items", True) is True and "prefixItems" not in sub:
+            sub["items"] = any_json(MAX_DEPTH - 1)
+        named = sub.get("properties") if isinstance(sub.get("properties"), dict) else {}
+        required = sub.get("required") if isinstance(sub.get("required"), list) else []
+        in_all_of = path.rpartition("/")[0].endswith("/allOf")
+        if named and "additionalProperties" not in sub and not in_all_of:
+            sub["additionalProperties"] = False
+        others = sub.get("additionalProperties", True)
+        open_object = "object" in types and not named and "patternProperties" not in sub
+        if open_object and others is not False and not in_all_of:
+            # any key within MAX_CHARS (llguidance bounds keys as patternProperties), with the value
+            # the schema allows, or any
+            sub["patternProperties"] = {_key(): any_json(MAX_DEPTH - 1) if others is True else others}
+            sub["additionalProperties"] = False
+        if (
+            "object" in types
+            and "maxProperties" not in sub
+            and (sub.get("additionalProperties") is not False or "patternProperties" in sub)
+            and set(named) <= set(required)  # llguidance bounds members only where every named is required
+        ):
+            sub["maxProperties"] = max(MAX_MEMBERS, len(named), _int(sub.get("minProperties")))
     return out
 
 
-def _bounded_rule(line: str) -> str:
-    """One rule of the converter's, as runner uses it. Its char admits raw control characters, which
-    JSON forbids (llama.cpp's own C++ converter excludes them, as its json.gbnf does); its rules for
-    any string, object or array (where a schema leaves a part free) repeat without bound: bounded
-    here as --format json's are, though not their nesting."""
-    if line.startswith(LOOSE_CHAR):
-        return STRICT_CHAR + line[len(LOOSE_CHAR) :]
-    if line == LOOSE_STRING:
-        return LOOSE_STRING.replace("char*", f"char{{0,{MAX_CHARS}}}")
-    name = line.partition(" ::= ")[0]
-    if name in ("object", "array") or name.endswith("additional-kvs"):
-        return line.replace(")*", f"){{0,{MAX_MEMBERS - 1}}}")
-    return line
+def any_json(depth: int) -> dict[str, Any]:
+    """Any JSON value within the bounds: strings of MAX_CHARS, MAX_MEMBERS members or items, `depth`
+    objects and arrays deep."""
+    scalars: list[dict[str, Any]] = [
+        {"type": "string", "maxLength": MAX_CHARS},
+        {"type": "number"},
+        {"type": "boolean"},
+        {"type": "null"},
+    ]
+    if depth <= 0:
+        return {"anyOf": scalars}
+    inner = any_json(depth - 1)
+    return {
+        "anyOf": [
+            *scalars,
+            {"type": "array", "items": inner, "maxItems": MAX_MEMBERS},
+            {
+                "type": "object",
+                "patternProperties": {_key(): inner},
+                "additionalProperties": False,
+                "maxProperties": MAX_MEMBERS,
+            },
+        ]
+    }
 
 
-LOOSE_CHAR = r'char ::= [^"\\] |'
-STRICT_CHAR = r'char ::= [^"\\\x7F\x00-\x1F] |'
-LOOSE_STRING = r'string ::= "\"" char* "\"" space'
+def _key() -> str:
+    """The pattern of an open object's keys: at most MAX_CHARS characters."""
+    return f"^.{{0,{MAX_CHARS}}}$"
+
+
+def _int(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0

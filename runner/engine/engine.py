@@ -79,6 +79,7 @@ class Engine(KVContext):
         self.speculation: Speculation | None = None  # runner.engine.speculate; None: one token a step
         self.spec_costs: SpecCosts | None = None  # what steps cost, measured, shared by the sequences
         self._own_loop: Loop | None = None  # stream()'s, kept from answer to answer
+        self._guides: Any = None  # runner.engine.guide.Guides: llguidance's, on the first schema
         self.n_seq = n_seq  # sequences the context holds at once (runner.engine.loop), n_ctx split among them
         self.path = Path(path)
         self._busy_before = runnable_others()  # read again after the load: a moment's task is not a load
@@ -274,6 +275,17 @@ class Engine(KVContext):
         """InvalidSetting where llama.cpp cannot parse the grammar; what the check built is freed."""
         llama().llama_sampler_free(self.sampler(SamplingConfig(temperature=0), (), grammar))
 
+    def guide(self, grammar: str) -> Any:
+        """A fresh llguidance matcher for `grammar` (runner.engine.guide): the tokenizer it needs
+        built from this model's vocabulary on first use, each grammar compiled once and kept."""
+        if self._guides is None:
+            from runner.engine.guide import Guides
+
+            lib = llama()
+            ends = [t for t in range(self.n_vocab) if lib.llama_vocab_is_eog(self._vocab, t)]
+            self._guides = Guides(self._vocab, self.n_vocab, ends)
+        return self._guides.guide(grammar)
+
     # -- the loop -------------------------------------------------------------------------------
     # Every answer goes through runner.engine.loop; run and chat are a batch of one, in the engine's
     # own loop (kept, so its speculators and their measured costs carry over from answer to answer).
@@ -300,6 +312,7 @@ class Engine(KVContext):
         max_tokens: int | None = None,
         stop: Sequence[str] = (),
         grammar: str | None = None,
+        guide: str | None = None,
         prompt_cache: PromptCache | None = None,
         head: int = 0,
         reasoning: str | None = None,
@@ -313,7 +326,8 @@ class Engine(KVContext):
 
         Ctrl-C (runner.interrupt) ends it within one token, or mid-prefill, with finish_reason
         "interrupted": what was generated is kept, and the interrupt counts as reported (the flag is
-        cleared). `grammar` (GBNF, root rule "root") constrains every token (runner.engine.constrain).
+        cleared). `grammar` (GBNF, root rule "root") or `guide` (an llguidance grammar: a JSON
+        Schema's) constrains every token (runner.engine.constrain).
         `prompt_cache`: the prefix store's disk tier: the longest stored head of the prompt is loaded
         from it; where none is and the prompt's stable `head` tokens are at least MIN_HEAD, they are
         evaluated and stored first.
@@ -327,6 +341,7 @@ class Engine(KVContext):
             max_tokens=max_tokens,
             stop=tuple(stop),
             grammar=grammar,
+            guide=guide,
             sampler=self.sampler(sampling, tokens, grammar),  # a grammar llama.cpp refuses: here
             reasoning=reasoning,
             in_reasoning=in_reasoning,

@@ -24,7 +24,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
-from runner.engine.answer import FINISH_INTERRUPTED, Result
+from runner.engine.answer import FINISH_ERROR, FINISH_INTERRUPTED, Result
 from runner.engine.context import Interrupted, add_tokens, common_prefix
 from runner.engine.llamacpp import llama
 from runner.engine.prefix import Found, PrefixStore, Sequences, copy_sequence
@@ -71,6 +71,8 @@ class Decoder(Sequences, Protocol):
     def sampler(
         self, cfg: SamplingConfig, history: Sequence[int] = (), grammar: str | None = None
     ) -> Any: ...
+
+    def guide(self, grammar: str) -> Any: ...
 
     def new_speculator(self, seq: int) -> Speculator: ...
 
@@ -245,9 +247,9 @@ class Loop:
         first = slot.row + len(slot.pending) - 1  # the row whose logits give the next token
         drafts, slot.pending, slot.drafts = slot.drafts, [], []
         for i in range(len(drafts) + 1):
-            token = int(self.lib.llama_sampler_sample(slot.sampler, self.engine.ctx, first + i))
+            token = self._sample(slot, first + i)
             kept = i < len(drafts) and token == drafts[i] and not self.engine.is_end(token)
-            if not self._take(slot, token):
+            if token < 0 or not self._take(slot, token):
                 if drafts:
                     self._drop_tail(slot, held)
                 return False
@@ -260,6 +262,20 @@ class Loop:
                 slot.speculator.verified(len(drafts), i, *slot.verify_s, measured=self.parallel == 1)
             self._drop_tail(slot, held)
         return True
+
+    def _sample(self, slot: Slot, row: int) -> int:
+        """The slot's next token from the logits of batch row `row` (-1: the last), by its sampler
+        chain, after its guide (a schema's) masked every token the schema cannot take there. -1
+        where the guide refused the token (the answer has ended, its error said)."""
+        guide = slot.guide
+        if guide is None:
+            return int(self.lib.llama_sampler_sample(slot.sampler, self.engine.ctx, row))
+        guide.mask(self.lib.llama_get_logits_ith(self.engine.ctx, row))
+        token = int(self.lib.llama_sampler_sample(slot.sampler, self.engine.ctx, row))
+        if guide.take(token):
+            return token
+        self._finish(slot, FINISH_ERROR, error=f"the schema's constraint failed: {guide.error}")
+        return -1
 
     def _drop_tail(self, slot: Slot, held: list[int]) -> None:
         """The rejected drafts out of the sequence's cells."""
@@ -373,6 +389,13 @@ class Loop:
             self.free.append(seq)
             self.on_done(failed(job, str(exc)))
             return None
+        try:
+            guide = engine.guide(job.guide) if job.guide is not None else None
+        except InvalidSetting as exc:
+            self.lib.llama_sampler_free(sampler)
+            self.free.append(seq)
+            self.on_done(failed(job, str(exc)))
+            return None
         job.sampler = None  # the slot owns it now
         held = self.cells[seq]
         use = CacheUse()
@@ -388,7 +411,9 @@ class Loop:
             engine.forget(seq)
             keep = 0
         self.used[seq] = time.perf_counter()
-        slot = Slot(seq, job, sampler, self._speculator(seq), time.perf_counter(), pos=keep, cache_use=use)
+        slot = Slot(
+            seq, job, sampler, self._speculator(seq), time.perf_counter(), guide, pos=keep, cache_use=use
+        )
         if slot.speculator is not None:
             slot.history = list(job.tokens)
         head = job.tokens[: job.head]
@@ -428,8 +453,8 @@ class Loop:
             raise
         slot.pos = len(self.cells[seq])
         self.stats.steps += 1
-        token = int(self.lib.llama_sampler_sample(slot.sampler, self.engine.ctx, -1))
-        if self._take(slot, token):
+        token = self._sample(slot, -1)
+        if token >= 0 and self._take(slot, token):
             self.active.append(slot)
         else:
             self.free.append(seq)
@@ -459,11 +484,11 @@ class Loop:
                 still.append(slot)
         self.active = still
 
-    def _finish(self, slot: Slot, reason: str, *, flush: bool = True) -> None:
+    def _finish(self, slot: Slot, reason: str, *, flush: bool = True, error: str | None = None) -> None:
         self.lib.llama_sampler_free(slot.sampler)
         slot.sampler = None
         extra = {"load_s": self.engine.load_s}
-        self.on_done(slot.result(reason, flush=flush, extra=extra))
+        self.on_done(slot.result(reason, flush=flush, extra=extra, error=error))
 
     def _free_sampler(self, job: Job) -> None:
         if job.sampler is not None:

@@ -45,7 +45,8 @@ class Job:
     sampling: SamplingConfig
     max_tokens: int | None = None
     stop: tuple[str, ...] = ()
-    grammar: str | None = None  # GBNF, root rule "root" (runner.engine.constrain)
+    grammar: str | None = None  # GBNF, root rule "root" (runner.engine.constrain): llama.cpp's sampler
+    guide: str | None = None  # an llguidance grammar (a JSON Schema's): masks (runner.engine.guide)
     sampler: Any = None  # a chain built beforehand (Engine.sampler): the loop owns and frees it
     reasoning: str | None = None  # the template's reasoning style ("think" | "channels"), split out
     in_reasoning: bool = False  # the template opened a <think> block: the answer starts in it
@@ -71,6 +72,7 @@ class Slot:
     sampler: Any
     speculator: Speculator | None
     start: float  # when its sequence took it
+    guide: Any = None  # runner.engine.guide.Guide: the job's schema, as a mask before each sample
     pos: int = 0  # the next token's position (the tokens its cells hold)
     last: int = 0  # the token sampled last, not yet in the cells
     n_out: int = 0
@@ -125,7 +127,7 @@ class Slot:
             if on_piece is not None:
                 on_piece(kind, part)
 
-    def result(self, reason: str, *, flush: bool, extra: dict[str, Any]) -> Result:
+    def result(self, reason: str, *, flush: bool, extra: dict[str, Any], error: str | None = None) -> Result:
         """The answer as it ends: what is held back written out (unless `flush` is off: a client that
         went away), the timings from its arrival (or its sequence taking it) to now."""
         if flush and not self.text.stopped:
@@ -154,6 +156,7 @@ class Slot:
             context_full=self.context_full,
             reasoning="".join(self.parts["reasoning"]),
             stop=self.text.matched if reason == FINISH_STOP else None,
+            error=error,
             index=self.job.index,
         )
 

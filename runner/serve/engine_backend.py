@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
@@ -21,7 +22,7 @@ from typing import Any
 
 from runner import ui
 from runner.engine.answer import Result
-from runner.engine.constrain import checked_schema, json_grammar, schema_grammar
+from runner.engine.constrain import checked_schema, json_guide, schema_guide_of
 from runner.engine.loop import Loop
 from runner.engine.prefix import PrefixStore, StateCache
 from runner.engine.prompt import Prompt, render_prompt
@@ -115,7 +116,8 @@ class _Generation:
 class _Request:
     ask: Ask
     sampling: SamplingConfig
-    grammar: str | None
+    grammar: str | None  # GBNF, for llama.cpp's grammar sampler (a JSON object)
+    guide: str | None  # llguidance's grammar (a schema, a forced tool call)
     generation: _Generation
     admitted: asyncio.Future[None]
     arrived: float
@@ -154,12 +156,13 @@ class ModelThread:
 
     async def submit(self, ask: Ask) -> _Generation:
         sampling = self._sampling(ask)
-        grammar, forced = _grammar(ask)
+        grammar, guide, forced = _grammar(ask)
         loop = self._events = asyncio.get_running_loop()
         generation = _Generation(self._post, self.wake, hold=bool(ask.tools) and ask.tool_choice != "none")
         if ask.tools and ask.tool_choice != "none":
             generation.tools, generation.forced = ask.tools, forced
-        request = _Request(ask, sampling, grammar, generation, loop.create_future(), time.perf_counter())
+        admitted, now = loop.create_future(), time.perf_counter()
+        request = _Request(ask, sampling, grammar, guide, generation, admitted, now)
         with self._lock:
             if self._stopping:
                 raise QueueFull("the server is stopping", retry_after=5)
@@ -182,7 +185,7 @@ class ModelThread:
         model's thread), nothing decoded."""
         loop = self._events = asyncio.get_running_loop()
         generation = _Generation(self._post, self.wake, hold=False)
-        request = _Request(ask, SamplingConfig(), None, generation, loop.create_future(), 0.0, True)
+        request = _Request(ask, SamplingConfig(), None, None, generation, loop.create_future(), 0.0, True)
         with self._lock:
             self._inbox.append(request)
             self._wakeup.notify()
@@ -297,6 +300,8 @@ class ModelThread:
                     context=room,
                 )
             try:  # built once, here: the job owns it (a grammar llama.cpp cannot parse: a 400)
+                if request.guide is not None:  # compiled for this vocabulary once, and kept
+                    self.engine.guide(request.guide)
                 sampler = self.engine.sampler(request.sampling, prompt.tokens, request.grammar)
             except InvalidSetting as exc:
                 raise BadField("tool_choice" if ask.tools else "response_format", exc.problem) from None
@@ -314,6 +319,7 @@ class ModelThread:
             max_tokens=ask.max_tokens,
             stop=ask.stop,
             grammar=request.grammar,
+            guide=request.guide,
             sampler=sampler,
             reasoning=prompt.reasoning_style,
             in_reasoning=prompt.opens_reasoning,
@@ -430,22 +436,22 @@ def _bad_field(exc: InvalidSetting, param: str) -> BadField:
     return BadField(field, f"{field} {exc.problem}" if exc.field else str(exc))
 
 
-def _grammar(ask: Ask) -> tuple[str | None, bool]:
-    """The grammar a request asks for (a JSON object, a schema, a forced tool call) and whether the
-    answer is then a tool call as a whole JSON object."""
+def _grammar(ask: Ask) -> tuple[str | None, str | None, bool]:
+    """What a request's answer must be: GBNF for any JSON object, or llguidance's grammar for a
+    schema or a forced tool call; and whether the answer is then a tool call as a whole JSON object."""
     forced = bool(ask.tools) and ask.tool_choice not in (None, "auto", "none")
     param = "tool_choice" if forced else "response_format"
     try:
         if forced and ask.tools:
-            return schema_grammar(forced_call_schema(ask.tools, ask.tool_choice)), True
+            return None, schema_guide_of(json.dumps(forced_call_schema(ask.tools, ask.tool_choice))), True
         if ask.json_schema is not None:
             try:
                 schema = checked_schema(ask.json_schema, "the schema")
             except InvalidSetting as exc:
                 raise BadField(param, f"the schema {exc.problem}") from None
-            return schema_grammar(schema), False
-    except InvalidSetting as exc:  # what llama.cpp's grammar cannot express
+            return None, schema_guide_of(json.dumps(schema)), False
+    except InvalidSetting as exc:  # what the constraint engine cannot enforce
         raise BadField(param, exc.problem) from None
     if ask.json_object:
-        return json_grammar(), False
-    return None, False
+        return None, json_guide(), False
+    return None, None, False
