@@ -268,3 +268,41 @@ def test_check_says_where_an_answer_breaks_the_schema() -> None:
         rule.check('{"name": "A", "age": 5, "role": "king", "languages": [], "employed": true}', FINISH_STOP)
     with pytest.raises(InvalidSetting):
         constraint(format="xml")
+
+
+# llama-server answers this one (its C++ converter builds integer ranges); runner refused it while a
+# schema became GBNF through llama-cpp-python's converter. Now llguidance enforces every keyword here.
+CONFORMANCE = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 40},
+        "age": {"type": "integer", "minimum": 0, "maximum": 150},
+        "role": {"enum": ["admin", "user"]},
+        "id": {"type": "string", "format": "uuid"},
+    },
+    "required": ["name", "age", "role", "id"],
+}
+
+
+def test_ranges_lengths_enums_and_formats_are_enforced(smollm2_path: Path) -> None:
+    done = run_cli(
+        "run", str(smollm2_path), "Ada is 300 years old and an admin. Describe her.",
+        "--schema", json.dumps(CONFORMANCE), "--temperature", "0",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    value = json.loads(done.stdout)
+    jsonschema.validate(value, CONFORMANCE, format_checker=jsonschema.FormatChecker())
+    assert 0 <= value["age"] <= 150
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_sampled_answers_to_a_ranged_schema_validate(engine, smollm2_path: Path, seed: int) -> None:
+    rule = constraint(schema=json.dumps(CONFORMANCE))
+    assert rule is not None
+    sampling = SamplingConfig(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=seed)  # wide open
+    for prompt in ("Invent a user.", "Bob is 999 years old."):
+        result = engine.generate(
+            tokens_for(engine, smollm2_path, prompt), sampling, max_tokens=200, guide=rule.guide
+        )
+        assert result.finish_reason == FINISH_STOP, result.text
+        jsonschema.validate(json.loads(rule.check(result.text, result.finish_reason)), CONFORMANCE)
