@@ -468,6 +468,33 @@ def _stderr_until(args: list[str], wanted: bytes, *, terminal: bool, then: float
     return seen
 
 
+def test_a_ctrl_c_during_bench_s_ttft_stops_the_bench(smollm2_path: Path) -> None:
+    """The warm-up and TTFT answers go through Engine.generate, which reports a Ctrl-C as the answer's
+    finish reason and clears it (a chat goes on after one): bench must stop there, not run on."""
+    from runner import interrupt
+    from runner.commands.bench import _single
+    from runner.loader import open_model
+
+    loaded = open_model(str(smollm2_path), ctx=PP_TG_CTX)
+    steps: list[str] = []
+
+    def step(name: str) -> None:
+        steps.append(name)
+        if name.startswith("TTFT"):
+            interrupt.request()  # as SIGINT does inside a deferred block
+
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            _single(loaded, 2, step)
+    finally:
+        interrupt.clear()
+        loaded.close()
+    assert steps == ["pp512 (1 of 2)", "tg128 (1 of 2)", "TTFT (1 of 2)"]
+
+
+PP_TG_CTX = 512 + 128 + 64
+
+
 def test_bench_shows_its_progress_on_a_terminal_and_nothing_in_a_pipe() -> None:
     args = ["bench", "smollm2", "--repetitions", "2"]
     shown = _stderr_until(args, b"tg128 (1 of 2)", terminal=True)

@@ -128,7 +128,7 @@ def _single(loaded: LoadedModel, repetitions: int, step: Callable[[str], None]) 
     engine = loaded.engine
     rng = random.Random(0)
     chat = render_prompt(engine, loaded.header, [Message("user", "Hello! Who are you?")], quiet=True)
-    engine.generate(chat.tokens, GREEDY, max_tokens=1)  # a warm-up first, as llama-bench does
+    _answer(engine, chat.tokens)  # a warm-up first, as llama-bench does
     pp: list[float] = []
     tg: list[float] = []
     ttft: list[float] = []
@@ -151,8 +151,19 @@ def _single(loaded: LoadedModel, repetitions: int, step: Callable[[str], None]) 
         steps.close()
         step(f"TTFT {of}")
         engine.reset()
-        ttft.append(engine.generate(chat.tokens, GREEDY, max_tokens=1).timings.ttft_s)
+        ttft.append(_answer(engine, chat.tokens).timings.ttft_s)
     return {f"pp{PP}": pp, f"tg{TG}": tg, "ttft": ttft}
+
+
+def _answer(engine: Any, tokens: list[int]) -> Any:
+    """A one-token answer. Engine.generate reports a Ctrl-C as the answer's finish reason (and
+    clears it, for a chat that goes on); a benchmark has nothing to keep, so it stops here."""
+    from runner.engine.answer import FINISH_INTERRUPTED
+
+    result = engine.generate(tokens, GREEDY, max_tokens=1)
+    if result.finish_reason == FINISH_INTERRUPTED:
+        raise KeyboardInterrupt
+    return result
 
 
 def _end_to_end(
