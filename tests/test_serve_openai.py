@@ -132,6 +132,37 @@ def test_openai_json_schema_answer_validates(client: openai.OpenAI) -> None:
     jsonschema.validate(json.loads(answer.choices[0].message.content), PERSON)
 
 
+# A format llguidance does not enforce (left out of the mask) that jsonschema checks: SmolLM2's greedy
+# answer to this prompt is a URL, not an address, so the answer is finished and invalid.
+CONTACT = {
+    "type": "object",
+    "properties": {"contact": {"type": "string", "format": "idn-email"}},
+    "required": ["contact"],
+}
+
+
+@pytest.mark.timeout(300)
+def test_an_answer_that_fails_its_schema_is_an_error_in_the_api_s_shape(client: openai.OpenAI) -> None:
+    """Every finished json_schema answer is validated against the schema as given: one that fails is
+    a 500 in OpenAI's shape naming where (whole), or the stream's error (streamed); never "stop"."""
+    fmt = {"type": "json_schema", "json_schema": {"name": "contact", "schema": CONTACT}}
+    kwargs: dict[str, Any] = {"max_tokens": 300, "temperature": 0, "response_format": fmt}
+    with pytest.raises(openai.InternalServerError) as raised:
+        ask(client, "Give a contact.", **kwargs)
+    assert raised.value.status_code == 500
+    error = raised.value.body
+    assert isinstance(error, dict) and error["type"] == "server_error", error
+    assert "does not match the schema at contact" in error["message"] and "idn-email" in error["message"]
+    with pytest.raises(openai.APIError) as in_stream:
+        for _ in client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "Give a contact."}], stream=True, **kwargs
+        ):
+            pass
+    assert "does not match the schema at contact" in str(in_stream.value)
+    again = ask(client, "Give a contact.", max_tokens=16)  # the server goes on
+    assert again.choices[0].finish_reason in ("stop", "length")
+
+
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_weather"}}])
 def test_openai_forced_tool_call(client: openai.OpenAI, choice: Any) -> None:

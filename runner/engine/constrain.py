@@ -56,13 +56,37 @@ class Constraint:
                 ) from None
             raise ConstraintError(f"the answer is not JSON ({exc})") from None
         if self.schema is not None:
-            import jsonschema
-
-            errors = sorted(jsonschema.Draft202012Validator(self.schema).iter_errors(value), key=str)
-            if errors:
-                where = "/".join(str(p) for p in errors[0].absolute_path) or "the top level"
-                raise ConstraintError(f"the answer does not match the schema at {where}: {errors[0].message}")
+            problem = mismatch(value, self.schema)
+            if problem:
+                raise ConstraintError(f"the answer does not match the schema {problem}")
         return answer
+
+
+def mismatch(value: Any, schema: dict[str, Any]) -> str | None:
+    """Where and how a parsed answer fails the schema as given ("at PATH: MESSAGE"), None when it
+    validates. Formats are checked where jsonschema has a checker (uuid, email, ipv4, ...): a format
+    llguidance does not enforce (idn-email, regex) is caught here rather than passed on."""
+    import jsonschema
+
+    validator = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+    checker = validator.FORMAT_CHECKER
+    errors = sorted(validator(schema, format_checker=checker).iter_errors(value), key=str)
+    if not errors:
+        return None
+    where = "/".join(str(p) for p in errors[0].absolute_path) or "the top level"
+    return f"at {where}: {errors[0].message}"
+
+
+def answer_mismatch(text: str, schema: dict[str, Any] | None) -> str | None:
+    """A server's finished answer checked: not JSON, or (with a schema) not valid; None when it holds."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        return f"the answer is not JSON ({exc})"
+    if schema is None:
+        return None if isinstance(value, dict) else "the answer is not a JSON object"
+    problem = mismatch(value, schema)
+    return f"the answer does not match the schema {problem}" if problem else None
 
 
 def constraint(
@@ -243,7 +267,8 @@ def _drop_format(schema: Any, name: str) -> bool:
 def _bounded(schema: dict[str, Any]) -> dict[str, Any]:
     """A copy of the schema with MAX_CHARS on each string, MAX_MEMBERS on each array and each open
     object it leaves unbounded, so a small model's loop ends where a bound does (the answer is still
-    checked against the schema as given). A string with a format, pattern, enum or const is left be.
+    checked against the schema as given). A string with an enum or const is left be; one with a format or
+    a pattern is bounded too (a uri or `^a+$` runs on as far as a free string does).
     An object with `properties` and no `additionalProperties` takes no others, as llama.cpp's own
     converter has it (llama-server's json_schema), except inside allOf, whose parts add up; a value
     left free (an open object's members, an array's items) is any JSON within the same bounds."""
@@ -251,7 +276,7 @@ def _bounded(schema: dict[str, Any]) -> dict[str, Any]:
     for path, sub in list(subschemas(out)):
         types = sub.get("type")
         types = set(types) if isinstance(types, list) else {types}
-        fixed = any(k in sub for k in ("format", "pattern", "enum", "const"))
+        fixed = any(k in sub for k in ("enum", "const"))  # a format or a pattern may still run on
         if "string" in types and "maxLength" not in sub and not fixed:
             sub["maxLength"] = max(MAX_CHARS, _int(sub.get("minLength")))
         if ("array" in types or "items" in sub) and "maxItems" not in sub and "prefixItems" not in sub:

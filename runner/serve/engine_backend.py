@@ -21,8 +21,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from runner import ui
-from runner.engine.answer import Result
-from runner.engine.constrain import checked_schema, json_guide, schema_guide_of
+from runner.engine.answer import FINISH_STOP, Result
+from runner.engine.constrain import (
+    ConstraintError,
+    answer_mismatch,
+    checked_schema,
+    json_guide,
+    schema_guide_of,
+)
 from runner.engine.loop import Loop
 from runner.engine.prefix import PrefixStore, StateCache
 from runner.engine.prompt import Prompt, render_prompt
@@ -66,6 +72,9 @@ class _Generation:
         self.job: Job | None = None
         self.tools: list[dict[str, Any]] | None = None
         self.forced = False
+        self.json = False  # the answer must be JSON: checked once finished,
+        self.schema: dict[str, Any] | None = None  # against this schema (None: any object)
+        self.invalid: str | None = None  # how a finished JSON answer failed its check
         self.prompt_tokens = 0
         self.outcome = Outcome()
 
@@ -75,6 +84,8 @@ class _Generation:
     async def _iterate(self) -> AsyncIterator[tuple[str, str]]:
         while (item := await self._queue.get()) is not None:
             yield item
+        if self.invalid is not None:  # said in the API's shape, never passed on as a finished answer
+            raise ConstraintError(self.invalid)
 
     def cancel(self) -> None:
         if self.job is not None and not self.job.cancelled:
@@ -100,7 +111,12 @@ class _Generation:
     def done(self, result: Result) -> None:
         o = self.outcome
         o.take(result)
-        if self.tools and result.error is None:
+        if self.json and result.error is None and result.finish_reason == FINISH_STOP:
+            self.invalid = answer_mismatch(o.text.strip(), self.schema)
+            if self.invalid is not None:
+                o.finish_reason = "error"
+                ui.warn(f"an answer failed its check: {self.invalid}")
+        if self.tools and result.error is None and self.invalid is None:
             o.tool_calls, rest = parse_tool_calls(o.text, self.tools, whole_json=self.forced)
             if o.tool_calls:
                 o.text, o.finish_reason = rest, "tool_calls"
@@ -161,6 +177,11 @@ class ModelThread:
         generation = _Generation(self._post, self.wake, hold=bool(ask.tools) and ask.tool_choice != "none")
         if ask.tools and ask.tool_choice != "none":
             generation.tools, generation.forced = ask.tools, forced
+        generation.json = forced or ask.json_schema is not None or ask.json_object
+        if forced and ask.tools:
+            generation.schema = forced_call_schema(ask.tools, ask.tool_choice)
+        elif ask.json_schema is not None:
+            generation.schema = ask.json_schema
         admitted, now = loop.create_future(), time.perf_counter()
         request = _Request(ask, sampling, grammar, guide, generation, admitted, now)
         with self._lock:
