@@ -14,9 +14,11 @@ import pytest
 
 from runner.engine.answer import FINISH_STOP
 from runner.engine.constrain import constraint, mismatch
+from runner.engine.prompt import render_prompt
 from runner.engine.sampling import SamplingConfig
+from runner.engine.template import Message
 from runner.errors import InvalidSetting
-from tests.test_constrain import tokens_for
+from runner.gguf import read_header
 
 CORPUS = Path(__file__).parent / "data" / "schemas"
 ENTRIES = sorted(CORPUS.glob("*.json"))
@@ -46,7 +48,8 @@ def test_each_schema_is_enforced_or_refused_as_expected(engine, smollm2_path: Pa
         return
     rule = constraint(schema=text)
     assert rule is not None and rule.guide is not None
-    prompt = tokens_for(engine, smollm2_path, entry["prompt"])
+    header = read_header(smollm2_path)
+    prompt = render_prompt(engine, header, [Message("user", entry["prompt"])]).tokens
     result = engine.generate(
         prompt, SamplingConfig(temperature=0), max_tokens=entry.get("max_tokens", 300), guide=rule.guide
     )
