@@ -1,12 +1,19 @@
 """Decoding on a shared machine: runner and the raw loop, idle and beside other processes that want the CPU.
 
-    python scripts/bench_busy.py [--model PATH] [--rounds 3] [--tokens 64]
+    python scripts/bench_busy.py [--model PATH] [--rounds 3] [--tokens 64] [--only idle nice19 ...]
 
 For each situation, in interleaved rounds, medians of decode tok/s:
   idle          alone
-  nice19        beside one CPU-bound process per physical core at nice 19
+  nice19        beside one CPU-bound process per physical core at nice 19, in this session (as
+                `nice make -j2 &` in the shell runner runs from)
+  setsid19      the same processes, each started in a session of its own (another terminal): with the
+                kernel's autogroup scheduling nice counts only within a session, so these take as much
+                as nice-0 processes would, and runner should behave as beside nice 0
   nice0         beside one CPU-bound process at nice 0
   pair          two of the same at once (both processes' rates, and their sum)
+  quota         in a cgroup whose CPU quota is one core less than the machine has (cpu.cfs_quota_us or
+                cpu.max, as a container's --cpus sets it); only where this user may make one, else
+                left out with a line saying so
 Two targets: `runner run MODEL PROMPT --raw --temperature 0 --max-tokens N --json` (default flags, its
 decode tok/s from --json) and the raw loop (scripts/bench_engine.py's Raw: a bare llama_decode loop with
 a greedy sampler at the physical core count, what a llama-cpp-python user gets), each as its own
@@ -18,6 +25,7 @@ alone. The targets of docs/speed.md ("On a shared machine") are printed beside t
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -43,14 +51,38 @@ def raw_child(model: Path, tokens: int) -> None:
     print(json.dumps({"decode_tokens_per_s": decode, "threads": default_threads()}))
 
 
-def start_target(kind: str, model: Path, tokens: int) -> subprocess.Popen[str]:
+def start_target(kind: str, model: Path, tokens: int, group: Path | None = None) -> subprocess.Popen[str]:
     if kind == "runner":
         runner = Path(sys.executable).with_name("runner")
         command = [str(runner), "run", str(model), PROMPT, "--raw", "--temperature", "0"]
         command += ["--max-tokens", str(tokens), "--json"]
     else:
         command = [sys.executable, __file__, "--raw-child", "--model", str(model), "--tokens", str(tokens)]
+    if group is not None:  # into the cgroup before it starts: every thread it makes is under the quota
+        command = ["sh", "-c", f'echo $$ > {group / "cgroup.procs"} && exec "$@"', "sh", *command]
     return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+
+
+def quota_group(cores: int) -> Path | None:
+    """A cgroup of its own with a CPU quota of cores - 1 (at least one), or None where this user
+    cannot make one (cgroup v2's cpu.max, or v1's cpu controller)."""
+    name = f"runner-bench-{os.getpid()}"
+    quota, period = max(1, cores - 1) * 100_000, 100_000
+    for parent, write in (
+        (Path("/sys/fs/cgroup"), lambda g: (g / "cpu.max").write_text(f"{quota} {period}")),
+        (Path("/sys/fs/cgroup/cpu"), lambda g: (g / "cpu.cfs_quota_us").write_text(str(quota))),
+    ):
+        group = parent / name
+        try:
+            if parent == Path("/sys/fs/cgroup") and not (parent / "cgroup.controllers").exists():
+                continue  # v1: the cpu controller has its own folder
+            group.mkdir()
+            write(group)
+            return group
+        except OSError:
+            with contextlib.suppress(OSError):
+                group.rmdir()
+    return None
 
 
 def rate_of(process: subprocess.Popen[str], bound: float) -> dict[str, float]:
@@ -70,16 +102,22 @@ def rate_of(process: subprocess.Popen[str], bound: float) -> dict[str, float]:
 
 
 def competitors(situation: str, cores: int, bound: float) -> list[subprocess.Popen[bytes]]:
-    if situation not in ("nice19", "nice0"):
+    if situation not in ("nice19", "setsid19", "nice0"):
         return []
-    n, nice = (cores, 19) if situation == "nice19" else (1, 0)
+    n, nice = (1, 0) if situation == "nice0" else (cores, 19)
     spin = SPIN.format(bound=bound)
-    # a process group of their own (to be killed as one), in this session: with the kernel's autogroup
-    # scheduling (sched_autogroup_enabled, on in most desktop kernels) each session is weighed as a
-    # whole and nice counts only within it, so a nice-19 process in another session takes as much
-    # as a nice-0 one; `nice make -j2 &` in the shell a runner runs from is in the same session
+    # a process group of their own (to be killed as one), in this session, or (setsid19) a session of
+    # their own: with the kernel's autogroup scheduling (sched_autogroup_enabled, on in most desktop
+    # kernels) each session is weighed as a whole and nice counts only within it, so a nice-19
+    # process in another session takes as much as a nice-0 one; `nice make -j2 &` in the shell a
+    # runner runs from is in the same session
+    apart = situation == "setsid19"
     started = [
-        subprocess.Popen(["nice", "-n", str(nice), sys.executable, "-c", spin], preexec_fn=os.setpgrp)
+        subprocess.Popen(
+            ["nice", "-n", str(nice), sys.executable, "-c", spin],
+            start_new_session=apart,
+            preexec_fn=None if apart else os.setpgrp,
+        )
         for _ in range(n)
     ]
     time.sleep(0.5)  # on the CPU before the target starts
@@ -93,10 +131,13 @@ def stop(processes: list[subprocess.Popen[bytes]]) -> None:
         p.wait()
 
 
-def measure(kind: str, situation: str, model: Path, tokens: int, cores: int, bound: float) -> list[dict]:
+def measure(
+    kind: str, situation: str, model: Path, tokens: int, cores: int, bound: float, group: Path | None
+) -> list[dict]:
     others = competitors(situation, cores, bound)
+    inside = group if situation == "quota" else None
     try:
-        targets = [start_target(kind, model, tokens) for _ in range(2 if situation == "pair" else 1)]
+        targets = [start_target(kind, model, tokens, inside) for _ in range(2 if situation == "pair" else 1)]
         return [rate_of(t, bound) for t in targets]
     finally:
         stop(others)
@@ -110,7 +151,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--bound", type=float, default=120.0, help="seconds a process may take at most")
-    parser.add_argument("--only", nargs="*", default=["idle", "nice19", "nice0", "pair"])
+    parser.add_argument("--only", nargs="*", default=["idle", "nice19", "setsid19", "nice0", "pair", "quota"])
     parser.add_argument("--raw-child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.model is None:
@@ -124,13 +165,23 @@ def main() -> None:
     from runner.engine.llamacpp import default_threads
 
     cores = default_threads()
+    group = quota_group(cores) if "quota" in args.only else None
+    if "quota" in args.only and group is None:
+        print("quota: left out (no cgroup this user may make with a CPU quota)", file=sys.stderr)
+        args.only.remove("quota")
     rates: dict[tuple[str, str], list[list[dict]]] = {}
-    for _ in range(args.rounds):
-        for situation in args.only:
-            for kind in ("runner", "raw"):
-                got = measure(kind, situation, args.model, args.tokens, cores, args.bound)
-                rates.setdefault((kind, situation), []).append(got)
+    try:
+        for _ in range(args.rounds):
+            for situation in args.only:
+                for kind in ("runner", "raw"):
+                    got = measure(kind, situation, args.model, args.tokens, cores, args.bound, group)
+                    rates.setdefault((kind, situation), []).append(got)
+    finally:
+        if group is not None:
+            group.rmdir()
     print(f"{os.cpu_count()} CPUs, {cores} physical cores; {args.rounds} rounds of {args.tokens} tokens")
+    if group is not None:
+        print(f"quota: {max(1, cores - 1)} of {cores} cores ({group})")
     print("| situation | runner tok/s | vs idle | threads (changes) | raw loop tok/s | vs idle |")
     print("|---|---|---|---|---|---|")
     idle = {k: statistics.median(r[0]["decode"] for r in rates[(k, "idle")]) for k in ("runner", "raw")}
@@ -148,8 +199,8 @@ def main() -> None:
         changes = statistics.median(x["changes"] for r in rounds for x in r)
         print(f"| {situation} | {rs} | {rr:.2f} | {threads:g} ({changes:g}) | {ws} | {wr:.2f} |")
     print(f"runner idle / raw loop idle: {idle['runner'] / idle['raw']:.3f}")
-    print("targets: nice19 >= 0.80 x idle; nice0 >= 0.45 x idle; pair together >= 0.90 x one alone; ")
-    print("         idle >= 0.98 x the raw loop")
+    print("targets: nice19 >= 0.90 x idle; nice0 and setsid19 >= 0.50 x idle; pair together >= 0.95 x")
+    print("         one alone; idle >= 0.98 x the raw loop (quota: no target, measured)")
 
 
 if __name__ == "__main__":

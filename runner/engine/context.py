@@ -27,6 +27,29 @@ START_CTX = 512  # a one-sequence context is first allocated at most this large,
 DECODE_ABORTED = 2  # llama_decode's status when the abort callback stopped it
 
 
+class _Deadline:
+    """The abort callback of a probe's step: true past its deadline (and, within a prefill, on Ctrl-C
+    as well). llama.cpp calls it after every graph node, a Python call each (~8% of a one-token step),
+    so it is set for a probe's steps only. Made once, kept alive for the process."""
+
+    def __init__(self) -> None:
+        self.deadline = 0.0
+        self.interrupts = False
+        self._callback: Any = None
+
+    def arm(self, deadline: float, *, interrupts: bool) -> Any:
+        self.deadline, self.interrupts = deadline, interrupts
+        if self._callback is None:
+            self._callback = llama().ggml_abort_callback(self._past)
+        return self._callback
+
+    def _past(self, _data: Any) -> bool:
+        return time.perf_counter() > self.deadline or (self.interrupts and interrupt.requested())
+
+
+DEADLINE = _Deadline()
+
+
 class Interrupted(Exception):
     """Ctrl-C during a prefill: llama.cpp aborted the batch (the engine's own, never seen outside)."""
 
@@ -55,14 +78,52 @@ class KVContext:
         return bool(llama().llama_vocab_is_eog(self._vocab, token))
 
     def decode(self, batch: Any, n_tokens: int) -> int:
-        """One llama_decode, timed for the thread count (which may change for the next one); its status."""
+        """One llama_decode, timed for the thread count (which may change for the next one); its status.
+
+        A step that tries one thread more (runner.engine.threads) is given a budget, what the count it
+        came from takes: on a machine where that thread would wait for a core, one such step can cost
+        fifty. Past its budget llama.cpp aborts it between two graph nodes and drops the cells it
+        added (llama_decode's own rollback of an aborted ubatch), and the step is run again on the
+        count it came from: a failed probe costs about one step more, whatever the machine."""
+        lib = llama()
+        budget = self.threads.budget(n_tokens) if self._abortable(n_tokens) else None
         started = time.perf_counter()
-        rc = int(llama().llama_decode(self._ctx, batch))
+        if budget is None:
+            rc = int(lib.llama_decode(self._ctx, batch))
+        else:
+            rc = self._decode_within(batch, started + budget)
+            if rc == DECODE_ABORTED and not (self._prefilling and interrupt.requested()):
+                back = self.threads.step(time.perf_counter() - started, n_tokens, aborted=True)
+                if back is not None:
+                    set_threads(lib, self._ctx, back)
+                started = time.perf_counter()
+                rc = int(lib.llama_decode(self._ctx, batch))
         if rc == 0:
             changed = self.threads.step(time.perf_counter() - started, n_tokens)
             if changed is not None:
-                set_threads(llama(), self._ctx, changed)
+                set_threads(lib, self._ctx, changed)
         return rc
+
+    _prefilling = False  # prefill() has Ctrl-C's abort callback set on the context
+
+    def _abortable(self, n_tokens: int) -> bool:
+        """Whether an aborted llama_decode of n_tokens leaves the memory as it was: one ubatch (an
+        abort keeps the ubatches before the last) into a plain KV cache (a sliding-window, recurrent
+        or hybrid memory may have let go of what it held, and cannot drop a tail)."""
+        plain = getattr(self, "_plain_memory", None)
+        if plain is None:
+            plain = self._plain_memory = self.state_streams == 1
+        return plain and n_tokens <= int(llama().llama_n_ubatch(self._ctx))
+
+    def _decode_within(self, batch: Any, deadline: float) -> int:
+        lib = llama()
+        callback = DEADLINE.arm(deadline, interrupts=self._prefilling)
+        lib.llama_set_abort_callback(self._ctx, callback, None)
+        try:
+            return int(lib.llama_decode(self._ctx, batch))
+        finally:
+            restore = interrupt_callbacks()[1] if self._prefilling else lib.ggml_abort_callback(0)
+            lib.llama_set_abort_callback(self._ctx, restore, None)
 
     @property
     def n_threads(self) -> int:
@@ -183,6 +244,7 @@ class KVContext:
         # one-token decode here, nothing next to a batch. So it is set for a prefill only; a decode
         # step is checked between tokens instead.
         lib.llama_set_abort_callback(self._ctx, interrupt_callbacks()[1], None)
+        self._prefilling = True
         try:
             for start in range(keep, len(tokens), self.n_batch):
                 if interrupt.requested():
@@ -192,6 +254,7 @@ class KVContext:
             # run. Done means done, for the timings (TTFT, prefill tok/s) and for whoever comes next.
             lib.llama_synchronize(self._ctx)
         finally:
+            self._prefilling = False
             lib.llama_set_abort_callback(self._ctx, lib.ggml_abort_callback(0), None)  # NULL
         return self.last_prefill_tokens
 

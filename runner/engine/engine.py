@@ -48,7 +48,7 @@ from runner.engine.speculate import (
     Speculation,
     Speculator,
 )
-from runner.engine.threads import Threads, free_threads, runnable_others
+from runner.engine.threads import Threads, competing_others, free_threads
 from runner.errors import EngineError, InvalidModelFile, InvalidSetting, UsageError
 from runner.limits import DEFAULT_CTX
 
@@ -82,7 +82,7 @@ class Engine(KVContext):
         self._guides: Any = None  # runner.engine.guide.Guides: llguidance's, on the first schema
         self.n_seq = n_seq  # sequences the context holds at once (runner.engine.loop), n_ctx split among them
         self.path = Path(path)
-        self._busy_before = runnable_others()  # read again after the load: a moment's task is not a load
+        self._busy_before = competing_others()  # read again after the load: a moment's task is not a load
         start = time.perf_counter()
         try:
             with interrupt.deferred():  # a Ctrl-C stops the load (progress callback), then raises here
@@ -122,7 +122,7 @@ class Engine(KVContext):
         self._vocab = lib.llama_model_get_vocab(self._model)
 
         most = n_threads or default_threads()
-        busy = [n for n in (self._busy_before, runnable_others()) if n is not None]
+        busy = [n for n in (self._busy_before, competing_others()) if n is not None]
         start = free_threads(most, min(busy)) if busy else most
         self.threads = Threads(most, fixed=n_threads is not None, start=start)
         self._settings = (kv_type, flash_attn)

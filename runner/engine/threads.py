@@ -1,22 +1,27 @@
-"""How many threads llama.cpp decodes with, chosen from the CPUs that are free and chosen again as it goes.
+"""How many threads llama.cpp decodes with: chosen by what each step costs, and chosen again as it goes.
 
 The installed llama.cpp runs its CPU graph on OpenMP: every node of a token's graph (~900 for a small
 model) ends in a barrier, and a thread whose partner was preempted by another process spins there
 until the partner runs again. So on a busy machine more threads can be far slower than fewer (two
 raw loops at once on two cores: each at a fifth of its speed alone, measured; one thread each: both at
-nine tenths). llama.cpp takes a new thread count between any two llama_decode calls
-(llama_set_n_threads), so the count follows the machine:
+nine tenths). Whether another process takes a core from a thread depends on things a count of
+runnable tasks cannot see (its nice, its session's autogroup, a cgroup quota, a VM's stolen time), so
+the judge is the one figure they all show in: what a decode step costs at n threads against n-1 and
+n+1. llama.cpp takes a new count between any two llama_decode calls (llama_set_n_threads):
 
-- the count is the physical cores less the other tasks running right now: /proc/loadavg's runnable
-  count (instant, unlike a load average), this process's own decode threads not counted. It is read
-  before and after the model loads (the fewer counts: a task of a moment, such as the program a pipe
-  starts, is not a load) and every LOOK_EVERY steps; a busier machine lowers the count after
-  BUSY_AFTER readings in a row (one step with a thread kept waiting can cost as much as fifty
-  without), a freer one raises it only after RAISE_AFTER readings in a row and as a trial, given up
-  at its first slow step or if it does not pay;
-- every decode step is timed; a step far slower than the fastest recent step of its size at that
-  count (SLOW_STEP) means a thread was kept waiting: two of the last four so, and one thread fewer,
-  whatever the load says (another process's threads, a VM's stolen time).
+- the first count is the physical cores less the other tasks running right now (/proc/loadavg's
+  runnable count, read before and after the model loads: a hint, since a nice-19 task counts there
+  as a whole core);
+- every step is timed and kept with the steps of its size at its count. Two of the last four far
+  slower than that count's fastest recent step (SLOW_STEP: a thread kept waiting at its barriers),
+  and one thread is given up at once;
+- a probe tries one thread more (below the cores: FIRST_PROBE steps after the start, then after
+  PROBE_AFTER) or one fewer (when the recent steps have become DRIFT times slower than the count's
+  best: the machine changed), for PROBE_STEPS steps of the same size, given up at its first step
+  that is not faster than PAYS of the current count's recent median. A probe kept is confirmed; a
+  probe given up doubles that direction's wait (up to PROBE_MOST steps), so a count the probes keep
+  confirming is probed ever more rarely, and none at all at the cores on an idle machine (no drift).
+  The 10% a probe must win by is the hysteresis: counts within 10% of each other never swap.
 
 `--threads N` fixes the count: nothing adapts. What an answer ran on (the count its tokens mostly
 used, and how often it changed) comes back in its timings.
@@ -26,19 +31,22 @@ from __future__ import annotations
 
 import functools
 import os
+import statistics
 from collections import Counter, deque
+from pathlib import Path
 from typing import Any
 
 SLOW_STEP = 2.5  # a step this many times its size's recent fastest, at the same count, was kept waiting
-WINDOW = 16  # steps of one size and count whose fastest is the reference
-LOOK_EVERY = 1  # steps between readings of the machine's runnable tasks (~2 us each)
-BUSY_AFTER = 2  # readings in a row with fewer free cores before threads are given up (a kernel thread
-# of a moment shows in one reading; a process that wants the CPU, in every one)
-RAISE_AFTER = 4  # readings in a row with room for more threads before one more is tried
-PROBE_AFTER = 8  # steps at fewer threads before one more is tried; doubles after each failed try
+WINDOW = 16  # steps of one size and count kept: the fastest of them is the reference for SLOW_STEP
+RECENT = 8  # the last steps of one size and count whose (lower) median is what the count costs now
+PAYS = 0.9  # a probe's every step must take at most this of the current count's recent median
+DRIFT = 1.3  # recent median this many times the count's best step: try one thread fewer
+FIRST_PROBE = 2  # steps after the start before one more thread is tried (the hint may be wrong)
+PROBE_AFTER = 16  # steps before a probe in a direction whose last probe failed; doubles each time
 PROBE_MOST = 1024
-PROBE_STEPS = 4  # steps a tried count runs before it is judged
-PAYS = 0.9  # a tried count is kept when its fastest step takes at most this of the one it replaced
+PROBE_STEPS = 2  # steps of the probe's size a probe runs before it is kept
+PROBE_OTHER = 4  # steps of other sizes a probe lets pass (a server's batches vary) before it is dropped
+SETTLED = 64  # steps at a count after which a slow spell is news (a new competitor), not a failed rise
 
 
 @functools.cache
@@ -63,6 +71,59 @@ def runnable_others(own: int = 1) -> int | None:
     return max(0, running - own)
 
 
+NICE_APART = 10  # a task this much nicer than ours (weight 1/9 or less) takes next to nothing from it
+
+
+def competing_others() -> int | None:
+    """Tasks of other processes running or ready to run now that would take a core from a decode
+    thread: /proc/loadavg's runnable count, and where it is not zero, the running tasks themselves
+    (/proc/PID/task/TID/stat), less those NICE_APART nicer than this process that the scheduler weighs
+    against it (in its autogroup, where the kernel groups by session: a nice-19 task in another
+    session takes as much as a nice-0 one). A hint for the first count only; the steps judge."""
+    others = runnable_others()
+    if not others:
+        return others
+    try:
+        return _running_tasks()
+    except OSError:
+        return others
+
+
+def _running_tasks() -> int:
+    own, mine = os.getpid(), os.getpriority(os.PRIO_PROCESS, 0)
+    switch = Path("/proc/sys/kernel/sched_autogroup_enabled")
+    grouped = switch.exists() and switch.read_text().strip() == "1"
+    group = _autogroup("self") if grouped else None
+    count = 0
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit() or int(entry.name) == own:
+            continue
+        try:
+            tasks = list(os.scandir(f"/proc/{entry.name}/task"))
+        except OSError:  # gone
+            continue
+        for task in tasks:
+            try:
+                with open(f"{task.path}/stat", "rb") as f:
+                    fields = f.read().rsplit(b")", 1)[1].split()
+            except (OSError, IndexError):
+                continue
+            if fields[0] != b"R":
+                continue
+            nicer = int(fields[16]) - mine >= NICE_APART
+            if nicer and (not grouped or _autogroup(entry.name) == group):
+                continue
+            count += 1
+    return count
+
+
+def _autogroup(pid: str) -> str | None:
+    try:
+        return Path(f"/proc/{pid}/autogroup").read_text().split()[0]
+    except (OSError, IndexError):
+        return None
+
+
 def free_threads(most: int, others: int | None = None, cpus: int | None = None) -> int:
     """The threads to start with: `most` (the physical cores), less what the other running tasks
     take beyond the logical CPUs that hyperthreads leave over."""
@@ -82,21 +143,25 @@ def size_class(n_tokens: int) -> int:
 class Threads:
     """The decode thread count of one llama.cpp context, and its record."""
 
-    def __init__(self, most: int, *, fixed: bool, start: int | None = None, look: bool = True) -> None:
+    def __init__(self, most: int, *, fixed: bool, start: int | None = None) -> None:
         self.most = max(1, most)
         self.fixed = fixed
-        self.look = look and not fixed  # read the machine's load (off: step times alone, in tests)
-        self.n = self.most if fixed else max(1, min(self.most, start or free_threads(self.most)))
-        self._roomy = 0  # readings in a row with room for more threads
-        self._busy = 0  # readings in a row with fewer free cores than threads
+        self.n = self.most if fixed else max(1, min(self.most, start or self.most))
         self.changes = 0
+        self.probes = 0  # probes made (kept or not), for the record and the tests
+        self.aborts = 0  # probe steps stopped at their budget
         self.tokens: Counter[int] = Counter()  # tokens decoded at each count
-        self._fastest: dict[tuple[int, int], deque[float]] = {}
+        self._steps: dict[tuple[int, int], deque[float]] = {}  # (count, size): its last WINDOW steps
+        self._best: dict[tuple[int, int], float] = {}  # (count, size): its fastest step ever
         self._recent: deque[bool] = deque(maxlen=4)  # were the last steps slow
-        self._wait = PROBE_AFTER
-        self._since = 0  # steps at this count since it was chosen
-        self._trial: int | None = None  # the count a probe came from
-        self._tried: list[float] = []  # the probe's own steps
+        self._since = 0  # steps at this count since it was chosen (or since the last probe ended)
+        self._held = SETTLED  # steps since the count last moved for good (a kept probe, a drop)
+        self._moved = -1  # which way it moved then
+        self._wait = {+1: FIRST_PROBE, -1: PROBE_AFTER}  # steps before a probe, by direction
+        self._backoff = {+1: PROBE_AFTER, -1: PROBE_AFTER}  # the wait after a failure; doubles each
+        self._probe: tuple[int, int, float] | None = None  # the count it came from, size, reference
+        self._probed = 0  # the probe's steps of its size
+        self._other = 0  # the probe's steps of other sizes
 
     def begin(self) -> None:
         """A new answer: its own record (what was learned of the machine stays)."""
@@ -107,65 +172,100 @@ class Threads:
         """The count most tokens were decoded with (the count now, before any)."""
         return self.tokens.most_common(1)[0][0] if self.tokens else self.n
 
-    def step(self, seconds: float, n_tokens: int) -> int | None:
-        """Record a decode step of n_tokens; the new count when it should change, else None."""
-        self.tokens[self.n] += n_tokens
+    def budget(self, n_tokens: int) -> float | None:
+        """Seconds the coming step of n_tokens may take before it is aborted and run again on the
+        count it came from: a step of an upward probe's size, what that count's steps take (beyond
+        it the probe has failed already; a thread waiting for a core can make it cost fifty)."""
+        if self._probe is None or self.n < self._probe[0] or size_class(n_tokens) != self._probe[1]:
+            return None
+        return PAYS * self._probe[2]
+
+    def step(self, seconds: float, n_tokens: int, *, aborted: bool = False) -> int | None:
+        """Record a decode step of n_tokens (aborted: stopped at its budget, to be run again); the
+        new count when it should change, else None."""
+        if aborted:
+            self.aborts += 1
+        else:
+            self.tokens[self.n] += n_tokens
         if self.fixed:
             return None
-        key = (self.n, size_class(n_tokens))
-        window = self._fastest.setdefault(key, deque(maxlen=WINDOW))
+        size = size_class(n_tokens)
+        key = (self.n, size)
+        window = self._steps.setdefault(key, deque(maxlen=WINDOW))
         fastest = min(window) if window else None
         window.append(seconds)
+        self._best[key] = min(seconds, self._best.get(key, seconds))
+        if self._probe is not None:
+            return self._judge(seconds, size)
         slow = fastest is not None and seconds > SLOW_STEP * fastest
         self._recent.append(slow)
         self._since += 1
-        if self._trial is not None:
-            self._tried.append(seconds)
-            return self._judge(slow, key)
-        if sum(self._recent) >= 2 and self.n > 1:
+        self._held += 1
+        if self._held == SETTLED:  # the count has held: the move that made it was right
+            self._backoff[self._moved] = PROBE_AFTER
+        if sum(self._recent) >= 2 and self.n > 1:  # a thread is kept waiting: one fewer, now
+            self._down()
+            self._held = 0
             return self._change(self.n - 1)
-        free = self._free() if self.look and self._since % LOOK_EVERY == 0 else None
-        if free is not None and free < self.n and self._busy >= BUSY_AFTER:
-            return self._change(free)  # another process took cores: leave them to it now
-        if self.n < self.most and self._since >= self._wait and (not self.look or self._roomy >= RAISE_AFTER):
-            self._trial = self.n
-            return self._change(self.n + 1)
+        if len(window) < 2:
+            return None
+        now = statistics.fmean(window)  # what a step costs at this count: its slow ones included
+        if self.n < self.most and self._since >= self._wait[+1]:
+            return self._start(+1, size, now)
+        if self.n > 1 and self._since >= self._wait[-1] and now > DRIFT * self._best[key]:
+            return self._start(-1, size, now)
         return None
 
-    def _free(self) -> int | None:
-        """The threads the machine has room for now (None: unknown); counts readings with room."""
-        others = runnable_others(own=self.n)
-        if others is None:
-            return None
-        free = free_threads(self.most, others)
-        self._roomy = self._roomy + 1 if free > self.n else 0
-        self._busy = self._busy + 1 if free < self.n else 0
-        return free
+    def _down(self) -> None:
+        """One thread fewer is taken: a count reached by a probe and not held for SETTLED steps was not
+        worth it, and the next rise waits twice as long (no swinging); one held longer met a new
+        competitor, and may be tried again soon."""
+        if self._held < SETTLED:
+            self._failed(+1)
+        else:
+            self._wait[+1] = self._backoff[+1] = PROBE_AFTER
+        self._moved = -1
 
-    def _judge(self, slow: bool, key: tuple[int, int]) -> int | None:
-        came_from = self._trial
-        assert came_from is not None
-        if slow:
-            return self._give_up(came_from)
-        if self._since < PROBE_STEPS:
+    def _start(self, direction: int, size: int, reference: float) -> int:
+        came_from = self.n
+        self.probes += 1
+        self._change(self.n + direction)
+        self._probe = (came_from, size, reference)
+        self._probed = self._other = 0
+        return self.n
+
+    def _judge(self, seconds: float, size: int) -> int | None:
+        came_from, probe_size, reference = self._probe  # type: ignore[misc]
+        direction = self.n - came_from
+        if size != probe_size:  # not comparable with the reference: let a few pass
+            self._other += 1
+            if self._other > PROBE_OTHER:
+                self._probe = None
+                return self._change(came_from)
             return None
-        before = self._fastest.get((came_from, key[1]))
-        now = min(self._tried)
-        self._trial = None
-        if before and now > PAYS * min(before):
-            return self._give_up(came_from)
-        self._wait = PROBE_AFTER  # more threads paid: keep them
+        self._probed += 1
+        if seconds > PAYS * reference:  # not faster: given up at its first such step
+            self._probe = None
+            self._failed(direction)
+            return self._change(came_from)
+        if self._probed < PROBE_STEPS:
+            return None
+        self._probe = None  # kept: the way it went may go on soon, the way back waits
+        if direction > 0:
+            self._wait[-1] = PROBE_AFTER
+            self._moved = +1
+        else:
+            self._down()
+        self._wait[direction] = FIRST_PROBE
+        self._since = self._held = 0
         return None
 
-    def _give_up(self, came_from: int) -> int:
-        self._trial = None
-        self._wait = min(PROBE_MOST, self._wait * 2)
-        return self._change(came_from)
+    def _failed(self, direction: int) -> None:
+        self._wait[direction] = self._backoff[direction]
+        self._backoff[direction] = min(PROBE_MOST, 2 * self._backoff[direction])
 
     def _change(self, n: int) -> int:
         self.n = n
-        self._tried = []
-        self._roomy = self._busy = 0
         self.changes += 1
         self._since = 0
         self._recent.clear()
