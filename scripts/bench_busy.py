@@ -199,8 +199,10 @@ def main() -> None:
         changes = statistics.median(x["changes"] for r in rounds for x in r)
         print(f"| {situation} | {rs} | {rr:.2f} | {threads:g} ({changes:g}) | {ws} | {wr:.2f} |")
     print(f"runner idle / raw loop idle: {idle['runner'] / idle['raw']:.3f}")
-    print("targets: nice19 >= 0.90 x idle; nice0 and setsid19 >= 0.50 x idle; pair together >= 0.95 x")
-    print("         one alone; idle >= 0.98 x the raw loop (quota: no target, measured)")
+    print("targets: nice19 >= 0.90 x idle; nice0 >= 0.50 x idle; pair together >= 0.95 x one alone;")
+    print("         idle >= 0.98 x the raw loop; setsid19 as beside nice 0 (one thread fewer than the")
+    print("         cores; its fair share there is less: its session weighs as much as each of theirs);")
+    print("         quota: no target, measured")
 
 
 if __name__ == "__main__":

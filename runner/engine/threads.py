@@ -9,19 +9,24 @@ runnable tasks cannot see (its nice, its session's autogroup, a cgroup quota, a 
 the judge is the one figure they all show in: what a decode step costs at n threads against n-1 and
 n+1. llama.cpp takes a new count between any two llama_decode calls (llama_set_n_threads):
 
-- the first count is the physical cores less the other tasks running right now (/proc/loadavg's
-  runnable count, read before and after the model loads: a hint, since a nice-19 task counts there
-  as a whole core);
+- the first count is the physical cores less the other tasks that would take a core from a decode
+  thread (competing_others: /proc/loadavg's runnable count, and the running tasks themselves less
+  those much nicer than this process in its autogroup), read before and after the model loads: a
+  hint for the start, not a judge;
 - every step is timed and kept with the steps of its size at its count. Two of the last four far
   slower than that count's fastest recent step (SLOW_STEP: a thread kept waiting at its barriers),
   and one thread is given up at once;
 - a probe tries one thread more (below the cores: FIRST_PROBE steps after the start, then after
-  PROBE_AFTER) or one fewer (when the recent steps have become DRIFT times slower than the count's
-  best: the machine changed), for PROBE_STEPS steps of the same size, given up at its first step
-  that is not faster than PAYS of the current count's recent median. A probe kept is confirmed; a
-  probe given up doubles that direction's wait (up to PROBE_MOST steps), so a count the probes keep
-  confirming is probed ever more rarely, and none at all at the cores on an idle machine (no drift).
-  The 10% a probe must win by is the hysteresis: counts within 10% of each other never swap.
+  PROBE_AFTER; CLIMB after one that was kept) or one fewer (when the mean of the count's recent
+  steps has become DRIFT times its best: the machine changed), for PROBE_STEPS steps of one size,
+  given up at its first step that is not faster than PAYS of the current count's mean. A probe given
+  up doubles that direction's wait (up to PROBE_MOST steps), and so does a rise not held for
+  SETTLED steps: a count the probes keep confirming is probed ever more rarely, and an idle machine
+  at its cores not at all. The 10% a probe must win by is the hysteresis: counts within 10% of each
+  other never swap;
+- an upward probe's step has a budget (budget(): what the count it came from takes), past which
+  KVContext.decode has llama.cpp abort it and runs it again on that count: one thread more can cost
+  fifty steps where it waits for a core; a failed probe costs about one.
 
 `--threads N` fixes the count: nothing adapts. What an answer ran on (the count its tokens mostly
 used, and how often it changed) comes back in its timings.
@@ -41,7 +46,9 @@ WINDOW = 16  # steps of one size and count kept: the fastest of them is the refe
 RECENT = 8  # the last steps of one size and count whose (lower) median is what the count costs now
 PAYS = 0.9  # a probe's every step must take at most this of the current count's recent median
 DRIFT = 1.3  # recent median this many times the count's best step: try one thread fewer
-FIRST_PROBE = 2  # steps after the start before one more thread is tried (the hint may be wrong)
+FIRST_PROBE = 16  # steps after the start before one more thread is tried (the first count's hint is
+# seldom wrong, and each failed probe costs about a step)
+CLIMB = 2  # steps after a kept probe before the next one the same way (to the count that pays)
 PROBE_AFTER = 16  # steps before a probe in a direction whose last probe failed; doubles each time
 PROBE_MOST = 1024
 PROBE_STEPS = 2  # steps of the probe's size a probe runs before it is kept
@@ -256,7 +263,7 @@ class Threads:
             self._moved = +1
         else:
             self._down()
-        self._wait[direction] = FIRST_PROBE
+        self._wait[direction] = CLIMB
         self._since = self._held = 0
         return None
 
