@@ -176,6 +176,8 @@ def main() -> None:
                 for kind in ("runner", "raw"):
                     got = measure(kind, situation, args.model, args.tokens, cores, args.bound, group)
                     rates.setdefault((kind, situation), []).append(got)
+                    each = [f"{x['decode']:.1f} tok/s on {x['threads']} ({x['changes']})" for x in got]
+                    print(f"{situation} {kind}: {', '.join(each)}", file=sys.stderr)
     finally:
         if group is not None:
             group.rmdir()

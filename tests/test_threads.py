@@ -61,7 +61,7 @@ def test_the_first_count_leaves_the_busy_cpus_to_others() -> None:
 
 
 def test_steps_are_compared_with_steps_of_their_size() -> None:
-    assert [size_class(n) for n in (1, 2, 3, 4, 5, 8, 9, 512)] == [1, 1, 2, 2, 3, 3, 4, 9]
+    assert [size_class(n) for n in (0, 1, 2, 3, 4, 5, 8, 9, 16, 17, 512)] == [1, 1, 2, 3, 4, 5, 5, 6, 6, 7, 11]
 
 
 def test_a_fixed_count_never_changes() -> None:
@@ -84,6 +84,16 @@ def test_a_big_step_is_not_slow_next_to_small_ones() -> None:
     steps(threads, FAST, 5)
     assert steps(threads, 40 * FAST, 3, tokens=64) == [None] * 3  # a prefill chunk: its own size class
     assert threads.n == 2
+
+
+def test_steps_of_one_class_are_compared_per_token() -> None:
+    """Speculation's verify steps of 5 and 8 tokens share a size class: an 8-token step costing 8/5
+    of a 5-token one is not slow (per step it would be 2.9x the class's fastest 5-token step of 2.2 ms
+    a token when the first was short)."""
+    threads = Threads(2, fixed=False, start=2)
+    for n in [5, 8, 5, 8, 6, 8, 7, 8] * 4:
+        assert threads.step(0.5 * FAST + n * 0.5 * FAST, n) is None
+    assert threads.n == 2 and threads.changes == 0
 
 
 def test_idle_at_the_cores_nothing_is_probed() -> None:

@@ -43,9 +43,9 @@ from typing import Any
 
 SLOW_STEP = 2.5  # a step this many times its size's recent fastest, at the same count, was kept waiting
 WINDOW = 16  # steps of one size and count kept: the fastest of them is the reference for SLOW_STEP
-RECENT = 8  # the last steps of one size and count whose (lower) median is what the count costs now
+RECENT = 8  # steps of one size at one count before their mean may show a drift
 PAYS = 0.9  # a probe's every step must take at most this of the current count's recent median
-DRIFT = 1.3  # recent median this many times the count's best step: try one thread fewer
+DRIFT = 1.5  # the mean of a count's steps this many times its best: try one thread fewer
 FIRST_PROBE = 16  # steps after the start before one more thread is tried (the first count's hint is
 # seldom wrong, and each failed probe costs about a step)
 CLIMB = 2  # steps after a kept probe before the next one the same way (to the count that pays)
@@ -143,8 +143,9 @@ def free_threads(most: int, others: int | None = None, cpus: int | None = None) 
 
 
 def size_class(n_tokens: int) -> int:
-    """Steps are compared with steps of about their size: 1, 2, 3-4, 5-8, ..."""
-    return max(1, n_tokens - 1).bit_length()
+    """Steps are compared, per token, with steps of about their size: 1, 2, 3, 4, 5-8, 9-16, ... (a
+    step's fixed cost weighs most in the smallest, which so each have a class of their own)."""
+    return max(1, n_tokens) if n_tokens <= 4 else 2 + (n_tokens - 1).bit_length()
 
 
 class Threads:
@@ -185,7 +186,7 @@ class Threads:
         it the probe has failed already; a thread waiting for a core can make it cost fifty)."""
         if self._probe is None or self.n < self._probe[0] or size_class(n_tokens) != self._probe[1]:
             return None
-        return PAYS * self._probe[2]
+        return PAYS * self._probe[2] * max(1, n_tokens)
 
     def step(self, seconds: float, n_tokens: int, *, aborted: bool = False) -> int | None:
         """Record a decode step of n_tokens (aborted: stopped at its budget, to be run again); the
@@ -200,11 +201,12 @@ class Threads:
         key = (self.n, size)
         window = self._steps.setdefault(key, deque(maxlen=WINDOW))
         fastest = min(window) if window else None
-        window.append(seconds)
-        self._best[key] = min(seconds, self._best.get(key, seconds))
+        cost = seconds / max(1, n_tokens)  # per token: a class's steps differ in size (5 to 8 tokens)
+        window.append(cost)
+        self._best[key] = min(cost, self._best.get(key, cost))
         if self._probe is not None:
-            return self._judge(seconds, size)
-        slow = fastest is not None and seconds > SLOW_STEP * fastest
+            return self._judge(cost, size)
+        slow = fastest is not None and cost > SLOW_STEP * fastest
         self._recent.append(slow)
         self._since += 1
         self._held += 1
@@ -219,7 +221,8 @@ class Threads:
         now = statistics.fmean(window)  # what a step costs at this count: its slow ones included
         if self.n < self.most and self._since >= self._wait[+1]:
             return self._start(+1, size, now)
-        if self.n > 1 and self._since >= self._wait[-1] and now > DRIFT * self._best[key]:
+        drifted = len(window) >= RECENT and now > DRIFT * self._best[key]  # a few steps prove nothing
+        if self.n > 1 and self._since >= self._wait[-1] and drifted:
             return self._start(-1, size, now)
         return None
 
@@ -241,7 +244,7 @@ class Threads:
         self._probed = self._other = 0
         return self.n
 
-    def _judge(self, seconds: float, size: int) -> int | None:
+    def _judge(self, cost: float, size: int) -> int | None:
         came_from, probe_size, reference = self._probe  # type: ignore[misc]
         direction = self.n - came_from
         if size != probe_size:  # not comparable with the reference: let a few pass
@@ -251,7 +254,7 @@ class Threads:
                 return self._change(came_from)
             return None
         self._probed += 1
-        if seconds > PAYS * reference:  # not faster: given up at its first such step
+        if cost > PAYS * reference:  # not faster: given up at its first such step
             self._probe = None
             self._failed(direction)
             return self._change(came_from)
