@@ -21,6 +21,7 @@ import jsonschema
 import openai
 import pytest
 
+from runner.engine.llamacpp import default_threads
 from tests.serving import (
     CLIENT_QUESTIONS,
     COUNTING,
@@ -90,6 +91,7 @@ def test_openai_chat_whole_and_streamed_are_the_same_answer(client: openai.OpenA
     assert timings["prefill_tokens"] == timings["prompt_tokens"] - timings["cached_tokens"] >= 1
     assert timings["cached_tokens"] > 0  # the same prompt again: all but its last token reused
     assert 0 < timings["ttft_s"] <= timings["total_s"]
+    assert 1 <= timings["threads"] <= default_threads() and timings["thread_changes"] >= 0  # per answer
 
 
 @pytest.mark.timeout(300)

@@ -61,7 +61,19 @@ def test_the_first_count_leaves_the_busy_cpus_to_others() -> None:
 
 
 def test_steps_are_compared_with_steps_of_their_size() -> None:
-    assert [size_class(n) for n in (0, 1, 2, 3, 4, 5, 8, 9, 16, 17, 512)] == [1, 1, 2, 3, 4, 5, 5, 6, 6, 7, 11]
+    assert [size_class(n) for n in (0, 1, 2, 3, 4, 5, 8, 9, 16, 17, 512)] == [
+        1,
+        1,
+        2,
+        3,
+        4,
+        5,
+        5,
+        6,
+        6,
+        7,
+        11,
+    ]
 
 
 def test_a_fixed_count_never_changes() -> None:
@@ -238,6 +250,19 @@ def test_each_answer_has_its_own_record() -> None:
     threads.begin()
     steps(threads, FAST, 3)
     assert threads.changes == 0 and threads.used() == 1
+
+
+def test_an_answer_of_a_server_s_loop_has_its_own_share_of_the_record() -> None:
+    """A server's loop runs for hours: each answer's timings say what its own tokens ran on."""
+    threads = Threads(2, fixed=False, start=2)
+    steps(threads, FAST, 30)
+    mark = threads.mark()
+    steps(threads, SLOW, 2)  # down to one
+    steps(threads, FAST, 5)
+    assert threads.since(mark) == (1, 1)  # 6 of its 7 tokens on one thread, one change
+    assert threads.used() == 2 and threads.changes == 1  # the loop's whole record
+    threads.begin()
+    assert threads.since(mark) == (1, 0)  # begun again since: the record as it is
 
 
 def test_the_policy_tests_take_under_a_second() -> None:

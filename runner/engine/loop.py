@@ -414,6 +414,7 @@ class Loop:
         slot = Slot(
             seq, job, sampler, self._speculator(seq), time.perf_counter(), guide, pos=keep, cache_use=use
         )
+        slot.threads_mark = engine.threads.mark()
         if slot.speculator is not None:
             slot.history = list(job.tokens)
         head = job.tokens[: job.head]
@@ -487,7 +488,8 @@ class Loop:
     def _finish(self, slot: Slot, reason: str, *, flush: bool = True, error: str | None = None) -> None:
         self.lib.llama_sampler_free(slot.sampler)
         slot.sampler = None
-        extra = {"load_s": self.engine.load_s}
+        threads, changes = self.engine.threads.since(slot.threads_mark)
+        extra = {"load_s": self.engine.load_s, "threads": threads, "thread_changes": changes}
         self.on_done(slot.result(reason, flush=flush, extra=extra, error=error))
 
     def _free_sampler(self, job: Job) -> None:

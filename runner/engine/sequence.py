@@ -85,6 +85,7 @@ class Slot:
     row: int = 0  # the batch row of its first token in this step
     verify_s: tuple[float, float] = (0.0, 0.0)  # this step's verify: (its share, drafting), seconds
     context_full: bool = False
+    threads_mark: Any = None  # the thread counts' record as it began (Threads.mark), for its timings
     text: TextAssembler = field(init=False)
     splitter: Splitter = field(init=False)
     parts: dict[str, list[str]] = field(default_factory=lambda: {"answer": [], "reasoning": []})

@@ -18,7 +18,7 @@ n+1. llama.cpp takes a new count between any two llama_decode calls (llama_set_n
   and one thread is given up at once;
 - a probe tries one thread more (below the cores: FIRST_PROBE steps after the start, then after
   PROBE_AFTER; CLIMB after one that was kept) or one fewer (when the mean of the count's recent
-  steps has become DRIFT times its best: the machine changed), for PROBE_STEPS steps of one size,
+  steps, less the slowest, has become DRIFT times its best: the machine changed), for PROBE_STEPS steps of one size,
   given up at its first step that is not faster than PAYS of the current count's mean. A probe given
   up doubles that direction's wait (up to PROBE_MOST steps), and so does a rise not held for
   SETTLED steps: a count the probes keep confirming is probed ever more rarely, and an idle machine
@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import functools
 import os
-import statistics
 from collections import Counter, deque
 from pathlib import Path
 from typing import Any
@@ -176,6 +175,18 @@ class Threads:
         self.tokens.clear()
         self.changes = 0
 
+    def mark(self) -> tuple[Counter[int], int]:
+        """The record now, for since(): one answer's share of a loop that serves many at once."""
+        return Counter(self.tokens), self.changes
+
+    def since(self, mark: tuple[Counter[int], int] | None) -> tuple[int, int]:
+        """(the count most tokens since the mark ran on, the changes since): the whole record where
+        it was begun again after the mark, or there is none."""
+        if mark is None or self.changes < mark[1]:
+            return self.used(), self.changes
+        tokens = self.tokens - mark[0]
+        return (tokens.most_common(1)[0][0] if tokens else self.n), self.changes - mark[1]
+
     def used(self) -> int:
         """The count most tokens were decoded with (the count now, before any)."""
         return self.tokens.most_common(1)[0][0] if self.tokens else self.n
@@ -218,7 +229,9 @@ class Threads:
             return self._change(self.n - 1)
         if len(window) < 2:
             return None
-        now = statistics.fmean(window)  # what a step costs at this count: its slow ones included
+        # what a step costs at this count, its slow ones included (a quota's throttled steps), but
+        # for the slowest: one step a daemon delayed is no news
+        now = (sum(window) - max(window)) / (len(window) - 1)
         if self.n < self.most and self._since >= self._wait[+1]:
             return self._start(+1, size, now)
         drifted = len(window) >= RECENT and now > DRIFT * self._best[key]  # a few steps prove nothing

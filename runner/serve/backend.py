@@ -54,6 +54,8 @@ class Outcome:
     total_s: float = 0.0
     drafted: int = 0  # speculative decoding: tokens drafted and verified (llama-server's draft_n)
     accepted: int = 0  # of those, kept (draft_n_accepted)
+    threads: int = 0  # the decode threads most of its tokens ran on (runner.engine.threads)
+    thread_changes: int = 0  # how often that count changed while it ran
     context_full: bool = False
 
     def take(self, result: Result) -> None:
@@ -67,6 +69,7 @@ class Outcome:
         self.ttft_s, self.prefill_s, self.total_s = t.ttft_s, t.prefill_s, t.total_s
         self.decode_s = max(0.0, t.total_s - t.ttft_s)
         self.drafted, self.accepted = t.speculation.drafted, t.speculation.accepted
+        self.threads, self.thread_changes = t.threads, t.thread_changes
         self.context_full = result.context_full
 
     def timings(self) -> dict[str, Any]:
@@ -82,6 +85,8 @@ class Outcome:
             "total_s": round(self.total_s, 4),
             "drafted": self.drafted,
             "accepted": self.accepted,
+            "threads": self.threads,
+            "thread_changes": self.thread_changes,
         }
 
 
