@@ -13,17 +13,17 @@ n+1. llama.cpp takes a new count between any two llama_decode calls (llama_set_n
   thread (competing_others: /proc/loadavg's runnable count, and the running tasks themselves less
   those much nicer than this process in its autogroup), read before and after the model loads: a
   hint for the start, not a judge;
-- every step is timed and kept with the steps of its size at its count. Two of the last four far
+- every step is timed and kept, per token, with the steps of its size at its count. Two of the last four far
   slower than that count's fastest recent step (SLOW_STEP: a thread kept waiting at its barriers),
   and one thread is given up at once;
 - a probe tries one thread more (below the cores: FIRST_PROBE steps after the start, then after
   PROBE_AFTER; CLIMB after one that was kept) or one fewer (when the mean of the count's recent
-  steps, less the slowest, has become DRIFT times its best: the machine changed), for PROBE_STEPS steps of one size,
-  given up at its first step that is not faster than PAYS of the current count's mean. A probe given
-  up doubles that direction's wait (up to PROBE_MOST steps), and so does a rise not held for
-  SETTLED steps: a count the probes keep confirming is probed ever more rarely, and an idle machine
-  at its cores not at all. The 10% a probe must win by is the hysteresis: counts within 10% of each
-  other never swap;
+  steps, less the slowest, has become DRIFT times its best: the machine changed), for PROBE_STEPS
+  steps of one size, given up at its first step that is not faster than PAYS of the current count's
+  mean. A probe given up doubles that direction's wait (up to PROBE_MOST steps), and so does a rise
+  not held for SETTLED steps: a count the probes keep confirming is probed ever more rarely, and an
+  idle machine at its cores not at all. The 10% a probe must win by is the hysteresis: counts within
+  10% of each other never swap;
 - an upward probe's step has a budget (budget(): what the count it came from takes), past which
   KVContext.decode has llama.cpp abort it and runs it again on that count: one thread more can cost
   fifty steps where it waits for a core; a failed probe costs about one.
