@@ -137,6 +137,24 @@ def test_beside_a_nice_0_task_probes_fail_at_their_first_step_and_grow_rare() ->
     assert threads._wait[+1] == PROBE_MOST or threads.probes >= 7
 
 
+def test_a_rise_the_hint_says_has_no_core_waits_and_is_tried_in_the_end(monkeypatch) -> None:
+    """Where the running tasks leave no core (nice 0 here, or in another session), a due rise is put
+    off, the wait doubling, without a step spent on it; at the longest wait it is tried anyway (the
+    hint can be wrong: a cgroup's weight, a VM), and kept when it pays."""
+    from runner.engine import threads as module
+
+    monkeypatch.setattr(module, "competing_others", lambda: 1)
+    threads = Threads(2, fixed=False, start=1, look=True)
+    run_on(threads, NICE0, 1500)
+    assert threads.probes == 0 and threads.n == 1  # put off at 16, 32, ... steps: no step lost
+    run_on(threads, NICE19, 2 * PROBE_MOST)  # the hint was wrong: two threads pay
+    assert threads.probes == 1 and threads.n == 2
+    monkeypatch.setattr(module, "competing_others", lambda: 0)
+    threads = Threads(2, fixed=False, start=1, look=True)
+    run_on(threads, NICE19, FIRST_PROBE + PROBE_STEPS + 1)  # room: tried at once
+    assert threads.probes == 1 and threads.n == 2
+
+
 def test_a_competitor_that_slows_every_step_alike_is_found_by_drift() -> None:
     """Not one step is SLOW_STEP times the fastest, but all are DRIFT times the count's best: one
     thread fewer is tried and kept when it is faster; when the competitor leaves, two come back."""

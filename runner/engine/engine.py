@@ -124,7 +124,7 @@ class Engine(KVContext):
         most = n_threads or default_threads()
         busy = [n for n in (self._busy_before, competing_others()) if n is not None]
         start = free_threads(most, min(busy)) if busy else most
-        self.threads = Threads(most, fixed=n_threads is not None, start=start)
+        self.threads = Threads(most, fixed=n_threads is not None, start=start, look=True)
         self._settings = (kv_type, flash_attn)
         asked = n_ctx or min(DEFAULT_CTX, self.n_ctx_train or DEFAULT_CTX)
         # one sequence: the context is allocated small and grows as it fills (_reserve); n_ctx is the

@@ -24,6 +24,8 @@ n+1. llama.cpp takes a new count between any two llama_decode calls (llama_set_n
   not held for SETTLED steps: a count the probes keep confirming is probed ever more rarely, and an
   idle machine at its cores not at all. The 10% a probe must win by is the hysteresis: counts within
   10% of each other never swap;
+- a rise that is due is put off (its wait doubled, no step spent) while competing_others leaves no
+  core for it, until its wait is PROBE_MOST: the hint can be wrong, so it is tried then anyway;
 - an upward probe's step has a budget (budget(): what the count it came from takes), past which
   KVContext.decode has llama.cpp abort it and runs it again on that count: one thread more can cost
   fifty steps where it waits for a core; a failed probe costs about one.
@@ -150,9 +152,10 @@ def size_class(n_tokens: int) -> int:
 class Threads:
     """The decode thread count of one llama.cpp context, and its record."""
 
-    def __init__(self, most: int, *, fixed: bool, start: int | None = None) -> None:
+    def __init__(self, most: int, *, fixed: bool, start: int | None = None, look: bool = False) -> None:
         self.most = max(1, most)
         self.fixed = fixed
+        self.look = look  # ask the machine (competing_others) before a rise (off: step times alone)
         self.n = self.most if fixed else max(1, min(self.most, start or self.most))
         self.changes = 0
         self.probes = 0  # probes made (kept or not), for the record and the tests
@@ -233,6 +236,10 @@ class Threads:
         # for the slowest: one step a daemon delayed is no news
         now = (sum(window) - max(window)) / (len(window) - 1)
         if self.n < self.most and self._since >= self._wait[+1]:
+            if self.look and self._wait[+1] < PROBE_MOST and not self._room():
+                self._failed(+1)  # the hint says the cores are taken: a probe would cost a step
+                self._since = 0
+                return None
             return self._start(+1, size, now)
         drifted = len(window) >= RECENT and now > DRIFT * self._best[key]  # a few steps prove nothing
         if self.n > 1 and self._since >= self._wait[-1] and drifted:
@@ -248,6 +255,11 @@ class Threads:
         else:
             self._wait[+1] = self._backoff[+1] = PROBE_AFTER
         self._moved = -1
+
+    def _room(self) -> bool:
+        """Whether the hint leaves a core for one thread more (read only when a rise is due)."""
+        others = competing_others()
+        return others is None or free_threads(self.most, others) > self.n
 
     def _start(self, direction: int, size: int, reference: float) -> int:
         came_from = self.n
