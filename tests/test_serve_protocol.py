@@ -478,3 +478,42 @@ def test_ollama_embed_bad_input_is_a_400_in_its_shape(http: TestClient, sent: di
     reply = http.post("/api/embed", json=sent)
     assert reply.status_code == 400
     assert set(reply.json()) == {"error"} and reply.json()["error"]
+
+
+# the headers the official JavaScript SDKs send on every request (openai-node, anthropic-sdk-typescript:
+# their Stainless-generated core), so a browser's preflight asks for all of them
+OPENAI_JS = (
+    "authorization,content-type,accept,x-stainless-arch,x-stainless-lang,x-stainless-os,"
+    "x-stainless-package-version,x-stainless-retry-count,x-stainless-runtime,"
+    "x-stainless-runtime-version,x-stainless-timeout,openai-organization,openai-project"
+)
+ANTHROPIC_JS = (
+    "anthropic-dangerous-direct-browser-access,anthropic-version,content-type,x-api-key,accept,"
+    "x-stainless-arch,x-stainless-lang,x-stainless-os,x-stainless-package-version,"
+    "x-stainless-retry-count,x-stainless-runtime,x-stainless-runtime-version,x-stainless-timeout,"
+    "x-stainless-helper-method"
+)
+
+
+@pytest.mark.parametrize(
+    ("path", "asked"), [("/v1/chat/completions", OPENAI_JS), ("/v1/messages", ANTHROPIC_JS)]
+)
+def test_a_browser_preflight_of_the_javascript_sdks_is_allowed(
+    backend: StandIn, path: str, asked: str
+) -> None:
+    """`--cors '*'`: the preflight a browser makes for the openai and anthropic JavaScript SDKs (their
+    x-stainless-* headers included) is allowed, every header it asks for named in the answer; it was
+    a 400 "Disallowed CORS headers"."""
+    with TestClient(create_app(backend, cors="*", log=lambda _: None)) as http:
+        got = http.options(
+            path,
+            headers={
+                "Origin": "http://localhost:5173",
+                "Access-Control-Request-Method": "POST",
+                "Access-Control-Request-Headers": asked,
+            },
+        )
+    assert got.status_code == 200, got.text
+    assert got.headers["access-control-allow-origin"] in ("*", "http://localhost:5173")
+    allowed = {h.strip() for h in got.headers["access-control-allow-headers"].lower().split(",")}
+    assert set(asked.split(",")) <= allowed

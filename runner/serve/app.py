@@ -60,8 +60,11 @@ def create_app(
     middleware = [Middleware(AccessLog, log=log or _to_stderr)]
     if cors:
         origins = ["*"] if cors == "*" else [cors]
-        headers = ["Authorization", "Content-Type", "x-api-key"]
-        headers += ["anthropic-version", "anthropic-beta", "anthropic-dangerous-direct-browser-access"]
+        # any header a preflight asks for: the official JavaScript SDKs send a family that grows with
+        # each release (x-stainless-lang, -os, -arch, -runtime, -retry-count, -timeout, ...,
+        # openai-organization, anthropic-version, ...), and a header grants nothing the origin
+        # check and the API key do not (as llama-server answers Access-Control-Allow-Headers: *)
+        headers = ["*"]
         methods = ["GET", "POST", "DELETE"]
         middleware.append(
             Middleware(CORSMiddleware, allow_origins=origins, allow_methods=methods, allow_headers=headers)
