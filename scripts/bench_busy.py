@@ -66,23 +66,20 @@ def start_target(kind: str, model: Path, tokens: int, group: Path | None = None)
 def quota_group(cores: int) -> Path | None:
     """A cgroup of its own with a CPU quota of cores - 1 (at least one), or None where this user
     cannot make one (cgroup v2's cpu.max, or v1's cpu controller)."""
-    name = f"runner-bench-{os.getpid()}"
     quota, period = max(1, cores - 1) * 100_000, 100_000
-    for parent, write in (
-        (Path("/sys/fs/cgroup"), lambda g: (g / "cpu.max").write_text(f"{quota} {period}")),
-        (Path("/sys/fs/cgroup/cpu"), lambda g: (g / "cpu.cfs_quota_us").write_text(str(quota))),
-    ):
-        group = parent / name
-        try:
-            if parent == Path("/sys/fs/cgroup") and not (parent / "cgroup.controllers").exists():
-                continue  # v1: the cpu controller has its own folder
-            group.mkdir()
-            write(group)
-            return group
-        except OSError:
-            with contextlib.suppress(OSError):
-                group.rmdir()
-    return None
+    if Path("/sys/fs/cgroup/cgroup.controllers").exists():  # v2: one tree, cpu.max
+        parent, control, value = Path("/sys/fs/cgroup"), "cpu.max", f"{quota} {period}"
+    else:  # v1: the cpu controller's own tree
+        parent, control, value = Path("/sys/fs/cgroup/cpu"), "cpu.cfs_quota_us", str(quota)
+    group = parent / f"runner-bench-{os.getpid()}"
+    try:
+        group.mkdir()
+        (group / control).write_text(value)
+        return group
+    except OSError:
+        with contextlib.suppress(OSError):
+            group.rmdir()
+        return None
 
 
 def rate_of(process: subprocess.Popen[str], bound: float) -> dict[str, float]:

@@ -86,7 +86,9 @@ class KVContext:
         added (llama_decode's own rollback of an aborted ubatch), and the step is run again on the
         count it came from: a failed probe costs about one step more, whatever the machine."""
         lib = llama()
-        budget = self.threads.budget(n_tokens) if self._abortable(n_tokens) else None
+        budget = self.threads.budget(n_tokens)  # None but in a probe's steps
+        if budget is not None and not self._abortable(n_tokens):
+            budget = None
         started = time.perf_counter()
         if budget is None:
             rc = int(lib.llama_decode(self._ctx, batch))
@@ -110,10 +112,7 @@ class KVContext:
         """Whether an aborted llama_decode of n_tokens leaves the memory as it was: one ubatch (an
         abort keeps the ubatches before the last) into a plain KV cache (a sliding-window, recurrent
         or hybrid memory may have let go of what it held, and cannot drop a tail)."""
-        plain = getattr(self, "_plain_memory", None)
-        if plain is None:
-            plain = self._plain_memory = self.state_streams == 1
-        return plain and n_tokens <= int(llama().llama_n_ubatch(self._ctx))
+        return self.state_streams == 1 and n_tokens <= int(llama().llama_n_ubatch(self._ctx))
 
     def _decode_within(self, batch: Any, deadline: float) -> int:
         lib = llama()

@@ -45,7 +45,7 @@ from typing import Any
 SLOW_STEP = 2.5  # a step this many times its size's recent fastest, at the same count, was kept waiting
 WINDOW = 16  # steps of one size and count kept: the fastest of them is the reference for SLOW_STEP
 RECENT = 8  # steps of one size at one count before their mean may show a drift
-PAYS = 0.9  # a probe's every step must take at most this of the current count's recent median
+PAYS = 0.9  # a probe's every step must take at most this of the current count's recent mean
 DRIFT = 1.5  # the mean of a count's steps this many times its best: try one thread fewer
 FIRST_PROBE = 16  # steps after the start before one more thread is tried (the first count's hint is
 # seldom wrong, and each failed probe costs about a step)
@@ -187,12 +187,14 @@ class Threads:
         it was begun again after the mark, or there is none."""
         if mark is None or self.changes < mark[1]:
             return self.used(), self.changes
-        tokens = self.tokens - mark[0]
-        return (tokens.most_common(1)[0][0] if tokens else self.n), self.changes - mark[1]
+        return self._most(self.tokens - mark[0]), self.changes - mark[1]
 
     def used(self) -> int:
         """The count most tokens were decoded with (the count now, before any)."""
-        return self.tokens.most_common(1)[0][0] if self.tokens else self.n
+        return self._most(self.tokens)
+
+    def _most(self, tokens: Counter[int]) -> int:
+        return tokens.most_common(1)[0][0] if tokens else self.n
 
     def budget(self, n_tokens: int) -> float | None:
         """Seconds the coming step of n_tokens may take before it is aborted and run again on the
@@ -230,8 +232,8 @@ class Threads:
             self._down()
             self._held = 0
             return self._change(self.n - 1)
-        if len(window) < 2:
-            return None
+        if len(window) < 2 or self._since < min(self._wait.values()):
+            return None  # no probe is due: nothing more to work out this step
         # what a step costs at this count, its slow ones included (a quota's throttled steps), but
         # for the slowest: one step a daemon delayed is no news
         now = (sum(window) - max(window)) / (len(window) - 1)
