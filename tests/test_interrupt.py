@@ -62,9 +62,12 @@ def test_sigint_in_process_at_random_moments(engine: Engine) -> None:
             engine.reset()  # a cold prefill to interrupt, not only decode steps
             complete = False
         expected = took[which] if complete else took_cold[which]
-        timer = _kill_later(rng.uniform(0.0, 1.5 * expected))  # mid-answer, or just after it
+        delay = rng.uniform(0.0, 1.5 * expected)  # mid-answer, or just after it
         try:
             with interrupt.deferred():
+                # armed inside the block: a delay of ~0 fired during Thread.start(), before the block,
+                # and the KeyboardInterrupt escaped the test (CI saw it once)
+                timer = _kill_later(delay)
                 result = engine.generate(tokens[which], GREEDY, max_tokens=8)
                 timer.join()  # the signal has come before the block ends
             outcomes[result.finish_reason] += 1
