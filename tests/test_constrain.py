@@ -323,3 +323,17 @@ def test_sampled_answers_to_a_ranged_schema_validate(engine, smollm2_path: Path,
         )
         assert result.finish_reason == FINISH_STOP, result.text
         jsonschema.validate(json.loads(rule.check(result.text, result.finish_reason)), CONFORMANCE)
+
+
+def test_a_ref_that_leads_only_to_itself_is_refused() -> None:
+    """`{"$ref": "#"}` (the server's fuzzing found it as an Ollama format): llguidance compiled it to a
+    grammar of no value, so the answer was empty and failed its own validation as a 500; now it is
+    refused up front, and a recursive schema with a base case is not."""
+    for loop in (
+        {"$ref": "#"},
+        {"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"},
+    ):
+        with pytest.raises(InvalidSetting, match="leads only to itself"):
+            constraint(schema=json.dumps(loop))
+    node = {"type": "object", "properties": {"next": {"$ref": "#/$defs/node"}}}
+    assert constraint(schema=json.dumps({"$defs": {"node": node}, "$ref": "#/$defs/node"})) is not None

@@ -196,6 +196,35 @@ def subschemas(schema: Any, where: str = "") -> Any:
                 yield from subschemas(sub, f"{where}/{key}/{i}")
 
 
+def _ref_loop(schema: dict[str, Any], ref: str) -> bool:
+    """Whether a local $ref reaches, through schemas that are only another $ref, one it passed already
+    (`{"$ref": "#"}`): llguidance compiles it to a grammar of no value, and a validator recurses
+    without end."""
+    seen: set[str] = set()
+    while ref not in seen:
+        seen.add(ref)
+        target: Any = schema
+        for part in ref.removeprefix("#").split("/")[1:]:
+            part = part.replace("~1", "/").replace("~0", "~")
+            if isinstance(target, dict) and part in target:
+                target = target[part]
+            elif isinstance(target, list) and part.isdigit() and int(part) < len(target):
+                target = target[int(part)]
+            else:
+                return False  # not found: llguidance says so
+        if not (
+            isinstance(target, dict)
+            and set(target)
+            <= {"$ref", "$defs", "definitions", "$schema", "$id", "title", "description", "$comment"}
+        ):
+            return False
+        next_ref = target.get("$ref")
+        if not isinstance(next_ref, str) or not next_ref.startswith("#"):
+            return False
+        ref = next_ref
+    return True
+
+
 def _where(path: str) -> str:
     return path.lstrip("/") or "the top level"
 
@@ -211,6 +240,9 @@ def schema_guide(schema: dict[str, Any]) -> str:
         ref = sub.get("$ref")
         if isinstance(ref, str) and not ref.startswith("#"):
             problem = f"$ref {ref!r} (at {_where(path)}) is not in the schema: runner never fetches one"
+            raise _schema_error(problem)
+        if isinstance(ref, str) and _ref_loop(schema, ref):
+            problem = f"$ref {ref!r} (at {_where(path)}) leads only to itself: it describes no value"
             raise _schema_error(problem)
     bounded = _bounded(schema)
     for _ in range(64):  # each unknown format found, left out, and the schema compiled again
