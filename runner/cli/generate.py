@@ -71,6 +71,7 @@ def run(
     continue_: o.Continue = False,
     no_save: o.NoSave = False,
     rpc: o.Rpc = None,
+    logprobs: o.Logprobs = None,
     debug: o.Debug = False,
 ) -> None:
     """Answer one prompt; the answer alone goes to stdout.
@@ -187,6 +188,7 @@ def run(
             schema=schema,
             format=format,
             grammar=str(grammar) if grammar is not None else None,
+            logprobs=logprobs,
         ),
         stdin=None if tty else sys.stdin.buffer,
         out=sys.stdout,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
@@ -16,6 +17,7 @@ from typing import Any, TextIO
 from runner import ui
 from runner.engine.answer import FINISH_LENGTH, Result, Timings
 from runner.engine.llamacpp import supports_gpu_offload
+from runner.engine.logprobs import TokenLogprob
 from runner.engine.prompt import Prompt
 from runner.engine.promptcache import CacheUse, PromptCache
 from runner.engine.reasoning import ANSWER
@@ -120,6 +122,7 @@ def stream_answer(
     guide: str | None = None,
     prompt_cache: PromptCache | None = None,
     head: int = 0,
+    logprobs: int | None = None,
 ) -> Answer:
     """What run and chat answer with: the engine's one loop for one answer, reasoning split from the
     answer there, written as it comes. `prompt_cache` and `head`: see Engine.stream."""
@@ -137,6 +140,7 @@ def stream_answer(
         head=head,
         reasoning=prompt.reasoning_style,
         in_reasoning=prompt.opens_reasoning,
+        logprobs=logprobs,
     ):
         if chunk.text:
             (answer if chunk.kind == ANSWER else reasoning).append(chunk.text)
@@ -145,6 +149,15 @@ def stream_answer(
     assert last is not None and last.result is not None
     result = last.result
     return Answer(text=result.text, reasoning=result.reasoning.strip(), result=result)
+
+
+def logprobs_json(engine: Any, scored: Sequence[TokenLogprob]) -> list[dict[str, Any]]:
+    """--logprobs in --json: each answer token's text, id and log-probability, with its alternatives."""
+
+    def token(t: int, logprob: float) -> dict[str, Any]:
+        return {"token": engine.token_bytes(t).decode("utf-8", "replace"), "id": t, "logprob": logprob}
+
+    return [{**token(s.token, s.logprob), "top_logprobs": [token(t, lp) for t, lp in s.top]} for s in scored]
 
 
 def to_json(model: str, answer: Answer) -> dict[str, Any]:

@@ -13,6 +13,7 @@ from runner.commands.output import (
     describe_load,
     describe_sampling,
     describe_timings,
+    logprobs_json,
     open_prompt_cache,
     sampling_for,
     stream_answer,
@@ -21,9 +22,11 @@ from runner.commands.output import (
 from runner.engine.answer import FINISH_INTERRUPTED, Result
 from runner.engine.constrain import constraint
 from runner.engine.context import common_prefix
+from runner.engine.logprobs import MAX_TOP
 from runner.engine.prompt import read_prompt, render_prompt
 from runner.engine.template import build_messages
-from runner.limits import check_answer_limits, flash_attn_setting, spec_setting
+from runner.errors import UsageError
+from runner.limits import check_answer_limits, check_range, flash_attn_setting, spec_setting
 from runner.loader import LoadedModel, open_model
 
 
@@ -55,10 +58,15 @@ class RunRequest:
     schema: str | None = None  # --schema: inline JSON or a file
     format: str | None = None  # --format json
     grammar: str | None = None  # --grammar FILE (GBNF)
+    logprobs: int | None = None  # --logprobs N: each answer token's log-probability in --json
 
 
 def run_once(request: RunRequest, *, stdin: BinaryIO | None, out: TextIO) -> Result:
     check_answer_limits(request.max_tokens, request.stop)
+    if request.logprobs is not None:
+        check_range(request.logprobs, "--logprobs", 0, MAX_TOP)
+        if not request.as_json:
+            raise UsageError("--logprobs goes with --json (the log-probabilities are a field of it)")
     flash_attn = flash_attn_setting(request.flash_attn)
     spec = spec_setting(request.spec, request.draft)
     cache = open_prompt_cache(request.prompt_cache, request.prompt_cache_size)
@@ -110,12 +118,16 @@ def run_once(request: RunRequest, *, stdin: BinaryIO | None, out: TextIO) -> Res
                 guide=constrained.guide if constrained else None,
                 prompt_cache=cache,
                 head=head,
+                logprobs=request.logprobs,
             )
             if constrained is not None and answer.result.finish_reason != FINISH_INTERRUPTED:
                 answer = replace(answer, text=constrained.check(answer.text, answer.result.finish_reason))
                 if not request.as_json:
                     out.write(answer.text + "\n")
-            _finish(out, writer, answer, loaded.name, request.as_json)
+            scored = None
+            if request.logprobs is not None:
+                scored = logprobs_json(loaded.engine, answer.result.logprobs)
+            _finish(out, writer, answer, loaded.name, request.as_json, scored)
     finally:
         loaded.close()
     result = answer.result
@@ -153,9 +165,19 @@ def stable_head(
     return common_prefix(probe.tokens, tokens)
 
 
-def _finish(out: TextIO, writer: AnswerWriter, answer: Answer, model: str, as_json: bool) -> None:
+def _finish(
+    out: TextIO,
+    writer: AnswerWriter,
+    answer: Answer,
+    model: str,
+    as_json: bool,
+    scored: list[dict[str, Any]] | None = None,
+) -> None:
     if as_json:
-        out.write(json.dumps(to_json(model, answer), ensure_ascii=False) + "\n")
+        data = to_json(model, answer)
+        if scored is not None:
+            data["logprobs"] = scored
+        out.write(json.dumps(data, ensure_ascii=False) + "\n")
     else:
         writer.end()
     out.flush()

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from runner.engine.logprobs import TokenLogprob
 from runner.engine.promptcache import CacheUse
 from runner.engine.speculate import SpecStats
 
@@ -89,6 +90,8 @@ class Result:
     stop: str | None = None
     error: str | None = None
     index: int = 0  # the job's index (answers of a batch come back in any order)
+    logprobs: tuple[TokenLogprob, ...] = ()  # the answer's tokens' (Job.logprobs), text-less end tokens not
+    prompt_logprobs: tuple[TokenLogprob, ...] = ()  # Job.echo: each prompt token's after the first
 
 
 def since_process_start() -> float:

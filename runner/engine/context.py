@@ -216,12 +216,18 @@ class KVContext:
 
     # -- one sequence ---------------------------------------------------------------------------
 
-    def extend(self, tokens: Sequence[int], seq: int = 0) -> None:
-        """Evaluate tokens after those sequence `seq` holds (at most n_batch)."""
+    def extend(
+        self, tokens: Sequence[int], seq: int = 0, *, logits: bool | str = True, rows_from: int | None = None
+    ) -> None:
+        """Evaluate tokens after those sequence `seq` holds (at most n_batch); logits for the last, for
+        every one ("all"), none (False), or those from index `rows_from` on."""
         held = self.cells[seq]
         self.reserve(len(held) + len(tokens))
         batch = self.batch_for(len(tokens))
-        add_tokens(batch, seq, tokens, len(held), logits=True)
+        add_tokens(batch, seq, tokens, len(held), logits=logits)
+        if rows_from is not None:
+            for row in range(rows_from, len(tokens)):
+                batch.logits[row] = 1
         rc = self.decode(batch, len(tokens))
         if rc == DECODE_ABORTED:  # Ctrl-C: llama.cpp kept the ubatches it finished, dropped the rest
             held.extend(tokens)

@@ -211,10 +211,13 @@ class Engine(KVContext):
         return bytes(llama().llama_vocab_get_text(self._vocab, token) or b"").decode("utf-8", "replace")
 
     @property
+    def bos(self) -> int:
+        """The beginning-of-sequence token (-1: none)."""
+        return int(llama().llama_vocab_bos(self._vocab))
+
+    @property
     def bos_text(self) -> str:
-        lib = llama()
-        bos = lib.llama_vocab_bos(self._vocab)
-        return self.token_text(bos) if bos >= 0 else ""
+        return self.token_text(self.bos) if self.bos >= 0 else ""
 
     @property
     def eos_text(self) -> str:
@@ -319,6 +322,7 @@ class Engine(KVContext):
         in_reasoning: bool = False,
         on_token: Callable[[int], None] | None = None,
         ignore_end: bool = False,
+        logprobs: int | None = None,
     ) -> Iterator[Chunk]:
         """One answer as text pieces (kind "answer" or "reasoning", split by the template's `reasoning`
         style: "think" or "channels"), UTF-8 safe, stop strings held back until they cannot match; the
@@ -327,7 +331,8 @@ class Engine(KVContext):
         Ctrl-C (runner.interrupt) ends it within one token, or mid-prefill, with finish_reason
         "interrupted": what was generated is kept, and the interrupt counts as reported (the flag is
         cleared). `grammar` (GBNF, root rule "root") or `guide` (an llguidance grammar: a JSON
-        Schema's) constrains every token (runner.engine.constrain).
+        Schema's) constrains every token (runner.engine.constrain). `logprobs`: each answer token's
+        log-probability and this many alternatives, in the Result (runner.engine.logprobs).
         `prompt_cache`: the prefix store's disk tier: the longest stored head of the prompt is loaded
         from it; where none is and the prompt's stable `head` tokens are at least MIN_HEAD, they are
         evaluated and stored first.
@@ -348,6 +353,7 @@ class Engine(KVContext):
             head=head if prompt_cache is not None else 0,
             on_token=on_token,
             ignore_end=ignore_end,
+            logprobs=logprobs,
         )
         with interrupt.deferred():
             yield from self._stream(job, prompt_cache)

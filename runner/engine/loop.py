@@ -24,7 +24,8 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
-from runner.engine.answer import FINISH_ERROR, FINISH_INTERRUPTED, Result
+from runner.engine import logprobs
+from runner.engine.answer import FINISH_ERROR, FINISH_INTERRUPTED, FINISH_LENGTH, Result
 from runner.engine.context import Interrupted, add_tokens, common_prefix
 from runner.engine.llamacpp import llama
 from runner.engine.prefix import Found, PrefixStore, Sequences, copy_sequence
@@ -44,6 +45,7 @@ class Decoder(Sequences, Protocol):
 
     threads: Threads
     n_seq: int
+    n_vocab: int
     n_batch: int
     load_s: float
     speculation: Speculation | None
@@ -55,6 +57,10 @@ class Decoder(Sequences, Protocol):
     def too_long(self, n: int, max_tokens: int | None = None) -> PromptTooLong | None: ...
 
     def prefill(self, tokens: Sequence[int], seq: int = 0) -> int: ...
+
+    def extend(
+        self, tokens: Sequence[int], seq: int = 0, *, logits: bool | str = True, rows_from: int | None = None
+    ) -> None: ...
 
     def keep_head(self, tokens: Sequence[int], seq: int = 0) -> int: ...
 
@@ -196,7 +202,7 @@ class Loop:
         while self.queue and self.free:
             job = self.queue[0]
             seq, keep, found = self._place(job)
-            if self.parallel == 1 or len(job.tokens) - keep > room:
+            if self.parallel == 1 or job.echo or len(job.tokens) - keep > room:
                 if started or self.active:
                     break  # the batch is full: next step
                 self.queue.popleft()
@@ -269,13 +275,23 @@ class Loop:
         where the guide refused the token (the answer has ended, its error said)."""
         guide = slot.guide
         if guide is None:
-            return int(self.lib.llama_sampler_sample(slot.sampler, self.engine.ctx, row))
+            token = int(self.lib.llama_sampler_sample(slot.sampler, self.engine.ctx, row))
+            if slot.job.logprobs is not None:
+                slot.scored = self._score(slot, row, token)
+            return token
         guide.mask(self.lib.llama_get_logits_ith(self.engine.ctx, row))
         token = int(self.lib.llama_sampler_sample(slot.sampler, self.engine.ctx, row))
+        if slot.job.logprobs is not None:
+            slot.scored = self._score(slot, row, token)
         if guide.take(token):
             return token
         self._finish(slot, FINISH_ERROR, error=f"the schema's constraint failed: {guide.error}")
         return -1
+
+    def _score(self, slot: Slot, row: int, token: int) -> logprobs.TokenLogprob:
+        """The sampled token's log-probability and the job's alternatives, from the row it came from."""
+        n_top = slot.job.logprobs or 0
+        return logprobs.read(logprobs.row(self.engine.ctx, row, self.engine.n_vocab), token, n_top)
 
     def _drop_tail(self, slot: Slot, held: list[int]) -> None:
         """The rejected drafts out of the sequence's cells."""
@@ -354,7 +370,7 @@ class Loop:
     def _place(self, job: Job) -> tuple[int, int, Found | None]:
         """Where the job goes: the free sequence holding the longest head of its prompt (else the one
         unused longest), how many of its cells stay, and a longer head to copy or restore instead."""
-        if not self.reuse:
+        if not self.reuse or job.echo:  # echo: the prompt evaluated whole, logits at every position
             return min(self.free, key=lambda s: self.used[s]), 0, None
         most = len(job.tokens) - 1  # at least one token evaluated: its logits give the first token
         seq = max(
@@ -405,9 +421,9 @@ class Loop:
             copy_sequence(engine, found.source, seq)
         elif found is not None and self.store is not None:
             use = self.store.load(engine, job.tokens, found, seq)
-        if self.reuse:
+        if self.reuse and not job.echo:
             keep = engine.keep_head(job.tokens, seq)
-        else:  # every prompt evaluated whole (what prefix reuse saves, measured)
+        else:  # every prompt evaluated whole (what prefix reuse saves, measured; echo's scores)
             engine.forget(seq)
             keep = 0
         self.used[seq] = time.perf_counter()
@@ -418,7 +434,12 @@ class Loop:
         if slot.speculator is not None:
             slot.history = list(job.tokens)
         head = job.tokens[: job.head]
-        if self.store is not None and keep < len(head) < len(job.tokens) and self.store.wants(engine, head):
+        if (
+            self.store is not None
+            and not job.echo
+            and keep < len(head) < len(job.tokens)
+            and self.store.wants(engine, head)
+        ):
             try:
                 engine.prefill(head, seq)
             except Interrupted:
@@ -444,7 +465,10 @@ class Loop:
         if slot is None:
             return
         try:
-            self.engine.prefill(job.tokens, seq)
+            if job.echo:
+                slot.prompt_logprobs = logprobs.score_prompt(self.engine, job.tokens, seq, job.logprobs or 0)
+            else:
+                self.engine.prefill(job.tokens, seq)
         except Interrupted:
             self._interrupted(slot)
             return
@@ -454,6 +478,10 @@ class Loop:
             raise
         slot.pos = len(self.cells[seq])
         self.stats.steps += 1
+        if job.max_tokens == 0:  # echo's prompt scores alone (an evaluation harness's log-likelihood)
+            self._finish(slot, FINISH_LENGTH)
+            self.free.append(seq)
+            return
         token = self._sample(slot, -1)
         if token >= 0 and self._take(slot, token):
             self.active.append(slot)

@@ -22,6 +22,7 @@ from runner.engine.answer import (
     TextAssembler,
     Timings,
 )
+from runner.engine.logprobs import TokenLogprob
 from runner.engine.promptcache import CacheUse
 from runner.engine.reasoning import ANSWER, Splitter
 from runner.engine.sampling import SamplingConfig
@@ -52,8 +53,11 @@ class Job:
     in_reasoning: bool = False  # the template opened a <think> block: the answer starts in it
     head: int = 0  # the prompt's stable head: kept in the prefix store's disk tier (run, chat)
     ignore_end: bool = False  # end-of-generation tokens are tokens like any (benchmarks' tg128)
+    logprobs: int | None = None  # each answer token's log-probability, with this many alternatives
+    echo: bool = False  # the prompt's own log-probabilities: evaluated whole, logits at every position
     on_piece: Callable[[str, str], None] | None = None  # (kind, text) as they come, in the loop's thread
     on_token: Callable[[int], None] | None = None  # every token sampled, end-of-generation included
+    on_logprobs: Callable[[list[TokenLogprob]], None] | None = None  # before the answer piece they made
     arrived: float | None = None  # perf_counter when it was asked (the server: TTFT counts the wait)
     cancelled: bool = False  # set from any thread (a client went away): ended at the next step
 
@@ -86,6 +90,10 @@ class Slot:
     verify_s: tuple[float, float] = (0.0, 0.0)  # this step's verify: (its share, drafting), seconds
     context_full: bool = False
     threads_mark: Any = None  # the thread counts' record as it began (Threads.mark), for its timings
+    scored: TokenLogprob | None = None  # the token just sampled, scored (job.logprobs), not yet taken
+    scored_held: list[TokenLogprob] = field(default_factory=list)  # taken, their text not yet out
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # the answer's tokens', in order
+    prompt_logprobs: list[TokenLogprob] = field(default_factory=list)  # job.echo: the prompt's
     text: TextAssembler = field(init=False)
     splitter: Splitter = field(init=False)
     parts: dict[str, list[str]] = field(default_factory=lambda: {"answer": [], "reasoning": []})
@@ -102,10 +110,13 @@ class Slot:
         job = self.job
         if job.on_token is not None:
             job.on_token(token)
+        scored, self.scored = self.scored, None
         if not job.ignore_end and vocab.is_end(token):
             return FINISH_STOP
         self.n_out += 1
         self.history.append(token)
+        if scored is not None:
+            self.scored_held.append(scored)
         text, stopped = self.text.push(vocab.token_bytes(token, special=job.special))
         self.emit(text)
         if stopped:
@@ -125,8 +136,20 @@ class Slot:
         on_piece = self.job.on_piece
         for kind, part in parts:
             self.parts[kind].append(part)
+            if self.scored_held:
+                self._scored_out(kind)
             if on_piece is not None:
                 on_piece(kind, part)
+
+    def _scored_out(self, kind: str) -> None:
+        """The scored tokens whose text is coming out, with the answer's (a reasoning's are not
+        listed: OpenAI's logprobs are the content's)."""
+        scored, self.scored_held = self.scored_held, []
+        if kind != ANSWER:
+            return
+        self.logprobs += scored
+        if self.job.on_logprobs is not None:
+            self.job.on_logprobs(scored)
 
     def result(self, reason: str, *, flush: bool, extra: dict[str, Any], error: str | None = None) -> Result:
         """The answer as it ends: what is held back written out (unless `flush` is off: a client that
@@ -135,6 +158,8 @@ class Slot:
             self.emit(self.text.flush(), final=True)
         elif flush:
             self.emit("", final=True)
+        if self.scored_held and not self.text.stopped:  # tokens of no text (a stop string's: dropped)
+            self._scored_out(ANSWER)
         now = time.perf_counter()
         first = self.first_at or now
         began = self.job.arrived or self.start
@@ -159,6 +184,8 @@ class Slot:
             stop=self.text.matched if reason == FINISH_STOP else None,
             error=error,
             index=self.job.index,
+            logprobs=tuple(self.logprobs),
+            prompt_logprobs=tuple(self.prompt_logprobs),
         )
 
 

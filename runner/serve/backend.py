@@ -33,6 +33,21 @@ class Ask:
     tools: list[dict[str, Any]] | None = None  # OpenAI-shaped tool definitions, rendered by the template
     tool_choice: str | dict[str, Any] | None = None  # "auto" | "none" | "required" | {"function": {"name"}}
     keep_alive: float | None = None  # seconds the model stays loaded once idle (<0: for ever; None: as is)
+    logprobs: int | None = None  # each answer token's log-probability, with this many alternatives (0-20)
+    echo: bool = False  # the prompt's own tokens scored too (Outcome.prompt_logprobs; completions)
+
+
+@dataclass(frozen=True)
+class Scored:
+    """A token's log-probability as the APIs show it: its text (a split UTF-8 character's bytes
+    replaced), its bytes, and the most likely tokens at its position (`top`, best first). `logprob`
+    None: the prompt's first token, which nothing predicted."""
+
+    id: int
+    token: str
+    bytes: bytes
+    logprob: float | None
+    top: tuple[Scored, ...] = ()
 
 
 @dataclass
@@ -57,6 +72,8 @@ class Outcome:
     threads: int = 0  # the decode threads most of its tokens ran on (runner.engine.threads)
     thread_changes: int = 0  # how often that count changed while it ran
     context_full: bool = False
+    logprobs: list[Scored] = field(default_factory=list)  # Ask.logprobs: the answer's tokens'
+    prompt_logprobs: list[Scored] = field(default_factory=list)  # Ask.echo: every prompt token's
 
     def take(self, result: Result) -> None:
         """The engine's Result, field by field (in the model's thread, before the outcome is read)."""
@@ -133,14 +150,16 @@ class QueueFull(RunnerError):
 
 class Generation(Protocol):
     """One answer in progress. `async for kind, text in generation` yields its parts as they come
-    (kind "answer" or "reasoning"); then `outcome` says how it ended. `cancel()` (the client went
+    (kind "answer" or "reasoning"; "logprobs", a list of Scored, before the answer part those tokens
+    made, where the Ask asked and the answer is not held for tool calls); then `outcome` says how it
+    ended. `cancel()` (the client went
     away) frees its sequence at the engine's next step; iteration then ends with finish_reason
     "interrupted". The server stopping ends it the same way."""
 
     prompt_tokens: int  # known once submit() returned: the prompt fits
     outcome: Outcome  # complete once iteration ended
 
-    def __aiter__(self) -> AsyncIterator[tuple[str, str]]: ...
+    def __aiter__(self) -> AsyncIterator[tuple[str, Any]]: ...
 
     def cancel(self) -> None: ...
 

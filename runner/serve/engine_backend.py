@@ -16,7 +16,7 @@ import itertools
 import json
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +29,7 @@ from runner.engine.constrain import (
     json_guide,
     schema_guide_of,
 )
+from runner.engine.logprobs import TokenLogprob
 from runner.engine.loop import Loop
 from runner.engine.prefix import PrefixStore, StateCache
 from runner.engine.prompt import Prompt, render_prompt
@@ -40,7 +41,7 @@ from runner.engine.template import TEMPLATE_KEY, Message
 from runner.engine.tools import forced_call_schema, parse_tool_calls, tools_as_system
 from runner.errors import InvalidSetting, RunnerError
 from runner.loader import LoadedModel
-from runner.serve.backend import Ask, BadField, ModelInfo, Outcome, QueueFull, TooLong
+from runner.serve.backend import Ask, BadField, ModelInfo, Outcome, QueueFull, Scored, TooLong
 from runner.serve.embed_queue import EmbedQueue, EmbedRequest
 
 
@@ -77,11 +78,12 @@ class _Generation:
         self.invalid: str | None = None  # how a finished JSON answer failed its check
         self.prompt_tokens = 0
         self.outcome = Outcome()
+        self.scored: Callable[[Sequence[Any]], list[Scored]] = lambda entries: []
 
-    def __aiter__(self) -> AsyncIterator[tuple[str, str]]:
+    def __aiter__(self) -> AsyncIterator[tuple[str, Any]]:
         return self._iterate()
 
-    async def _iterate(self) -> AsyncIterator[tuple[str, str]]:
+    async def _iterate(self) -> AsyncIterator[tuple[str, Any]]:
         while (item := await self._queue.get()) is not None:
             yield item
         if self.invalid is not None:  # said in the API's shape, never passed on as a finished answer
@@ -95,7 +97,7 @@ class _Generation:
     async def wait(self) -> None:
         await self._ended.wait()
 
-    def arrive(self, item: tuple[str, str] | None) -> None:
+    def arrive(self, item: tuple[str, Any] | None) -> None:
         """An item from the model's thread, on the event loop's."""
         self._queue.put_nowait(item)
         if item is None:
@@ -108,9 +110,18 @@ class _Generation:
         if not (self._hold and kind == ANSWER):
             self._put((kind, text))
 
+    def logprobs(self, entries: list[TokenLogprob]) -> None:
+        """Scored tokens, just before the answer piece they made (the loop's on_logprobs)."""
+        if not self._hold:
+            self._put(("logprobs", self.scored(entries)))
+
     def done(self, result: Result) -> None:
         o = self.outcome
         o.take(result)
+        o.logprobs = self.scored(result.logprobs)
+        if result.prompt_logprobs or self.job is not None and self.job.echo:
+            first = self.job.tokens[:1] if self.job is not None else []
+            o.prompt_logprobs = self.scored(first) + self.scored(result.prompt_logprobs)
         if self.json and result.error is None and result.finish_reason == FINISH_STOP:
             self.invalid = answer_mismatch(o.text.strip(), self.schema)
             if self.invalid is not None:
@@ -124,7 +135,7 @@ class _Generation:
             self._put(("answer", o.text))
         self._put(None)
 
-    def _put(self, item: tuple[str, str] | None) -> None:
+    def _put(self, item: tuple[str, Any] | None) -> None:
         self._post(self, item)
 
 
@@ -333,6 +344,7 @@ class ModelThread:
             return
         index = next(self._ids)
         generation.prompt_tokens = len(prompt.tokens)
+        generation.scored = self._scored
         generation.job = Job(
             index,
             prompt.tokens,
@@ -346,6 +358,9 @@ class ModelThread:
             in_reasoning=prompt.opens_reasoning,
             on_piece=generation.piece,
             arrived=request.arrived,
+            logprobs=ask.logprobs,
+            echo=ask.echo,
+            on_logprobs=generation.logprobs if ask.logprobs is not None else None,
         )
         self._jobs[index] = generation
         self._loop.add(generation.job)
@@ -400,6 +415,20 @@ class ModelThread:
             messages = tools_as_system(messages, tools)  # the template would not show them
             tools = None
         return render_prompt(engine, header, messages, enable_thinking=ask.think, quiet=True, tools=tools)
+
+    def _scored(self, entries: Sequence[TokenLogprob | int]) -> list[Scored]:
+        """Scored tokens as the APIs show them (a bare id: the prompt's first token, unscored)."""
+        out = []
+        for e in entries:
+            out.append(self._token(e) if isinstance(e, int) else self._token(e.token, e.logprob, e.top))
+        return out
+
+    def _token(
+        self, token: int, logprob: float | None = None, top: Sequence[tuple[int, float]] = ()
+    ) -> Scored:
+        data = self.engine.token_bytes(token)
+        alternatives = tuple(self._token(t, lp) for t, lp in top)
+        return Scored(token, data.decode("utf-8", errors="replace"), data, logprob, alternatives)
 
     def _done(self, result: Result) -> None:
         generation = self._jobs.pop(result.index)

@@ -3,10 +3,11 @@ the field, said as Ollama says errors)."""
 
 from __future__ import annotations
 
-from typing import Any, Literal, Optional
+from typing import Annotated, Any, Literal, Optional
 
 from pydantic import Field, StrictBool, StrictInt, StrictStr, ValidationInfo, field_validator
 
+from runner.engine.logprobs import MAX_TOP as TOP_LOGPROBS
 from runner.errors import InvalidSetting
 from runner.limits import parse_duration
 from runner.serve.shared.embeddings import texts_of
@@ -68,6 +69,13 @@ class Base(Loose):
     format: Any = None
     think: Any = None
     keep_alive: Any = None  # seconds or "5m": how long the model stays loaded once idle (0: unload now)
+    logprobs: Optional[StrictBool] = None
+    top_logprobs: Annotated[Optional[StrictInt], Field(ge=0, le=TOP_LOGPROBS)] = None
+
+    @property
+    def n_logprobs(self) -> int | None:
+        """Ask.logprobs: as Ollama reads them, top_logprobs counts only with logprobs: true."""
+        return (self.top_logprobs or 0) if self.logprobs else None
 
     @field_validator("keep_alive")
     @classmethod

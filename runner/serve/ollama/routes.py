@@ -66,7 +66,8 @@ class Ollama:
         if req.stream is not False:  # Ollama streams unless told not to
             return EventStream(serving.lines(request, generation, model, chat=chat, raw=raw), NDJSON)
         (outcome,) = await collect(request, [generation])
-        return JSONResponse(serving.whole(model, outcome, chat=chat, raw=raw))
+        asked = ask.logprobs is not None
+        return JSONResponse(serving.whole(model, outcome, chat=chat, raw=raw, asked=asked))
 
     def _loaded(self, model: str, empty: dict[str, Any]) -> dict[str, Any]:
         return {"model": model, "created_at": serving.now(), **empty, "done": True, "done_reason": "load"}

@@ -11,7 +11,7 @@ from typing import Any
 
 from starlette.requests import Request
 
-from runner.serve.backend import Ask, Backend, Generation, ModelInfo, Outcome
+from runner.serve.backend import Ask, Backend, Generation, ModelInfo, Outcome, Scored
 from runner.serve.ollama import errors
 from runner.serve.ollama.protocol import Base, Message, Options
 from runner.serve.shared.answers import Drained, streamed
@@ -48,6 +48,7 @@ def ask_of(req: Base, backend: Backend, model: str, **fields: Any) -> Ask:
         json_object=req.format == "json",
         think=req.think,
         keep_alive=req.keep_alive,
+        logprobs=req.n_logprobs,
         **fields,
     )
 
@@ -115,8 +116,19 @@ def chat_message(text: str, thinking: str = "", calls: list[dict[str, Any]] | No
     return message
 
 
-def whole(model: str, outcome: Outcome, *, chat: bool, raw: bool) -> dict[str, Any]:
-    head = {"model": model, "created_at": now()}
+def logprobs(scored: list[Scored]) -> list[dict[str, Any]]:
+    """Ollama's logprobs: each token's text, log-probability and bytes, with its alternatives."""
+
+    def token(s: Scored) -> dict[str, Any]:
+        return {"token": s.token, "logprob": s.logprob, "bytes": list(s.bytes)}
+
+    return [{**token(s), "top_logprobs": [token(t) for t in s.top]} for s in scored]
+
+
+def whole(model: str, outcome: Outcome, *, chat: bool, raw: bool, asked: bool = False) -> dict[str, Any]:
+    head: dict[str, Any] = {"model": model, "created_at": now()}
+    if asked:
+        head["logprobs"] = logprobs(outcome.logprobs)
     if chat:
         return {
             **head,
@@ -145,8 +157,14 @@ def lines(
 
     async def chunks(answers: list[Drained]) -> AsyncGenerator[str, None]:
         (answer,) = answers
+        held: list[Scored] = []  # scored tokens, on the line of the text they made
         async for kind, text in answer:
-            yield line(**piece(kind, text), done=False)
+            if kind == "logprobs":
+                held += text
+                continue
+            scored = {"logprobs": logprobs(held)} if held else {}
+            held = []
+            yield line(**piece(kind, text), **scored, done=False)
         outcome = answer.outcome
         if chat and outcome.tool_calls:
             yield line(message=chat_message("", calls=tool_calls(outcome)), done=False)

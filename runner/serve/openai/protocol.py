@@ -4,9 +4,9 @@ is the backend's."""
 
 from __future__ import annotations
 
-from typing import Any, Literal, Optional
+from typing import Annotated, Any, Literal, Optional
 
-from pydantic import Field, StrictBool, StrictInt, StrictStr, ValidationInfo, field_validator
+from pydantic import Field, StrictBool, StrictInt, StrictStr, ValidationInfo, field_validator, model_validator
 
 from runner.serve.shared.fields import (
     CallFunction,
@@ -22,10 +22,13 @@ from runner.serve.shared.fields import (
     TopP,
     stops,
 )
+from runner.serve.shared.http import ApiError
 from runner.serve.shared.translate import joined_text, shown
 
 N_MAX = 16  # answers to one request: each takes a sequence of its own, at most --parallel of them
 STOP_LIMIT = 4  # OpenAI's own bound on `stop`: a request that works there works here
+TOP_LOGPROBS = 20  # alternatives per token: OpenAI's bound (runner.engine.logprobs.MAX_TOP)
+TopLogprobs = Annotated[Optional[StrictInt], Field(ge=0, le=TOP_LOGPROBS)]
 
 
 class StreamOptions(Loose):
@@ -59,6 +62,11 @@ class Knobs(Loose):
     n: Optional[StrictInt] = None
     logit_bias: Optional[dict[str, Any]] = None
     response_format: Optional[ResponseFormat] = None
+
+    @property
+    def n_logprobs(self) -> int | None:
+        """Ask.logprobs: None unless asked; else the alternatives to list with each token."""
+        return None
 
     @field_validator("stop")
     @classmethod
@@ -118,14 +126,25 @@ class ChatRequest(Knobs):
     tools: Optional[list[ToolDef]] = None
     tool_choice: Any = None
     logprobs: Optional[StrictBool] = None
+    top_logprobs: TopLogprobs = None
     chat_template_kwargs: Optional[dict[str, Any]] = None
 
-    @field_validator("logprobs")
-    @classmethod
-    def _logprobs(cls, value: bool | None) -> bool | None:
-        if value:
-            raise ValueError("not supported")
-        return value
+    @model_validator(mode="after")
+    def _logprobs(self) -> ChatRequest:
+        if self.top_logprobs is not None and not self.logprobs:
+            raise ApiError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
+        if self.logprobs and self.stream and self.tools and self.tool_choice != "none":
+            raise ApiError(
+                400,
+                "logprobs with tools are served whole, not streamed (the answer may be a call)",
+                param="logprobs",
+            )
+        return self
+
+    @property
+    def n_logprobs(self) -> int | None:
+        """Ask.logprobs: None unless asked; the alternatives to list with each token."""
+        return (self.top_logprobs or 0) if self.logprobs else None
 
 
 class CompletionRequest(Knobs):
@@ -133,7 +152,23 @@ class CompletionRequest(Knobs):
     echo: Optional[StrictBool] = None
     suffix: Optional[StrictStr] = None
     best_of: Optional[StrictInt] = None
-    logprobs: Optional[StrictInt] = None
+    logprobs: TopLogprobs = None
+    # 0 with echo: the prompt scored, nothing generated (evaluation harnesses' log-likelihood)
+    max_tokens: Annotated[Optional[StrictInt], Field(ge=0, le=2**31 - 1)] = None
+
+    @model_validator(mode="after")
+    def _echo(self) -> CompletionRequest:
+        if self.max_tokens == 0 and not self.echo:
+            raise ApiError(400, "max_tokens must be at least 1 (0 only with echo)", param="max_tokens")
+        if self.echo and self.stream:
+            raise ApiError(400, "echo is served whole, not streamed", param="echo")
+        if self.echo and (self.n or 1) > 1:
+            raise ApiError(400, "echo is served with n=1", param="echo")
+        return self
+
+    @property
+    def n_logprobs(self) -> int | None:
+        return self.logprobs
 
     @field_validator("prompt")
     @classmethod
@@ -144,7 +179,7 @@ class CompletionRequest(Knobs):
             raise ValueError("must be a string (or a list of one string)")
         return value
 
-    @field_validator("echo", "suffix", "best_of", "logprobs")
+    @field_validator("suffix", "best_of")
     @classmethod
     def _unserved(cls, value: Any, info: ValidationInfo) -> Any:
         if value and not (info.field_name == "best_of" and value == 1):

@@ -43,7 +43,7 @@ class OpenAI:
     async def completions(self, request: Request) -> Response:
         req = CompletionRequest.model_validate(await read_json(request, self.max_body))
         model = resolve_model(self.backend, req.model)
-        ask = serving.ask_of(req, model, prompt=req.prompt)
+        ask = serving.ask_of(req, model, prompt=req.prompt, echo=bool(req.echo))
         head = {
             "id": new_id("cmpl-"),
             "object": "text_completion",
@@ -62,8 +62,11 @@ class OpenAI:
             chunks = serving.events(request, generations, head, chat=chat, include_usage=include_usage)
             return EventStream(chunks, "text/event-stream")
         outcomes = await collect(request, generations)
-        answer = serving.chat_answer(head, outcomes) if chat else serving.text_answer(head, outcomes)
-        return JSONResponse(answer)
+        asked = ask.logprobs is not None
+        if chat:
+            return JSONResponse(serving.chat_answer(head, outcomes, asked_logprobs=asked))
+        prompt = (ask.prompt or "") if ask.echo else ""
+        return JSONResponse(serving.text_answer(head, outcomes, asked_logprobs=asked, prompt=prompt))
 
     async def _submit(self, ask: Ask, n: int, param: str) -> list[Generation]:
         """n answers, each in a sequence of its own (a seed given: seed, seed + 1, …, so they differ)."""

@@ -10,7 +10,7 @@ from typing import Any
 
 from starlette.requests import Request
 
-from runner.serve.backend import Ask, Generation, Outcome
+from runner.serve.backend import Ask, Generation, Outcome, Scored
 from runner.serve.openai import errors
 from runner.serve.openai.protocol import ChatMessage, ChatRequest, Knobs, ResponseFormat
 from runner.serve.shared.answers import Drained, sse, streamed
@@ -37,10 +37,11 @@ def ask_of(req: Knobs, model: str, **fields: Any) -> Ask:
     return Ask(
         model=model,
         sampling=knobs,
-        max_tokens=req.max_completion_tokens or req.max_tokens,
+        max_tokens=req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens,
         stop=req.stop or (),
         json_schema=json_schema,
         json_object=json_object,
+        logprobs=req.n_logprobs,
         **fields,
     )
 
@@ -148,7 +149,9 @@ def finish_reason(outcome: Outcome) -> str:
     return "tool_calls" if outcome.tool_calls else outcome.finish_reason
 
 
-def chat_answer(head: dict[str, Any], outcomes: list[Outcome]) -> dict[str, Any]:
+def chat_answer(
+    head: dict[str, Any], outcomes: list[Outcome], *, asked_logprobs: bool = False
+) -> dict[str, Any]:
     choices = []
     for index, outcome in enumerate(outcomes):
         message: dict[str, Any] = {"role": "assistant", "content": outcome.text}
@@ -158,18 +161,59 @@ def chat_answer(head: dict[str, Any], outcomes: list[Outcome]) -> dict[str, Any]
             message["content"] = outcome.text or None
             message["tool_calls"] = tool_calls(outcome)
         choices.append(
-            {"index": index, "message": message, "logprobs": None, "finish_reason": finish_reason(outcome)}
+            {
+                "index": index,
+                "message": message,
+                "logprobs": chat_logprobs(outcome.logprobs) if asked_logprobs else None,
+                "finish_reason": finish_reason(outcome),
+            }
         )
     return {**head, "object": "chat.completion", "choices": choices, **_tail(outcomes)}
 
 
-def text_answer(head: dict[str, Any], outcomes: list[Outcome]) -> dict[str, Any]:
-    choices = [
-        # no template, no channels: the text as the model wrote it
-        {"text": o.reasoning + o.text, "index": i, "logprobs": None, "finish_reason": o.finish_reason}
-        for i, o in enumerate(outcomes)
-    ]
+def text_answer(
+    head: dict[str, Any], outcomes: list[Outcome], *, asked_logprobs: bool = False, prompt: str = ""
+) -> dict[str, Any]:
+    """text_completion; `prompt`: echo's, written before the answer (and its tokens scored first)."""
+    choices = []
+    for i, o in enumerate(outcomes):
+        text = o.reasoning + o.text  # no template, no channels: the text as the model wrote it
+        scored = [*o.prompt_logprobs, *o.logprobs]
+        choices.append(
+            {
+                "text": prompt + text,
+                "index": i,
+                "logprobs": text_logprobs(scored) if asked_logprobs else None,
+                "finish_reason": o.finish_reason,
+            }
+        )
     return {**head, "choices": choices, **_tail(outcomes)}
+
+
+def _token(s: Scored) -> dict[str, Any]:
+    return {"id": s.id, "token": s.token, "bytes": list(s.bytes), "logprob": s.logprob}
+
+
+def chat_logprobs(scored: list[Scored]) -> dict[str, Any]:
+    """Chat's logprobs: each token with its alternatives (`id` is llama-server's addition)."""
+    content = [{**_token(s), "top_logprobs": [_token(t) for t in s.top]} for s in scored]
+    return {"content": content, "refusal": None}
+
+
+def text_logprobs(scored: list[Scored], offset: int = 0) -> dict[str, Any]:
+    """Completions' (legacy) logprobs: tokens, their logprobs (null for a prompt's first token,
+    which nothing predicted), each position's alternatives as {token: logprob}, and where each token
+    starts in the text (`offset`: the text before these tokens, streamed)."""
+    offsets = []
+    for s in scored:
+        offsets.append(offset)
+        offset += len(s.token)
+    return {
+        "tokens": [s.token for s in scored],
+        "token_logprobs": [s.logprob for s in scored],
+        "top_logprobs": [None if s.logprob is None else {t.token: t.logprob for t in s.top} for s in scored],
+        "text_offset": offsets,
+    }
 
 
 def _tail(outcomes: list[Outcome]) -> dict[str, Any]:
@@ -186,10 +230,21 @@ def events(
     include_usage: bool,
 ) -> AsyncGenerator[str, None]:
     """Answers as Server-Sent Events: a role delta (chat), a delta per part, the finish reason and
-    timings, the usage when asked, then [DONE]; n answers interleaved, each chunk naming its index."""
+    timings, the usage when asked, then [DONE]; n answers interleaved, each chunk naming its index.
+    Asked for, the tokens' logprobs ride on the chunk of the text they made."""
+    held: dict[int, list[Scored]] = {}  # scored tokens, until the chunk of their text
+    offsets: dict[int, int] = {}  # completions: the text streamed so far, for text_offset
 
     def chunk(index: int, choice: dict[str, Any], **extra: Any) -> str:
-        return sse({**head, "choices": [{"index": index, "logprobs": None, **choice}], **extra})
+        scored = held.pop(index, None)
+        logprobs = None
+        if scored is not None and chat:
+            logprobs = chat_logprobs(scored)
+        elif scored is not None:
+            logprobs = text_logprobs(scored, offsets.get(index, 0))
+        if not chat:
+            offsets[index] = offsets.get(index, 0) + len(choice.get("text", ""))
+        return sse({**head, "choices": [{"index": index, "logprobs": logprobs, **choice}], **extra})
 
     def piece(text: str, reasoning: bool = False) -> dict[str, Any]:
         if not chat:
@@ -197,7 +252,7 @@ def events(
         return {"delta": {"reasoning_content" if reasoning else "content": text}, "finish_reason": None}
 
     async def chunks(answers: list[Drained]) -> AsyncGenerator[str, None]:
-        parts: asyncio.Queue[tuple[int, str | None, str]] = asyncio.Queue()
+        parts: asyncio.Queue[tuple[int, str | None, Any]] = asyncio.Queue()
 
         async def pump(index: int, answer: Drained) -> None:
             try:
@@ -214,6 +269,9 @@ def events(
             running = len(answers)
             while running:
                 index, kind, text = await parts.get()
+                if kind == "logprobs":
+                    held.setdefault(index, []).extend(text)
+                    continue
                 if kind is not None:
                     yield chunk(index, piece(text, kind == "reasoning"))
                     continue

@@ -95,10 +95,10 @@ class Drained:
     def outcome(self) -> Outcome:
         return self.generation.outcome
 
-    def __aiter__(self) -> AsyncIterator[tuple[str, str]]:
+    def __aiter__(self) -> AsyncIterator[tuple[str, Any]]:
         return self._parts()
 
-    async def _parts(self) -> AsyncIterator[tuple[str, str]]:
+    async def _parts(self) -> AsyncIterator[tuple[str, Any]]:
         async for part in self.generation:
             yield part
         self.ran_out = True

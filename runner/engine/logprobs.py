@@ -1,0 +1,110 @@
+"""Token log-probabilities from a row of logits: the sampled token's and the most likely ones', as
+llama-server computes them (a softmax over the whole vocabulary of the row the sampler read, before
+temperature and the other samplers; after a schema's mask, which set the refused tokens to -inf).
+
+Only the sequences that ask pay for it (runner.engine.loop reads a row for those alone); the prompt's
+own log-probabilities (`echo`) come from an evaluation with logits at every position, in chunks of
+at most ROWS rows so llama.cpp's output buffer stays within ROWS rows of logits (runner.memory counts
+it for a server).
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+MAX_TOP = 20  # the most alternatives a token may list (OpenAI's top_logprobs limit)
+ROWS = 64  # the most rows of logits one evaluation of a scored prompt asks for
+FLOOR = -3.4028234663852886e38  # a probability of 0: float's lowest, not -inf (JSON has no -inf)
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """One token's log-probability, with the `top` most likely tokens at its position (best first)."""
+
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
+def row(ctx: Any, index: int, n_vocab: int) -> Any:
+    """Batch row `index`'s logits (-1: the last) as a numpy array over llama.cpp's own buffer."""
+    import numpy as np
+
+    from runner.engine.llamacpp import llama
+
+    pointer = llama().llama_get_logits_ith(ctx, index)
+    return np.ctypeslib.as_array(ctypes.cast(pointer, ctypes.POINTER(ctypes.c_float)), shape=(n_vocab,))
+
+
+def log_softmax(logits: Any) -> Any:
+    """The row's log-probabilities, in float64 (float32 softmax sums lose the tail's mass)."""
+    import numpy as np
+
+    top = float(logits.max())
+    shifted = logits.astype(np.float64) - top
+    return shifted - np.log(np.exp(shifted).sum())
+
+
+def read(logits: Any, token: int, n_top: int) -> TokenLogprob:
+    """`token`'s log-probability in this row of logits and the row's `n_top` most likely tokens."""
+    import numpy as np
+
+    logp = log_softmax(logits)
+    best: tuple[tuple[int, float], ...] = ()
+    if n_top > 0:
+        ids = np.argpartition(logits, -n_top)[-n_top:]
+        ids = ids[np.lexsort((ids, -logits[ids]))]  # most likely first, ties by id
+        best = tuple((int(i), _finite(logp[i])) for i in ids)
+    return TokenLogprob(int(token), _finite(logp[token]), best)
+
+
+def _finite(value: float) -> float:
+    return float(value) if value > FLOOR else FLOOR
+
+
+def rows(ctx: Any, n: int, n_vocab: int) -> Any:
+    """The last evaluation's n rows of logits (every output it asked for), as an (n, n_vocab) array."""
+    import numpy as np
+
+    from runner.engine.llamacpp import llama
+
+    pointer = llama().llama_get_logits(ctx)
+    flat = ctypes.cast(pointer, ctypes.POINTER(ctypes.c_float))
+    return np.ctypeslib.as_array(flat, shape=(n * n_vocab,)).reshape(n, n_vocab)
+
+
+class Scoring(Protocol):
+    """What scoring a prompt needs of an engine (runner.engine.engine.Engine is one)."""
+
+    n_vocab: int
+
+    @property
+    def ctx(self) -> Any: ...
+
+    def forget(self, seq: int) -> None: ...
+
+    def reserve(self, tokens: int) -> None: ...
+
+    def extend(
+        self, tokens: Sequence[int], seq: int = 0, *, logits: bool | str = True, rows_from: int | None = None
+    ) -> None: ...
+
+
+def score_prompt(engine: Scoring, tokens: Sequence[int], seq: int, n_top: int) -> list[TokenLogprob]:
+    """The prompt evaluated whole into sequence `seq` (what it held dropped), ROWS tokens a decode
+    with logits at each: every token's log-probability after the first, as the tokens before it
+    predicted it, with `n_top` alternatives each."""
+    engine.forget(seq)
+    engine.reserve(len(tokens))
+    out: list[TokenLogprob] = []
+    for start in range(0, len(tokens), ROWS):
+        chunk = tokens[start : start + ROWS]
+        engine.extend(chunk, seq, logits="all")
+        logits = rows(engine.ctx, len(chunk), engine.n_vocab)
+        for i in range(len(chunk)):
+            if start + i + 1 < len(tokens):
+                out.append(read(logits[i], tokens[start + i + 1], n_top))
+    return out
