@@ -156,6 +156,36 @@ Grammar = Annotated[
         show_default=False,
     ),
 ]
+Logprobs = Annotated[
+    Optional[int],
+    typer.Option(
+        help="With --json: each answer token's log-probability, and its N most likely alternatives (0-20)",
+        show_default=False,
+    ),
+]
+Quality = Annotated[
+    Optional[str],
+    typer.Option(
+        "--quality",
+        metavar="[FILE]",
+        help="Score how well the model predicts a text instead: perplexity on FILE (UTF-8) or, without "
+        "one, on the public-domain text shipped with runner (docs/quality.md)",
+        show_default=False,
+    ),
+]
+Reference = Annotated[
+    Optional[str],
+    typer.Option(
+        metavar="MODEL",
+        help="With --quality: also the KL-divergence from this model's predictions (same vocabulary), "
+        "run once and kept",
+        show_default=False,
+    ),
+]
+QualityCtx = Annotated[
+    Optional[int],
+    typer.Option("--ctx", help="With --quality: tokens per chunk [default: 512]", show_default=False),
+]
 Repetitions = Annotated[int, typer.Option("--repetitions", "-r", help="Runs of each test (medians).")]
 BATCH = "Many prompts"
 EachLine = Annotated[

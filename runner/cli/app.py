@@ -95,7 +95,8 @@ def _silence_stdout() -> None:
     os.close(devnull)
 
 
-OPTIONAL_VALUES = {("chat", "resume"): "last"}  # --resume alone means the last conversation
+# --resume alone means the last conversation; --quality alone, the text shipped with runner
+OPTIONAL_VALUES = {("chat", "resume"): "last", ("bench", "quality"): ""}
 
 
 def command(only: str | None = None) -> click.Command:

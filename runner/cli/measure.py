@@ -8,6 +8,7 @@ import sys
 
 from runner import options as o
 from runner.cli.app import app, edge
+from runner.errors import UsageError
 
 
 @app.command(no_args_is_help=True)
@@ -18,18 +19,35 @@ def bench(
     threads: o.Threads = None,
     json: o.JsonObject = False,
     rpc: o.Rpc = None,
+    quality: o.Quality = None,
+    reference: o.Reference = None,
+    ctx: o.QualityCtx = None,
     debug: o.Debug = False,
 ) -> None:
-    """Measure a model here: pp512, tg128, TTFT, end to end, batched.
+    """Measure a model here: pp512, tg128, TTFT, end to end, batched; or with --quality, how well it
+    predicts a text (perplexity, and KL-divergence from --reference).
 
     \b
     Examples:
       runner bench smollm2
       runner bench ./model.gguf --json
+      runner bench ./model-Q3_K_M.gguf --quality --reference ./model-Q8_0.gguf
     """
-    from runner.commands.bench import bench as run_bench
+    if quality is None:
+        if reference is not None or ctx is not None:
+            raise UsageError("--reference and --ctx go with --quality")
+        from runner.commands.bench import bench as run_bench
 
-    run_bench(model, out=sys.stdout, as_json=json, repetitions=repetitions, threads=threads, rpc=rpc)
+        run_bench(model, out=sys.stdout, as_json=json, repetitions=repetitions, threads=threads, rpc=rpc)
+        return
+    if rpc is not None:
+        raise UsageError("--quality runs on this machine alone (no --rpc)")
+    from runner.commands.quality import quality as run_quality
+
+    text = quality or None  # --quality alone: the text shipped with runner
+    run_quality(
+        model, out=sys.stdout, as_json=json, source=text, reference=reference, ctx=ctx, threads=threads
+    )
 
 
 @app.command(no_args_is_help=True)

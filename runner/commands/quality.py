@@ -1,0 +1,144 @@
+"""`runner bench MODEL --quality [FILE]`: how well a model predicts a text (runner.engine.quality):
+its perplexity, and with --reference OTHER the KL-divergence of its next-token distributions from
+OTHER's, the 99th percentile and the share of positions where both rank the same token first.
+
+The reference runs once per text, context and file: its top tokens are kept under the cache
+(quality/, a few MiB a text) so a second quant compares without running it again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any, TextIO
+
+from runner import ui
+from runner.commands.output import describe_load
+from runner.engine.quality import Quality, Reference, check_ctx, score_text, tokens_hash
+from runner.errors import UsageError
+from runner.loader import LoadedModel, open_model
+from runner.paths import cache_dir
+
+DEFAULT_TEXT = Path(__file__).resolve().parent.parent / "data" / "quality.txt"
+DEFAULT_CTX = 512  # llama-perplexity's customary context for comparisons
+
+
+def read_text(source: str | None) -> tuple[str, str]:
+    """The text to score and what to call it: FILE, or the default shipped with runner."""
+    path = DEFAULT_TEXT if not source else Path(source)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise UsageError(f"--quality {source}: no such file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"--quality {source}: cannot read it as UTF-8 text ({exc})") from None
+    if not text.strip():
+        raise UsageError(f"--quality {source}: the file is empty")
+    return text, "the default text (runner/data/quality.txt)" if not source else str(path)
+
+
+def quality(
+    model: str,
+    *,
+    out: TextIO,
+    as_json: bool,
+    source: str | None,
+    reference: str | None = None,
+    ctx: int | None = None,
+    threads: int | None = None,
+) -> Quality:
+    ctx = ctx or DEFAULT_CTX
+    check_ctx(ctx)
+    text, name = read_text(source)
+    kept = None
+    if reference is not None:
+        kept = _reference(reference, text, ctx, threads)
+    loaded = _open(model, ctx, threads)
+    try:
+        ui.info(f"scoring {name} with {describe_load(loaded)}")
+        tokens = loaded.engine.tokenize(text)
+        figures, _ = score_text(loaded.engine, tokens, ctx, reference=kept, progress=_progress)
+    finally:
+        loaded.close()
+    if as_json:
+        head = {"model": model, "reference": reference, "text": name}
+        out.write(json.dumps({**head, **figures.as_dict()}) + "\n")
+    else:
+        _table(figures, out)
+    return figures
+
+
+def _open(model: str, ctx: int, threads: int | None) -> LoadedModel:
+    return open_model(model, ctx=ctx, threads=threads, chat_template=False)
+
+
+def _progress(done: int, total: int) -> None:
+    ui.info(f"  chunk {done}/{total}")
+
+
+def _reference(model: str, text: str, ctx: int, threads: int | None) -> Reference:
+    """The reference's top tokens on this text: from the cache, else a pass of its own (kept)."""
+    loaded = _open(model, ctx, threads)
+    try:
+        tokens = loaded.engine.tokenize(text)
+        path = _kept_path(loaded.path, tokens, ctx)
+        kept = _load(path)
+        if kept is not None:
+            ui.info(f"reference: {loaded.name}, its pass kept in {path}")
+            return kept
+        ui.info(f"reference: {describe_load(loaded)}, scored once and kept")
+        _, kept = score_text(loaded.engine, tokens, ctx, keep=True, progress=_progress)
+    finally:
+        loaded.close()
+    assert kept is not None
+    _save(path, kept)
+    return kept
+
+
+def _kept_path(model: Path, tokens: list[int], ctx: int) -> Path:
+    """Where a reference pass is kept: named by the file (path, size, time), the tokens and ctx."""
+    stat = model.stat()
+    key = f"{model.resolve()}\0{stat.st_size}\0{stat.st_mtime_ns}\0{tokens_hash(tokens)}\0{ctx}"
+    return cache_dir() / "quality" / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.npz"
+
+
+def _load(path: Path) -> Reference | None:
+    import numpy as np
+
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            hashed, ctx = str(data["tokens_hash"]), int(data["ctx"])
+            return Reference(hashed, ctx, data["ids"], data["logp"], data["nll"])
+    except (OSError, KeyError, ValueError):  # none yet, or unreadable: scored again
+        return None
+
+
+def _save(path: Path, kept: Reference) -> None:
+    """Written whole, then renamed: a pass stopped half-way is never read as a reference."""
+    import numpy as np
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    part = path.with_suffix(f".{os.getpid()}.part")
+    with open(part, "wb") as f:
+        np.savez(f, tokens_hash=kept.tokens_hash, ctx=kept.ctx, ids=kept.ids, logp=kept.logp, nll=kept.nll)
+    os.replace(part, path)
+
+
+def _table(q: Quality, out: TextIO) -> None:
+    rows: list[tuple[str, Any]] = [
+        ("text", f"{q.tokens:,} tokens, {q.chunks} chunks of {q.ctx}, {q.scored:,} positions scored"),
+        ("perplexity", f"{q.perplexity:.4f} ± {q.perplexity_error:.4f}"),
+    ]
+    if q.kld_mean is not None:
+        rows += [
+            ("reference perplexity", f"{q.reference_perplexity:.4f}"),
+            ("KL-divergence, mean", f"{q.kld_mean:.6f} ± {q.kld_error:.6f}"),
+            ("KL-divergence, 99%", f"{q.kld_p99:.6f}"),
+            ("same top token", f"{100 * (q.same_top or 0):.2f}%"),
+        ]
+    rows.append(("time", f"{q.seconds:.1f} s"))
+    width = max(len(k) for k, _ in rows)
+    for key, value in rows:
+        out.write(f"{key:<{width}}  {value}\n")

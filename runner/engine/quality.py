@@ -1,0 +1,201 @@
+"""How well a model predicts a text: perplexity as llama-perplexity computes it, and the KL-divergence
+of its next-token distributions from a reference model's (llama-perplexity --kl-divergence).
+
+The text's tokens are cut into chunks of `ctx` tokens (the last, shorter one dropped); each chunk is
+evaluated from an empty cache (its first token the BOS where the model adds one) and scored on its
+second half: the log-probability each position gives the token after it. Each chunk is one decode
+(n_batch at a time, as llama-perplexity does), logits asked for its second half: the output buffer
+holds ctx/2 rows of logits (48 MiB for SmolLM2 at ctx 512). The same positions evaluated in other
+batch shapes (the first half apart, 64 rows a decode) came out 0.2% off llama-perplexity's figure on
+the CPU: llama.cpp's kernels do not give the same logits for every split of a batch, so the split is
+llama-perplexity's own, and the figure its own to the printed digit.
+
+A reference pass keeps, for each scored position, its TOP_K most likely tokens and their
+log-probabilities: bounded, and the KL-divergence summed over them is within 0.6% of the whole
+vocabulary's (measured: SmolLM2 Q4_1 against its Q3_K_S; with the rest of the mass as one bucket it
+was 2.2% low, the bucket being a lower bound on the tail's part; llama-perplexity itself sums the
+tokens above e^-16 of a 16-bit copy).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from runner.engine.logprobs import ROWS, Scoring, rows
+from runner.errors import UsageError
+
+TOP_K = 1024  # reference tokens kept per scored position (8 KiB each)
+
+
+@dataclass
+class Reference:
+    """A reference model's pass over a text: per scored position, its TOP_K tokens (best first) and
+    their log-probabilities, and the log-probability it gave the token that came."""
+
+    tokens_hash: str  # the text's tokens (the vocabularies must agree)
+    ctx: int
+    ids: Any  # int32 (n, TOP_K)
+    logp: Any  # float32 (n, TOP_K)
+    nll: Any  # float64 (n,)
+
+
+@dataclass(frozen=True)
+class Quality:
+    tokens: int  # the text's tokens
+    chunks: int
+    ctx: int
+    scored: int  # positions scored
+    perplexity: float
+    perplexity_error: float  # its standard error, as llama-perplexity estimates it
+    seconds: float = 0.0
+    kld_mean: float | None = None  # with a reference: the mean KL-divergence from it, nats
+    kld_error: float | None = None
+    kld_p99: float | None = None
+    same_top: float | None = None  # the share of positions where both rank the same token first
+    reference_perplexity: float | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if v is not None}
+
+
+def tokens_hash(tokens: Sequence[int]) -> str:
+    import hashlib
+
+    return hashlib.sha256(b"".join(t.to_bytes(4, "little", signed=True) for t in tokens)).hexdigest()
+
+
+def check_ctx(ctx: int) -> None:
+    if ctx < ROWS or ctx % 2:
+        raise UsageError(f"--ctx {ctx}: perplexity needs an even context of at least {ROWS}")
+
+
+def chunks_of(tokens: Sequence[int], ctx: int) -> int:
+    """The chunks a text gives at this context; a UsageError where fewer than two (llama-perplexity's
+    own floor)."""
+    check_ctx(ctx)
+    if len(tokens) < 2 * ctx:
+        raise UsageError(
+            f"the text is {len(tokens):,} tokens; --ctx {ctx} needs at least {2 * ctx:,} (two chunks)"
+        )
+    return len(tokens) // ctx
+
+
+class Engine(Scoring, Protocol):
+    """What a pass needs of an engine (runner.engine.engine.Engine is one)."""
+
+    n_batch: int
+
+    @property
+    def adds_bos(self) -> bool: ...
+
+    @property
+    def bos(self) -> int: ...
+
+
+def score_text(
+    engine: Engine,
+    tokens: Sequence[int],
+    ctx: int,
+    *,
+    reference: Reference | None = None,
+    keep: bool = False,
+    progress: Callable[[int, int], None] | None = None,
+) -> tuple[Quality, Reference | None]:
+    """The text's perplexity under this engine's model, and with `reference` the KL-divergence from
+    it; `keep`: this pass's own top tokens kept, to be a reference later."""
+    import time
+
+    import numpy as np
+
+    started = time.perf_counter()
+    n_chunks = chunks_of(tokens, ctx)
+    first = ctx // 2
+    per_chunk = ctx - 1 - first
+    total = n_chunks * per_chunk
+    if reference is not None and (reference.tokens_hash != tokens_hash(tokens) or reference.ctx != ctx):
+        raise UsageError("the reference scored other tokens: its vocabulary or its --ctx differs")
+    nll = np.zeros(total)
+    kld = np.zeros(total) if reference is not None else None
+    same = np.zeros(total, dtype=bool) if reference is not None else None
+    kept_ids = np.zeros((total, TOP_K), dtype=np.int32) if keep else None
+    kept_logp = np.zeros((total, TOP_K), dtype=np.float32) if keep else None
+    at = 0  # the scored position the next row fills
+    for c in range(n_chunks):
+        chunk = list(tokens[c * ctx : (c + 1) * ctx])
+        if engine.adds_bos:
+            chunk[0] = engine.bos
+        engine.forget(0)
+        engine.reserve(ctx)
+        for begin in range(0, ctx, engine.n_batch):
+            piece = chunk[begin : begin + engine.n_batch]
+            asked = max(0, first - begin)  # logits from this index of the piece on
+            engine.extend(piece, 0, logits=False, rows_from=asked if asked < len(piece) else None)
+            start = begin + asked  # the chunk position of the first row
+            n = min(begin + len(piece), ctx - 1) - start  # rows that score a token (not the last)
+            if n <= 0:
+                continue
+            logits = rows(engine.ctx, n, engine.n_vocab)
+            top = logits.max(axis=1, keepdims=True)
+            shifted = logits.astype(np.float64) - top
+            logp = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
+            nexts = np.asarray(tokens[c * ctx + start + 1 : c * ctx + start + 1 + n])
+            nll[at : at + n] = -logp[np.arange(n), nexts]
+            if reference is not None and kld is not None and same is not None:
+                kld[at : at + n] = _kl(reference, logp, at)
+                same[at : at + n] = logits.argmax(axis=1) == reference.ids[at : at + n, 0]
+            if kept_ids is not None and kept_logp is not None:
+                ids = np.argpartition(logp, -TOP_K, axis=1)[:, -TOP_K:]
+                order = np.argsort(-np.take_along_axis(logp, ids, axis=1), axis=1, kind="stable")
+                ids = np.take_along_axis(ids, order, axis=1)
+                kept_ids[at : at + n] = ids
+                kept_logp[at : at + n] = np.take_along_axis(logp, ids, axis=1)
+            at += n
+        if progress is not None:
+            progress(c + 1, n_chunks)
+    mean = float(nll.mean())
+    var = float((nll * nll).mean()) - mean * mean
+    ppl = math.exp(mean)
+    error = math.sqrt(var / (total - 1)) * ppl if var > 0 else 0.0
+    quality = Quality(len(tokens), n_chunks, ctx, total, ppl, error, time.perf_counter() - started)
+    if reference is not None and kld is not None and same is not None:
+        k_mean = float(kld.mean())
+        k_var = float((kld * kld).mean()) - k_mean * k_mean
+        quality = Quality(
+            **{
+                **quality.__dict__,
+                "kld_mean": k_mean,
+                "kld_error": math.sqrt(max(k_var, 0.0) / (total - 1)),
+                "kld_p99": percentile(sorted(kld.tolist()), 0.99),
+                "same_top": float(same.mean()),
+                "reference_perplexity": math.exp(float(reference.nll.mean())),
+            }
+        )
+    kept = None
+    if kept_ids is not None:
+        kept = Reference(tokens_hash(tokens), ctx, kept_ids, kept_logp, nll)
+    return quality, kept
+
+
+def _kl(reference: Reference, logp: Any, at: int) -> Any:
+    """KL(reference || this) for rows at.., summed over the reference's top tokens."""
+    import numpy as np
+
+    n = logp.shape[0]
+    p_logp = reference.logp[at : at + n].astype(np.float64)
+    q_logp = np.take_along_axis(logp, reference.ids[at : at + n].astype(np.int64), axis=1)
+    return (np.exp(p_logp) * (p_logp - q_logp)).sum(axis=1)
+
+
+def percentile(values: Sequence[float], fraction: float) -> float:
+    """llama-perplexity's: linear between the two nearest of the sorted values."""
+    if fraction <= 0:
+        return values[0]
+    if fraction >= 1:
+        return values[-1]
+    p = fraction * (len(values) - 1)
+    i = int(p)
+    p -= i
+    return (1 - p) * values[i] + p * values[min(i + 1, len(values) - 1)]

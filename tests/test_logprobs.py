@@ -1,0 +1,233 @@
+"""Token log-probabilities and answer quality with the real model: an answer's logprobs against the
+same tokens scored as a prompt (two paths through llama.cpp: decode steps, and one evaluation with
+logits at every position), a schema's mask in them, `echo` on /v1/completions and logprobs on chat
+through the real `openai` and `ollama` clients, `runner run --json --logprobs`; and `runner bench
+--quality`: perplexity against the same positions scored one by one, a model's KL-divergence from
+itself, the reference kept and read back, and its bad input. The figures against llama.cpp's own
+tools (llama-server's logprobs, llama-perplexity) are scripts/bench_quality.py's (docs/quality.md).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterator
+from pathlib import Path
+
+import ollama
+import pytest
+
+from runner.engine.logprobs import FLOOR, score_prompt
+from runner.engine.quality import score_text
+from runner.engine.sampling import SamplingConfig
+from tests.conftest import run_cli
+from tests.serving import MODEL, Server, model_server, openai_client
+
+GREEDY = SamplingConfig(temperature=0)
+DEFAULT_TEXT = Path(__file__).resolve().parent.parent / "runner" / "data" / "quality.txt"
+
+
+def test_an_answers_logprobs_are_its_tokens_scored_as_a_prompt(engine) -> None:
+    """Each sampled token's log-probability (read in the decode step that chose it) equals that token
+    scored in prompt + answer evaluated whole; greedy, it is the first of its alternatives, which are
+    ranked best first."""
+    prompt = engine.tokenize("The capital of France is")
+    result = engine.generate(prompt, GREEDY, max_tokens=8, logprobs=5)
+    assert len(result.logprobs) == result.timings.completion_tokens == 8
+    answer = [s.token for s in result.logprobs]
+    assert b"".join(engine.token_bytes(t) for t in answer).decode() == result.text
+    scored = score_prompt(engine, prompt + answer, 0, 5)
+    for sampled, again in zip(result.logprobs, scored[len(prompt) - 1 :], strict=True):
+        assert sampled.token == again.token
+        assert abs(sampled.logprob - again.logprob) < 1e-3
+        assert [t for t, _ in sampled.top] == [t for t, _ in again.top]
+        assert sampled.top[0] == (sampled.token, sampled.logprob)
+        values = [lp for _, lp in sampled.top]
+        assert values == sorted(values, reverse=True) and all(lp <= 0 for lp in values)
+        assert math.fsum(math.exp(lp) for lp in values) <= 1 + 1e-6
+
+
+def test_a_schemas_mask_is_in_the_logprobs(engine) -> None:
+    """With a schema, the refused tokens have no probability: every alternative listed with any is a
+    token the enum can start with, and the chosen ones share the whole mass between them."""
+    from runner.engine.constrain import schema_guide_of
+
+    guide = schema_guide_of(json.dumps({"enum": ["yes", "no"]}))
+    prompt = engine.tokenize("Is the sky blue? Answer yes or no:")
+    result = engine.generate(prompt, GREEDY, max_tokens=4, guide=guide, logprobs=20)
+    assert result.text in ('"yes"', '"no"')
+    first = result.logprobs[0]
+    allowed = [(t, lp) for t, lp in first.top if lp > FLOOR]
+    assert allowed and all('"yes"'.startswith(engine.token_bytes(t).decode()) or '"no"'.startswith(
+        engine.token_bytes(t).decode()) for t, _ in allowed)  # fmt: skip
+    assert abs(math.fsum(math.exp(lp) for _, lp in allowed) - 1) < 1e-6
+
+
+# -- the server, with its real clients ------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def server(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    with model_server(tmp_path_factory.mktemp("serve"), "--parallel", "2", "--ctx", "1024") as running:
+        yield running
+
+
+def test_chat_logprobs_whole_and_streamed_through_openai(server: Server) -> None:
+    client = openai_client(server)
+    messages = [{"role": "user", "content": "Name three colors."}]
+    kwargs = {"model": MODEL, "messages": messages, "temperature": 0, "max_tokens": 12}
+    whole = client.chat.completions.create(**kwargs, logprobs=True, top_logprobs=3)
+    content = whole.choices[0].logprobs.content
+    assert "".join(t.token for t in content) == whole.choices[0].message.content
+    assert all(len(t.top_logprobs) == 3 and t.top_logprobs[0].logprob == t.logprob for t in content)
+    assert all(bytes(t.bytes).decode() == t.token for t in content)
+    streamed = []
+    for chunk in client.chat.completions.create(**kwargs, logprobs=True, top_logprobs=3, stream=True):
+        if chunk.choices and chunk.choices[0].logprobs is not None:
+            streamed += chunk.choices[0].logprobs.content
+    assert [(t.token, round(t.logprob, 4)) for t in streamed] == [
+        (t.token, round(t.logprob, 4)) for t in content
+    ]
+    plain = client.chat.completions.create(**kwargs)
+    assert (
+        plain.choices[0].logprobs is None
+        and plain.choices[0].message.content == whole.choices[0].message.content
+    )
+    only = client.chat.completions.create(**kwargs, logprobs=True)
+    assert all(t.top_logprobs == [] for t in only.choices[0].logprobs.content)
+
+
+def test_completions_echo_scores_the_prompt_through_openai(server: Server) -> None:
+    """echo + logprobs: the prompt's tokens first, the first with none (nothing predicted it), one value
+    for every other; max_tokens 0 scores the prompt alone (what evaluation harnesses ask); the
+    prompt's scores equal the answer's own for the same text."""
+    client = openai_client(server)
+    prompt = "The capital of France is"
+    alone = client.completions.create(model=MODEL, prompt=prompt, echo=True, logprobs=1, max_tokens=0)
+    lp = alone.choices[0].logprobs
+    assert alone.choices[0].text == prompt and "".join(lp.tokens) == prompt
+    assert lp.token_logprobs[0] is None and all(v < 0 for v in lp.token_logprobs[1:])
+    assert lp.top_logprobs[0] is None and all(len(top) == 1 for top in lp.top_logprobs[1:])
+    assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(len(lp.tokens))]
+    answer = client.completions.create(model=MODEL, prompt=prompt, logprobs=2, max_tokens=3, temperature=0)
+    text = answer.choices[0].text
+    both = client.completions.create(model=MODEL, prompt=prompt + text, echo=True, logprobs=0, max_tokens=0)
+    tail = both.choices[0].logprobs.token_logprobs[-3:]
+    for got, again in zip(answer.choices[0].logprobs.token_logprobs, tail, strict=True):
+        assert abs(got - again) < 1e-3
+    echoed = client.completions.create(
+        model=MODEL, prompt=prompt, echo=True, logprobs=1, max_tokens=3, temperature=0
+    )
+    assert echoed.choices[0].text == prompt + text
+    assert len(echoed.choices[0].logprobs.tokens) == len(lp.tokens) + 3
+
+
+def test_ollama_logprobs_through_its_client(server: Server) -> None:
+    client = ollama.Client(host=server.url)
+    options = {"temperature": 0, "num_predict": 6}
+    whole = client.chat(
+        model=MODEL,
+        messages=[{"role": "user", "content": "Hi"}],
+        options=options,
+        logprobs=True,
+        top_logprobs=2,
+    )
+    assert "".join(t.token for t in whole.logprobs) == whole.message.content
+    assert all(len(t.top_logprobs) == 2 for t in whole.logprobs)
+    streamed = []
+    for part in client.generate(model=MODEL, prompt="Hi", options=options, logprobs=True, stream=True):
+        streamed += part.logprobs or []
+    again = client.generate(model=MODEL, prompt="Hi", options=options, logprobs=True)
+    assert [t.token for t in streamed] == [t.token for t in again.logprobs]
+    assert client.generate(model=MODEL, prompt="Hi", options=options).logprobs is None
+
+
+def test_run_json_logprobs(smollm2_path: Path) -> None:
+    done = run_cli(
+        "run", str(smollm2_path), "Hi", "--max-tokens", "4", "--temperature", "0", "--json", "--logprobs", "2"
+    )
+    assert done.returncode == 0, done.stderr
+    data = json.loads(done.stdout)
+    assert "".join(t["token"] for t in data["logprobs"]) == data["text"]
+    assert all(len(t["top_logprobs"]) == 2 for t in data["logprobs"])
+    for args, says in [
+        (("--logprobs", "2"), "goes with --json"),
+        (("--json", "--logprobs", "21"), "between 0 and 20"),
+    ]:
+        bad = run_cli("run", str(smollm2_path), "Hi", *args)
+        assert bad.returncode == 2 and says in bad.stderr.decode() and bad.stdout == b""
+
+
+# -- perplexity and KL-divergence ------------------------------------------------------------------
+
+
+def test_perplexity_is_the_second_halves_scored(engine) -> None:
+    """score_text's perplexity and its error are llama-perplexity's formulas over each chunk's second
+    half, here computed apart from the same logits (each chunk one decode, every row asked: the rows
+    are the same whichever are asked); against itself the KL-divergence is 0 and every top token the
+    same."""
+    import numpy as np
+
+    from runner.engine.logprobs import rows
+
+    tokens = engine.tokenize(DEFAULT_TEXT.read_text())[: 3 * 128 + 50]
+    quality, kept = score_text(engine, tokens, 128, keep=True)
+    assert (quality.chunks, quality.scored) == (3, 3 * 63)
+    nll = []
+    for c in range(3):
+        chunk = tokens[c * 128 : (c + 1) * 128]
+        engine.forget(0)
+        engine.extend(chunk, 0, logits="all")
+        logits = rows(engine.ctx, 128, engine.n_vocab).astype(np.float64)
+        for i in range(64, 127):  # row i predicts token i + 1
+            row = logits[i] - logits[i].max()
+            nll.append(math.log(np.exp(row).sum()) - row[chunk[i + 1]])
+    mean = math.fsum(nll) / len(nll)
+    assert quality.perplexity == pytest.approx(math.exp(mean), rel=1e-9)
+    spread = math.sqrt((math.fsum(v * v for v in nll) / len(nll) - mean * mean) / (len(nll) - 1))
+    assert quality.perplexity_error == pytest.approx(spread * math.exp(mean), rel=1e-6)
+    assert kept is not None
+    again, _ = score_text(engine, tokens, 128, reference=kept)
+    assert again.kld_mean is not None and abs(again.kld_mean) < 1e-6 and again.same_top == 1.0
+    assert again.reference_perplexity == pytest.approx(quality.perplexity)
+
+
+def test_bench_quality_with_a_reference_kept_and_read_back(smollm2_path: Path, tmp_path: Path) -> None:
+    text = tmp_path / "text.txt"  # its own words, so no earlier run's reference is kept for it
+    text.write_text(f"{tmp_path.name}.\n\n" + DEFAULT_TEXT.read_text()[:3000])
+    args = ("bench", str(smollm2_path), "--quality", str(text), "--ctx", "128", "--json")
+    first = run_cli(*args, "--reference", str(smollm2_path))
+    assert first.returncode == 0, first.stderr
+    data = json.loads(first.stdout)
+    assert data["perplexity"] > 1 and data["scored"] == data["chunks"] * 63
+    assert abs(data["kld_mean"]) < 1e-6 and data["same_top"] == 1.0
+    assert "scored once and kept" in first.stderr.decode()
+    second = run_cli(*args, "--reference", str(smollm2_path))
+    said = second.stderr.decode()
+    assert second.returncode == 0 and "its pass kept in" in said
+    Path(said.split("its pass kept in ")[1].split()[0]).unlink()
+    assert json.loads(second.stdout)["perplexity"] == pytest.approx(data["perplexity"], rel=1e-6)
+    table = run_cli("bench", str(smollm2_path), "--ctx", "128", "--quality", str(text))
+    assert table.returncode == 0 and table.stdout.decode().startswith("text")
+    assert "perplexity" in table.stdout.decode()
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (("--quality", "--ctx", "2048"), "needs at least 4,096"),
+        (("--quality", "{missing}"), "no such file"),
+        (("--quality", "{empty}"), "the file is empty"),
+        (("--quality", "--ctx", "129"), "even context"),
+        (("--reference", "x"), "go with --quality"),
+        (("--ctx", "512"), "go with --quality"),
+    ],
+)
+def test_bench_quality_bad_input(
+    smollm2_path: Path, tmp_path: Path, args: tuple[str, ...], says: str
+) -> None:
+    (tmp_path / "empty.txt").write_text("  \n")
+    named = {"{missing}": str(tmp_path / "nope.txt"), "{empty}": str(tmp_path / "empty.txt")}
+    done = run_cli("bench", str(smollm2_path), *[named.get(a, a) for a in args])
+    assert done.returncode == 2 and says in done.stderr.decode(), done.stderr
+    assert b"Traceback" not in done.stderr and done.stdout == b""
