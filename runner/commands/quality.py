@@ -16,13 +16,14 @@ from typing import Any, TextIO
 
 from runner import ui
 from runner.commands.output import describe_load
-from runner.engine.quality import Quality, Reference, check_ctx, score_text, tokens_hash
+from runner.engine.quality import TOP_K, Quality, Reference, check_ctx, score_text, tokens_hash
 from runner.errors import UsageError
 from runner.loader import LoadedModel, open_model
 from runner.paths import cache_dir
 
 DEFAULT_TEXT = Path(__file__).resolve().parent.parent / "data" / "quality.txt"
 DEFAULT_CTX = 512  # llama-perplexity's customary context for comparisons
+KEPT_FORMAT = 1  # raised whenever a kept pass would no longer be what a pass now computes
 
 
 def read_text(source: str | None) -> tuple[str, str]:
@@ -98,9 +99,11 @@ def _reference(model: str, text: str, ctx: int, threads: int | None) -> Referenc
 
 
 def _kept_path(model: Path, tokens: list[int], ctx: int) -> Path:
-    """Where a reference pass is kept: named by the file (path, size, time), the tokens and ctx."""
+    """Where a reference pass is kept: named by what it was (the format, TOP_K), the file (path, size,
+    time), the tokens and ctx."""
     stat = model.stat()
-    key = f"{model.resolve()}\0{stat.st_size}\0{stat.st_mtime_ns}\0{tokens_hash(tokens)}\0{ctx}"
+    parts = (KEPT_FORMAT, TOP_K, model.resolve(), stat.st_size, stat.st_mtime_ns, tokens_hash(tokens), ctx)
+    key = "\0".join(str(part) for part in parts)
     return cache_dir() / "quality" / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.npz"
 
 

@@ -11,6 +11,9 @@ it for a server).
 from __future__ import annotations
 
 import ctypes
+import functools
+import math
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -36,29 +39,44 @@ def row(ctx: Any, index: int, n_vocab: int) -> Any:
     from runner.engine.llamacpp import llama
 
     pointer = llama().llama_get_logits_ith(ctx, index)
-    return np.ctypeslib.as_array(ctypes.cast(pointer, ctypes.POINTER(ctypes.c_float)), shape=(n_vocab,))
+    address = ctypes.cast(pointer, ctypes.c_void_p).value
+    return np.frombuffer(_row_type(n_vocab).from_address(address), dtype=np.float32)
 
 
-def log_softmax(logits: Any) -> Any:
-    """The row's log-probabilities, in float64 (float32 softmax sums lose the tail's mass)."""
+@functools.cache
+def _row_type(n_vocab: int) -> Any:
+    return ctypes.c_float * n_vocab
+
+
+_scratch = threading.local()  # a row's worth of float32 per thread (each model has its own)
+
+
+def log_sum_exp(logits: Any) -> float:
+    """log(sum(exp(logits))) of a float32 row: the exponentials in float32 (a schema's -inf gives 0)
+    in a buffer kept for the thread, summed in float64. ~0.06 ms for a 49k vocabulary, against 0.35
+    ms for the whole row's log-probabilities in float64."""
     import numpy as np
 
+    buffer = getattr(_scratch, "buffer", None)
+    if buffer is None or buffer.shape != logits.shape:
+        buffer = _scratch.buffer = np.empty(logits.shape, dtype=np.float32)
     top = float(logits.max())
-    shifted = logits.astype(np.float64) - top
-    return shifted - np.log(np.exp(shifted).sum())
+    np.subtract(logits, np.float32(top), out=buffer)
+    np.exp(buffer, out=buffer)
+    return top + math.log(float(buffer.sum(dtype=np.float64)))
 
 
 def read(logits: Any, token: int, n_top: int) -> TokenLogprob:
     """`token`'s log-probability in this row of logits and the row's `n_top` most likely tokens."""
     import numpy as np
 
-    logp = log_softmax(logits)
+    lse = log_sum_exp(logits)
     best: tuple[tuple[int, float], ...] = ()
     if n_top > 0:
         ids = np.argpartition(logits, -n_top)[-n_top:]
         ids = ids[np.lexsort((ids, -logits[ids]))]  # most likely first, ties by id
-        best = tuple((int(i), _finite(logp[i])) for i in ids)
-    return TokenLogprob(int(token), _finite(logp[token]), best)
+        best = tuple((int(i), _finite(float(logits[i]) - lse)) for i in ids)
+    return TokenLogprob(int(token), _finite(float(logits[token]) - lse), best)
 
 
 def _finite(value: float) -> float:

@@ -148,6 +148,7 @@ def score_text(
                 same[at : at + n] = logits.argmax(axis=1) == reference.ids[at : at + n, 0]
             if kept_ids is not None and kept_logp is not None:
                 ids = np.argpartition(logp, -TOP_K, axis=1)[:, -TOP_K:]
+                ids.sort(axis=1)  # ties in id order, as argmax breaks them
                 order = np.argsort(-np.take_along_axis(logp, ids, axis=1), axis=1, kind="stable")
                 ids = np.take_along_axis(ids, order, axis=1)
                 kept_ids[at : at + n] = ids

@@ -34,6 +34,7 @@ class Ask:
     tool_choice: str | dict[str, Any] | None = None  # "auto" | "none" | "required" | {"function": {"name"}}
     keep_alive: float | None = None  # seconds the model stays loaded once idle (<0: for ever; None: as is)
     logprobs: int | None = None  # each answer token's log-probability, with this many alternatives (0-20)
+    stream: bool = False  # the answer goes out as it comes: logprobs as parts too (else in the Outcome)
     echo: bool = False  # the prompt's own tokens scored too (Outcome.prompt_logprobs; completions)
 
 
@@ -151,8 +152,8 @@ class QueueFull(RunnerError):
 class Generation(Protocol):
     """One answer in progress. `async for kind, text in generation` yields its parts as they come
     (kind "answer" or "reasoning"; "logprobs", a list of Scored, before the answer part those tokens
-    made, where the Ask asked and the answer is not held for tool calls); then `outcome` says how it
-    ended. `cancel()` (the client went
+    made, where the Ask asked for them streamed and the answer is not held for tool calls); then
+    `outcome` says how it ended. `cancel()` (the client went
     away) frees its sequence at the engine's next step; iteration then ends with finish_reason
     "interrupted". The server stopping ends it the same way."""
 

@@ -360,7 +360,8 @@ class ModelThread:
             arrived=request.arrived,
             logprobs=ask.logprobs,
             echo=ask.echo,
-            on_logprobs=generation.logprobs if ask.logprobs is not None else None,
+            # streamed, each token's logprobs go with its text; whole, they come with the result only
+            on_logprobs=generation.logprobs if ask.logprobs is not None and ask.stream else None,
         )
         self._jobs[index] = generation
         self._loop.add(generation.job)

@@ -49,6 +49,7 @@ def ask_of(req: Base, backend: Backend, model: str, **fields: Any) -> Ask:
         think=req.think,
         keep_alive=req.keep_alive,
         logprobs=req.n_logprobs,
+        stream=req.stream is not False,  # Ollama streams unless told not to
         **fields,
     )
 

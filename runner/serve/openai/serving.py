@@ -42,6 +42,7 @@ def ask_of(req: Knobs, model: str, **fields: Any) -> Ask:
         json_schema=json_schema,
         json_object=json_object,
         logprobs=req.n_logprobs,
+        stream=bool(req.stream),
         **fields,
     )
 
