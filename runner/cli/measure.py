@@ -24,8 +24,10 @@ def bench(
     ctx: o.QualityCtx = None,
     debug: o.Debug = False,
 ) -> None:
-    """Measure a model here: pp512, tg128, TTFT, end to end, batched; or with --quality, how well it
-    predicts a text (perplexity, and KL-divergence from --reference).
+    """Measure a model here: pp512, tg128, TTFT, end to end, batched.
+
+    With --quality: how well it predicts a text instead (perplexity, and the KL-divergence from
+    --reference's predictions).
 
     \b
     Examples:
