@@ -146,6 +146,7 @@ def plan_for(
     force: bool = False,
     smaller: Callable[[], list[str]] | None = None,
     path: Path | None = None,
+    output_rows: int = 0,
 ) -> Plan:
     """The plan to load with; refuses (WontFit) what this machine cannot hold, unless forced.
 
@@ -163,7 +164,12 @@ def plan_for(
 
     def asking(n: int) -> dict[str, Any]:
         return dict(
-            ctx=total_ctx(ctx, n), gpu_layers=gpu_layers, kv_type=kv_type, flash_attn=flash_attn, n_seq=n
+            ctx=total_ctx(ctx, n),
+            gpu_layers=gpu_layers,
+            kv_type=kv_type,
+            flash_attn=flash_attn,
+            n_seq=n,
+            output_rows=output_rows,
         )
 
     n_seq = parallel
@@ -320,13 +326,15 @@ def open_model(
     spec: str = "none",
     draft: str | None = None,
     chat_template: bool = True,
+    output_rows: int = 0,
 ) -> LoadedModel:
     """Resolve, fetch if needed, check the header, plan, then load. flash_attn None: the plan's
     choice (llama.cpp's "auto", or off for a `growing` context on the CPU: CPU_CHAT_FLASH_ATTN).
     `spec` (limits.spec_setting): speculative decoding, "ngram", "none", or "draft" with the `draft`
     model, which is checked against the target (vocabulary, size) before either loads.
     `chat_template`: the caller will render the file's chat template, so it is compiled beside the
-    load (--raw does not)."""
+    load (--raw does not). `output_rows`: the most rows of logits one decode will ask for (the plan
+    counts the output buffer that large)."""
     check_asked(ctx=ctx, gpu_layers=gpu_layers)
     if threads is not None:
         check_range(threads, "--threads", 1, MAX_THREADS)
@@ -341,6 +349,7 @@ def open_model(
         parallel=parallel,
         most_parallel=most_parallel,
         force=force,
+        output_rows=output_rows,
     )
     if isinstance(ref, HubRef):
         from runner.hub import fetch

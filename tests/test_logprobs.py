@@ -231,3 +231,21 @@ def test_bench_quality_bad_input(
     done = run_cli("bench", str(smollm2_path), *[named.get(a, a) for a in args])
     assert done.returncode == 2 and says in done.stderr.decode(), done.stderr
     assert b"Traceback" not in done.stderr and done.stdout == b""
+
+
+def test_the_plan_counts_the_rows_of_logits_a_decode_asks_for(smollm2_path: Path) -> None:
+    """A scored prompt (echo: ROWS rows a decode) and --quality (ctx/2) grow llama.cpp's output buffer
+    past its row per sequence: the plan counts it that large, in the estimate and the host's RSS."""
+    from runner.engine.logprobs import ROWS
+    from runner.gguf import read_header
+    from runner.loader import plan_for
+
+    header = read_header(smollm2_path)
+    n_vocab = 49152
+    plain = plan_for(header, "smollm2", ctx=512)
+    scored = plan_for(header, "smollm2", ctx=512, output_rows=256)
+    served = plan_for(header, "smollm2", ctx=1024, parallel=4, output_rows=ROWS)
+    assert plain.estimate.output_bytes == n_vocab * 4
+    assert scored.estimate.output_bytes == n_vocab * 256 * 4
+    assert scored.estimate.host_rss_bytes - plain.estimate.host_rss_bytes == n_vocab * 255 * 4
+    assert served.estimate.output_bytes == n_vocab * ROWS * 4

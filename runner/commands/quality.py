@@ -72,7 +72,8 @@ def quality(
 
 
 def _open(model: str, ctx: int, threads: int | None) -> LoadedModel:
-    return open_model(model, ctx=ctx, threads=threads, chat_template=False)
+    # each chunk's second half scored in one decode: ctx / 2 rows of logits (the plan counts them)
+    return open_model(model, ctx=ctx, threads=threads, chat_template=False, output_rows=ctx // 2)
 
 
 def _progress(done: int, total: int) -> None:

@@ -22,6 +22,7 @@ from typing import Any
 
 from runner import ui
 from runner.commands.output import describe_load, open_prompt_cache, sampling_for
+from runner.engine import logprobs
 from runner.errors import UsageError
 from runner.hub.catalog import load_catalog
 from runner.limits import check_range, flash_attn_setting, parse_duration, parse_size, spec_setting
@@ -165,6 +166,7 @@ def _planning(request: ServeRequest) -> dict[str, Any]:
         parallel=request.parallel or DEFAULT_PARALLEL,
         most_parallel=request.parallel is None,
         force=request.force,
+        output_rows=logprobs.ROWS,  # a request's `echo`: its prompt scored, ROWS rows a decode
     )
 
 

@@ -139,6 +139,7 @@ def estimate(
     gpu: bool | None = None,
     repack_types: frozenset[str] = REPACK_TYPES,
     workers: tuple[tuple[str, float], ...] = (),
+    output_rows: int = 0,
 ) -> Estimate:
     """Memory llama.cpp allocates to load this model and create a context of n_ctx tokens.
 
@@ -149,6 +150,9 @@ def estimate(
     x86-64 with AVX2; add "Q2_K" with AVX-512).
     workers: (endpoint, share) of the --rpc workers the offloaded layers are split over, in llama.cpp's
     device order, in place of a GPU (runner.memory.split).
+    output_rows: the most rows of logits one decode will ask for, where more than a row per sequence
+    (a prompt scored, `echo`; `bench --quality`'s chunk halves): llama.cpp grows the output buffer to
+    that many rows at that decode (output_reserve), and keeps it.
     """
     hp = hparams_from_header(header)
     cs = context_size(hp, n_ctx, n_seq=n_seq, n_batch=n_batch, n_ubatch=n_ubatch)
@@ -167,7 +171,8 @@ def estimate(
     # output_reserve(n_seq_max) at creation (llama-context.cpp:377, 2116): host memory, pinned
     # when the output layer is offloaded
     out_on_gpu = start <= hp.n_layer
-    buffers.append(Buffer("CUDA_Host" if out_on_gpu else "CPU", "output", "cpu", hp.n_vocab * cs.n_seq * 4))
+    rows = max(cs.n_seq, output_rows)
+    buffers.append(Buffer("CUDA_Host" if out_on_gpu else "CPU", "output", "cpu", hp.n_vocab * rows * 4))
     kw: dict[str, Any] = dict(flash_attn=fa, v_trans=v_trans, type_k=type_k, type_v=type_v)
     if gpu:
         buffers += _gpu_compute(header, hp, cs, start, **kw)

@@ -114,6 +114,7 @@ def _try(
     use_gpu: bool | None = None,
     adjust: dict[str, int] | None = None,
     flash_attn: bool | None = None,
+    output_rows: int = 0,
 ) -> Plan:
     use_gpu = machine.offloads if use_gpu is None else use_gpu
     try:
@@ -128,6 +129,7 @@ def _try(
             repack_types=machine.repack_types,
             flash_attn=flash_attn,
             workers=worker_shares(machine) if use_gpu else (),
+            output_rows=output_rows,
         )
     except ValueError as exc:  # e.g. an unknown KV type, or a quantized V cache without flash attention
         raise InvalidSetting(f"--kv-type {kv[1]}: {exc}") from exc
@@ -200,6 +202,7 @@ def make_plan(
     n_seq: int = 1,
     adjust: dict[str, int] | None = None,
     flash_attn: bool | None = None,
+    output_rows: int = 0,
 ) -> Plan:
     """The offload and context to load with; `fits` False means none was found (see alternatives).
 
@@ -218,14 +221,18 @@ def make_plan(
     def attempt(n_ctx: int, n_layers: int, kv: tuple[str, str], **kw: Any) -> Plan | None:
         try:
             return _try(
-                header, machine, n_ctx, n_layers, kv, n_seq, adjust=adjust, flash_attn=flash_attn, **kw
-            )
+                header, machine, n_ctx, n_layers, kv, n_seq, adjust=adjust, flash_attn=flash_attn,
+                output_rows=output_rows, **kw,
+            )  # fmt: skip
         except InvalidSetting:
             if kv_type:  # the user's choice: say why it cannot be
                 raise
             return None  # q8_0 without flash attention: not an option for this model
 
-    first = _try(header, machine, contexts[0], layers, kvs[0], n_seq, adjust=adjust, flash_attn=flash_attn)
+    first = _try(
+        header, machine, contexts[0], layers, kvs[0], n_seq, adjust=adjust, flash_attn=flash_attn,
+        output_rows=output_rows,
+    )  # fmt: skip
     for n_ctx in contexts:
         for kv in kvs:
             same = (n_ctx, kv) == (contexts[0], kvs[0])  # the first attempt is `first`: not twice
