@@ -63,6 +63,35 @@ def test_a_schemas_mask_is_in_the_logprobs(engine) -> None:
     assert abs(math.fsum(math.exp(lp) for _, lp in allowed) - 1) < 1e-6
 
 
+def test_a_reasonings_tokens_and_markers_are_not_the_answers() -> None:
+    """Only the answer's tokens are listed, each with the answer text it made: not the reasoning's,
+    not </think>, not the blank lines after it; a stop string's tokens are dropped."""
+    from runner.engine.logprobs import TokenLogprob
+    from runner.engine.sequence import Job, Slot
+
+    pieces = {1: "<think>", 2: "hmm", 3: "</think>", 4: "\n\n", 5: "Hi", 6: " there", 7: "!", 8: "END"}
+
+    class Vocab:
+        def is_end(self, token: int) -> bool:
+            return False
+
+        def token_bytes(self, token: int, *, special: bool = False) -> bytes:
+            return pieces[token].encode()
+
+    sent: list[list[int]] = []
+    job = Job(0, [0], GREEDY, stop=("END",), reasoning="think", logprobs=0)
+    job.on_logprobs = lambda entries: sent.append([e.token for e in entries])
+    slot = Slot(0, job, None, None, 0.0)
+    for token in pieces:
+        slot.scored = TokenLogprob(token, -0.5)
+        if slot.take(token, Vocab(), room=100) is not None:
+            break
+    result = slot.result("stop", flush=True, extra={})
+    assert (result.reasoning, result.text) == ("hmm", "Hi there!")
+    assert [e.token for e in result.logprobs] == [5, 6, 7]
+    assert sent == [[5], [6], [7]]
+
+
 # -- the server, with its real clients ------------------------------------------------------------
 
 

@@ -208,6 +208,13 @@ BAD = {
         "max_tokens",
         "0 only with echo",
     ),
+    "ollama logprobs with tools, streamed": (
+        "/api/chat",
+        chat(logprobs=True, tools=WEATHER),
+        400,
+        None,
+        "served whole",
+    ),
     "ollama top_logprobs 21": ("/api/chat", chat(logprobs=True, top_logprobs=21), 400, None, "top_logprobs"),
     "ollama logprobs a string": ("/api/generate", body(prompt="a", logprobs="yes"), 400, None, "logprobs"),
     "ollama show unknown": ("/api/show", body(model="nope"), 404, None, "served: smollm2"),

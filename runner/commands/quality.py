@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import zipfile
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -59,7 +60,7 @@ def quality(
     loaded = _open(model, ctx, threads)
     try:
         ui.info(f"scoring {name} with {describe_load(loaded)}")
-        tokens = loaded.engine.tokenize(text)
+        tokens = loaded.engine.tokenize(text, parse_special=False)  # as llama-perplexity
         figures, _ = score_text(loaded.engine, tokens, ctx, reference=kept, progress=_progress)
     finally:
         loaded.close()
@@ -84,7 +85,7 @@ def _reference(model: str, text: str, ctx: int, threads: int | None) -> Referenc
     """The reference's top tokens on this text: from the cache, else a pass of its own (kept)."""
     loaded = _open(model, ctx, threads)
     try:
-        tokens = loaded.engine.tokenize(text)
+        tokens = loaded.engine.tokenize(text, parse_special=False)  # as llama-perplexity
         path = _kept_path(loaded.path, tokens, ctx)
         kept = _load(path)
         if kept is not None:
@@ -115,7 +116,7 @@ def _load(path: Path) -> Reference | None:
         with np.load(path, allow_pickle=False) as data:
             hashed, ctx = str(data["tokens_hash"]), int(data["ctx"])
             return Reference(hashed, ctx, data["ids"], data["logp"], data["nll"])
-    except (OSError, KeyError, ValueError):  # none yet, or unreadable: scored again
+    except (OSError, KeyError, ValueError, zipfile.BadZipFile):  # none yet, or unreadable: scored again
         return None
 
 

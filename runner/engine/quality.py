@@ -137,23 +137,25 @@ def score_text(
             n = min(begin + len(piece), ctx - 1) - start  # rows that score a token (not the last)
             if n <= 0:
                 continue
-            logits = rows(engine.ctx, n, engine.n_vocab)
-            top = logits.max(axis=1, keepdims=True)
-            shifted = logits.astype(np.float64) - top
-            logp = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
-            nexts = np.asarray(tokens[c * ctx + start + 1 : c * ctx + start + 1 + n])
-            nll[at : at + n] = -logp[np.arange(n), nexts]
-            if reference is not None and kld is not None and same is not None:
-                kld[at : at + n] = _kl(reference, logp, at)
-                same[at : at + n] = logits.argmax(axis=1) == reference.ids[at : at + n, 0]
-            if kept_ids is not None and kept_logp is not None:
-                ids = np.argpartition(logp, -TOP_K, axis=1)[:, -TOP_K:]
-                ids.sort(axis=1)  # ties in id order, as argmax breaks them
-                order = np.argsort(-np.take_along_axis(logp, ids, axis=1), axis=1, kind="stable")
-                ids = np.take_along_axis(ids, order, axis=1)
-                kept_ids[at : at + n] = ids
-                kept_logp[at : at + n] = np.take_along_axis(logp, ids, axis=1)
-            at += n
+            everything = rows(engine.ctx, n, engine.n_vocab)
+            for i in range(0, n, ROWS):  # the float64 copies a block at a time, not n_batch rows at once
+                logits = everything[i : i + ROWS]
+                m = logits.shape[0]
+                shifted = logits.astype(np.float64) - logits.max(axis=1, keepdims=True)
+                logp = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
+                first_next = c * ctx + start + i + 1
+                nll[at : at + m] = -logp[np.arange(m), np.asarray(tokens[first_next : first_next + m])]
+                if reference is not None and kld is not None and same is not None:
+                    kld[at : at + m] = _kl(reference, logp, at)
+                    same[at : at + m] = logits.argmax(axis=1) == reference.ids[at : at + m, 0]
+                if kept_ids is not None and kept_logp is not None:
+                    ids = np.argpartition(logp, -TOP_K, axis=1)[:, -TOP_K:]
+                    ids.sort(axis=1)  # ties in id order, as argmax breaks them
+                    order = np.argsort(-np.take_along_axis(logp, ids, axis=1), axis=1, kind="stable")
+                    ids = np.take_along_axis(ids, order, axis=1)
+                    kept_ids[at : at + m] = ids
+                    kept_logp[at : at + m] = np.take_along_axis(logp, ids, axis=1)
+                at += m
         if progress is not None:
             progress(c + 1, n_chunks)
     mean = float(nll.mean())

@@ -53,6 +53,11 @@ class Splitter:
     def __post_init__(self) -> None:
         self._where = REASONING if self.start_in_reasoning else ANSWER
 
+    def answering(self, *, settled: bool = False) -> bool:
+        """Whether text pushed now is the answer's (`settled`: and the blank lines after </think> are
+        behind): a token is the answer's when this held before its text and, settled, after."""
+        return self._where == ANSWER and not self._header and not (settled and self._after_think)
+
     def push(self, text: str) -> list[tuple[str, str]]:
         if self.style is None:
             return [(ANSWER, text)] if text else []

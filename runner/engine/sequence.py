@@ -115,10 +115,14 @@ class Slot:
             return FINISH_STOP
         self.n_out += 1
         self.history.append(token)
-        if scored is not None:
-            self.scored_held.append(scored)
+        answering = scored is not None and self.splitter.answering()
         text, stopped = self.text.push(vocab.token_bytes(token, special=job.special))
-        self.emit(text)
+        parts = self.splitter.push(text) if text else []
+        # an answer token (not a reasoning's, a marker's, the blank lines after </think>): its entry
+        # goes out with the answer text it makes (held back with it, for a stop string)
+        if scored is not None and answering and (self.splitter.answering(settled=True) or not text):
+            self.scored_held.append(scored)
+        self._out(parts)
         if stopped:
             return FINISH_STOP
         if job.max_tokens is not None and self.n_out >= job.max_tokens:
@@ -133,20 +137,21 @@ class Slot:
         parts = self.splitter.push(text) if text else []
         if final:
             parts += self.splitter.flush()
+        self._out(parts)
+
+    def _out(self, parts: list[tuple[str, str]]) -> None:
         on_piece = self.job.on_piece
         for kind, part in parts:
             self.parts[kind].append(part)
-            if self.scored_held:
-                self._scored_out(kind)
+            if self.scored_held and kind == ANSWER:
+                self._scored_out()
             if on_piece is not None:
                 on_piece(kind, part)
 
-    def _scored_out(self, kind: str) -> None:
-        """The scored tokens whose text is coming out, with the answer's (a reasoning's are not
-        listed: OpenAI's logprobs are the content's)."""
+    def _scored_out(self) -> None:
+        """The answer tokens whose text is coming out (a reasoning's are not listed: OpenAI's logprobs
+        are the content's)."""
         scored, self.scored_held = self.scored_held, []
-        if kind != ANSWER:
-            return
         self.logprobs += scored
         if self.job.on_logprobs is not None:
             self.job.on_logprobs(scored)
@@ -159,7 +164,7 @@ class Slot:
         elif flush:
             self.emit("", final=True)
         if self.scored_held and not self.text.stopped:  # tokens of no text (a stop string's: dropped)
-            self._scored_out(ANSWER)
+            self._scored_out()
         now = time.perf_counter()
         first = self.first_at or now
         began = self.job.arrived or self.start

@@ -78,7 +78,7 @@ class _Generation:
         self.invalid: str | None = None  # how a finished JSON answer failed its check
         self.prompt_tokens = 0
         self.outcome = Outcome()
-        self.scored: Callable[[Sequence[Any]], list[Scored]] = lambda entries: []
+        self.scored: Callable[..., list[Scored]] = lambda entries, prompt=False: []
 
     def __aiter__(self) -> AsyncIterator[tuple[str, Any]]:
         return self._iterate()
@@ -121,7 +121,7 @@ class _Generation:
         o.logprobs = self.scored(result.logprobs)
         if result.prompt_logprobs or self.job is not None and self.job.echo:
             first = self.job.tokens[:1] if self.job is not None else []
-            o.prompt_logprobs = self.scored(first) + self.scored(result.prompt_logprobs)
+            o.prompt_logprobs = self.scored(first, True) + self.scored(result.prompt_logprobs, True)
         if self.json and result.error is None and result.finish_reason == FINISH_STOP:
             self.invalid = answer_mismatch(o.text.strip(), self.schema)
             if self.invalid is not None:
@@ -417,18 +417,27 @@ class ModelThread:
             tools = None
         return render_prompt(engine, header, messages, enable_thinking=ask.think, quiet=True, tools=tools)
 
-    def _scored(self, entries: Sequence[TokenLogprob | int]) -> list[Scored]:
-        """Scored tokens as the APIs show them (a bare id: the prompt's first token, unscored)."""
+    def _scored(self, entries: Sequence[TokenLogprob | int], prompt: bool = False) -> list[Scored]:
+        """Scored tokens as the APIs show them (a bare id: the prompt's first token, unscored). A
+        prompt's special tokens as their text (it was parsed from that text: echo gives it back)."""
         out = []
         for e in entries:
-            out.append(self._token(e) if isinstance(e, int) else self._token(e.token, e.logprob, e.top))
+            if isinstance(e, int):
+                out.append(self._token(e, special=prompt))
+            else:
+                out.append(self._token(e.token, e.logprob, e.top, special=prompt))
         return out
 
     def _token(
-        self, token: int, logprob: float | None = None, top: Sequence[tuple[int, float]] = ()
+        self,
+        token: int,
+        logprob: float | None = None,
+        top: Sequence[tuple[int, float]] = (),
+        *,
+        special: bool = False,
     ) -> Scored:
-        data = self.engine.token_bytes(token)
-        alternatives = tuple(self._token(t, lp) for t, lp in top)
+        data = self.engine.token_bytes(token, special=special)
+        alternatives = tuple(self._token(t, lp, special=special) for t, lp in top)
         return Scored(token, data.decode("utf-8", errors="replace"), data, logprob, alternatives)
 
     def _done(self, result: Result) -> None:

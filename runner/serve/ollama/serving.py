@@ -25,6 +25,9 @@ from runner.serve.shared.translate import past_call
 def ask_of(req: Base, backend: Backend, model: str, **fields: Any) -> Ask:
     """What chat and generate share, as an Ask (`fields`: the messages or the prompt, and more)."""
     options = req.options or Options()
+    if req.logprobs and req.stream is not False and fields.get("tools"):
+        message = "logprobs with tools are served whole (stream: false): the answer may be a call"
+        raise ApiError(400, message, param="logprobs")
     if options.num_ctx is not None and options.num_ctx > (context := backend.info(model).context):
         message = f"options.num_ctx: {options.num_ctx} is over the {context} tokens a sequence has here"
         raise ApiError(400, message, param="options.num_ctx")
@@ -169,7 +172,9 @@ def lines(
         outcome = answer.outcome
         if chat and outcome.tool_calls:
             yield line(message=chat_message("", calls=tool_calls(outcome)), done=False)
-        yield line(**({"message": chat_message("")} if chat else {"response": ""}), **done_fields(outcome))
+        scored = {"logprobs": logprobs(held)} if held else {}  # tokens of no text of their own
+        last = {"message": chat_message("")} if chat else {"response": ""}
+        yield line(**last, **scored, **done_fields(outcome))
 
     return streamed(request, [generation], chunks, errors.in_stream)
 

@@ -43,7 +43,10 @@ class OpenAI:
     async def completions(self, request: Request) -> Response:
         req = CompletionRequest.model_validate(await read_json(request, self.max_body))
         model = resolve_model(self.backend, req.model)
-        ask = serving.ask_of(req, model, prompt=req.prompt, echo=bool(req.echo))
+        # echo scores the prompt where logprobs are asked (else it is only written back), or where
+        # nothing is generated (max_tokens 0: the prompt alone is the answer)
+        scored = bool(req.echo) and (req.logprobs is not None or req.max_tokens == 0)
+        ask = serving.ask_of(req, model, prompt=req.prompt, echo=scored)
         head = {
             "id": new_id("cmpl-"),
             "object": "text_completion",
@@ -65,7 +68,7 @@ class OpenAI:
         asked = ask.logprobs is not None
         if chat:
             return JSONResponse(serving.chat_answer(head, outcomes, asked_logprobs=asked))
-        prompt = (ask.prompt or "") if ask.echo else ""
+        prompt = (ask.prompt or "") if isinstance(req, CompletionRequest) and req.echo else ""
         return JSONResponse(serving.text_answer(head, outcomes, asked_logprobs=asked, prompt=prompt))
 
     async def _submit(self, ask: Ask, n: int, param: str) -> list[Generation]:
