@@ -255,6 +255,11 @@ def _escape(text: str) -> str:
     return escape(text)
 
 
+def count(n: int, noun: str, plural: str | None = None) -> str:
+    """'1 thread', '2 threads', '1,024 tokens': a number and its noun, in the plural unless one."""
+    return f"{n:,} {noun if n == 1 else plural or noun + 's'}"
+
+
 def human_bytes(n: float) -> str:
     for unit in ("B", "KB", "MB", "GB", "TB"):
         if abs(n) < 1000 or unit == "TB":

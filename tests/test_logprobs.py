@@ -101,6 +101,23 @@ def server(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iter
         yield running
 
 
+def test_the_start_up_line_says_each_sequences_context(server: Server) -> None:
+    """--ctx is a sequence's context everywhere: the start-up line says so, the total beside it."""
+    assert "ctx 1024 a sequence (2048 in all)" in server.stderr() and "2 sequences at once" in server.stderr()
+
+
+def test_counts_are_said_in_the_singular_for_one() -> None:
+    from runner import ui
+
+    assert [ui.count(n, "thread") for n in (0, 1, 2, 1024)] == [
+        "0 threads",
+        "1 thread",
+        "2 threads",
+        "1,024 threads",
+    ]
+    assert ui.count(1, "request") == "1 request" and ui.count(3, "entry", "entries") == "3 entries"
+
+
 def test_chat_logprobs_whole_and_streamed_through_openai(server: Server) -> None:
     client = openai_client(server)
     messages = [{"role": "user", "content": "Name three colors."}]

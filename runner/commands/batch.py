@@ -113,7 +113,7 @@ def run_batch_command(request: BatchRequest, *, stdin: BinaryIO | None, out: Tex
     )
     try:
         if request.verbose:
-            ui.info(f"{describe_load(loaded)} · {loaded.engine.n_seq} sequences at once")
+            ui.info(f"{describe_load(loaded)} · {ui.count(loaded.engine.n_seq, 'sequence')} at once")
         return _answer(loaded, request, items, out)
     finally:
         loaded.close()

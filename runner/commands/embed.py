@@ -88,13 +88,9 @@ def _summary(threads: Threads, items: list[_Item], written: int, took: float) ->
     tokens = sum(len(item.tokens or ()) for item in items if item.error is None)
     changed = f", changed {threads.changes}x" if threads.changes else ""
     return (
-        f"{_count(written, 'text')}, {_count(tokens, 'token')} in {took:.2f} s "
-        f"({written / max(took, 1e-9):.1f} texts/s) · {_count(threads.used(), 'thread')}{changed}"
+        f"{ui.count(written, 'text')}, {ui.count(tokens, 'token')} in {took:.2f} s "
+        f"({written / max(took, 1e-9):.1f} texts/s) · {ui.count(threads.used(), 'thread')}{changed}"
     )
-
-
-def _count(n: int, noun: str) -> str:
-    return f"{n:,} {noun}{'' if n == 1 else 's'}"
 
 
 def _read(request: EmbedRequest, stdin: BinaryIO | None) -> list[_Item]:

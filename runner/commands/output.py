@@ -261,7 +261,11 @@ def describe_load(loaded: LoadedModel, *, model: bool = True) -> str:
             "all layers on the GPU" if engine.n_gpu_layers < 0 else f"{engine.n_gpu_layers} layers on the GPU"
         )
     fa = f"flash attention {flash_attn_name(engine.flash_attn)}"
-    load = f"ctx {engine.n_ctx} · KV {engine.kv_type} · {fa} · threads {engine.n_threads} · {offload}"
+    # --ctx means a sequence's context everywhere: the total beside it where sequences share one
+    ctx = f"ctx {engine.n_ctx}"
+    if engine.n_seq > 1:
+        ctx = f"ctx {engine.n_ctx_seq} a sequence ({engine.n_ctx} in all)"
+    load = f"{ctx} · KV {engine.kv_type} · {fa} · threads {engine.n_threads} · {offload}"
     return f"{describe_model(loaded)} · {load}" if model else load
 
 

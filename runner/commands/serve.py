@@ -140,7 +140,8 @@ def _run(request: ServeRequest, backend: Any, key: str | None, behind_front: boo
     for name in backend.loaded():
         served = backend.pool.loaded[name].thread.served
         kept = f" · prompt states kept up to {served.cache_ram / 1e6:,.0f} MB" if served.cache_ram else ""
-        ui.info(f"{describe_load(served.loaded)} · {backend.info(name).parallel} sequences at once{kept}")
+        at_once = ui.count(backend.info(name).parallel, "sequence")
+        ui.info(f"{describe_load(served.loaded)} · {at_once} at once{kept}")
     waiting = [n for n in backend.names() if n not in backend.loaded()]
     if waiting:
         ui.info(f"on demand: {', '.join(waiting)}")

@@ -131,7 +131,7 @@ def worker(request: WorkerRequest) -> None:
     threading.Thread(target=serve, name="ggml-rpc-server", daemon=True).start()
     offered = f"{ui.human_bytes(free)} of {ui.human_bytes(total)}" if free != total else ui.human_bytes(total)
     ui.echo(
-        f"runner worker on {endpoint}: {description}, {offered} offered, {threads} threads, "
+        f"runner worker on {endpoint}: {description}, {offered} offered, {ui.count(threads, 'thread')}, "
         f"tensor cache {cache or 'off'}; Ctrl-C stops it"
     )
     stop = threading.Event()

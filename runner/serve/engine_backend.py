@@ -200,7 +200,8 @@ class ModelThread:
                 raise QueueFull("the server is stopping", retry_after=5)
             if self._in_flight >= self.engine.n_seq + self.queue_limit:
                 raise QueueFull(
-                    f"{self.queue_limit} requests already wait for {self.served.info.name} (--queue)"
+                    f"{ui.count(self.queue_limit, 'request')} already "
+                    f"{'waits' if self.queue_limit == 1 else 'wait'} for {self.served.info.name} (--queue)"
                 )
             self._in_flight += 1
             self._inbox.append(request)
@@ -232,7 +233,8 @@ class ModelThread:
             if self._stopping:
                 raise QueueFull("the server is stopping", retry_after=5)
             if self._embedding >= max(1, self.queue_limit):
-                raise QueueFull(f"{self._embedding} embedding requests already wait (--queue)")
+                waiting = ui.count(self._embedding, "embedding request")
+                raise QueueFull(f"{waiting} already {'waits' if self._embedding == 1 else 'wait'} (--queue)")
             self._embedding += 1
             self._inbox.append(request)
             self._wakeup.notify()
