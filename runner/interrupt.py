@@ -91,10 +91,14 @@ def install() -> None:
 
 
 def uninstall() -> None:
-    """Their defaults back, for Python's finalization (a late one ends the process by the signal)."""
+    """Their defaults back, for Python's finalization (a late one ends the process by the signal).
+    SIGINT too: left at Python's own handler, a Ctrl-C during finalization raised KeyboardInterrupt
+    in threading._shutdown, and Python printed "Exception ignored ... Traceback" (CI saw it once)."""
     for signum in STOP_SIGNALS:
         if signal.getsignal(signum) is _raise:
             signal.signal(signum, signal.SIG_DFL)
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _handler(signum: int, _frame: Any) -> None:

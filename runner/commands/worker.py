@@ -130,17 +130,17 @@ def worker(request: WorkerRequest) -> None:
 
     threading.Thread(target=serve, name="ggml-rpc-server", daemon=True).start()
     offered = f"{ui.human_bytes(free)} of {ui.human_bytes(total)}" if free != total else ui.human_bytes(total)
+    # Ctrl-C and SIGTERM stop it from here on: set before the line that says so (a Ctrl-C just after
+    # it, before a try block began, exited 130 where every other stop exits 0: CI saw it once)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
     ui.echo(
         f"runner worker on {endpoint}: {description}, {offered} offered, {ui.count(threads, 'thread')}, "
         f"tensor cache {cache or 'off'}; Ctrl-C stops it"
     )
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    try:
-        while not stop.is_set() and not failed.is_set():
-            stop.wait(0.2)
-    except KeyboardInterrupt:
-        pass
+    while not stop.is_set() and not failed.is_set():
+        stop.wait(0.2)
     if failed.is_set():
         raise EngineError(f"ggml-rpc could not serve on {endpoint}")
     sys.stderr.flush()
