@@ -274,16 +274,12 @@ class Loop:
         chain, after its guide (a schema's) masked every token the schema cannot take there. -1
         where the guide refused the token (the answer has ended, its error said)."""
         guide = slot.guide
-        if guide is None:
-            token = int(self.lib.llama_sampler_sample(slot.sampler, self.engine.ctx, row))
-            if slot.job.logprobs is not None:
-                slot.scored = self._score(slot, row, token)
-            return token
-        guide.mask(self.lib.llama_get_logits_ith(self.engine.ctx, row))
+        if guide is not None:
+            guide.mask(self.lib.llama_get_logits_ith(self.engine.ctx, row))
         token = int(self.lib.llama_sampler_sample(slot.sampler, self.engine.ctx, row))
         if slot.job.logprobs is not None:
             slot.scored = self._score(slot, row, token)
-        if guide.take(token):
+        if guide is None or guide.take(token):
             return token
         self._finish(slot, FINISH_ERROR, error=f"the schema's constraint failed: {guide.error}")
         return -1

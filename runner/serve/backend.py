@@ -8,11 +8,12 @@ model's own thread: runner.engine.batch's loop, fed by this module as requests c
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from runner.engine.answer import Result
+from runner.engine.logprobs import TokenLogprob
 from runner.errors import RunnerError, UsageError
 
 
@@ -49,6 +50,19 @@ class Scored:
     bytes: bytes
     logprob: float | None
     top: tuple[Scored, ...] = ()
+
+
+def scored_tokens(vocab: Any, entries: Sequence[TokenLogprob | int], prompt: bool = False) -> list[Scored]:
+    """Scored tokens as the APIs show them, in the model's thread (`vocab`: its engine's token_bytes):
+    a bare id is the prompt's first token, unscored. A prompt's special tokens as their text (it was
+    parsed from that text: echo gives it back)."""
+
+    def one(token: int, logprob: float | None = None, top: Sequence[tuple[int, float]] = ()) -> Scored:
+        data = vocab.token_bytes(token, special=prompt)
+        alternatives = tuple(one(t, lp) for t, lp in top)
+        return Scored(token, data.decode("utf-8", errors="replace"), data, logprob, alternatives)
+
+    return [one(e) if isinstance(e, int) else one(e.token, e.logprob, e.top) for e in entries]
 
 
 @dataclass

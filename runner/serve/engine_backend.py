@@ -12,11 +12,12 @@ one llama_decode between two batch steps.
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import json
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,7 +42,7 @@ from runner.engine.template import TEMPLATE_KEY, Message
 from runner.engine.tools import forced_call_schema, parse_tool_calls, tools_as_system
 from runner.errors import InvalidSetting, RunnerError
 from runner.loader import LoadedModel
-from runner.serve.backend import Ask, BadField, ModelInfo, Outcome, QueueFull, Scored, TooLong
+from runner.serve.backend import Ask, BadField, ModelInfo, Outcome, QueueFull, Scored, TooLong, scored_tokens
 from runner.serve.embed_queue import EmbedQueue, EmbedRequest
 
 
@@ -346,7 +347,7 @@ class ModelThread:
             return
         index = next(self._ids)
         generation.prompt_tokens = len(prompt.tokens)
-        generation.scored = self._scored
+        generation.scored = functools.partial(scored_tokens, self.engine)
         generation.job = Job(
             index,
             prompt.tokens,
@@ -418,29 +419,6 @@ class ModelThread:
             messages = tools_as_system(messages, tools)  # the template would not show them
             tools = None
         return render_prompt(engine, header, messages, enable_thinking=ask.think, quiet=True, tools=tools)
-
-    def _scored(self, entries: Sequence[TokenLogprob | int], prompt: bool = False) -> list[Scored]:
-        """Scored tokens as the APIs show them (a bare id: the prompt's first token, unscored). A
-        prompt's special tokens as their text (it was parsed from that text: echo gives it back)."""
-        out = []
-        for e in entries:
-            if isinstance(e, int):
-                out.append(self._token(e, special=prompt))
-            else:
-                out.append(self._token(e.token, e.logprob, e.top, special=prompt))
-        return out
-
-    def _token(
-        self,
-        token: int,
-        logprob: float | None = None,
-        top: Sequence[tuple[int, float]] = (),
-        *,
-        special: bool = False,
-    ) -> Scored:
-        data = self.engine.token_bytes(token, special=special)
-        alternatives = tuple(self._token(t, lp, special=special) for t, lp in top)
-        return Scored(token, data.decode("utf-8", errors="replace"), data, logprob, alternatives)
 
     def _done(self, result: Result) -> None:
         generation = self._jobs.pop(result.index)
