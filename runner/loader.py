@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from runner import ui
 from runner.engine.context import CTX_PAD
@@ -34,6 +34,9 @@ from runner.memory.plan import (
     make_plan,
     trained_context,
 )
+
+if TYPE_CHECKING:
+    from runner.memory.speed import Where
 
 UNQUANTIZED_KV = ("f16", "f32", "bf16")
 # Flash attention in a chat on the CPU: off. llama.cpp's "auto" turns it on, and its CPU kernel is
@@ -152,15 +155,58 @@ def plan_for(
 
     A refusal prints the estimate's table on stderr and names the nearest options that fit; `smaller`
     lists smaller quants of the same repo that fit (asked only when refusing: it reads remote headers).
-    With the model's `path`, a plan whose compute buffers the estimate only approximates is checked
-    by a dry run of the load (plan.confirm); without it, that check is left to a later call.
-    `growing`: the context will fill up as the model runs (a chat), see CPU_CHAT_FLASH_ATTN.
-    `parallel` sequences share the context (a batch); with `most_parallel`, the most up to that
-    which fit (halving), as the plan's n_seq.
+    The plan itself is choose_plan's (see there for the other options).
     """
     here = machine()
     for warning in setting_warnings(header, here, ctx=ctx):
         ui.warn(warning)
+    plan, asked = choose_plan(
+        header,
+        here,
+        ctx=ctx,
+        gpu_layers=gpu_layers,
+        kv_type=kv_type,
+        flash_attn=flash_attn,
+        growing=growing,
+        parallel=parallel,
+        most_parallel=most_parallel,
+        path=path,
+        output_rows=output_rows,
+    )
+    if not plan.fits and not force:
+        ui.echo("\n".join(device_table(plan)))
+        quants = smaller() if smaller is not None else []
+        raise WontFit(describe_refusal(name, plan, quants))
+    chose = departures(plan, header, here, ctx=asked["ctx"], gpu_layers=gpu_layers, kv_type=kv_type)
+    final = path is not None or plan.estimate.exact  # else a check with the file follows: say it then
+    if chose and plan.fits and final:
+        ui.info(f"{name} runs with {' and '.join(chose)}")
+    return plan
+
+
+def choose_plan(
+    header: GGUFHeader,
+    here: Machine,
+    *,
+    ctx: int | None = None,
+    gpu_layers: int | None = None,
+    kv_type: str | None = None,
+    flash_attn: bool | None = None,
+    growing: bool = False,
+    parallel: int = 1,
+    most_parallel: bool = False,
+    path: Path | None = None,
+    output_rows: int = 0,
+) -> tuple[Plan, dict[str, Any]]:
+    """The plan a load makes, fitting or not, and what make_plan was asked for it: plan_for's, and
+    `runner fit`'s, so that fit says what a load would do with the same settings.
+
+    With the model's `path`, a plan whose compute buffers the estimate only approximates is checked
+    by a dry run of the load (plan.confirm); without it, that check is left to a later call.
+    `growing`: the context will fill up as the model runs (a chat), see CPU_CHAT_FLASH_ATTN.
+    `parallel` sequences share the context (a batch); with `most_parallel`, the most up to that
+    which fit (halving), as the plan's n_seq. `output_rows`: the most rows of logits one decode asks for.
+    """
 
     def asking(n: int) -> dict[str, Any]:
         return dict(
@@ -191,15 +237,68 @@ def plan_for(
             plan, asked["flash_attn"] = off, CPU_CHAT_FLASH_ATTN
     if path is not None:
         plan = confirm(plan, header, here, dry_run_of(path), **asked)
-    if not plan.fits and not force:
-        ui.echo("\n".join(device_table(plan)))
-        quants = smaller() if smaller is not None else []
-        raise WontFit(describe_refusal(name, plan, quants))
-    chose = departures(plan, header, here, ctx=asked["ctx"], gpu_layers=gpu_layers, kv_type=kv_type)
-    final = path is not None or plan.estimate.exact  # else a check with the file follows: say it then
-    if chose and plan.fits and final:
-        ui.info(f"{name} runs with {' and '.join(chose)}")
-    return plan
+    return plan, asked
+
+
+# -- runner serve's plan: what it asks beyond the flags, and what it counts against its budget -----
+
+SERVE_PARALLEL = 4  # runner serve's sequences without --parallel (llama-server's slots), fewer if need be
+
+
+def serve_planning(parallel: int | None) -> dict[str, Any]:
+    """What runner serve asks of the plan beside the flags (and `runner fit --serve` with it):
+    --parallel sequences, or the most up to SERVE_PARALLEL that fit; and room in the output buffer
+    for a scored prompt's rows of logits (logprobs' `echo`, runner.engine.logprobs.ROWS a decode)."""
+    from runner.engine.logprobs import ROWS
+
+    return dict(parallel=parallel or SERVE_PARALLEL, most_parallel=parallel is None, output_rows=ROWS)
+
+
+def embedding_context(plan: Plan, header: GGUFHeader) -> dict[str, int]:
+    """The embedding context a served model makes at its first embedding request
+    (runner.engine.embed), by device: on the device of its KV cache."""
+    from runner.engine.embed import EMBED_CTX, MAX_SEQS
+    from runner.memory.estimate import embedding_context_bytes
+
+    n_ctx = min(EMBED_CTX, plan.n_ctx // max(1, plan.n_seq))
+    where = "gpu" if plan.full_offload and any(v.device == "gpu" for v in plan.verdicts) else "cpu"
+    return {where: embedding_context_bytes(header, n_ctx=n_ctx, n_seq=MAX_SEQS)}
+
+
+def serve_needs(plan: Plan, header: GGUFHeader) -> dict[str, int]:
+    """What a served model holds, by device, as runner serve counts it against its budget: the plan's,
+    and the embedding context, so that models on demand are loaded beside it only where both fit.
+    Not counted: the prompt states a model keeps between requests (--cache-ram), made as prompts are
+    set aside, from memory free then."""
+    needs = {v.device: v.needed_bytes for v in plan.verdicts}
+    for device, n in embedding_context(plan, header).items():
+        needs[device] = needs.get(device, 0) + n
+    return needs
+
+
+def speed_where(path: Path | None, plan: Plan, here: Machine, threads: int | None = None) -> Where:
+    """What a decode speed of this plan holds for (runner.memory.speed): the model file (None:
+    not on this machine), this machine and its llama.cpp build, the most threads the engine may use
+    (--threads, else the physical cores), the devices the plan puts the layers on."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from runner.engine.llamacpp import default_threads, llama
+    from runner.memory import speed
+
+    try:
+        build = version("llama-cpp-python")
+    except PackageNotFoundError:
+        build = "?"
+    build += " " + llama().llama_print_system_info().decode(errors="replace")
+    file, size, mtime_ns = speed.model_file(path) if path is not None else ("", 0, 0)
+    return speed.Where(
+        file,
+        size,
+        mtime_ns,
+        speed.machine_id(build),
+        threads or default_threads(),
+        speed.device_of(plan, here),
+    )
 
 
 def smaller_quants(

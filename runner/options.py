@@ -273,8 +273,20 @@ Force = Annotated[
     typer.Option("--force", help="Load even when the estimate says it will not fit.", rich_help_panel=LIMITS),
 ]
 Parallel = Annotated[
-    int,
-    typer.Option(help="Sequences decoded at once, as run --parallel: --ctx is each one's [default: 2048]."),
+    Optional[int],
+    typer.Option(
+        help="Sequences decoded at once, as run --parallel: --ctx is each one's (2048 by default) "
+        "[default: 1; with --serve, runner serve's: 4, fewer if they do not fit]",
+        show_default=False,
+    ),
+]
+FitServe = Annotated[
+    bool,
+    typer.Option(
+        "--serve",
+        help="Plan as runner serve plans with the same flags, and count what it counts against its "
+        "budget: rows of logits for logprobs, the embedding context.",
+    ),
 ]
 
 Json = Annotated[

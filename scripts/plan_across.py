@@ -11,7 +11,7 @@ Each plan is runner's own (runner.memory.plan.make_plan), printed as `runner fit
 The traffic per token is computed from ggml-rpc's protocol (ggml-rpc.cpp: the packed rpc_tensor,
 SET_TENSOR, GET_TENSOR, GRAPH_COMPUTE / GRAPH_RECOMPUTE) and ggml_backend_sched's copies of each
 split's inputs; the time a token takes from an assumed memory bandwidth, as runner's decode estimate
-(runner.commands.fit.bytes_per_token) does. Nothing here is measured.
+(runner.memory.speed.bytes_per_token) does. Nothing here is measured.
 
     python scripts/plan_across.py                     # the scenarios at --ctx 8192 and 32768
     python scripts/plan_across.py --ctx 8192 --bandwidth 50
@@ -34,6 +34,7 @@ from runner.commands import fit  # noqa: E402
 from runner.gguf import GGUFHeader, TensorInfo  # noqa: E402
 from runner.hub.headers import ModelHeaders  # noqa: E402
 from runner.hub.refs import HubRef  # noqa: E402
+from runner.memory import speed  # noqa: E402
 from runner.memory.arch import hparams_from_header  # noqa: E402
 from runner.memory.build import build_graph  # noqa: E402
 from runner.memory.compute import graph_params  # noqa: E402
@@ -204,8 +205,8 @@ def show_plan(header: GGUFHeader, here: Machine, ctx: int, kv: str, out: TextIO)
     model = ModelHeaders((header,), header.source, header.expected_file_size)
     ref = HubRef(REPO, quant="Q4_K_M")
     chose = departures(plan, header, here, ctx=ctx, gpu_layers=None, kv_type=kv) if plan.fits else []
-    speed = fit.decode_speed(header, plan, here) if not here.workers else None  # none with --rpc
-    fit._describe(ref, model, plan, here, speed, out, chose, ctx)
+    decode = speed.decode(header, plan, here, None) if not here.workers else None  # none with --rpc
+    fit._describe(ref, model, plan, here, decode, out, chose, ctx)
     return plan
 
 
@@ -296,7 +297,7 @@ def show_network(
     early = traffic(header, layers, 1, 256)
     verify = traffic(header, layers, 1 + DRAFTS, n_ctx, n_outputs=1 + DRAFTS)
     prompt = traffic(header, layers, PROMPT_TOKENS, PROMPT_TOKENS)
-    per_token = fit.bytes_per_token(header, plan)
+    per_token = speed.bytes_per_token(header, plan)
     kb = 1e3
     out.write(f"network, {len(layers)} workers ({', '.join(map(str, layers))} layers), 1 GbE:\n")
     out.write(

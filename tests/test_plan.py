@@ -492,3 +492,141 @@ def test_with_small_workers_the_most_layers_they_hold_and_the_rest_here(header) 
         plan, header, Machine(1 << 34, 4 << 30, workers=workers), ctx=2048, gpu_layers=None, kv_type=None
     )
     assert any("on the workers, the rest on this machine's CPU" in d for d in departed)
+
+
+# -- issue 40: one figure for one plan, fit against serve; decode speed as measured here --------------
+
+
+def test_fit_serve_fit_json_and_serve_s_refusal_give_one_figure(tmp_path: Path) -> None:
+    """A gemma3 model at --parallel 4 --ctx 2048: `fit --serve` (table and --json) says to the byte
+    what runner serve counts against its budget; `fit` alone counts the same plan less the two parts
+    only a server adds, named; the server's refusal gives the same figure, its parts and the ways
+    under the budget."""
+    import httpx
+    import synth
+
+    from tests.serving import serving
+
+    folder = tmp_path / "models"
+    folder.mkdir()
+    path = synth.write_model(folder / "gemma.gguf", synth.SPECS["gemma3"])
+    flags = ["--parallel", "4", "--ctx", "2048"]
+    served = json.loads(run_cli("fit", str(path), "--serve", *flags, "--json").stdout)
+    plain = json.loads(run_cli("fit", str(path), *flags, "--json").stdout)
+    table = run_cli("fit", str(path), "--serve", *flags).stdout.decode()
+    plain_table = run_cli("fit", str(path), *flags).stdout.decode()
+    needs = served["needs_bytes"]
+    assert (served["parallel"], served["ctx"], plain["parallel"], plain["ctx"]) == (4, 2048, 4, 2048)
+    assert needs == sum(d["total_bytes"] for d in served["devices"])
+    assert f"needs: {needs / 1e6:,.0f} MB in all" in table
+    assert f"needs: {plain['needs_bytes'] / 1e6:,.0f} MB in all" in plain_table
+    # the JSON's estimate is llama.cpp's reservation (its compute buffer whole), and the table says so
+    assert f"llama.cpp reserves: {plain['estimate']['total_bytes'] / 1e6:,.0f} MB" in plain_table
+    # what a server adds, named: 64 rows of logits in the output buffer (4 without), the embedding context
+    vocab = synth.SPECS["gemma3"].n_vocab
+    assert served["serve"]["output_rows"] == 64 and plain["serve"] is None
+    embedding = served["serve"]["embedding_bytes"]
+    assert served["devices"][0]["embedding_bytes"] == embedding > 0
+    assert needs - plain["needs_bytes"] == embedding + (64 - 4) * vocab * 4
+    assert "--serve" in plain_table  # fit alone says that a server counts more
+    args = ["--models", str(folder), *flags, "--threads", "1", "--memory", str(needs - 1)]
+    with serving(args, tmp_path / "stderr") as server:
+        body = {"model": "gemma", "messages": [{"role": "user", "content": "Hi"}], "stream": False}
+        refused = httpx.post(f"{server.url}/api/chat", json=body, timeout=120)
+    assert refused.status_code == 400, refused.text
+    message = refused.json()["error"]
+    assert f"gemma needs {needs / 1e6:,.0f} MB of cpu memory" in message, message
+    assert f"may use {(needs - 1) / 1e6:,.0f} MB" in message, message
+    for said in (
+        "embedding context",
+        "logprobs",
+        f"runner fit {path} --serve",
+        "--parallel",
+        "--ctx",
+        "--memory",
+    ):
+        assert said in message, message
+
+
+def test_serve_plans_and_counts_as_the_loader_says_fit_serve_does(header) -> None:
+    """runner serve's own planning options and price of a model are the loader's, which fit --serve
+    shows: one definition, checked here while serve keeps a copy of its own."""
+    from runner.commands import serve
+    from runner.loader import choose_plan, machine, serve_needs, serve_planning
+
+    here = machine()
+    for parallel in (None, 2):
+        asked = serve._planning(serve.ServeRequest(models=[], parallel=parallel, ctx=1024))
+        assert {k: asked[k] for k in ("parallel", "most_parallel", "output_rows")} == serve_planning(parallel)
+        plan, _ = choose_plan(header, here, ctx=1024, **serve_planning(parallel))
+        assert serve._needs(plan, header) == serve_needs(plan, header)
+
+
+def test_fit_parallel_without_ctx_chose_no_smaller_context(smollm2_path: Path) -> None:
+    """--parallel 2 without --ctx is two of 2,048 tokens, as run plans a batch: not "a 4,096-token
+    context (8,192 would not fit)", which fit once said of it."""
+    done = run_cli("fit", str(smollm2_path), "--parallel", "2")
+    assert done.returncode == 0, done.stderr
+    assert "2,048 tokens for each of 2 sequences" in done.stdout.decode()
+    assert "chosen for this machine" not in done.stdout.decode(), done.stdout.decode()
+
+
+def test_fit_shows_the_decode_speed_runner_bench_measured_here(smollm2_path: Path, tmp_path: Path) -> None:
+    """fit's speed: an upper bound, said to be one, until `runner bench` has measured the model on this
+    machine; then bench's tg128, said to be measured, and when."""
+    env = {"RUNNER_HOME": str(tmp_path / "home")}
+    before = json.loads(run_cli("fit", str(smollm2_path), "--json", env=env).stdout)["decode"]
+    assert before["source"] == "bound"
+    bench = run_cli("bench", str(smollm2_path), "--repetitions", "1", "--json", env=env, timeout=300)
+    assert bench.returncode == 0, bench.stderr
+    tg = json.loads(bench.stdout)["tg_tokens_per_s"]
+    done = run_cli("fit", str(smollm2_path), env=env)
+    line = next(x for x in done.stdout.decode().splitlines() if x.startswith("decode: "))
+    shown = re.match(r"decode: ~(\d+) tok/s \(measured by runner bench on this machine, (\S+)\)$", line)
+    assert shown, line
+    assert abs(float(shown[1]) - tg) <= 0.3 * tg, (line, tg)
+    report = json.loads(run_cli("fit", str(smollm2_path), "--json", env=env).stdout)["decode"]
+    assert report["source"] == "measured" and report["tokens_per_s"] == round(tg, 1)
+    assert report["measured_at"].startswith(shown[2])
+
+
+def test_fit_without_a_measurement_says_its_bound_is_one_and_what_bench_measured_nearby(
+    smollm2_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A model bench has not measured here: the bandwidth bound, said to be an upper bound, beside
+    what bench measured here of the model nearest in size against its own bound (for scale only)."""
+    import io
+
+    import synth
+
+    from runner.commands.fit import Request, fit_model
+    from runner.loader import machine, speed_where
+    from runner.memory import speed
+
+    monkeypatch.setenv("RUNNER_HOME", str(tmp_path / "home"))
+    here = machine()
+    header = read_header(smollm2_path)
+    plan = make_plan(header, here, ctx=768)
+    per_token = speed.bytes_per_token(header, plan)
+    speed.remember(
+        speed_where(smollm2_path, plan, here),
+        speed.Measured("smollm2", 40.0, 160.0, per_token, "2026-12-06T10:00:00+00:00"),
+    )
+    other = synth.write_model(tmp_path / "gemma.gguf", synth.SPECS["gemma3"])
+    report, text = io.StringIO(), io.StringIO()
+    fit_model(Request(str(other), as_json=True), out=report)
+    fit_model(Request(str(other)), out=text)
+    decode = json.loads(report.getvalue())["decode"]
+    assert decode["source"] == "bound" and decode["measured_at"] is None
+    assert decode["nearest_measured"] == {"model": "smollm2", "tokens_per_s": 40.0, "of_bound": 0.25}
+    line = next(x for x in text.getvalue().splitlines() if x.startswith("decode: "))
+    assert re.fullmatch(
+        r"decode: ~\d+ tok/s at most \(an upper bound: bytes read per token / memory bandwidth; runner "
+        r"bench measured smollm2 here at 0\.25 of its bound \(40 tok/s\), but that share differs from "
+        r"model to model; runner bench MODEL measures it, and fit shows that figure after\)",
+        line,
+    ), line
+    # the measured model itself: its own figure
+    own = io.StringIO()
+    fit_model(Request(str(smollm2_path), as_json=True), out=own)
+    assert json.loads(own.getvalue())["decode"]["source"] == "measured"

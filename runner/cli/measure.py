@@ -60,7 +60,8 @@ def fit(
     kv_type: o.KvType = None,
     flash_attn: o.FlashAttn = None,
     gpu_layers: o.GpuLayers = None,
-    parallel: o.Parallel = 1,
+    parallel: o.Parallel = None,
+    serve: o.FitServe = False,
     offline: o.Offline = False,
     json: o.JsonObject = False,
     rpc: o.Rpc = None,
@@ -79,6 +80,7 @@ def fit(
       runner fit bartowski/Llama-3.2-3B-Instruct-GGUF:Q4_K_M --ctx 32768 --kv-type q8_0
       runner fit bartowski/Llama-3.2-3B-Instruct-GGUF            # every quant
       runner fit ./model.gguf --json
+      runner fit ./model.gguf --serve --parallel 4 --ctx 2048     # what runner serve counts
     """
     from runner.commands.fit import Request, fit_model
 
@@ -92,6 +94,7 @@ def fit(
             parallel=parallel,
             offline=offline,
             as_json=json,
+            serve=serve,
         ),
         out=sys.stdout,
     )

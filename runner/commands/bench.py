@@ -5,7 +5,8 @@ pp512 and tg128 as llama-bench defines them: 512 prompt tokens evaluated from an
 (prefill, generate_step). TTFT of a short chat prompt; end to end, `runner run` as a process (start-up
 and load included); aggregate throughput of 16 prompts at --parallel 1, 4 and 16
 (runner.engine.batch). Medians of --repetitions runs, and a warning when they disagree beyond the
-noise. A bar on a terminal's stderr shows the step under way.
+noise. A bar on a terminal's stderr shows the step under way. tg128 is kept per model file, machine,
+threads and device, for `runner fit` to show (runner.memory.speed).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TextIO
 
 from runner import ui
@@ -63,6 +65,7 @@ def bench(
         samples["end_to_end"], rates = _end_to_end(model, repetitions, step, rpc)
         parallel = {str(n): _parallel(model, n, threads, step) for n in PARALLEL}
     figures = summarize(samples, rates)
+    _remember(loaded, threads, figures["tg_tokens_per_s"])
     figures["parallel"] = parallel
     figures["model"] = loaded.name
     if as_json:
@@ -72,6 +75,20 @@ def bench(
     warning = disagreement(figures["spread"])
     if warning:
         ui.warn(warning)
+
+
+def _remember(loaded: LoadedModel, threads: int | None, tg: float) -> None:
+    """Keep tg128 for `runner fit` (runner.memory.speed): per model file, machine, threads and device,
+    with the bandwidth bound of the same plan, so that fit can scale the bound for models not measured."""
+    from runner.loader import machine, speed_where
+    from runner.memory import speed
+
+    here = machine()
+    where = speed_where(loaded.path, loaded.plan, here, threads)
+    limit = speed.bound(loaded.header, loaded.plan, here)
+    per_token = speed.bytes_per_token(loaded.header, loaded.plan)
+    shown = loaded.path.name if Path(loaded.name).exists() else loaded.name  # a file: its name, not its path
+    speed.remember(where, speed.Measured(shown, tg, limit, per_token, speed.now()))
 
 
 def summarize(samples: dict[str, list[float]], rates: list[float]) -> dict[str, Any]:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
@@ -16,20 +15,18 @@ from runner.hub.headers import ModelHeaders, read_model, read_remote
 from runner.hub.quants import Choice, offer
 from runner.hub.refs import HubRef, LocalRef, resolve
 from runner.limits import check_range, flash_attn_name, flash_attn_setting
+from runner.memory import speed
 from runner.memory.devices import Machine
 from runner.memory.plan import (
     Plan,
     check_asked,
-    confirm,
     departures,
     device_table,
     held,
     largest_context,
-    make_plan,
     trained_context,
 )
-
-BANDWIDTH_PROBE_BYTES = 64 << 20
+from runner.memory.speed import Decode
 
 
 @dataclass(frozen=True)
@@ -39,24 +36,29 @@ class Request:
     kv_type: str | None = None
     flash_attn: str | None = None  # --flash-attn as typed
     gpu_layers: int | None = None
-    parallel: int = 1
+    parallel: int | None = None  # None: 1, or with --serve runner serve's default
     offline: bool = False
     as_json: bool = False
+    serve: bool = False  # plan as runner serve plans with the same flags, and count what it counts
 
     @property
-    def asked(self) -> dict[str, Any]:
-        """What the user set of the plan, as make_plan, confirm and departures take it. With
-        --parallel N, as `run --parallel`: --ctx is each sequence's (default 2048), N of them in all."""
+    def planning(self) -> dict[str, Any]:
+        """What the plan is asked, as loader.choose_plan takes it: the flags (with --parallel N, as
+        `run --parallel`: --ctx is each sequence's, default 2048, N of them in all), and with --serve
+        what runner serve asks beside them (loader.serve_planning)."""
+        serving = loader.serve_planning(self.parallel) if self.serve else dict(parallel=self.parallel or 1)
         return dict(
-            ctx=loader.total_ctx(self.ctx, self.parallel),
+            ctx=self.ctx,
             gpu_layers=self.gpu_layers,
             kv_type=self.kv_type,
             flash_attn=flash_attn_setting(self.flash_attn),
+            **serving,
         )
 
 
 def fit_model(request: Request, *, out: TextIO) -> None:
-    check_range(request.parallel, "--parallel", 1, 256)
+    if request.parallel is not None:
+        check_range(request.parallel, "--parallel", 1, 256)
     check_asked(ctx=request.ctx, gpu_layers=request.gpu_layers)
     flash_attn_setting(request.flash_attn)
     ref = resolve(request.model, load_catalog())
@@ -67,24 +69,29 @@ def fit_model(request: Request, *, out: TextIO) -> None:
     model = read_model(ref, offline=request.offline)
     warnings = _warn(model.merged, machine, request)
     plan = _plan(model.merged, machine, request, model.path)
-    speed = decode_speed(model.merged, plan, machine)
-    chose = (
-        departures(
-            plan,
-            model.merged,
-            machine,
-            ctx=request.ctx,
-            gpu_layers=request.gpu_layers,
-            kv_type=request.kv_type,
-        )
-        if plan.fits
-        else []
-    )
+    beside = loader.embedding_context(plan, model.merged) if request.serve else {}
+    where = loader.speed_where(model.path, plan, machine)
+    decode = speed.decode(model.merged, plan, machine, where)
+    chose = _chose(plan, model.merged, machine, request) if plan.fits else []
     if request.as_json:
-        report = {**to_json(ref, model, plan, machine, speed), "chosen": chose, "warnings": warnings}
+        report = {
+            **to_json(ref, model, plan, machine, decode, beside),
+            "chosen": chose,
+            "warnings": warnings,
+        }
         out.write(json.dumps(report) + "\n")
         return
-    _describe(ref, model, plan, machine, speed, out, chose, request.ctx)
+    _describe(ref, model, plan, machine, decode, out, chose, request.ctx, beside)
+
+
+def _chose(plan: Plan, header: GGUFHeader, machine: Machine, request: Request) -> list[str]:
+    """What the plan chose that the flags did not say (plan.departures), and with --serve fewer
+    sequences than runner serve's default where they would not fit, as serve chooses them."""
+    ctx = loader.total_ctx(request.ctx, plan.n_seq)  # as plan_for asks it: a batch's context is set
+    chose = departures(plan, header, machine, ctx=ctx, gpu_layers=request.gpu_layers, kv_type=request.kv_type)
+    if request.serve and request.parallel is None and plan.n_seq < loader.SERVE_PARALLEL:
+        chose.append(f"{plan.n_seq} sequences at once ({loader.SERVE_PARALLEL} would not fit)")
+    return chose
 
 
 def _warn(header: GGUFHeader, machine: Machine, request: Request) -> list[str]:
@@ -96,15 +103,18 @@ def _warn(header: GGUFHeader, machine: Machine, request: Request) -> list[str]:
 
 
 def _plan(header: GGUFHeader, machine: Machine, request: Request, path: Path | None = None) -> Plan:
-    """The plan; for a local file (one sequence) checked by a dry run where the estimate approximates."""
-    plan = make_plan(header, machine, n_seq=request.parallel, **request.asked)
-    if path is None or request.parallel != 1:
-        return plan
-    return confirm(plan, header, machine, loader.dry_run_of(path), **request.asked)
+    """The plan a load with the same settings makes (loader.choose_plan: run's, or with --serve
+    serve's); for a local file checked by a dry run where the estimate approximates."""
+    return loader.choose_plan(header, machine, path=path, **request.planning)[0]
 
 
-def verdict(plan: Plan) -> str:
-    if not plan.fits:
+def fits(plan: Plan, beside: dict[str, int] | None = None) -> bool:
+    """Every device holds what it needs: the plan's, and what is held beside it (--serve)."""
+    return all(h.verdict.fits for h in held(plan, beside))
+
+
+def verdict(plan: Plan, beside: dict[str, int] | None = None) -> str:
+    if not fits(plan, beside):
         return "does not fit"
     if plan.n_gpu_layers == 0:
         return "fits, CPU only"
@@ -125,9 +135,19 @@ def layers_per_worker(plan: Plan, machine: Machine) -> list[tuple[str, int]]:
 
 
 def to_json(
-    ref: LocalRef | HubRef, model: ModelHeaders, plan: Plan, machine: Machine, speed: float | None
+    ref: LocalRef | HubRef,
+    model: ModelHeaders,
+    plan: Plan,
+    machine: Machine,
+    decode: Decode | None,
+    beside: dict[str, int] | None = None,
 ) -> dict:
     est = plan.estimate
+    parts = held(plan, beside)
+    serving = None
+    if beside:  # --serve: what runner serve asks beside the flags, and holds beside the plan's context
+        serving = {"output_rows": loader.serve_planning(plan.n_seq)["output_rows"]}
+        serving["embedding_bytes"] = sum(beside.values())
     return {
         "model": ref.display,
         "file": model.source,
@@ -139,8 +159,12 @@ def to_json(
         "parallel": plan.n_seq,
         "kv_type": plan.type_k,
         "flash_attn": flash_attn_name(plan.flash_attn),
-        "fits": plan.fits,
-        "verdict": verdict(plan),
+        "fits": fits(plan, beside),
+        "verdict": verdict(plan, beside),
+        # what the verdict counts on every device (the table's needs; with --serve, what runner serve
+        # counts against its budget); estimate.total_bytes is what llama.cpp reserves, compute whole
+        "needs_bytes": sum(h.verdict.needed_bytes for h in parts),
+        "serve": serving,
         "estimate": {
             "weights_bytes": est.weights_bytes,
             "kv_bytes": est.kv_bytes,
@@ -158,11 +182,12 @@ def to_json(
                 "compute_reserved_bytes": h.compute_reserved_bytes,
                 "output_bytes": h.output_bytes,
                 "other_bytes": h.other_bytes,
+                "embedding_bytes": h.beside_bytes,
                 "total_bytes": h.verdict.needed_bytes,
                 "available_bytes": h.verdict.budget_bytes,
                 "fits": h.verdict.fits,
             }
-            for h in held(plan)
+            for h in parts
         ],
         "machine": {
             "ram_total_bytes": machine.ram_total_bytes,
@@ -178,7 +203,7 @@ def to_json(
             ],
         },
         "alternatives": list(plan.alternatives),
-        "decode_tokens_per_s_estimate": round(speed, 1) if speed else None,
+        "decode": decode.to_json() if decode else None,
     }
 
 
@@ -187,10 +212,11 @@ def _describe(
     model: ModelHeaders,
     plan: Plan,
     machine: Machine,
-    speed: float | None,
+    decode: Decode | None,
     out: TextIO,
     chose: list[str],
     asked_ctx: int | None,
+    beside: dict[str, int] | None = None,
 ) -> None:
     h, est = model.headers[0], plan.estimate
     trained = trained_context(h)
@@ -226,39 +252,69 @@ def _describe(
                 "none: " + ("no GPU found" if not machine.gpus else "this llama.cpp build is CPU-only"),
             )
         )
+    if beside:
+        rows.append(("served", "as runner serve plans it with these flags: " + _serving(plan)))
     width = max(len(r[0]) for r in rows) + 2
     out.writelines(f"{label:<{width}}{value}\n" for label, value in rows)
     out.write("\n")
-    out.writelines(line + "\n" for line in device_table(plan))
+    out.writelines(line + "\n" for line in device_table(plan, beside, "embedding"))
     out.write("\n")
-    for part in held(plan):
+    parts = held(plan, beside)
+    for part in parts:
         if part.partly_held:
             out.write(
                 f"compute: of the {ui.human_bytes(part.compute_reserved_bytes)} llama.cpp reserves on the "
                 f"{part.device.upper()}, the process holds only the pages a batch writes\n"
             )
     out.write("other: in no buffer (vocabulary, KV cell bookkeeping, work buffers, a GPU's context)\n")
-    out.write(f"verdict: {verdict(plan)}\n")
+    if beside:
+        out.write(
+            "embedding: the context runner serve makes at a model's first embedding request, counted "
+            "against its budget from the load on; not counted: prompt states kept between requests "
+            "(--cache-ram), made from memory free then\n"
+        )
+    needs = sum(p.verdict.needed_bytes for p in parts)
+    counted = "what runner serve counts against its budget" if beside else "what the verdict counts"
+    out.write(f"needs: {needs / 1e6:,.0f} MB in all (--json needs_bytes: {counted})\n")
+    out.write(
+        f"llama.cpp reserves: {est.total_bytes / 1e6:,.0f} MB for this context (--json estimate.total_bytes:"
+        " its buffers, the compute buffers whole)\n"
+    )
+    out.write(f"verdict: {verdict(plan, beside)}\n")
     if est.compute_from_engine:
         out.write("compute buffers: llama.cpp's own figures, from a dry run of this load\n")
     if chose:
         out.write(f"chosen for this machine: {'; '.join(chose)}\n")
     if plan.alternatives:
         out.write(f"would fit: {' or '.join(plan.alternatives)}\n")
-    if speed and plan.fits:
-        out.write(f"decode: ~{speed:.0f} tok/s at most (estimate: bytes read per token / memory bandwidth)\n")
+    if decode and fits(plan, beside):
+        out.write(f"decode: {decode.describe()}\n")
+    if plan.n_seq > 1 and not beside:
+        out.write(
+            "served: runner serve counts more with these flags (logprob rows, an embedding context): "
+            "add --serve\n"
+        )
+
+
+def _serving(plan: Plan) -> str:
+    rows = loader.serve_planning(plan.n_seq)["output_rows"]
+    return (
+        f"{ui.count(plan.n_seq, 'sequence')} at once, an output buffer of {rows} rows of logits "
+        "(a scored prompt), an embedding context"
+    )
 
 
 def _per_quant(ref: HubRef, request: Request, machine: Machine, out: TextIO) -> None:
     commit, files = fetch.remote_listing(ref)
-    rows: list[tuple[Choice, ModelHeaders, Plan, int | None]] = []
+    rows: list[tuple[Choice, ModelHeaders, Plan, int | None, str]] = []
     for choice in offer(files):
         model = read_remote(ref, commit, choice, quiet=True)
         if not rows:  # the quants of one model: its trained context is theirs
             _warn(model.merged, machine, request)
         plan = _plan(model.merged, machine, request)
         largest = _largest_ctx(model.merged, machine, request, plan)
-        rows.append((choice, model, plan, largest))
+        beside = loader.embedding_context(plan, model.merged) if request.serve else {}
+        rows.append((choice, model, plan, largest, verdict(plan, beside)))
     if request.as_json:
         out.write(
             json.dumps(
@@ -267,23 +323,23 @@ def _per_quant(ref: HubRef, request: Request, machine: Machine, out: TextIO) -> 
                         "quant": c.quant,
                         "file": c.primary.path,
                         "size_bytes": m.size,
-                        "fits": p.fits,
-                        "verdict": verdict(p),
+                        "fits": said != "does not fit",
+                        "verdict": said,
                         "ctx": p.n_ctx // p.n_seq,
                         "gpu_layers": p.n_gpu_layers,
                         "largest_ctx": big,
                     }
-                    for c, m, p, big in rows
+                    for c, m, p, big, said in rows
                 ]
             )
             + "\n"
         )
         return
     out.write(f"{'quant':<10}{'size':>10}  {'verdict':<30}{'largest context':>16}  file\n")
-    for choice, model, plan, largest in rows:
+    for choice, model, _plan_of, largest, said in rows:
         big = f"{largest:,}" if largest else "-"
         out.write(
-            f"{(choice.quant or '?'):<10}{ui.human_bytes(model.size):>10}  {verdict(plan):<30}{big:>16}  "
+            f"{(choice.quant or '?'):<10}{ui.human_bytes(model.size):>10}  {said:<30}{big:>16}  "
             f"{choice.primary.path}\n"
         )
 
@@ -297,51 +353,5 @@ def _largest_ctx(header: GGUFHeader, machine: Machine, request: Request, plan: P
         upper=trained_context(header) or 4096,
         n_gpu_layers=plan.n_gpu_layers,
         kv=(kv, kv),
-        n_seq=request.parallel,
+        n_seq=plan.n_seq,
     )
-
-
-def cpu_bandwidth() -> float:
-    """Bytes per second one core moves in a memcpy (read + write), best of three, pages touched first."""
-    src = bytearray(b"\x01") * BANDWIDTH_PROBE_BYTES
-    dst = bytearray(src)
-    best = float("inf")
-    for _ in range(3):
-        start = time.perf_counter()
-        dst[:] = src
-        best = min(best, time.perf_counter() - start)
-    return 2 * BANDWIDTH_PROBE_BYTES / best if best > 0 else 0.0
-
-
-def bytes_per_token(header: GGUFHeader, plan: Plan) -> int:
-    """Weights read to decode one token: all but the embedding table (one row), active experts only."""
-    n_expert = header.arch_get("expert_count") or 0
-    n_used = header.arch_get("expert_used_count") or 0
-    total = 0
-    for t in header.tensors:
-        if t.name == "token_embd.weight":
-            continue
-        share = n_used / n_expert if n_expert and "_exps" in t.name else 1.0
-        total += int(t.nbytes * share)
-    return total + plan.estimate.kv_bytes // 8  # the cache read at about an eighth full
-
-
-def decode_speed(header: GGUFHeader, plan: Plan, machine: Machine) -> float | None:
-    """Tokens per second if decode is bound by memory bandwidth, the layers split as planned.
-
-    GPU bandwidth comes from NVML (memory clock x bus width); without it a GPU plan gets no figure.
-    """
-    per_token = bytes_per_token(header, plan)
-    gpu_share = plan.n_gpu_layers / plan.estimate.n_layers if plan.estimate.n_layers else 0.0
-    seconds = 0.0
-    if gpu_share:
-        gpu_bw = machine.usable_gpus[0].bandwidth if machine.usable_gpus else None
-        if not gpu_bw:
-            return None
-        seconds += per_token * gpu_share / gpu_bw
-    if gpu_share < 1:
-        cpu_bw = cpu_bandwidth()
-        if not cpu_bw:
-            return None
-        seconds += per_token * (1 - gpu_share) / cpu_bw
-    return 1 / seconds if seconds > 0 else None

@@ -386,7 +386,7 @@ class Held:
     """What one device must hold, in parts that add up to what its verdict counts (needed_bytes). On
     the CPU that is the process's resident memory (Estimate.host_rss_bytes): the mapped weights
     whole, and of the compute buffer llama.cpp reserves (compute_reserved_bytes) only the pages a
-    batch writes."""
+    batch writes. `beside`: what is held beside the plan's context (a server's embedding context)."""
 
     device: str
     weights_bytes: int
@@ -396,6 +396,7 @@ class Held:
     other_bytes: int  # in no buffer: the vocabulary, the KV cells' bookkeeping, work buffers, CUDA's context
     compute_reserved_bytes: int
     verdict: Verdict
+    beside_bytes: int = 0
 
     @property
     def partly_held(self) -> bool:
@@ -403,8 +404,10 @@ class Held:
         return ui.human_bytes(self.compute_bytes) != ui.human_bytes(self.compute_reserved_bytes)
 
 
-def held(plan: Plan) -> list[Held]:
-    """Per device, the parts of what its verdict counts: they add up to needed_bytes."""
+def held(plan: Plan, beside: dict[str, int] | None = None) -> list[Held]:
+    """Per device, the parts of what its verdict counts: they add up to needed_bytes. `beside`: bytes
+    per device held beside the plan's context (runner serve's embedding context), counted in the
+    verdict as runner serve counts them against its budget."""
     est = plan.estimate
     verdicts = {v.device: v for v in plan.verdicts}
     out = []
@@ -414,19 +417,35 @@ def held(plan: Plan) -> list[Held]:
         if d.device == "cpu" and est.host_rss_bytes:  # check() counts the resident memory
             weights = sum(b.nbytes for b in est.buffers if b.device == "cpu" and b.kind == "model")
         compute = v.needed_bytes - weights - d.kv_bytes - d.output_bytes - d.overhead_bytes
+        extra = (beside or {}).get(d.device, 0)
+        if extra:
+            v = replace(v, needed_bytes=v.needed_bytes + extra)
         out.append(
-            Held(d.device, weights, d.kv_bytes, compute, d.output_bytes, d.overhead_bytes, d.compute_bytes, v)
+            Held(
+                d.device,
+                weights,
+                d.kv_bytes,
+                compute,
+                d.output_bytes,
+                d.overhead_bytes,
+                d.compute_bytes,
+                v,
+                extra,
+            )
         )
     return out
 
 
-def device_table(plan: Plan) -> list[str]:
-    """Per device what it must hold (weights, KV cache, compute, output, other: they add up to its
-    needs), what it has and whether that fits: aligned text lines. A compute buffer of which only
-    part is held (the CPU's) shows both: "12.0 MB of 539.5 MB"."""
-    header = ("device", "weights", "KV cache", "compute", "output", "other", "needs", "available", "")
+def device_table(plan: Plan, beside: dict[str, int] | None = None, beside_label: str = "") -> list[str]:
+    """Per device what it must hold (weights, KV cache, compute, output, other, and what is held
+    beside the plan's context under `beside_label`: they add up to its needs), what it has and whether
+    that fits: aligned text lines. A compute buffer of which only part is held (the CPU's) shows
+    both: "12.0 MB of 539.5 MB"."""
+    extra = bool(beside and any(beside.values()))
+    parts = ("device", "weights", "KV cache", "compute", "output", "other")
+    header: tuple[str, ...] = (*parts, *((beside_label,) if extra else ()), "needs", "available", "")
     table: list[tuple[str, ...]] = [header]
-    for h in held(plan):
+    for h in held(plan, beside):
         compute = ui.human_bytes(h.compute_bytes)
         if h.partly_held:
             compute += f" of {ui.human_bytes(h.compute_reserved_bytes)}"
@@ -438,6 +457,7 @@ def device_table(plan: Plan) -> list[str]:
                 compute,
                 ui.human_bytes(h.output_bytes),
                 ui.human_bytes(h.other_bytes),
+                *((ui.human_bytes(h.beside_bytes),) if extra else ()),
                 ui.human_bytes(h.verdict.needed_bytes),
                 ui.human_bytes(h.verdict.budget_bytes),
                 "fits" if h.verdict.fits else "DOES NOT FIT",
