@@ -17,6 +17,7 @@ from typing import Any, TextIO
 
 PREFIX = "runner: "
 REDRAWS_PER_S = 8  # a Markdown answer is drawn again at most this often while it streams
+_stamped = False  # each message begins with when it was written (a server's log: stamp_messages)
 
 
 @lru_cache(maxsize=1)
@@ -35,8 +36,22 @@ def echo(text: str) -> None:
     console().print(_escape(text))
 
 
+def stamp_messages(on: bool = True) -> None:
+    """From now on each message begins with the moment it was written, ISO 8601 in UTC to the
+    millisecond (2026-12-06T07:31:02.514Z): what a server's log needs, and a command's does not."""
+    global _stamped
+    _stamped = on
+
+
+def _head() -> str:
+    if not _stamped:
+        return PREFIX
+    now = time.time()
+    return f"{time.strftime('%Y-%m-%dT%H:%M:%S', time.gmtime(now))}.{int(now % 1 * 1000):03d}Z {PREFIX}"
+
+
 def info(message: str) -> None:
-    console().print(f"[dim]{PREFIX}[/]{_escape(message)}")
+    console().print(f"[dim]{_head()}[/]{_escape(message)}")
 
 
 def faint(text: str) -> None:
@@ -45,12 +60,12 @@ def faint(text: str) -> None:
 
 
 def warn(message: str) -> None:
-    console().print(f"[yellow]{PREFIX}warning:[/] {_escape(message)}")
+    console().print(f"[yellow]{_head()}warning:[/] {_escape(message)}")
 
 
 def error(message: str) -> None:
     """One line, no traceback: the CLI's way of reporting a RunnerError."""
-    console().print(f"[red]{PREFIX}error:[/] {_escape(message)}")
+    console().print(f"[red]{_head()}error:[/] {_escape(message)}")
 
 
 def confirm(question: str) -> bool:

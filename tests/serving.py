@@ -40,7 +40,8 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-ACCESS = re.compile(
+ACCESS = re.compile(  # after the moment it was written (ISO 8601, UTC)
+    r"(?P<at>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z) "
     r"runner: (?P<method>[A-Z]+) (?P<path>\S+) (?P<status>\d+|-)"
     r"(?: prompt=(?P<prompt>\d+) completion=(?P<completion>\d+) ttft=(?P<ttft>[\d.]+)s)?"
     r" total=[\d.]+s(?: finish=(?P<finish>\w+))?"
@@ -415,6 +416,12 @@ class StandIn:
         generation = Scripted(self.parts, self.outcome)
         self.generations.append(generation)
         return generation
+
+    async def load(self, name: str, keep_alive: float | None = None) -> float:
+        return 0.0
+
+    async def unload(self, name: str) -> bool:
+        return True
 
     async def count_tokens(self, ask: Ask) -> int:
         self._check(ask)

@@ -315,3 +315,7 @@ def test_serve_over_rpc_outlives_a_worker(tmp_path: Path, monkeypatch: pytest.Mo
                 back.process.wait(10)
         log = server.stderr()
         assert f"worker {ws[1].endpoint} went away" in log and "ggml-rpc.cpp" not in log
+        cut = [line for line in log.splitlines() if "finish=error" in line]  # the front says it
+        assert len(cut) == 1 and "POST /v1/chat/completions 200" in cut[0], log
+        assert "during the answer" in cut[0], log
+        assert log.count("GET /health 200") == 2, log  # the test's own: not the front's polls

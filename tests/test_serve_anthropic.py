@@ -238,7 +238,7 @@ def test_a_client_that_leaves_cancels_its_answer(client: anthropic.Anthropic, se
         next(iter(stream.text_stream))
     end = time.monotonic() + 30
     while not any(
-        "POST /v1/messages 200" in ln and "finish=cancelled" in ln for ln in server.stderr().splitlines()
+        "POST /v1/messages 499" in ln and "finish=cancelled" in ln for ln in server.stderr().splitlines()
     ):
         assert time.monotonic() < end, server.stderr()
         time.sleep(0.1)

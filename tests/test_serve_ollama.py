@@ -1,14 +1,17 @@
 """runner serve's Ollama API with the real model: the `ollama` client against a real `runner serve`
 (SmolLM2, 4 sequences of 1024 tokens) over 127.0.0.1. Chat whole and streamed, generate, lengths,
-list, show, ps, version and `format` schemas, and the refusals only the model can make (a prompt too
-long in tokens, a schema its constraint engine cannot enforce). The refusals the fields alone decide are in
-test_serve_protocol.py, in process.
+list, show, ps, version and `format` schemas, the older /api/embeddings, the load and unload of a
+model named at start (it stays), model management refused, and the refusals only the model can make (a
+prompt too long in tokens, a schema its constraint engine cannot enforce). The refusals the fields
+alone decide are in test_serve_protocol.py, in process.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -97,6 +100,53 @@ def test_ollama_list_show_ps_and_format(olla: ollama.Client, http: httpx.Client)
     )
     assert answer.done_reason == "stop"
     jsonschema.validate(json.loads(answer.message.content), PERSON)
+
+
+def test_the_older_embeddings_endpoint_is_embeds_vector(olla: ollama.Client, http: httpx.Client) -> None:
+    """/api/embeddings (one prompt, one vector, Ollama's older endpoint; it was a 404) answers the
+    vector /api/embed does; an empty prompt only loads the model; a prompt too long is a 400 naming it."""
+    text = "The cat sat on the mat."
+    one = olla.embeddings(model=MODEL, prompt=text).embedding
+    (same,) = olla.embed(model=MODEL, input=text).embeddings
+    assert len(one) == 576 and all(math.isclose(a, b, abs_tol=1e-5) for a, b in zip(one, same, strict=True))
+    assert olla.embeddings(model=MODEL, prompt="").embedding == []
+    refused = http.post("/api/embeddings", json={"model": MODEL, "prompt": LONG_TEXT})
+    assert refused.status_code == 400 and refused.json()["error"].startswith("prompt is "), refused.text
+
+
+def test_a_model_named_at_start_stays_loaded(olla: ollama.Client) -> None:
+    """`runner serve MODEL`: Ollama's load answers at once (nothing to load); its unload (keep_alive 0,
+    what `ollama stop` sends) is a 409 saying the model stays while served (it answered "load"); a
+    request's keep_alive 0 does not unload it either."""
+    load = olla.generate(model=MODEL)
+    assert load.done_reason == "load" and load.load_duration == 0
+    with pytest.raises(ollama.ResponseError) as refused:
+        olla.generate(model=MODEL, keep_alive=0)
+    assert refused.value.status_code == 409 and "stays loaded while this server runs" in refused.value.error
+    with pytest.raises(ollama.ResponseError):
+        olla.chat(model=MODEL, messages=[], keep_alive=0)
+    olla.chat(
+        model=MODEL, messages=[{"role": "user", "content": "Hi"}], options={"num_predict": 2}, keep_alive=0
+    )
+    time.sleep(1)  # the reaper looks every 0.25 s
+    assert [m.model for m in olla.ps().models] == [MODEL]
+
+
+def test_model_management_is_refused_naming_runners_command(olla: ollama.Client) -> None:
+    """pull, push, create, copy and delete (404s before) are 403s in Ollama's shape saying what does it
+    instead: a request never downloads, writes or removes a model."""
+    calls = {
+        'runner pull "qwen3"': lambda: olla.pull("qwen3"),
+        "does not push": lambda: olla.push(MODEL),
+        "does not create": lambda: olla.create(model="mine", from_=MODEL),
+        "does not copy": lambda: olla.copy(MODEL, "mine"),
+        f'runner rm "{MODEL}"': lambda: olla.delete(MODEL),
+    }
+    for says, call in calls.items():
+        with pytest.raises(ollama.ResponseError) as refused:
+            call()
+        assert refused.value.status_code == 403 and says in refused.value.error, refused.value.error
+    assert [m.model for m in olla.list().models] == [MODEL]
 
 
 # -- what only the model refuses ----------------------------------------------------------------------

@@ -95,6 +95,18 @@ def test_openai_chat_whole_and_streamed_are_the_same_answer(client: openai.OpenA
 
 
 @pytest.mark.timeout(300)
+def test_n_answers_have_one_timings_object(client: openai.OpenAI) -> None:
+    """n=2: `timings` stays one object, every choice's tokens added up, and each choice's own inside."""
+    both = ask(client, "Name a colour.", max_tokens=6, n=2, seed=3)
+    timings = both.model_extra["timings"]
+    assert isinstance(timings, dict) and len(timings["choices"]) == 2, timings
+    assert timings["completion_tokens"] == both.usage.completion_tokens
+    assert timings["completion_tokens"] == sum(t["completion_tokens"] for t in timings["choices"])
+    assert timings["ttft_s"] == min(t["ttft_s"] for t in timings["choices"])
+    assert timings["total_s"] == max(t["total_s"] for t in timings["choices"])
+
+
+@pytest.mark.timeout(300)
 def test_openai_stop_length_and_seed(client: openai.OpenAI) -> None:
     """stop ends the answer before the stop string (finish "stop"); max_tokens ends it at exactly that
     many tokens (finish "length"); the same seed at temperature 0.8 gives the same answer, and the

@@ -143,6 +143,27 @@ BAD = {
     "ollama format xml": ("/api/chat", chat(format="xml"), 400, None, "format"),
     "ollama num_ctx over": ("/api/chat", chat(options={"num_ctx": 5000}), 400, None, "num_ctx"),
     "ollama keep_alive a list": ("/api/chat", chat(keep_alive=[1]), 400, None, "keep_alive"),
+    "ollama embed keep_alive a word": (
+        "/api/embed",
+        body(model=MODEL, input="a", keep_alive="soon"),
+        400,
+        None,
+        "keep_alive",
+    ),
+    "ollama embeddings prompt a list": (
+        "/api/embeddings",
+        body(model=MODEL, prompt=["a"]),
+        400,
+        None,
+        "prompt",
+    ),
+    "ollama embeddings unknown model": (
+        "/api/embeddings",
+        body(model="nope", prompt="a"),
+        404,
+        None,
+        "served",
+    ),
     "ollama body over 4 MiB": ("/api/chat", BIG, 413, None, "over 4194304 bytes"),
     "top_logprobs 21": (
         "/v1/chat/completions",

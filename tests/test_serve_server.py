@@ -114,9 +114,19 @@ def test_a_client_leaving_mid_stream_ends_its_answer(
     since, text = open_stream_then_leave(server, 5)
     assert text.startswith(" 6,")
     line = server.wait_for_access(since, "/v1/completions", timeout=15)
-    assert line["status"] == "200" and line["finish"] in ("cancelled", "interrupted"), line[0]
+    assert line["status"] == "499" and line["finish"] == "cancelled", line[0]  # nginx's "the client left"
     assert int(line["completion"]) < 800, line[0]
     assert ask(client, "Name a planet.", max_tokens=5).choices[0].finish_reason == "length"
+
+    since = server.mark()  # a whole answer's client that leaves: the same word, the same status
+    with pytest.raises(httpx.TimeoutException):
+        http.post(
+            "/v1/completions",
+            json={"model": MODEL, "prompt": COUNTING, "max_tokens": 700, "temperature": 0},
+            timeout=1.5,
+        )
+    line = server.wait_for_access(since, "/v1/completions", timeout=15)
+    assert line["status"] == "499" and line["finish"] == "cancelled", line[0]
 
 
 @pytest.mark.timeout(300)
@@ -127,7 +137,7 @@ def test_access_line_of_a_cancelled_stream_counts_what_was_sent(server: Server, 
     since, text = open_stream_then_leave(server, 5, path)
     assert text.startswith(" 6,")
     line = server.wait_for_access(since, path, timeout=15)
-    assert line["finish"] in ("cancelled", "interrupted"), line[0]
+    assert line["status"] == "499" and line["finish"] == "cancelled", line[0]
     assert 5 <= int(line["completion"]) < 800, line[0]
     assert float(line["ttft"]) > 0, line[0]
 
@@ -191,7 +201,7 @@ def test_a_full_queue_is_429_and_a_left_stream_frees_its_sequence(smollm2_path: 
                 assert time.monotonic() - left < 10, "the sequence was not freed within 10 s"
                 time.sleep(0.1)
         line = small.wait_for_access(since, "/v1/completions")
-        assert line["finish"] in ("cancelled", "interrupted") and int(line["completion"]) < 4000, line[0]
+        assert line["finish"] == "cancelled" and int(line["completion"]) < 4000, line[0]
 
 
 @pytest.mark.timeout(300)
@@ -261,10 +271,13 @@ def test_a_port_in_use_is_refused_before_loading(tmp_path: Path) -> None:
 
 @pytest.mark.timeout(300)
 def test_sigterm_ends_the_answers_in_flight_and_exits_0(smollm2_path: Path, tmp_path: Path) -> None:
-    """SIGTERM while two long answers stream (one OpenAI, one Ollama, through their clients): each
-    stream ends cleanly with its finish reason "interrupted", and the server exits 0 within 10 s."""
-    small = start_server(tmp_path, "--parallel", "2", "--ctx", "2048")
-    begun = [threading.Event(), threading.Event()]
+    """SIGTERM while long answers are under way (OpenAI and Ollama streams, an Anthropic stream and a
+    whole Anthropic answer, through their clients): OpenAI's and Ollama's streams end cleanly with
+    their finish reason "interrupted"; Anthropic has none, so its stream ends with an error event
+    after the text it sent and its whole answer is a 503, never `end_turn`; the server exits 0 within
+    10 s."""
+    small = start_server(tmp_path, "--parallel", "4", "--ctx", "2048")
+    begun = [threading.Event() for _ in range(3)]
     ends: dict[str, Any] = {}
 
     def openai_stream() -> None:
@@ -292,11 +305,40 @@ def test_sigterm_ends_the_answers_in_flight_and_exits_0(smollm2_path: Path, tmp_
                 begun[1].set()
         ends["ollama"] = parts
 
-    threads = [threading.Thread(target=openai_stream), threading.Thread(target=ollama_stream)]
+    counting = [{"role": "user", "content": f"Count from 1 to 1000: {COUNTING}"}]
+
+    def anthropic_client() -> Any:
+        import anthropic
+
+        return anthropic.Anthropic(base_url=small.url, api_key="unused", max_retries=0, timeout=60)
+
+    def anthropic_stream() -> None:
+        events: list[Any] = []
+        try:
+            for event in anthropic_client().messages.create(
+                model=MODEL, max_tokens=2000, messages=counting, extra_body={"temperature": 0}, stream=True
+            ):
+                events.append(event)
+                if len(events) == 4:
+                    begun[2].set()
+        except Exception as exc:  # the error event: the client raises it
+            events.append(exc)
+        ends["anthropic"] = events
+
+    def anthropic_whole() -> None:
+        try:
+            ends["anthropic whole"] = anthropic_client().messages.create(
+                model=MODEL, max_tokens=2000, messages=counting, extra_body={"temperature": 0}
+            )
+        except Exception as exc:
+            ends["anthropic whole"] = exc
+
+    jobs = [anthropic_whole, openai_stream, ollama_stream, anthropic_stream]
+    threads = [threading.Thread(target=job) for job in jobs]
     try:
         for thread in threads:
             thread.start()
-        assert all(event.wait(120) for event in begun), small.stderr()
+        assert all(event.wait(120) for event in begun), (ends, small.stderr())
         took = stop_server(small, within=30)
     finally:
         if small.proc.poll() is None:
@@ -305,12 +347,21 @@ def test_sigterm_ends_the_answers_in_flight_and_exits_0(smollm2_path: Path, tmp_
         for thread in threads:
             thread.join(timeout=30)
     assert took < 10, took
-    assert set(ends) == {"openai", "ollama"}, small.stderr()  # both streams ended without an error
+    assert set(ends) == {"openai", "ollama", "anthropic", "anthropic whole"}, small.stderr()
     last = ends["openai"][-1].choices[0]
     assert last.finish_reason == "interrupted", ends["openai"][-3:]
     assert sum(1 for c in ends["openai"] if c.choices and c.choices[0].finish_reason) == 1
     assert ends["ollama"][-1].done and ends["ollama"][-1].done_reason == "interrupted", ends["ollama"][-3:]
     assert ends["ollama"][-1].eval_count < 2000
+    import anthropic
+
+    *events, error = ends["anthropic"]
+    assert isinstance(error, anthropic.APIStatusError) and "cut short" in str(error), ends["anthropic"][-3:]
+    assert any(e.type == "content_block_delta" for e in events)  # the text went out before the error
+    assert not any(e.type in ("message_delta", "message_stop") for e in events), events[-3:]
+    whole = ends["anthropic whole"]
+    assert isinstance(whole, anthropic.APIStatusError) and whole.status_code == 503, whole
+    assert "cut short" in whole.message and "the server is stopping" in whole.message, whole.message
     assert "stopping" in small.stderr()
 
 

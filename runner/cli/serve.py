@@ -15,8 +15,8 @@ SERVER = "Server"
 Models = Annotated[
     Optional[list[str]],
     typer.Argument(
-        help="Models to serve: aliases from models.toml, .gguf paths or Hub repos [default: the catalog's "
-        "default]",
+        help="Models to load now and serve: aliases from models.toml, .gguf paths or Hub repos [default: "
+        "every cached model, loaded on demand; none cached: the catalog's default]",
         show_default=False,
     ),
 ]
@@ -85,7 +85,8 @@ ModelsDir = Annotated[
     Optional[Path],
     typer.Option(
         "--models",
-        help="A folder of .gguf files to serve too, each by its file name (without MODELS only)",
+        help="A folder of .gguf files to serve too, on demand, each by its file name (looked at again as "
+        "files come and go)",
         rich_help_panel=SERVER,
         show_default=False,
     ),

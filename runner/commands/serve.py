@@ -22,14 +22,12 @@ from typing import Any
 
 from runner import ui
 from runner.commands.output import describe_load, open_prompt_cache, sampling_for
-from runner.engine import logprobs
 from runner.errors import UsageError
 from runner.hub.catalog import load_catalog
 from runner.limits import check_range, flash_attn_setting, parse_duration, parse_size, spec_setting
-from runner.loader import DEFAULT_BATCH_CTX, LoadedModel, open_model, plan_for
+from runner.loader import DEFAULT_BATCH_CTX, SERVE_PARALLEL, LoadedModel, open_model, plan_for, serve_planning
 
 DEFAULT_PORT = 8080  # llama-server's; Ollama's 11434 is for OLLAMA_HOST=127.0.0.1:PORT users to pick
-DEFAULT_PARALLEL = 4  # llama-server's default slot count; fewer when the plan says they do not fit
 DEFAULT_QUEUE = 64
 DEFAULT_KEEP_ALIVE = "5m"  # Ollama's
 DEFAULT_CACHE_RAM = 1 << 30
@@ -44,7 +42,7 @@ class ServeRequest:
     api_key: str | None = None
     queue: int = DEFAULT_QUEUE
     cors: str | None = None
-    parallel: int | None = None  # None: DEFAULT_PARALLEL, or fewer if the plan says so
+    parallel: int | None = None  # None: SERVE_PARALLEL, or fewer if the plan says so
     ctx: int | None = None
     threads: int | None = None
     gpu_layers: int | None = None
@@ -81,6 +79,7 @@ def serve(request: ServeRequest) -> None:
     if request.cache_ram is not None:
         parse_size(request.cache_ram, "--cache-ram")  # a bad size refused now, before any load
     _planning(request)  # a bad --flash-attn refused now, not at a model's first request
+    ui.stamp_messages()  # a server's log: each line says when
     from runner.serve.front import INNER_ENV
 
     inner = os.environ.get(INNER_ENV)
@@ -94,27 +93,64 @@ def serve(request: ServeRequest) -> None:
         return serve_front(request.host, request.port, sys.argv[1:], request.rpc)
     from runner.serve.pool import EngineBackend, Pool
 
+    if request.models_dir is not None and not Path(request.models_dir).expanduser().is_dir():
+        raise UsageError(f"--models: {Path(request.models_dir).expanduser()} is not a folder")
     budget = _budget(memory)
     pool = Pool([], queue=request.queue, budget=budget, keep_alive=keep_alive)
     try:
-        found = {name: None for name in request.models} if request.models else _local_models(request)
-        for name, path in found.items():
-            if request.models:  # named: loaded now (the others when first asked for)
-                stem = _stem_if_path(name, taken=pool.offers)
-                loaded = _load(request, name, offline=request.offline)
-                loaded.name = stem or loaded.name
-                pool.offers[loaded.name] = _offer(request, loaded.name, loaded)
-                pool.preload(_served(loaded, request), _needs(loaded.plan, loaded.header))
-            else:
-                pool.offers[name] = _offer(request, name, path=path)
-        names = list(found)
-        if not names:  # nothing here yet: the catalog's default, fetched now (never by a request)
+        for name in request.models:  # named: loaded now, served while the server runs
+            stem = _stem_if_path(name, taken=pool.offers)
+            loaded = _load(request, name, offline=request.offline)
+            loaded.name = stem or loaded.name
+            pool.offers[loaded.name] = _offer(request, loaded.name, loaded)
+            needs = _needs(loaded.plan, loaded.header)
+            _within_memory(request, memory, loaded.name, needs, pool)
+            pool.preload(_served(loaded, request), needs)
+        if request.models_dir is not None or not request.models:
+            pool.scan = _scanner(request, dict(pool.offers))
+        if not pool.names():  # nothing here yet: the catalog's default, fetched now (never by a request)
             loaded = _load(request, load_catalog().default, offline=request.offline)
             pool.offers[loaded.name] = _offer(request, loaded.name, loaded)
             pool.preload(_served(loaded, request), _needs(loaded.plan, loaded.header))
+            pool.scan = _scanner(request, dict(pool.offers))
         _run(request, EngineBackend(pool), key, behind_front=bool(inner))
     finally:
         pool.close()
+
+
+def _within_memory(
+    request: ServeRequest, memory: int | None, name: str, needs: dict[str, int], pool: Any
+) -> None:
+    """A named model whose plan, with those loaded before it, is more than --memory: refused in one line
+    (the models on demand are held to it as they load)."""
+    if memory is None:
+        return
+    before = sum(m.needs.get("cpu", 0) for m in pool.loaded.values())
+    if before + needs.get("cpu", 0) > memory:
+        beside = f" beside the {_mb(before)} loaded before it" if before else ""
+        raise UsageError(
+            f"{name} needs {_mb(needs.get('cpu', 0))} of host memory (weights, KV cache, compute buffers, as "
+            f"runner fit plans them){beside}; --memory {request.memory} allows {_mb(memory)}: give more, "
+            "or fewer --parallel sequences or a smaller --ctx"
+        )
+
+
+def _mb(n: int) -> str:
+    return f"{n / 1e6:,.0f} MB"
+
+
+def _scanner(request: ServeRequest, named: dict[str, Any]) -> Any:
+    """The pool's scan: the models loaded at the start, then each found on demand (--models DIR's
+    files, and unless models were named every cached one) as it is now."""
+
+    def scan() -> list[Any]:
+        found = list(named.values())
+        for name, (path, key) in _local_models(request, cached=not request.models).items():
+            if name not in named:
+                found.append(_offer(request, name, path=path, key=key))
+        return found
+
+    return scan
 
 
 def _run(request: ServeRequest, backend: Any, key: str | None, behind_front: bool = False) -> None:
@@ -164,10 +200,8 @@ def _planning(request: ServeRequest) -> dict[str, Any]:
         gpu_layers=request.gpu_layers,
         kv_type=request.kv_type,
         flash_attn=flash_attn_setting(request.flash_attn),
-        parallel=request.parallel or DEFAULT_PARALLEL,
-        most_parallel=request.parallel is None,
         force=request.force,
-        output_rows=logprobs.ROWS,  # a request's `echo`: its prompt scored, ROWS rows a decode
+        **serve_planning(request.parallel),  # --parallel, and the rows of logits a scored prompt needs
     )
 
 
@@ -198,26 +232,32 @@ def _stem_if_path(name: str, taken: dict[str, Any]) -> str | None:
     return stem
 
 
-def _local_models(request: ServeRequest) -> dict[str, Path | None]:
-    """Every model cached here, by the names `runner list` shows, and each .gguf in --models DIR by its
-    file name without .gguf (a path: that file; None: resolved as `runner run` resolves the name)."""
+def _local_models(request: ServeRequest, *, cached: bool) -> dict[str, tuple[Path | None, object]]:
+    """Each .gguf in --models DIR by its file name without .gguf (that file, its size and time), and if
+    `cached` every model cached here by the names `runner list` shows (None: resolved as `runner run`
+    resolves the name)."""
     from runner.hub.cache import cached_models
 
-    found: dict[str, Path | None] = {}
-    for m in cached_models(load_catalog()):
-        if not m.missing_shards:
-            found.setdefault(m.reference, None)
-    if request.models_dir is not None:
-        folder = Path(request.models_dir).expanduser()
-        if not folder.is_dir():
-            raise UsageError(f"--models: {folder} is not a folder")
-        for file in sorted(folder.glob("*.gguf")):
-            found.setdefault(file.stem, file.resolve())
+    found: dict[str, tuple[Path | None, object]] = {}
+    if cached:
+        for m in cached_models(load_catalog()):
+            if not m.missing_shards:
+                found.setdefault(m.reference, (None, m.paths))
+    if request.models_dir is not None:  # checked at the start; removed since: nothing there
+        for file in sorted(Path(request.models_dir).expanduser().glob("*.gguf")):
+            with contextlib.suppress(OSError):  # gone since the glob: not offered
+                stat = file.stat()
+                found.setdefault(file.stem, (file.resolve(), (stat.st_size, stat.st_mtime_ns)))
     return found
 
 
 def _offer(
-    request: ServeRequest, name: str, loaded: LoadedModel | None = None, *, path: Path | None = None
+    request: ServeRequest,
+    name: str,
+    loaded: LoadedModel | None = None,
+    *,
+    path: Path | None = None,
+    key: object = None,
 ) -> Any:
     """How the pool describes, prices and loads `name`: from its header, nothing downloaded."""
     from runner.serve.pool import Offer
@@ -238,7 +278,7 @@ def _offer(
             return _info(loaded)
         header, path = header_and_path()
         return _header_info(
-            name, header, path, request.ctx or DEFAULT_BATCH_CTX, request.parallel or DEFAULT_PARALLEL
+            name, header, path, request.ctx or DEFAULT_BATCH_CTX, request.parallel or SERVE_PARALLEL
         )
 
     def needs() -> dict[str, int]:
@@ -250,22 +290,14 @@ def _offer(
         loaded.name = name  # the name requests use, not the file's path
         return _served(loaded, request)
 
-    return Offer(name, describe, needs, load)
+    return Offer(name, describe, needs, load, key)
 
 
 def _needs(plan: Any, header: Any) -> dict[str, int]:
-    """What a served model holds, by device: the plan's, and the embedding context it makes at its
-    first embedding request (on the device of its KV cache), so that models on demand are loaded
-    beside it only where both fit."""
-    from runner.engine.embed import EMBED_CTX, MAX_SEQS
-    from runner.memory.estimate import embedding_context_bytes
+    """What a served model holds, by device (runner.loader.serve_needs: `runner fit --serve`'s)."""
+    from runner.loader import serve_needs
 
-    needs = {v.device: v.needed_bytes for v in plan.verdicts}
-    n_ctx = min(EMBED_CTX, plan.n_ctx // max(1, plan.n_seq))
-    embedding = embedding_context_bytes(header, n_ctx=n_ctx, n_seq=MAX_SEQS)
-    where = "gpu" if "gpu" in needs and plan.full_offload else "cpu"
-    needs[where] = needs.get(where, 0) + embedding
-    return needs
+    return serve_needs(plan, header)
 
 
 def _budget(memory: int | None) -> dict[str, int]:
@@ -282,6 +314,13 @@ def _budget(memory: int | None) -> dict[str, int]:
 
 def _served(loaded: LoadedModel, request: ServeRequest) -> Any:
     from runner.serve.engine_backend import Served
+
+    template = loaded.header.get("tokenizer.chat_template")
+    if not isinstance(template, str) or not template.strip():  # as `runner run` and `chat` warn
+        ui.warn(
+            f"{loaded.name} has no chat template: a chat request's messages go as plain text "
+            "('User: …' and 'Assistant:' lines)"
+        )
 
     limit = cache_ram_limit(request.cache_ram)
     disk = open_prompt_cache(True, None)  # heads `runner run` and `chat` stored: read, never written

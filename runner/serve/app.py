@@ -25,7 +25,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from runner.serve import apis
 from runner.serve.backend import Backend
 from runner.serve.responses.store import ResponseStore
-from runner.serve.shared.http import TRAFFIC, ApiError, Traffic, as_api_error, brief, quoted
+from runner.serve.shared.http import PROBE, TRAFFIC, ApiError, Traffic, as_api_error, brief, quoted
 
 MAX_BODY = 4 << 20  # a request's body: room for a long conversation, not for a flood
 
@@ -127,11 +127,18 @@ class AccessLog:
                 body = apis.shape_of(scope.get("path", "")).body(err)
                 await JSONResponse(body, status_code=err.status)(scope, receive, sending)
         finally:
-            self.log(access_line(scope, status, note))
+            if not _probe(scope):
+                self.log(access_line(scope, status, note))
+
+
+def _probe(scope: Scope) -> bool:
+    """The --rpc front asking whether this server is up: no client sent it, so no line says it."""
+    return scope.get("path") == "/health" and any(k == PROBE.encode() for k, _ in scope.get("headers", []))
 
 
 def access_line(scope: Scope, status: int, note: Traffic) -> str:
     path = "".join(c if c.isprintable() and c != " " else f"%{ord(c):02X}" for c in scope.get("path", ""))
+    status = 499 if note.client_left else status  # the client left before its answer was out
     line = f"{scope.get('method', '?')} {path[:200]} {status or '-'}"
     if note.prompt_tokens is not None:
         line += f" prompt={note.prompt_tokens} completion={note.completion_tokens} ttft={note.ttft_s:.3f}s"

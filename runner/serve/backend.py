@@ -73,6 +73,7 @@ class Outcome:
     text: str = ""  # the answer (reasoning apart)
     reasoning: str = ""
     finish_reason: str = "stop"  # "stop" | "length" | "tool_calls" | "interrupted" | "error"
+    error: str | None = None  # finish_reason "error": what failed
     stop_sequence: str | None = None  # the stop string that ended it (None: an end token, or not a stop)
     prompt_tokens: int = 0
     cached_tokens: int = 0  # of the prompt, reused from the slot's KV cache (not evaluated)
@@ -95,6 +96,7 @@ class Outcome:
         t = result.timings
         self.text, self.reasoning = result.text, result.reasoning
         self.finish_reason = result.finish_reason if result.error is None else "error"
+        self.error = result.error
         self.stop_sequence = result.stop
         self.prompt_tokens, self.completion_tokens = t.prompt_tokens, t.completion_tokens
         self.cached_tokens = t.cached_tokens
@@ -197,6 +199,14 @@ class Backend(Protocol):
     def memory(self, name: str) -> int: ...  # a loaded model's planned bytes, every device (0: not loaded)
 
     async def submit(self, ask: Ask) -> Generation: ...
+
+    async def load(
+        self, name: str, keep_alive: float | None = None
+    ) -> float: ...  # loaded now if it was not (Ask.keep_alive's meaning): the seconds waited for its load
+
+    async def unload(
+        self, name: str
+    ) -> bool: ...  # gone now if idle, else once its answers end; False: kept while served (named at start)
 
     async def count_tokens(self, ask: Ask) -> int: ...  # the prompt's tokens as submit would evaluate it
 

@@ -21,11 +21,12 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from typing import Any
 
 from runner import remote, ui
 from runner.serve.apis import shape_of
-from runner.serve.shared.http import ApiError
+from runner.serve.shared.http import PROBE, ApiError, quoted
 
 INNER_ENV = "RUNNER_SERVE_INNER_PORT"  # the child serves on 127.0.0.1:this
 READY_POLL_S = 0.2
@@ -91,7 +92,8 @@ class Front:
         async with httpx.AsyncClient() as client:
             while self.child is not None and self.child.poll() is None:
                 with contextlib.suppress(httpx.HTTPError):
-                    answer = await client.get(f"http://127.0.0.1:{self.port}/health", timeout=2)
+                    url = f"http://127.0.0.1:{self.port}/health"
+                    answer = await client.get(url, timeout=2, headers={PROBE: "1"})
                     if answer.status_code == 200:
                         return True
                 await asyncio.sleep(READY_POLL_S)
@@ -169,6 +171,14 @@ def _unavailable(path: str, front: Front) -> Any:
     return JSONResponse(shape_of(path).body(err), status_code=503, headers={"Retry-After": "5"})
 
 
+def _said(method: str, path: str, status: int, start: float, error: str) -> None:
+    """The access line of a request the server behind could not finish (it died under it): the
+    front's, as that server writes one."""
+    shown = "".join(c if c.isprintable() and c != " " else f"%{ord(c):02X}" for c in path)[:200]
+    total = time.perf_counter() - start
+    ui.info(f"{method} {shown} {status} total={total:.3f}s finish=error error={quoted(error, 200)}")
+
+
 def _stream_error(path: str, message: str) -> bytes:
     """The error that ends a cut stream, as the API's clients read one mid-stream."""
     err = ApiError(502, message, kind="server_error", code="worker_unavailable")
@@ -187,6 +197,7 @@ def create_front(front: Front) -> Any:
     client = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=5))
 
     async def forward(request: Request) -> Any:
+        start = time.perf_counter()
         path = request.url.path
         if front.state != "ready":
             return _unavailable(path, front)
@@ -199,7 +210,11 @@ def create_front(front: Front) -> Any:
             )
         except httpx.HTTPError:  # the child just ended: the front's loop will say why in a moment
             await front.lost()
-            return _unavailable(path, front)
+            refused = _unavailable(path, front)
+            _said(
+                request.method, path, refused.status_code, start, front.why or "the server behind went away"
+            )
+            return refused
         content_type = answer.headers.get("content-type", "")
         streaming = "event-stream" in content_type or "ndjson" in content_type
 
@@ -207,10 +222,12 @@ def create_front(front: Front) -> Any:
             try:
                 async for chunk in answer.aiter_raw():
                     yield chunk
-            except httpx.HTTPError:
+            except httpx.HTTPError:  # the server behind died with it: its access line is the front's
+                await front.lost()
+                why = f"{front.why or 'a worker went away'} during the answer"
+                _said(request.method, path, answer.status_code, start, why)
                 if streaming:
-                    await front.lost()
-                    yield _stream_error(path, f"{front.why or 'a worker went away'} during the answer")
+                    yield _stream_error(path, why)
 
         out_headers = {k: v for k, v in answer.headers.items() if k.lower() not in HOP}
         return StreamingResponse(

@@ -1,6 +1,7 @@
 """The Backend the HTTP side talks to, over a pool of models on demand: each served model loaded when
 it is first asked for, if the plan says it fits beside those already loaded; the least recently used
-idle ones unloaded to make room, and any idle past its keep-alive.
+idle ones unloaded to make room, and any idle past its keep-alive or asked to leave (Ollama's
+unload). A model named when the server started is kept while it serves: no keep-alive unloads it.
 
 Every model's cost is its plan's (weights, KV cache for its sequences, compute buffers, per device),
 counted against a budget taken when the server started (or `--memory`): the plan matches llama.cpp's
@@ -22,6 +23,7 @@ from runner.serve.backend import Ask, BadField, Generation, ModelInfo, QueueFull
 from runner.serve.engine_backend import ModelThread, Served
 
 REAP_EVERY_S = 0.25  # how often idle models are checked against their keep-alive
+SCAN_EVERY_S = 1.0  # the offered models are looked for again at most this often (a listing, a name)
 
 
 @dataclass
@@ -32,6 +34,7 @@ class Offer:
     describe: Callable[[], ModelInfo]  # from its header alone
     needs: Callable[[], dict[str, int]]  # planned bytes per device ("cpu", "gpu"); WontFit if nowhere
     load: Callable[[], Served]
+    key: object = None  # what a rescan compares: a file's size and time (another: a new offer)
 
 
 @dataclass
@@ -39,6 +42,7 @@ class _Loaded:
     thread: ModelThread
     needs: dict[str, int]
     keep_alive: float | None  # seconds idle before it is unloaded; None: never
+    pinned: bool = False  # named when the server started: kept while served, whatever a request asks
     active_at: float = field(default_factory=time.monotonic)  # last seen answering (or loaded)
 
 
@@ -52,8 +56,12 @@ class Pool:
         queue: int,
         budget: dict[str, int] | None,
         keep_alive: float | None,
+        scan: Callable[[], list[Offer]] | None = None,
     ) -> None:
         self.offers = {o.name: o for o in offers}
+        self.scan = scan  # the models on demand as they are now (files added, changed, removed)
+        self._scanned_at = -SCAN_EVERY_S
+        self._unreadable: dict[str, object] = {}  # name -> the key of its offer that could not be read
         self.queue = queue
         self.budget = budget
         self.keep_alive = keep_alive
@@ -63,8 +71,45 @@ class Pool:
         self._reaper: asyncio.Task[None] | None = None
 
     def preload(self, served: Served, needs: dict[str, int]) -> None:
-        """A model loaded before the server started (runner serve MODEL …): kept while served."""
-        self.loaded[served.info.name] = _Loaded(ModelThread(served, self.queue), needs, None)
+        """A model loaded before the server started (runner serve MODEL …): kept while served. (Its offer
+        could not always load it again: a file given by path is served under its stem, which names no
+        file.)"""
+        self.loaded[served.info.name] = _Loaded(ModelThread(served, self.queue), needs, None, pinned=True)
+
+    def names(self) -> list[str]:
+        """The models served now: the offers as last scanned, less those whose header cannot be read
+        (each said once on stderr, until its file changes): a listing never fails for one bad file."""
+        self.rescan()
+        return [name for name in self.offers if self._readable(name)]
+
+    def rescan(self) -> None:
+        """The offers as `scan` finds them now: a new file offered, a changed one described again, a
+        removed one no longer offered (a loaded or loading model stays until it is unloaded)."""
+        now = time.monotonic()
+        if self.scan is None or now - self._scanned_at < SCAN_EVERY_S:
+            return
+        self._scanned_at = now
+        found = {o.name: o for o in self.scan()}
+        for name, old in list(self.offers.items()):
+            new = found.get(name)
+            if (new is None or new.key != old.key) and name not in self.loaded and name not in self._loading:
+                del self.offers[name]
+                self._infos.pop(name, None)
+        for name, offer in found.items():
+            self.offers.setdefault(name, offer)
+
+    def _readable(self, name: str) -> bool:
+        key = self.offers[name].key
+        if self._unreadable.get(name, self) == key:
+            return False
+        try:
+            self.info(name)
+        except (RunnerError, OSError) as exc:
+            self._unreadable[name] = key
+            ui.warn(f"not serving {name}: {exc}")
+            return False
+        self._unreadable.pop(name, None)
+        return True
 
     def info(self, name: str) -> ModelInfo:
         if name in self.loaded:
@@ -80,7 +125,8 @@ class Pool:
 
     async def get(self, name: str, keep_alive: float | None = None) -> ModelThread:
         """The model's thread, loading it first if need be. keep_alive: this request's, in seconds
-        (negative: forever); None leaves the model's as it is (the server's --keep-alive at its load)."""
+        (negative: forever); None leaves the model's as it is (the server's --keep-alive at its load). A
+        pinned model keeps its own."""
         self._start_reaper()
         found = self.loaded.get(name)
         if found is None:
@@ -98,7 +144,7 @@ class Pool:
             await asyncio.shield(pending)
             found = self.loaded[name]
         found.active_at = time.monotonic()
-        if keep_alive is not None:
+        if keep_alive is not None and not found.pinned:
             found.keep_alive = None if keep_alive < 0 else keep_alive
         return found.thread
 
@@ -114,8 +160,8 @@ class Pool:
             served = await asyncio.to_thread(offer.load)
         except WontFit as exc:
             raise BadField("model", str(exc)) from None
-        except RunnerError as exc:
-            raise BadField("model", f"{name} could not be loaded: {exc}") from None
+        except RunnerError as exc:  # the server's fault, not the request's: a 500 that says why
+            raise RunnerError(f"{name} could not be loaded: {exc}") from None
         thread = ModelThread(served, self.queue)
         self.loaded[name] = _Loaded(thread, needs, self.keep_alive)
         return thread
@@ -126,11 +172,15 @@ class Pool:
             return
         for device, n in needs.items():
             have = self.budget.get(device, 0)
-            if n > have:
+            if n > have:  # the parts as serve counts them (loader.serve_needs): fit --serve shows each
+                more = "more memory for the server (--memory)" if device == "cpu" else "fewer layers there"
                 raise BadField(
                     "model",
-                    f"{name} needs {_mb(n)} of {device} memory (weights, KV cache, compute buffers, as "
-                    f"runner fit plans them); this server may use {_mb(have)} there",
+                    f"{name} needs {_mb(n)} of {device} memory: its weights, KV cache for every sequence, "
+                    "compute and output buffers (with rows of logits for logprobs) and its embedding "
+                    f"context, as `runner fit {self.info(name).path} --serve` with this server's flags "
+                    f"shows them; this server may use {_mb(have)} there. To fit: fewer sequences "
+                    f"(--parallel), a smaller context (--ctx), or {more}",
                 )
         while not self._fits(needs):
             idle = [(m.active_at, n) for n, m in self.loaded.items() if m.thread.idle()]
@@ -146,8 +196,27 @@ class Pool:
                 return False
         return True
 
+    async def expire(self, name: str) -> bool:
+        """Ollama's unload (keep_alive 0, no prompt): the model leaves now if idle, else once its answers
+        end (its keep-alive made 0, for the reaper); a load under way is waited for first. Nothing to do
+        for a model not loaded. False: a pinned model, which stays."""
+        pending = self._loading.get(name)
+        if pending is not None:
+            await asyncio.wait([pending])  # loaded or failed: either way, then decided below
+        found = self.loaded.get(name)
+        if found is None:
+            return True
+        if found.pinned:
+            return False
+        found.keep_alive = 0.0
+        if found.thread.idle():
+            await self.unload(name, why="asked to by a request")
+        return True
+
     async def unload(self, name: str, *, why: str) -> None:
-        found = self.loaded.pop(name)
+        found = self.loaded.pop(name, None)
+        if found is None:  # another task unloaded it while this one waited
+            return
         ui.info(f"unloading {name} ({why})")
         await asyncio.to_thread(found.thread.close)
 
@@ -192,7 +261,7 @@ class EngineBackend:
         self.pool = pool
 
     def names(self) -> list[str]:
-        return list(self.pool.offers)
+        return self.pool.names()
 
     def info(self, name: str) -> ModelInfo:
         return self.pool.info(name)
@@ -219,6 +288,16 @@ class EngineBackend:
     async def submit(self, ask: Ask) -> Generation:
         thread = await self.pool.get(ask.model, ask.keep_alive)
         return await thread.submit(ask)
+
+    async def load(self, name: str, keep_alive: float | None = None) -> float:
+        """The model loaded (keep_alive as Ask's); the seconds this request waited for its load, 0 if it
+        was loaded already."""
+        start, cold = time.perf_counter(), name not in self.pool.loaded
+        await self.pool.get(name, keep_alive)
+        return time.perf_counter() - start if cold else 0.0
+
+    async def unload(self, name: str) -> bool:
+        return await self.pool.expire(name)
 
     async def count_tokens(self, ask: Ask) -> int:
         return await (await self.pool.get(ask.model)).count_tokens(ask)

@@ -94,6 +94,19 @@ def chat_messages(system: str | None, messages: list[Message]) -> list[dict[str,
 # -- answers --------------------------------------------------------------------------------------
 
 
+def cut_short(outcome: Outcome) -> ApiError | None:
+    """Anthropic has no stop reason for an answer the server cut short, and `end_turn` would pass it
+    off as complete: a whole answer is an error response instead, a stream ends with an error event
+    after the text it sent (as Anthropic's API ends a stream that fails midway)."""
+    if outcome.finish_reason == "interrupted":  # the server stopping (Ctrl-C, SIGTERM)
+        why = "the server is stopping"
+        return ApiError(503, f"the answer was cut short after {outcome.completion_tokens} tokens: {why}")
+    if outcome.finish_reason == "error":
+        why = outcome.error or "the engine failed"
+        return ApiError(500, f"the answer was cut short after {outcome.completion_tokens} tokens: {why}")
+    return None
+
+
 def stop_reason(outcome: Outcome, max_tokens: int) -> str:
     if outcome.tool_calls:
         return "tool_use"
@@ -101,7 +114,7 @@ def stop_reason(outcome: Outcome, max_tokens: int) -> str:
         return "stop_sequence"
     if outcome.finish_reason == "length":  # max_tokens, or the sequence's context full before it
         return "max_tokens" if outcome.completion_tokens >= max_tokens else "model_context_window_exceeded"
-    return "end_turn"  # an end token; "interrupted" (the server stopping) too, said in timings
+    return "end_turn"  # an end token (an answer cut short is an error: cut_short)
 
 
 def usage(outcome: Outcome) -> dict[str, int]:
@@ -125,6 +138,8 @@ def tool_uses(outcome: Outcome) -> list[dict[str, Any]]:
 
 
 def whole(head: dict[str, Any], outcome: Outcome, max_tokens: int) -> dict[str, Any]:
+    if (failure := cut_short(outcome)) is not None:
+        raise failure
     content: list[dict[str, Any]] = []
     if outcome.reasoning:
         content.append({"type": "thinking", "thinking": outcome.reasoning, "signature": ""})
@@ -177,6 +192,8 @@ def events(
         if open_kind:
             yield _event("content_block_stop", {"index": index})
         outcome = answer.outcome
+        if (failure := cut_short(outcome)) is not None:
+            raise failure  # said as the stream's error event, no message_delta or message_stop
         for use in tool_uses(outcome):  # whole, at the end: partial_json is the arguments' whole text
             index += 1
             partial = {"type": "input_json_delta", "partial_json": json.dumps(use["input"])}

@@ -1,11 +1,11 @@
-"""The Ollama API's requests: /api/chat and /api/generate, checked for shape and range (a 400 naming
-the field, said as Ollama says errors)."""
+"""The Ollama API's requests: /api/chat, /api/generate and the embeddings, checked for shape and range
+(a 400 naming the field, said as Ollama says errors)."""
 
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Optional
 
-from pydantic import Field, StrictBool, StrictInt, StrictStr, ValidationInfo, field_validator
+from pydantic import AfterValidator, Field, StrictBool, StrictInt, StrictStr, ValidationInfo, field_validator
 
 from runner.engine.logprobs import MAX_TOP as TOP_LOGPROBS
 from runner.errors import InvalidSetting
@@ -26,6 +26,23 @@ from runner.serve.shared.fields import (
 )
 
 STOP_LIMIT = 16  # Ollama sets no bound; this one keeps the stop checks cheap
+
+
+def _keep_alive(value: Any) -> float | None:
+    """Seconds, or a duration such as "5m": how long the model stays loaded once idle (0: unload now;
+    negative: for ever, -1.0). None: as it is."""
+    if value is None or value == "":
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise ValueError('must be a number of seconds or a duration such as "5m"')
+    try:
+        seconds = parse_duration(value, "keep_alive")
+    except InvalidSetting as exc:
+        raise ValueError(str(exc)) from None
+    return -1.0 if seconds is None else seconds
+
+
+KeepAlive = Annotated[Any, AfterValidator(_keep_alive)]
 
 
 class Options(Loose):
@@ -68,7 +85,7 @@ class Base(Loose):
     options: Optional[Options] = None
     format: Any = None
     think: Any = None
-    keep_alive: Any = None  # seconds or "5m": how long the model stays loaded once idle (0: unload now)
+    keep_alive: KeepAlive = None
     logprobs: Optional[StrictBool] = None
     top_logprobs: Annotated[Optional[StrictInt], Field(ge=0, le=TOP_LOGPROBS)] = None
 
@@ -76,19 +93,6 @@ class Base(Loose):
     def n_logprobs(self) -> int | None:
         """Ask.logprobs: as Ollama reads them, top_logprobs counts only with logprobs: true."""
         return (self.top_logprobs or 0) if self.logprobs else None
-
-    @field_validator("keep_alive")
-    @classmethod
-    def _keep_alive(cls, value: Any) -> float | None:
-        if value is None or value == "":
-            return None
-        if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-            raise ValueError('must be a number of seconds or a duration such as "5m"')
-        try:
-            seconds = parse_duration(value, "keep_alive")
-        except InvalidSetting as exc:
-            raise ValueError(str(exc)) from None
-        return -1.0 if seconds is None else seconds
 
     images: Optional[list[Any]] = None
 
@@ -160,7 +164,7 @@ class EmbedRequest(Loose):
     truncate: Optional[StrictBool] = None  # Ollama's default: true
     dimensions: Optional[StrictInt] = Field(default=None, ge=1)
     options: Optional[dict[str, Any]] = None  # accepted: the served model's settings stay
-    keep_alive: Any = None
+    keep_alive: KeepAlive = None
 
     @field_validator("input")
     @classmethod
@@ -168,3 +172,12 @@ class EmbedRequest(Loose):
         if value is None:
             raise ValueError("required")
         return [] if value == "" else texts_of(value)  # "" alone: Ollama's way to load the model
+
+
+class EmbeddingsRequest(Loose):
+    """/api/embeddings, Ollama's older endpoint: one `prompt`, one vector; "" only loads the model."""
+
+    model: Optional[StrictStr] = None
+    prompt: Optional[StrictStr] = None
+    options: Optional[dict[str, Any]] = None  # accepted: the served model's settings stay
+    keep_alive: KeepAlive = None

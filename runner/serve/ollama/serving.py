@@ -1,5 +1,6 @@
 """The Ollama API's requests as the engine's Ask, and its answers back: whole, or as NDJSON lines (a
-line per part, then the done line), durations in nanoseconds; and the models as /api/tags, /api/ps and
+line per part, then the done line), durations in nanoseconds (load_duration: the wait for the model's
+load, counted in total_duration too); and the models as /api/tags, /api/ps and
 /api/show describe them."""
 
 from __future__ import annotations
@@ -90,18 +91,24 @@ def _ns(seconds: float) -> int:
     return int(seconds * 1e9)
 
 
-def done_fields(outcome: Outcome) -> dict[str, Any]:
+def done_fields(outcome: Outcome, load_s: float) -> dict[str, Any]:
     reason = "stop" if outcome.finish_reason == "tool_calls" else outcome.finish_reason
     return {
         "done": True,
         "done_reason": reason,
-        "total_duration": _ns(outcome.total_s),
-        "load_duration": 0,
+        "total_duration": _ns(load_s + outcome.total_s),
+        "load_duration": _ns(load_s),
         "prompt_eval_count": outcome.prompt_tokens,
         "prompt_eval_duration": _ns(outcome.prefill_s),
         "eval_count": outcome.completion_tokens,
         "eval_duration": _ns(outcome.decode_s),
     }
+
+
+def nothing_to_answer(model: str, empty: dict[str, Any], reason: str, load_s: float = 0.0) -> dict[str, Any]:
+    """The reply to a request with no prompt: Ollama's "load" (with the wait for it), or its "unload"."""
+    waited = {"total_duration": _ns(load_s), "load_duration": _ns(load_s)} if reason == "load" else {}
+    return {"model": model, "created_at": now(), **empty, "done": True, "done_reason": reason, **waited}
 
 
 def tool_calls(outcome: Outcome) -> list[dict[str, Any]]:
@@ -129,24 +136,27 @@ def logprobs(scored: list[Scored]) -> list[dict[str, Any]]:
     return [{**token(s), "top_logprobs": [token(t) for t in s.top]} for s in scored]
 
 
-def whole(model: str, outcome: Outcome, *, chat: bool, raw: bool, asked: bool = False) -> dict[str, Any]:
+def whole(
+    model: str, outcome: Outcome, *, chat: bool, raw: bool, asked: bool = False, load_s: float = 0.0
+) -> dict[str, Any]:
     head: dict[str, Any] = {"model": model, "created_at": now()}
+    done = done_fields(outcome, load_s)
     if asked:
         head["logprobs"] = logprobs(outcome.logprobs)
     if chat:
         return {
             **head,
             "message": chat_message(outcome.text, outcome.reasoning, tool_calls(outcome)),
-            **done_fields(outcome),
+            **done,
         }
     if raw:  # no template, no channels: the text as the model wrote it
-        return {**head, "response": outcome.reasoning + outcome.text, **done_fields(outcome)}
+        return {**head, "response": outcome.reasoning + outcome.text, **done}
     thinking = {"thinking": outcome.reasoning} if outcome.reasoning else {}
-    return {**head, "response": outcome.text, **thinking, **done_fields(outcome)}
+    return {**head, "response": outcome.text, **thinking, **done}
 
 
 def lines(
-    request: Request, generation: Generation, model: str, *, chat: bool, raw: bool
+    request: Request, generation: Generation, model: str, *, chat: bool, raw: bool, load_s: float = 0.0
 ) -> AsyncGenerator[str, None]:
     """An answer as NDJSON: a line per part, the tool calls, then the done line with the durations."""
 
@@ -174,7 +184,7 @@ def lines(
             yield line(message=chat_message("", calls=tool_calls(outcome)), done=False)
         scored = {"logprobs": logprobs(held)} if held else {}  # tokens of no text of their own
         last = {"message": chat_message("")} if chat else {"response": ""}
-        yield line(**last, **scored, **done_fields(outcome))
+        yield line(**last, **scored, **done_fields(outcome, load_s))
 
     return streamed(request, [generation], chunks, errors.in_stream)
 

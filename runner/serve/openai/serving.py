@@ -218,8 +218,21 @@ def text_logprobs(scored: list[Scored], offset: int = 0) -> dict[str, Any]:
 
 
 def _tail(outcomes: list[Outcome]) -> dict[str, Any]:
-    timings = outcomes[0].timings() if len(outcomes) == 1 else [o.timings() for o in outcomes]
-    return {"usage": usage(outcomes), "timings": timings}
+    return {"usage": usage(outcomes), "timings": timings_of(outcomes)}
+
+
+SPANS = {"ttft_s": min, "prefill_s": max, "decode_s": max, "total_s": max, "threads": max}
+
+
+def timings_of(outcomes: list[Outcome]) -> dict[str, Any]:
+    """One timings object however many choices: for n > 1 the tokens of every choice added up (each
+    evaluated its prompt, all but the first mostly from the first's KV cache), the earliest first
+    token and the latest end, and each choice's own in `choices`."""
+    each = [o.timings() for o in outcomes]
+    if len(each) == 1:
+        return each[0]
+    merged = {key: SPANS.get(key, sum)(t[key] for t in each) for key in each[0]}
+    return {**merged, "choices": each}
 
 
 def events(

@@ -41,7 +41,7 @@ async def finish(note: Traffic, generation: Generation, finished: bool, *, also:
     before = (note.completion_tokens or 0) if also else 0
     note.completion_tokens = outcome.completion_tokens + before
     note.ttft_s = outcome.ttft_s if not also else min(note.ttft_s or outcome.ttft_s, outcome.ttft_s)
-    note.finish = outcome.finish_reason if finished else "cancelled"
+    note.finish = "cancelled" if note.client_left or not finished else outcome.finish_reason
 
 
 async def collect(request: Request, generations: list[Generation]) -> list[Outcome]:
@@ -53,6 +53,7 @@ async def collect(request: Request, generations: list[Generation]) -> list[Outco
     async def watch() -> None:
         while (await request.receive())["type"] != "http.disconnect":
             pass
+        note.client_left = True
         for generation in generations:
             generation.cancel()
 
@@ -117,14 +118,17 @@ async def streamed(
     note = traffic(request)
     answers = [Drained(generation) for generation in generations]
     body = chunks(answers)
+    failed = False
     try:
         async for chunk in body:
             yield chunk
     except Exception as exc:  # the stream has begun: the error goes in it
+        failed = True
         note.error = brief(exc)
         yield error(as_api_error(exc))
     finally:
         await body.aclose()
+        note.client_left = not failed and not all(answer.ran_out for answer in answers)  # closed early
         for i, answer in enumerate(answers):
             await finish(note, answer.generation, answer.ran_out, also=i)
 

@@ -1,5 +1,6 @@
-"""Embeddings as both APIs serve them (OpenAI's POST /v1/embeddings, Ollama's POST /api/embed) over
-Backend.embed: each text pooled in the model's own thread (runner.engine.embed), unit vectors (L2).
+"""Embeddings as both APIs serve them (OpenAI's POST /v1/embeddings, Ollama's /api/embed and its older
+/api/embeddings) over Backend.embed: each text pooled in the model's own thread (runner.engine.embed),
+unit vectors (L2).
 
 At most MAX_INPUTS texts a request, each a non-empty string; token-id inputs are not served. A model's
 vectors have one size: `dimensions` is a 400 unless it is it.
@@ -52,14 +53,15 @@ def check_dimensions(backend: Backend, model: str, asked: int | None, got: int |
 
 
 async def embed(
-    request: Request, backend: Backend, model: str, texts: list[str], truncate: bool
+    request: Request, backend: Backend, model: str, texts: list[str], truncate: bool, field: str = "input"
 ) -> tuple[list[list[float]], int]:
-    """The vectors and prompt tokens; a text too long (or with no tokens) is a 400 naming it."""
+    """The vectors and prompt tokens; a text too long (or with no tokens) is a 400 naming it (`field`:
+    the request's name for the texts)."""
     many = len(texts) > 1
     try:
         vectors, tokens = await backend.embed(model, texts, truncate=truncate)
     except InputTooLong as exc:
-        where = f"input[{exc.index}]" if many else "input"
+        where = f"{field}[{exc.index}]" if many else field
         raise ApiError(
             400,
             f"{where} is {exc.n_tokens:,} tokens, more than the {exc.limit:,} an embedding takes here",
@@ -67,7 +69,7 @@ async def embed(
             code="context_length_exceeded",
         ) from None
     except EmptyInput as exc:
-        where = f"input[{exc.index}]" if many else "input"
+        where = f"{field}[{exc.index}]" if many else field
         raise ApiError(400, f"{where} has no tokens", param=where) from None
     note = traffic(request)
     note.prompt_tokens, note.completion_tokens = tokens, 0

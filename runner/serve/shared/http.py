@@ -24,6 +24,7 @@ from runner.errors import RunnerError, UsageError
 from runner.serve.backend import BadField, QueueFull, TooLong
 
 TRAFFIC = "runner.traffic"  # the scope key of a request's Traffic (app.AccessLog puts it there)
+PROBE = "x-runner-probe"  # a header the --rpc front's own /health polls carry: no access line for them
 
 
 @dataclass
@@ -36,6 +37,7 @@ class Traffic:
     ttft_s: float | None = None
     finish: str | None = None
     error: str | None = None
+    client_left: bool = False  # before its answer was out: logged 499 (as nginx logs a client that left)
 
 
 def traffic(request: Request) -> Traffic:
