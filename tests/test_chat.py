@@ -45,10 +45,21 @@ def test_a_scripted_conversation_through_a_pipe() -> None:
 def test_only_what_is_new_is_evaluated_each_turn() -> None:
     done = chat_pipe("Hi\nWhat is 2+2?\nAnd 3+3?\n/stats\n", "--max-tokens", "16")
     assert done.returncode == 0, done.stderr
-    stats = re.search(rb"prompt (\d+) tokens, (\d+) evaluated", done.stderr)
+    stats = re.search(rb"prompt (\d+) tokens: (\d+) evaluated, (\d+) from the KV cache", done.stderr)
     assert stats, done.stderr
-    prompt, evaluated = int(stats[1]), int(stats[2])
+    prompt, evaluated, reused = int(stats[1]), int(stats[2]), int(stats[3])
     assert prompt > 60 and evaluated <= 20, (prompt, evaluated)  # "And 3+3?" and the template's wrapper
+    assert reused == prompt - evaluated
+
+
+def test_stats_say_the_kv_cache_only_when_it_gave_tokens() -> None:
+    from runner.commands.slash import prompt_tokens
+    from runner.engine.answer import Timings
+
+    assert prompt_tokens(Timings(prompt_tokens=34, prefill_tokens=34)) == "34 tokens, all evaluated"
+    assert prompt_tokens(Timings(prompt_tokens=1, prefill_tokens=1)) == "1 token, all evaluated"
+    said = prompt_tokens(Timings(prompt_tokens=40, prefill_tokens=6))
+    assert said == "40 tokens: 6 evaluated, 34 from the KV cache"
 
 
 def test_the_repl_keys_history_and_ctrl_c() -> None:

@@ -165,13 +165,20 @@ def _show(session: Session) -> str:
     return "\n".join(f"{k:<{width}}{v}" for k, v in rows)
 
 
+def prompt_tokens(t: Any) -> str:
+    """A prompt's tokens, and how many came from the KV cache (said only when some did)."""
+    reused = t.prompt_tokens - t.prefill_tokens
+    if reused <= 0:
+        return f"{ui.count(t.prompt_tokens, 'token')}, all evaluated"
+    return f"{ui.count(t.prompt_tokens, 'token')}: {t.prefill_tokens} evaluated, {reused} from the KV cache"
+
+
 def _stats(session: Session) -> str:
     if session.last is None:
         return "no answer yet"
     t = session.last.result.timings
     return (
-        f"ttft {t.ttft_s:.3f} s · prompt {t.prompt_tokens} tokens, {t.prefill_tokens} evaluated "
-        f"(the rest from the KV cache) · prefill {t.prefill_tokens_per_s:.1f} tok/s · "
+        f"ttft {t.ttft_s:.3f} s · prompt {prompt_tokens(t)} · prefill {t.prefill_tokens_per_s:.1f} tok/s · "
         f"{t.completion_tokens} tokens at {t.decode_tokens_per_s:.1f} tok/s{describe_threads(t)} · "
         f"finish {session.last.result.finish_reason}{describe_speculation(t.speculation)}"
     )
