@@ -4,11 +4,20 @@ stop string reported, a head stored by one loop restored by another)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
-from runner.engine.answer import FINISH_INTERRUPTED, FINISH_LENGTH, FINISH_STOP, Result
+from runner.engine.answer import (
+    FINISH_INTERRUPTED,
+    FINISH_LENGTH,
+    FINISH_REPEAT,
+    FINISH_STOP,
+    LOOP_SPAN,
+    Result,
+    looping,
+)
 from runner.engine.batch import run_batch
 from runner.engine.engine import Engine
 from runner.engine.loop import Loop
@@ -105,6 +114,40 @@ def test_the_step_reports_why_an_answer_ended() -> None:
     assert (reason, slot.context_full) == (FINISH_LENGTH, False)
     slot, reason = take_all(Job(0, [5], GREEDY), Vocab(words, set()), [1, 2, 5], room=3)
     assert (reason, slot.context_full, slot.n_out) == (FINISH_LENGTH, True, 3)
+
+
+def test_an_answer_going_round_in_a_loop_ends_when_no_limit_was_given() -> None:
+    """stop_loops: the same few tokens over and over end the answer as soon as 256 of them repeat
+    (finish "repetition"); without it, or for an answer that does not repeat, it runs on."""
+    words = {i: f"w{i} " for i in range(1, 1200)}
+    loop = [7, 8, 9, 10, 11] * 400
+    slot, reason = take_all(Job(0, [5], GREEDY, stop_loops=True), Vocab(words, set()), loop, room=5000)
+    assert reason == FINISH_REPEAT and LOOP_SPAN <= slot.n_out <= LOOP_SPAN + 16, slot.n_out
+    slot, reason = take_all(Job(0, [5], GREEDY), Vocab(words, set()), loop, room=5000)
+    assert reason is None and slot.n_out == len(loop)
+    counting = list(range(1, 1200))  # no token comes twice: never a loop
+    slot, reason = take_all(Job(0, [5], GREEDY, stop_loops=True), Vocab(words, set()), counting, 5000)
+    assert reason is None and slot.n_out == len(counting)
+    assert looping([3] * 255) == 0 and looping([3] * 256) == 1
+    assert looping([1, 2] * 100 + list(range(100, 300)) * 3) == 200  # three turns of a long paragraph
+    assert looping(list(range(100, 700)) * 3) == 0  # longer than LOOP_PERIOD_MAX: not looked for
+
+
+def test_runner_run_stops_a_looping_answer_and_says_so(tmp_path: Path, smollm2_path: Path) -> None:
+    """A model that writes the same three tokens for ever, run with no --max-tokens: the answer ends
+    at the loop (finish "repetition", a line on stderr), not when the context is full."""
+    from tests.conftest import run_cli
+    from tests.synth import write_scripted
+
+    with Engine(smollm2_path, n_ctx=256, n_threads=1) as vocab:
+        a, b, c = (vocab.tokenize(word, add_special=False)[0] for word in (" apple", " pear", " plum"))
+    model = write_scripted(tmp_path / "loops.gguf", smollm2_path, [a, b, c, a], template="")
+    done = run_cli("run", str(model), "--raw", "--json", "--temperature", "0", "--ctx", "4096", " apple")
+    assert done.returncode == 0, done.stderr
+    answer = json.loads(done.stdout)
+    assert answer["finish_reason"] == "repetition", answer["finish_reason"]
+    assert answer["usage"]["completion_tokens"] < 300 and answer["text"].startswith(" pear plum apple")
+    assert b"went round in a loop" in done.stderr, done.stderr
 
 
 # -- the loop, with the real model ------------------------------------------------------------------

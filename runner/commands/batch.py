@@ -238,6 +238,7 @@ def _answer(loaded: LoadedModel, request: BatchRequest, items: list[Item], out: 
                 guide=item.rule.guide if item.rule else None,
                 reasoning=prompt.reasoning_style,
                 in_reasoning=prompt.opens_reasoning,
+                stop_loops=not (item.max_tokens or request.max_tokens),  # as `runner run`'s answers
             )
         )
     writer = _OrderedWriter(out, items, request.jsonl, errors)

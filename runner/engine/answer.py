@@ -22,6 +22,28 @@ FINISH_STOP = "stop"  # end-of-generation token or a stop string
 FINISH_LENGTH = "length"  # --max-tokens reached, or the context is full
 FINISH_INTERRUPTED = "interrupted"  # Ctrl-C: the answer stopped within a token, what came is kept
 FINISH_ERROR = "error"  # the job could not run (its prompt too long, its grammar refused): Result.error
+FINISH_REPEAT = "repetition"  # no answer limit, and the answer went round in a loop (Job.stop_loops)
+LOOP_SPAN = 256  # a loop: the answer's last LOOP_SPAN tokens or more, the same LOOP_PERIOD_MAX at
+LOOP_PERIOD_MAX = 512  # most over and over, three times at least
+
+
+def looping(tokens: list[int]) -> int:
+    """The period of the loop the tokens end in (the last max(3p, LOOP_SPAN) tokens repeat every p,
+    p <= LOOP_PERIOD_MAX), the shortest; 0 if they end in none. A small model that writes the same
+    paragraph again and again fills its context so: with no answer limit, that is where it stops."""
+    if not tokens:
+        return 0
+    last = tokens[-1]
+    for period in range(1, LOOP_PERIOD_MAX + 1):
+        span = max(3 * period, LOOP_SPAN)
+        if span > len(tokens):
+            break
+        if tokens[-1 - period] != last:  # most periods fail here, at no cost
+            continue
+        tail = tokens[-span:]
+        if tail[period:] == tail[:-period]:
+            return period
+    return 0
 
 
 @dataclass(frozen=True)

@@ -323,6 +323,7 @@ class Engine(KVContext):
         on_token: Callable[[int], None] | None = None,
         ignore_end: bool = False,
         logprobs: int | None = None,
+        stop_loops: bool | None = None,
     ) -> Iterator[Chunk]:
         """One answer as text pieces (kind "answer" or "reasoning", split by the template's `reasoning`
         style: "think" or "channels"), UTF-8 safe, stop strings held back until they cannot match; the
@@ -333,6 +334,8 @@ class Engine(KVContext):
         cleared). `grammar` (GBNF, root rule "root") or `guide` (an llguidance grammar: a JSON
         Schema's) constrains every token (runner.engine.constrain). `logprobs`: each answer token's
         log-probability and this many alternatives, in the Result (runner.engine.logprobs).
+        `stop_loops` (by default: when no `max_tokens` is given) ends an answer that goes round in a
+        loop, finish_reason "repetition" (runner.engine.answer.looping), not at the context's end.
         `prompt_cache`: the prefix store's disk tier: the longest stored head of the prompt is loaded
         from it; where none is and the prompt's stable `head` tokens are at least MIN_HEAD, they are
         evaluated and stored first.
@@ -354,6 +357,7 @@ class Engine(KVContext):
             on_token=on_token,
             ignore_end=ignore_end,
             logprobs=logprobs,
+            stop_loops=max_tokens is None and not ignore_end if stop_loops is None else stop_loops,
         )
         with interrupt.deferred():
             yield from self._stream(job, prompt_cache)

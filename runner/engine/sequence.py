@@ -17,16 +17,23 @@ from runner.engine.answer import (
     FINISH_ERROR,
     FINISH_INTERRUPTED,
     FINISH_LENGTH,
+    FINISH_REPEAT,
     FINISH_STOP,
+    LOOP_PERIOD_MAX,
+    LOOP_SPAN,
     Result,
     TextAssembler,
     Timings,
+    looping,
 )
 from runner.engine.logprobs import TokenLogprob
 from runner.engine.promptcache import CacheUse
 from runner.engine.reasoning import ANSWER, Splitter
 from runner.engine.sampling import SamplingConfig
 from runner.engine.speculate import SpecStats, Speculator
+
+LOOP_CHECK_EVERY = 16  # tokens between two looks for a loop (each costs ~0.1 ms)
+LOOP_TAIL = 3 * LOOP_PERIOD_MAX  # the answer's tokens a look reads: three turns of the longest loop
 
 
 class Vocab(Protocol):
@@ -53,6 +60,7 @@ class Job:
     in_reasoning: bool = False  # the template opened a <think> block: the answer starts in it
     head: int = 0  # the prompt's stable head: kept in the prefix store's disk tier (run, chat)
     ignore_end: bool = False  # end-of-generation tokens are tokens like any (benchmarks' tg128)
+    stop_loops: bool = False  # an answer going round in a loop ends (FINISH_REPEAT): no limit was given
     logprobs: int | None = None  # each answer token's log-probability, with this many alternatives
     echo: bool = False  # the prompt's own log-probabilities: evaluated whole, logits at every position
     on_piece: Callable[[str, str], None] | None = None  # (kind, text) as they come, in the loop's thread
@@ -127,11 +135,19 @@ class Slot:
             return FINISH_STOP
         if job.max_tokens is not None and self.n_out >= job.max_tokens:
             return FINISH_LENGTH
+        if job.stop_loops and self._looping():
+            return FINISH_REPEAT
         if self.pos + 1 >= room:
             self.context_full = True
             return FINISH_LENGTH
         self.last = token
         return None
+
+    def _looping(self) -> bool:
+        """The answer ends in a loop (looked for every LOOP_CHECK_EVERY tokens, from LOOP_SPAN on)."""
+        if self.n_out < LOOP_SPAN or self.n_out % LOOP_CHECK_EVERY:
+            return False
+        return looping(self.history[-min(self.n_out, LOOP_TAIL) :]) > 0
 
     def emit(self, text: str, *, final: bool = False) -> None:
         parts = self.splitter.push(text) if text else []
