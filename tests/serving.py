@@ -85,14 +85,20 @@ class Server:
 
 @contextmanager
 def serving(args: list[str], log: Path, *, ready_s: float = 120) -> Iterator[Server]:
-    """`runner serve ARGS --port FREE`, up and answering /health, for the with block."""
+    """`runner serve ARGS --port FREE`, up and answering /health, for the with block. A server started
+    outside a test (a module's fixture, before the test's own data folder is set) keeps its responses
+    in a folder beside its log, never in the test home's, which outlives the run (a database there
+    that a newer runner migrated would be refused, and the server would keep nothing)."""
     port = free_port()
+    env = dict(os.environ)
+    env.setdefault("RUNNER_DATA_DIR", str(log.parent / "data"))
     with log.open("wb") as err:
         proc = subprocess.Popen(
             [sys.executable, "-m", "runner", "serve", *args, "--port", str(port)],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=err,
+            env=env,
         )
     server = Server(proc, port, log)
     try:
