@@ -4,7 +4,8 @@ the responses `runner serve` answers on /v1/responses, kept so that a later requ
 A user message is committed before its answer is generated, the answer when it ends (or what came of
 it, marked interrupted): a `kill -9` mid-answer loses at most that answer's unfinished text, and WAL
 keeps the file consistent. Writes happen only at those points, inside runner.interrupt.deferred(), so a
-Ctrl-C never lands in the middle of one.
+Ctrl-C never lands in the middle of one. Runners continuing one conversation at once take turns
+(runner.commands.session holds it from a question to its answer), so questions and answers alternate.
 
 The schema grows by migrations, small named functions applied in order (as simonw/llm does);
 PRAGMA user_version counts those applied. A database from a newer runner (a higher user_version) is
@@ -84,6 +85,17 @@ def m003_responses(db: sqlite3.Connection) -> None:
     )
 
 
+@migration
+def m004_turn_models(db: sqlite3.Connection) -> None:
+    # the model that gave each answer (a conversation may be continued with another); the answers
+    # stored before were all given by the conversation's one model
+    db.execute("ALTER TABLE messages ADD COLUMN model TEXT")
+    db.execute(
+        "UPDATE messages SET model = (SELECT c.model FROM conversations c WHERE c.id = conversation_id)"
+        " WHERE role = 'assistant'"
+    )
+
+
 class StoreError(RunnerError):
     """The conversation database cannot be opened or written (corrupt, unwritable, from a newer runner)."""
 
@@ -105,6 +117,7 @@ class StoredMessage:
     stats: dict[str, Any] | None = None
     id: int | None = None  # the row, once stored
     created: float = field(default_factory=time.time)
+    model: str | None = None  # the model that gave an answer (None: a user message, or not known)
 
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {"role": self.role, "content": self.content}
@@ -112,13 +125,15 @@ class StoredMessage:
             data["reasoning"] = self.reasoning
         if self.interrupted:
             data["interrupted"] = True
+        if self.model:
+            data["model"] = self.model
         return data
 
 
 @dataclass
 class StoredConversation:
     id: int
-    model: str
+    model: str  # the model it continues with: the one that answered it last
     system: str | None
     created: float
     updated: float
@@ -247,8 +262,8 @@ class Store:
         with self._write("save a message") as db:
             cursor = db.execute(
                 "INSERT INTO messages"
-                " (conversation_id, role, content, reasoning, interrupted, created, stats)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                " (conversation_id, role, content, reasoning, interrupted, created, stats, model)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     conversation,
                     message.role,
@@ -257,6 +272,7 @@ class Store:
                     int(message.interrupted),
                     message.created,
                     json.dumps(message.stats) if message.stats else None,
+                    message.model,
                 ),
             )
             db.execute("UPDATE conversations SET updated = ? WHERE id = ?", (time.time(), conversation))
@@ -275,6 +291,14 @@ class Store:
             db.execute(
                 "UPDATE conversations SET system = ?, updated = ? WHERE id = ?",
                 (system, time.time(), conversation),
+            )
+
+    def set_model(self, conversation: int, model: str) -> None:
+        """The model the conversation continues with from now on (each answer keeps its own)."""
+        with self._write("set the model") as db:
+            db.execute(
+                "UPDATE conversations SET model = ?, updated = ? WHERE id = ?",
+                (model, time.time(), conversation),
             )
 
     def set_settings(self, conversation: int, settings: dict[str, Any]) -> None:
@@ -344,7 +368,7 @@ class Store:
             if head is None:
                 return None
             rows = self._db.execute(
-                "SELECT id, role, content, reasoning, interrupted, created, stats FROM messages"
+                "SELECT id, role, content, reasoning, interrupted, created, stats, model FROM messages"
                 " WHERE conversation_id = ? ORDER BY id",
                 (conversation,),
             ).fetchall()
@@ -357,8 +381,9 @@ class Store:
                 stats=json.loads(stats) if stats else None,
                 id=row_id,
                 created=created,
+                model=model,
             )
-            for row_id, role, content, reasoning, interrupted, created, stats in rows
+            for row_id, role, content, reasoning, interrupted, created, stats, model in rows
         ]
         settings = json.loads(head[5]) if head[5] else {}
         return StoredConversation(head[0], head[1], head[2], head[3], head[4], messages, settings)
@@ -435,13 +460,14 @@ def from_json(data: Any, source: str) -> StoredConversation:
         if m["role"] == "system":  # as other tools write it: the first message
             system = m["content"]
             continue
-        reasoning = m.get("reasoning")
+        reasoning, model = m.get("reasoning"), m.get("model")
         out.append(
             StoredMessage(
                 role=m["role"],
                 content=m["content"],
                 reasoning=reasoning if isinstance(reasoning, str) else None,
                 interrupted=bool(m.get("interrupted", False)),
+                model=model if isinstance(model, str) and m["role"] == "assistant" else None,
             )
         )
     model = data.get("model")

@@ -422,3 +422,108 @@ def test_resume_shows_the_last_turns_and_history_the_rest() -> None:
     ready(child)
     child.sendline("/bye")
     child.expect(pexpect.EOF)
+
+
+def test_run_c_with_another_model_says_so_and_each_answer_keeps_its_model(smollm2_path: Path) -> None:
+    assert chat_pipe("Hi\n", "--max-tokens", "4").returncode == 0
+    same = run_cli("run", "smollm2", "-c", "Again?", "--max-tokens", "4", *GREEDY)
+    assert same.returncode == 0 and same.stderr == b"", same.stderr  # the conversation's own: no word
+    other = str(smollm2_path)  # another name, so another model as far as the conversation knows
+    switched = run_cli("run", other, "-c", "And then?", "--max-tokens", "4", *GREEDY)
+    assert switched.returncode == 0, switched.stderr
+    [cid] = [c.id for c in conversations()]
+    assert switched.stderr.decode().splitlines() == [
+        f"runner: conversation {cid} was held with smollm2; {other} answers it from here on "
+        f"(runner history show {cid} names each answer's model)"
+    ]
+    after = run_cli("run", "-c", "And now?", "--max-tokens", "4", *GREEDY)  # goes on with the one named
+    assert after.returncode == 0 and after.stderr == b"", after.stderr
+    [conversation] = conversations()
+    assert conversation.model == other
+    assert [m.model for m in conversation.messages] == [
+        None,
+        "smollm2",
+        None,
+        "smollm2",
+        None,
+        other,
+        None,
+        other,
+    ]
+    shown = run_cli("history", "show", str(cid)).stdout.decode()
+    assert f"assistant (smollm2): {conversation.messages[1].content}" in shown
+    assert f"assistant ({other}): {conversation.messages[-1].content}" in shown
+    listed = run_cli("history").stdout.decode()
+    assert listed.split("\t")[1] == other
+    exported = json.loads(run_cli("history", "show", str(cid), "--json").stdout)
+    assert [m.get("model") for m in exported["messages"]] == [m.model for m in conversation.messages]
+
+
+def test_continuations_at_once_take_turns_and_questions_keep_their_answers() -> None:
+    """Six `runner run -c` at once on one conversation (the shell's `&`): each waits for the turn under
+    way, then answers the conversation as it stands, so the store alternates and every question is
+    followed by its own answer, the one its process printed."""
+    assert chat_pipe("Hi\n", "--max-tokens", "4").returncode == 0
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "runner", "run", "-c", f"Turn {n}", "--max-tokens", "4", *GREEDY],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        for n in range(1, 7)
+    ]
+    printed = {}
+    for n, p in enumerate(procs, start=1):
+        out, err = p.communicate(timeout=180)
+        assert p.returncode == 0, err
+        assert set(err.decode().splitlines()) <= {
+            "runner: conversation 1 is answering in another runner; this turn waits for it"
+        }
+        printed[f"Turn {n}"] = out.decode().rstrip("\n")
+    [conversation] = conversations()
+    roles = [m.role for m in conversation.messages]
+    assert roles == ["user", "assistant"] * 7
+    pairs = list(zip(conversation.messages[::2], conversation.messages[1::2], strict=True))
+    assert sorted(q.content for q, _ in pairs[1:]) == sorted(printed)
+    assert all(a.content == printed[q.content] for q, a in pairs[1:])
+    # each answered the conversation as it stood: every prompt holds the exchanges before it
+    prompts = [a.stats["prompt_tokens"] for _, a in pairs if a.stats]
+    assert len(prompts) == 7 and prompts == sorted(prompts) and len(set(prompts)) == 7
+
+
+def test_a_continuation_waits_for_the_turn_under_way_and_ctrl_c_stops_the_wait() -> None:
+    from runner.commands.session import holding
+
+    assert chat_pipe("Hi\n", "--max-tokens", "4").returncode == 0
+    [cid] = [c.id for c in conversations()]
+    store = Store.open()
+    try:
+        with holding(store, cid):  # a turn under way in another runner
+            waiting = subprocess.Popen(
+                [sys.executable, "-m", "runner", "run", "-c", "Still there?", "--max-tokens", "4", *GREEDY],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+            )
+            assert waiting.stderr is not None
+            line = waiting.stderr.readline().decode()
+            assert (
+                line == f"runner: conversation {cid} is answering in another runner; this turn waits for it\n"
+            )
+            waiting.send_signal(signal.SIGINT)
+            out, err = waiting.communicate(timeout=30)
+            assert waiting.returncode == 130 and out == b"" and b"Traceback" not in err, err
+            assert [m.role for m in conversations()[0].messages] == ["user", "assistant"]  # nothing added
+            queued = subprocess.Popen(
+                [sys.executable, "-m", "runner", "run", "-c", "Now?", "--max-tokens", "4", *GREEDY],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+            )
+            assert queued.stderr is not None and b"waits for it" in queued.stderr.readline()
+        out, err = queued.communicate(timeout=60)  # the turn under way ended: this one goes on
+        assert queued.returncode == 0 and out.strip(), err
+    finally:
+        store.close()
+    assert [m.content for m in conversations()[0].messages if m.role == "user"] == ["Hi", "Now?"]

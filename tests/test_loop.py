@@ -141,13 +141,19 @@ def test_runner_run_stops_a_looping_answer_and_says_so(tmp_path: Path, smollm2_p
 
     with Engine(smollm2_path, n_ctx=256, n_threads=1) as vocab:
         a, b, c = (vocab.tokenize(word, add_special=False)[0] for word in (" apple", " pear", " plum"))
-    model = write_scripted(tmp_path / "loops.gguf", smollm2_path, [a, b, c, a], template="")
+    says = "{% for m in messages %} {{ m['content'] }}{% endfor %}"  # a chat's "apple" is " apple"
+    model = write_scripted(tmp_path / "loops.gguf", smollm2_path, [a, b, c, a], template=says)
     done = run_cli("run", str(model), "--raw", "--json", "--temperature", "0", "--ctx", "4096", " apple")
     assert done.returncode == 0, done.stderr
     answer = json.loads(done.stdout)
     assert answer["finish_reason"] == "repetition", answer["finish_reason"]
     assert answer["usage"]["completion_tokens"] < 300 and answer["text"].startswith(" pear plum apple")
     assert b"went round in a loop" in done.stderr, done.stderr
+    # chat (and run -c) and --each-line stop there too, and say so
+    chat = run_cli("chat", str(model), "--temperature", "0", "--ctx", "4096", input=b"apple\n")
+    assert chat.returncode == 0 and b"went round in a loop" in chat.stderr, chat.stderr
+    lines = run_cli("run", str(model), "--each-line", "--temperature", "0", "--ctx", "4096", input=b"apple\n")
+    assert lines.returncode == 0 and b"line 1: the answer went round in a loop" in lines.stderr, lines.stderr
 
 
 # -- the loop, with the real model ------------------------------------------------------------------

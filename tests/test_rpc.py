@@ -21,6 +21,7 @@ import pexpect
 import pytest
 
 from tests.conftest import run_cli
+from tests.helpers import conversations
 from tests.serving import free_port, serving
 
 GREEDY = ["--temperature", "0", "--seed", "1"]
@@ -151,6 +152,103 @@ def test_a_worker_that_dies_mid_answer_is_one_line_and_exit_1(tmp_path: Path) ->
     assert "Traceback" not in err.decode() and "ggml-rpc.cpp" not in err.decode()
     assert not list(Path.cwd().glob("core*"))
     assert first + out  # what came of the answer stays on stdout
+
+
+def allocations(ws: list[Worker]) -> list[int]:
+    return [len(ALLOCATED.findall(w.stderr())) for w in ws]
+
+
+def wait_answering(ws: list[Worker], before: list[int], child: subprocess.Popen, settle: float = 3.0) -> None:
+    """Until every worker holds this load's buffers (by their own lines), then `settle` seconds: the
+    answer is under way (a long story over two workers runs for a minute here)."""
+    deadline = time.monotonic() + 60
+    while any(n <= b for n, b in zip(allocations(ws), before, strict=True)):
+        assert child.poll() is None and time.monotonic() < deadline, [w.stderr() for w in ws]
+        time.sleep(0.05)
+    time.sleep(settle)
+    assert child.poll() is None
+
+
+def test_a_worker_lost_mid_answer_still_gives_the_json_of_what_came(tmp_path: Path) -> None:
+    with workers(tmp_path) as ws:
+        before = allocations(ws)
+        args = ["run", "smollm2", "Write a long story about a dragon.", "--max-tokens", "2000", "--json"]
+        child = subprocess.Popen(
+            [sys.executable, "-m", "runner", *args, *GREEDY, "--rpc", rpc(ws)],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        wait_answering(ws, before, child)
+        ws[1].kill()
+        out, err = child.communicate(timeout=30)
+    assert child.returncode == 1
+    [line] = err.decode().strip().splitlines()
+    assert line.startswith(f"runner: error: worker {ws[1].endpoint} went away during `runner run` (")
+    data = json.loads(out)  # one object, as after a Ctrl-C
+    assert data["model"] == "smollm2" and data["finish_reason"] == "interrupted"
+    assert data["text"] and data["usage"]["completion_tokens"] > 0
+    assert data["error"].startswith("a worker's connection broke ("), data["error"]
+
+
+def test_a_worker_lost_mid_answer_keeps_the_partial_answer_in_the_conversation(tmp_path: Path) -> None:
+    with workers(tmp_path) as ws:
+        chat = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "runner",
+                "chat",
+                "smollm2",
+                "--max-tokens",
+                "2000",
+                *GREEDY,
+                "--rpc",
+                rpc(ws),
+            ],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        assert chat.stdin is not None and chat.stdout is not None
+        chat.stdin.write(b"Write a long story about a dragon.\n")
+        chat.stdin.flush()
+        first = b""  # the answer is streaming (read from the pipe itself: communicate() reads it so)
+        while len(first) < 40:
+            piece = os.read(chat.stdout.fileno(), 40 - len(first))
+            assert piece, chat.stderr.read() if chat.stderr else b""
+            first += piece
+        ws[1].kill()
+        out, err = chat.communicate(timeout=30)
+    assert chat.returncode == 1 and b"the conversation is kept: runner chat --resume" in err, err
+    [conversation] = conversations()
+    question, answer = conversation.messages
+    assert question.role == "user" and answer.role == "assistant" and answer.interrupted
+    assert answer.content == (first + out).decode().rstrip("\n")  # what was shown is what is kept
+    assert answer.stats is not None and answer.stats["finish_reason"] == "interrupted"
+    assert answer.stats["error"].startswith("a worker's connection broke (")
+
+    with workers(tmp_path) as ws:  # run -c --json: the object printed after the answer is kept
+        before = allocations(ws)
+        go_on = "Now write a long story about a knight and his horse."
+        args = ["run", "-c", go_on, "--max-tokens", "2000", "--json", *GREEDY, "--rpc", rpc(ws)]
+        cont = subprocess.Popen(
+            [sys.executable, "-m", "runner", *args],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        wait_answering(ws, before, cont, settle=1.0)
+        ws[0].kill()
+        out, err = cont.communicate(timeout=30)
+    assert cont.returncode == 1, err
+    data = json.loads(out)
+    assert data["finish_reason"] == "interrupted" and data["error"].startswith(
+        "a worker's connection broke ("
+    )
+    [conversation] = conversations()
+    assert [m.role for m in conversation.messages] == ["user", "assistant"] * 2
+    assert conversation.messages[-1].interrupted and conversation.messages[-1].content == data["text"]
 
 
 def test_ctrl_c_stops_an_answer_over_rpc(tmp_path: Path) -> None:

@@ -139,3 +139,31 @@ def test_the_json_format_carries_iso_times_and_the_settings() -> None:
     assert from_json(data, "x").settings == {"top_k": 5}
     with pytest.raises(UsageError, match='"settings" must be an object'):
         from_json({"messages": [], "settings": [1]}, "x")
+
+
+def test_each_answer_keeps_its_model_and_older_answers_get_the_conversations(tmp_path: Path) -> None:
+    path = tmp_path / "c.db"
+    with sqlite3.connect(path) as db:  # as runner wrote it before each answer kept its model
+        for m in MIGRATIONS[:3]:
+            m(db)
+        db.execute("PRAGMA user_version = 3")
+        db.execute("INSERT INTO conversations (model, created, updated) VALUES ('smollm2', 1, 2)")
+        for role in ("user", "assistant"):
+            db.execute(
+                "INSERT INTO messages (conversation_id, role, content, created) VALUES (1, ?, 'x', 1)",
+                (role,),
+            )
+    store = Store.open(path)
+    try:
+        assert [m.model for m in store.load(1).messages] == [None, "smollm2"]  # type: ignore[union-attr]
+        store.add_message(1, StoredMessage("user", "And you?"))
+        store.add_message(1, StoredMessage("assistant", "Fine.", model="qwen3:0.6b"))
+        store.set_model(1, "qwen3:0.6b")
+        again = store.load(1)
+        assert again is not None and again.model == "qwen3:0.6b"
+        models = [None, "smollm2", None, "qwen3:0.6b"]
+        assert [m.model for m in again.messages] == models
+        assert [m.model for m in from_json(to_json(again), "x").messages] == models  # /save, --load
+    finally:
+        store.close()
+

@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any, BinaryIO, TextIO
 
 from runner import ui
-from runner.commands.output import describe_load, open_prompt_cache, sampling_for
-from runner.engine.answer import Result
+from runner.commands.output import LOOP_WARNING, describe_load, open_prompt_cache, sampling_for
+from runner.engine.answer import FINISH_REPEAT, Result
 from runner.engine.batch import Job, run_batch
 from runner.engine.constrain import Constraint, ConstraintError, constraint
 from runner.engine.prefix import PrefixStore
@@ -302,6 +302,8 @@ class _OrderedWriter:
                     self.ready[result.index] = {"id": item.id, "error": f"line {result.index + 1}: {exc}"}
                     self.flush_ready()
                     return
+            if result.finish_reason == FINISH_REPEAT:
+                ui.warn(f"line {result.index + 1}: {LOOP_WARNING}")
             self.ready[result.index] = {
                 "id": item.id,
                 "text": text,

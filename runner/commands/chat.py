@@ -19,6 +19,7 @@ from runner.commands.lineinput import QUIT_HINT, PipeInput, TerminalInput
 from runner.commands.output import describe_load, to_json
 from runner.commands.session import ChatRequest, Session, read_conversation, user_turns
 from runner.commands.slash import COMMANDS, command, is_command, recap
+from runner.engine import rpc
 from runner.engine.template import TEMPLATE_KEY
 from runner.errors import PromptTooLong, RunnerError, UsageError
 from runner.hub.catalog import load_catalog
@@ -169,11 +170,19 @@ def continue_last(request: ChatRequest, prompt: str, *, out: TextIO, as_json: bo
             kept = store if request.save else None  # --no-save: the conversation is read, nothing is kept
             session = Session(loaded, request, kept, out, interactive=False, quiet=as_json)
             session.adopt(stored, stored_here=True)
-            with interrupt.deferred():
-                session.send(prompt)
-                session.keep_state()
-            if as_json:
-                out.write(json.dumps(to_json(loaded.name, session.last), ensure_ascii=False) + "\n")
+
+            def printed() -> None:  # --json: the object, whole answer or partial one (a worker gone)
+                if as_json:
+                    out.write(json.dumps(to_json(loaded.name, session.last), ensure_ascii=False) + "\n")
+                    out.flush()
+
+            try:
+                with interrupt.deferred(), rpc.if_lost(lambda _why: printed()):  # after the session kept it
+                    session.send(prompt)
+                    session.keep_state()
+            finally:
+                if session.last is not None:  # an answer came, whole or interrupted
+                    printed()
         finally:
             loaded.close()
     finally:

@@ -97,11 +97,16 @@ def _json(conversation: StoredConversation) -> dict[str, Any]:
 
 
 def transcript(conversation: StoredConversation) -> str:
+    """The conversation as text; where more than one model answered it, each answer names its own."""
     lines = [f"# conversation {conversation.id} · {conversation.model} · {_iso(conversation.updated)}", ""]
     if conversation.system:
         lines += [f"system: {conversation.system}", ""]
+    models = {m.model or conversation.model for m in conversation.messages if m.role == "assistant"}
+    named = len(models | {conversation.model}) > 1
     for m in conversation.messages:
-        mark = " (interrupted)" if m.interrupted else ""
+        notes = [m.model or conversation.model] if named and m.role == "assistant" else []
+        notes += ["interrupted"] if m.interrupted else []
+        mark = f" ({', '.join(notes)})" if notes else ""
         lines += [f"{m.role}{mark}: {m.content}", ""]
     return "\n".join(lines)
 

@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
 from runner import ui
-from runner.engine.answer import FINISH_LENGTH, Result, Timings
+from runner.engine import rpc
+from runner.engine.answer import FINISH_INTERRUPTED, FINISH_LENGTH, Result, Timings
 from runner.engine.llamacpp import supports_gpu_offload
 from runner.engine.logprobs import TokenLogprob
 from runner.engine.prompt import Prompt
@@ -25,6 +27,11 @@ from runner.engine.sampling import SamplingConfig, catalog_defaults, resolve_sou
 from runner.engine.speculate import SpecStats
 from runner.limits import flash_attn_name
 from runner.loader import LoadedModel
+
+LOOP_WARNING = (  # FINISH_REPEAT: an answer with no limit that went round in a loop
+    "the answer went round in a loop (the same tokens over and over) and was stopped there; "
+    "--max-tokens N lets it run to N tokens"
+)
 
 
 @dataclass(frozen=True)
@@ -123,29 +130,49 @@ def stream_answer(
     prompt_cache: PromptCache | None = None,
     head: int = 0,
     logprobs: int | None = None,
+    if_lost: Callable[[Answer], None] | None = None,
 ) -> Answer:
     """What run and chat answer with: the engine's one loop for one answer, reasoning split from the
-    answer there, written as it comes. `prompt_cache` and `head`: see Engine.stream."""
+    answer there, written as it comes. `prompt_cache` and `head`: see Engine.stream. `if_lost`: given
+    what came so far (finish_reason "interrupted", `result.error` saying why) if a worker goes away
+    mid-answer, on ggml's thread, just before the process ends (runner.engine.rpc.if_lost)."""
     answer: list[str] = []
     reasoning: list[str] = []
+    generated = [0]
     last = None
-    for chunk in loaded.engine.stream(
-        prompt.tokens,
-        sampling,
-        max_tokens=max_tokens,
-        stop=stop,
-        grammar=grammar,
-        guide=guide,
-        prompt_cache=prompt_cache,
-        head=head,
-        reasoning=prompt.reasoning_style,
-        in_reasoning=prompt.opens_reasoning,
-        logprobs=logprobs,
-    ):
-        if chunk.text:
-            (answer if chunk.kind == ANSWER else reasoning).append(chunk.text)
-            writer.write(chunk.kind, chunk.text)
-        last = chunk
+
+    shown = threading.Lock()  # held from keeping a piece to writing it: what is kept is what was shown
+
+    def so_far(why: str) -> Answer:
+        # on ggml's thread, while the main thread may be between a piece and its write: let the write
+        # end, then keep the lock, so nothing more is written before the process ends (a write that a
+        # reader who stopped reading blocks is waited for 2 s at most)
+        shown.acquire(timeout=2)
+        timings = Timings(prompt_tokens=len(prompt.tokens), completion_tokens=generated[0])
+        text = "".join(answer)
+        result = Result(text, FINISH_INTERRUPTED, timings, reasoning="".join(reasoning), error=why)
+        return Answer(text=text, reasoning=result.reasoning.strip(), result=result)
+
+    with rpc.if_lost(lambda why: if_lost(so_far(why)) if if_lost is not None else None):
+        for chunk in loaded.engine.stream(
+            prompt.tokens,
+            sampling,
+            max_tokens=max_tokens,
+            stop=stop,
+            grammar=grammar,
+            guide=guide,
+            prompt_cache=prompt_cache,
+            head=head,
+            reasoning=prompt.reasoning_style,
+            in_reasoning=prompt.opens_reasoning,
+            on_token=lambda _token: generated.__setitem__(0, generated[0] + 1),
+            logprobs=logprobs,
+        ):
+            if chunk.text:
+                with shown:
+                    (answer if chunk.kind == ANSWER else reasoning).append(chunk.text)
+                    writer.write(chunk.kind, chunk.text)
+            last = chunk
     assert last is not None and last.result is not None
     result = last.result
     return Answer(text=result.text, reasoning=result.reasoning.strip(), result=result)
@@ -184,6 +211,8 @@ def to_json(model: str, answer: Answer) -> dict[str, Any]:
     )
     if t.speculation.mode != "none":
         data["speculation"] = speculation_json(t.speculation)
+    if result.error:
+        data["error"] = result.error  # why an interrupted answer stopped when no signal did: a worker gone
     if t.prompt_cache.loaded_tokens or t.prompt_cache.stored_tokens:
         data["prompt_cache"] = {
             "loaded_tokens": t.prompt_cache.loaded_tokens,

@@ -8,6 +8,7 @@ from typing import Any, BinaryIO, TextIO
 
 from runner import interrupt, ui
 from runner.commands.output import (
+    LOOP_WARNING,
     Answer,
     AnswerWriter,
     describe_load,
@@ -19,7 +20,7 @@ from runner.commands.output import (
     stream_answer,
     to_json,
 )
-from runner.engine.answer import FINISH_INTERRUPTED, Result
+from runner.engine.answer import FINISH_INTERRUPTED, FINISH_REPEAT, Result
 from runner.engine.constrain import constraint
 from runner.engine.context import common_prefix
 from runner.engine.logprobs import MAX_TOP
@@ -106,6 +107,10 @@ def run_once(request: RunRequest, *, stdin: BinaryIO | None, out: TextIO) -> Res
         # constrained output is written whole once checked: a script never reads half a JSON
         quiet = request.as_json or constrained is not None
         writer = AnswerWriter(out, hide_reasoning=request.hide_reasoning, quiet=quiet)
+
+        def lost(partial: Answer) -> None:  # a worker went away: what came, as after a Ctrl-C
+            _finish(out, writer, partial, loaded.name, request.as_json)
+
         with interrupt.deferred(), writer:  # Ctrl-C ends the answer between tokens, never mid-write
             answer = stream_answer(
                 loaded,
@@ -119,6 +124,7 @@ def run_once(request: RunRequest, *, stdin: BinaryIO | None, out: TextIO) -> Res
                 prompt_cache=cache,
                 head=head,
                 logprobs=request.logprobs,
+                if_lost=lost,
             )
             if constrained is not None and answer.result.finish_reason != FINISH_INTERRUPTED:
                 answer = replace(answer, text=constrained.check(answer.text, answer.result.finish_reason))
@@ -137,6 +143,8 @@ def run_once(request: RunRequest, *, stdin: BinaryIO | None, out: TextIO) -> Res
         ui.warn(
             f"the answer stopped at the context limit ({loaded.engine.n_ctx} tokens); raise --ctx for more"
         )
+    if result.finish_reason == FINISH_REPEAT:
+        ui.warn(LOOP_WARNING)
     if request.verbose:
         ui.info(describe_timings(result))
     return result

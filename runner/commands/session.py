@@ -4,6 +4,8 @@
 Sending a message fits the conversation to the context (the oldest exchanges give way), streams the answer
 and keeps both turns; /retry, /undo and /clear change the turns here too. A store that fails stops saving
 and the chat goes on; at the end the evaluated state goes to the prompt cache for --resume and `run -c`.
+Each turn holds its stored conversation (`holding`) from the question to the answer, and starts from the
+conversation as stored then: runners continuing one conversation at once take turns, never interleave.
 The settings /set changes (sampling, max-tokens, think, format) are stored with the conversation and
 come back with it, each unless a flag given then says otherwise.
 Not a command itself: chat.py runs the loop, slash.py the slash commands over a Session.
@@ -14,12 +16,16 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from runner import ui
+from runner import interrupt, ui
 from runner.commands.output import (
+    LOOP_WARNING,
+    Answer,
     AnswerWriter,
     describe_timings,
     open_prompt_cache,
@@ -27,9 +33,9 @@ from runner.commands.output import (
     speculation_json,
     stream_answer,
 )
+from runner.engine.answer import FINISH_INTERRUPTED, FINISH_REPEAT
 from runner.engine.constrain import Constraint, ConstraintError, constraint
 from runner.engine.conversation import Fitted, fit
-from runner.engine.engine import FINISH_INTERRUPTED
 from runner.engine.promptcache import MIN_HEAD
 from runner.engine.template import Message
 from runner.errors import RunnerError, UsageError
@@ -100,6 +106,7 @@ class Session:
         self.conversation: int | None = None
         self.first = 0  # the first turn sent to the model (older exchanges dropped to fit)
         self.last: Any = None  # the last Answer
+        self._held: ExitStack | None = None  # inside a turn: where a conversation created there is held
         self.answers = 0  # answers written in this chat (piped, a blank line goes between them)
         # the conversation's evaluated state is kept on disk at the end, loaded by --resume and -c
         self.prompt_cache = open_prompt_cache(request.prompt_cache, request.prompt_cache_size)
@@ -116,13 +123,20 @@ class Session:
         self._adopt_settings(stored.settings)
         if stored_here:
             self.conversation = stored.id
+            if stored.model and stored.model != self.loaded.name:  # named: said, and kept per answer
+                ui.info(
+                    f"conversation {stored.id} was held with {stored.model}; {self.loaded.name} answers it "
+                    f"from here on (runner history show {stored.id} names each answer's model)"
+                )
+                self._store(lambda s, c: s.set_model(c, self.loaded.name))
             if self.request.system is not None and stored.system != self.request.system:
                 self._store(lambda s, c: s.set_system(c, self.system))
             if self.settings() != stored.settings:
                 self._store(lambda s, c: s.set_settings(c, self.settings()))
         else:
-            for message in self.turns:
-                self._persist(message)
+            with self._holding():
+                for message in self.turns:
+                    self._persist(message)
 
     def set_system(self, system: str | None) -> None:
         """/set system: the system message from now on, stored with a conversation that is."""
@@ -195,6 +209,8 @@ class Session:
                 self.conversation = self.store.new_conversation(
                     self.loaded.name, self.system, self.settings()
                 )
+                if self._held is not None:  # created by a turn: held by it from its first message
+                    self._held.enter_context(holding(self.store, self.conversation))
             action(self.store, self.conversation)
         except StoreError as exc:
             ui.warn(f"nothing more of this conversation is saved: {exc} (/save FILE still works)")
@@ -207,6 +223,36 @@ class Session:
         ids = [m.id for m in messages if m.id is not None]
         if ids:
             self._store(lambda s, c: s.delete_messages(c, ids))
+
+    @contextmanager
+    def _holding(self) -> Iterator[None]:
+        """A turn: the stored conversation to this runner alone until the block ends (another runner's
+        turn waits), its turns first read again from the store, with what others added meanwhile."""
+        with ExitStack() as held:
+            if self.store is not None and self.conversation is not None:
+                held.enter_context(holding(self.store, self.conversation))
+                self._catch_up()
+            self._held = held
+            try:
+                yield
+            finally:
+                self._held = None
+
+    def _catch_up(self) -> None:
+        assert self.store is not None and self.conversation is not None
+        try:
+            stored = self.store.load(self.conversation)
+        except StoreError:
+            return  # the write to come says so, and gives saving up
+        if stored is None or [m.id for m in stored.messages] == [m.id for m in self.turns]:
+            return
+        added = user_turns(stored.messages) - user_turns(self.turns)
+        if self.interactive and added > 0:
+            ui.info(
+                f"another runner added {ui.count(added, 'turn')} to this conversation; they are part of it"
+            )
+        self.turns = stored.messages
+        self.first = min(self.first, len(self.turns))
 
     # -- turns -----------------------------------------------------------------------------------
 
@@ -234,11 +280,12 @@ class Session:
         return fitted
 
     def send(self, text: str) -> None:
-        user = StoredMessage("user", text)
-        fitted = self._fit([*self.turns, user])  # a message that cannot fit is refused before it is kept
-        self.turns.append(user)
-        self._persist(user)  # committed before the answer starts
-        self._answer(fitted)
+        with self._holding():
+            user = StoredMessage("user", text)
+            fitted = self._fit([*self.turns, user])  # a message that cannot fit is refused before it is kept
+            self.turns.append(user)
+            self._persist(user)  # committed before the answer starts
+            self._answer(fitted)
 
     def _answer(self, fitted: Fitted) -> None:
         if self.answers and not self.interactive and not self.quiet:
@@ -250,6 +297,20 @@ class Session:
             quiet=self.quiet,
             markdown=self.request.markdown,
         )
+
+        def lost(partial: Answer) -> None:
+            """A worker went away mid-answer: what came is kept as after a Ctrl-C. On ggml's thread,
+            the process ending next (runner.engine.rpc.if_lost), so through a connection of its own."""
+            writer.end()
+            self.last, message = partial, self._message(partial)
+            self.turns.append(message)
+            if self.store is not None and self.conversation is not None:
+                store = Store.open(self.store.path)
+                try:
+                    store.add_message(self.conversation, message)
+                finally:
+                    store.close()
+
         with writer:
             answer = stream_answer(
                 self.loaded,
@@ -261,6 +322,7 @@ class Session:
                 grammar=self.constraint.grammar if self.constraint else None,
                 guide=self.constraint.guide if self.constraint else None,
                 prompt_cache=self.prompt_cache,
+                if_lost=lost,
             )
         writer.end()
         result = answer.result
@@ -270,8 +332,25 @@ class Session:
                 self.constraint.check(answer.text, result.finish_reason)
             except ConstraintError as exc:
                 ui.warn(str(exc))
-        t = result.timings
-        stats = {
+        message = self._message(answer)
+        self.turns.append(message)
+        self._persist(message)
+        self.last = answer
+        if self.request.verbose:
+            ui.info(describe_timings(result))
+        if result.context_full:
+            ui.warn(f"the answer reached the end of the {self.loaded.engine.n_ctx:,}-token context")
+        if result.finish_reason == FINISH_REPEAT:
+            ui.warn(LOOP_WARNING)
+        if interrupted:
+            if not self.interactive:
+                raise KeyboardInterrupt  # a scripted chat stops here; what came is saved
+            ui.info("interrupted: the partial answer stays in the conversation (/retry answers again)")
+
+    def _message(self, answer: Answer) -> StoredMessage:
+        """An answer as stored: its text, reasoning, how it ended and the model that gave it."""
+        result, t = answer.result, answer.result.timings
+        stats: dict[str, Any] = {
             "finish_reason": result.finish_reason,
             "prompt_tokens": t.prompt_tokens,
             "prefill_tokens": t.prefill_tokens,
@@ -282,20 +361,13 @@ class Session:
         }
         if t.speculation.mode != "none":
             stats["speculation"] = speculation_json(t.speculation)
-        message = StoredMessage(
-            "assistant", answer.text, reasoning=answer.reasoning or None, interrupted=interrupted, stats=stats
+        if result.error:
+            stats["error"] = result.error
+        interrupted = result.finish_reason == FINISH_INTERRUPTED
+        reasoning = answer.reasoning or None
+        return StoredMessage(
+            "assistant", answer.text, reasoning, interrupted, stats=stats, model=self.loaded.name
         )
-        self.turns.append(message)
-        self._persist(message)
-        self.last = answer
-        if self.request.verbose:
-            ui.info(describe_timings(result))
-        if result.context_full:
-            ui.warn(f"the answer reached the end of the {self.loaded.engine.n_ctx:,}-token context")
-        if interrupted:
-            if not self.interactive:
-                raise KeyboardInterrupt  # a scripted chat stops here; what came is saved
-            ui.info("interrupted: the partial answer stays in the conversation (/retry answers again)")
 
     def keep_state(self) -> None:
         """Store the evaluated conversation in the prompt cache, so that `--resume` and `run -c` load
@@ -313,25 +385,27 @@ class Session:
             self.prompt_cache.store(engine, upcoming[:shared])
 
     def retry(self) -> None:
-        answers = []
-        while self.turns and self.turns[-1].role == "assistant":
-            answers.append(self.turns.pop())
-        if not self.turns:
-            raise UsageError("nothing to retry yet")
-        fitted = self._fit(self.turns)
-        self._forget(answers)
-        self._answer(fitted)
+        with self._holding():
+            answers = []
+            while self.turns and self.turns[-1].role == "assistant":
+                answers.append(self.turns.pop())
+            if not self.turns:
+                raise UsageError("nothing to retry yet")
+            fitted = self._fit(self.turns)
+            self._forget(answers)
+            self._answer(fitted)
 
     def undo(self) -> None:
-        if not self.turns:
-            raise UsageError("nothing to undo")
-        gone = []
-        while self.turns and self.turns[-1].role == "assistant":
-            gone.append(self.turns.pop())
-        if self.turns:
-            gone.append(self.turns.pop())
-        self._forget(gone)
-        self.first = min(self.first, len(self.turns))
+        with self._holding():
+            if not self.turns:
+                raise UsageError("nothing to undo")
+            gone = []
+            while self.turns and self.turns[-1].role == "assistant":
+                gone.append(self.turns.pop())
+            if self.turns:
+                gone.append(self.turns.pop())
+            self._forget(gone)
+            self.first = min(self.first, len(self.turns))
         ui.info(f"dropped the last exchange ({user_turns(self.turns)} left)")
 
     def clear(self) -> None:
@@ -359,6 +433,34 @@ class Session:
                 return stored.created, stored.updated
         now = time.time()
         return (self.turns[0].created, self.turns[-1].created) if self.turns else (now, now)
+
+
+@contextmanager
+def holding(store: Store, conversation: int) -> Iterator[None]:
+    """The stored conversation to this process alone while the block runs: a runner continuing it
+    meanwhile waits here (one line on stderr; Ctrl-C, SIGTERM or SIGHUP stop the wait). A lock on a file
+    beside the database (filelock: flock), which the kernel drops when the process ends, however it
+    ends (kill -9, a worker's abort), so a turn that died never keeps the conversation from the next."""
+    from filelock import FileLock, Timeout
+
+    folder = store.path.with_name(store.path.name + "-turns")
+    lock, told = FileLock(str(folder / f"{conversation}.lock")), False
+    while not lock.is_locked:
+        try:
+            folder.mkdir(exist_ok=True)
+            lock.acquire(timeout=0.1 if told else 0)
+        except Timeout:
+            if interrupt.requested():  # inside deferred(): the flag, which the block's end raises
+                raise KeyboardInterrupt from None
+            if not told:
+                ui.info(f"conversation {conversation} is answering in another runner; this turn waits for it")
+            told = True
+        except OSError as exc:
+            raise StoreError(f"{folder}: cannot hold conversation {conversation}: {exc}") from exc
+    try:
+        yield
+    finally:
+        lock.release()
 
 
 def _typed(value: Any, kind: type | tuple[type, ...], name: str) -> Any:

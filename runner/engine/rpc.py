@@ -9,7 +9,8 @@ ggml_backend_reg_get_proc_address, as llama.cpp's own tools reach them (common/a
 - the worker (`runner worker`): ggml_backend_rpc_start_server with this machine's device.
 
 ggml's RPC client aborts the process (GGML_ABORT) when a worker goes away. on_abort() turns that abort
-into a report the parent of an `--rpc` process reads (runner.remote_run), instead of a core dump.
+into a report the parent of an `--rpc` process reads (runner.supervise), instead of a core dump; an
+answer under way first keeps what came of it (`if_lost`).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import contextlib
 import ctypes
 import functools
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from runner.engine.llamacpp import DEVICE_CPU, DEVICE_GPU, device_name, ggml_libs
@@ -91,18 +92,45 @@ def start_server(endpoint: str, cache_dir: str | None, threads: int, device: int
 
 
 _ABORT_HOOK: Any = None  # the ctypes callback, kept alive for the process
+_LAST_WORDS: list[Callable[[str], None]] = []  # if_lost's, innermost last
+
+
+@contextlib.contextmanager
+def if_lost(last_words: Callable[[str], None]) -> Iterator[None]:
+    """While the block runs, a worker that goes away (ggml's abort, with on_abort's hook set) first
+    calls last_words(why), then the process ends: how an answer keeps what came of it (printed,
+    stored) as after a Ctrl-C. It runs on the thread that aborted, ggml-rpc's dispatcher thread (the
+    pinned ggml-rpc.cpp sends every command from there, `rpc_dispatcher::work`), while the main thread
+    waits in llama.cpp for a reply that never comes: so it must not wait for the main thread, and it
+    uses connections of its own (a database's is bound to the thread that opened it)."""
+    _LAST_WORDS.append(last_words)
+    try:
+        yield
+    finally:
+        _LAST_WORDS.remove(last_words)
+
+
+def lost_reason(message: str) -> str:
+    """ggml's abort message as a reason: 'a worker's connection broke (Remote RPC server crashed …)'."""
+    detail = message.strip().rsplit(": ", 1)[-1] if message.strip() else "ggml's RPC client stopped"
+    return f"a worker's connection broke ({detail})"
 
 
 def on_abort(report: Callable[[str], None]) -> None:
-    """Instead of ggml's abort (a message, a backtrace, SIGABRT and maybe a core dump): report(message),
-    then the process ends at once with exit status ABORT_EXIT. report runs on whichever thread
-    aborted (ggml-rpc's dispatcher thread, often) and must not raise."""
+    """Instead of ggml's abort (a message, a backtrace, SIGABRT and maybe a core dump): the last words
+    of the blocks `if_lost` runs in (innermost first), report(message), then the process ends at once
+    with exit status ABORT_EXIT. report runs on whichever thread aborted (ggml-rpc's dispatcher thread)
+    and must not raise."""
     global _ABORT_HOOK
     _, base = ggml_libs()
 
     def hook(message: bytes) -> None:
+        text = message.decode(errors="replace") if message else ""
         try:
-            report(message.decode(errors="replace") if message else "")
+            for last_words in reversed(list(_LAST_WORDS)):
+                with contextlib.suppress(Exception):  # whatever fails, the next words, the report, the exit
+                    last_words(lost_reason(text))
+            report(text)
         finally:
             os._exit(ABORT_EXIT)
 
