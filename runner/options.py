@@ -368,7 +368,13 @@ Markdown = Annotated[
     bool,
     typer.Option("--markdown", help="Render answers as Markdown (on a terminal).", rich_help_panel=OUTPUT),
 ]
-ConversationId = Annotated[int, typer.Argument(help="A conversation id (runner history lists them).")]
+ConversationId = Annotated[
+    str,
+    typer.Argument(
+        help="A conversation's number, or a kept response's resp_… id (runner history lists both).",
+        show_default=False,
+    ),
+]
 HistoryLimit = Annotated[
     Optional[int], typer.Option("--limit", "-n", min=1, help="Show at most N conversations [default: all].")
 ]

@@ -156,11 +156,16 @@ class StoredResponse:
 
 @dataclass(frozen=True)
 class Summary:
-    id: int
+    id: int | str  # a conversation's number, or a served response's "resp_…"
     model: str
     turns: int  # user messages
     updated: float
     first_words: str
+    origin: str = "chat"  # ORIGIN_CHAT or ORIGIN_SERVE
+
+
+ORIGIN_CHAT = "chat"  # a conversation: runner chat, runner run -c
+ORIGIN_SERVE = "serve"  # the last response of a chain runner serve keeps (/v1/responses)
 
 
 class Store:
@@ -335,6 +340,27 @@ class Store:
             cursor = db.execute("DELETE FROM responses WHERE id = ?", (response_id,))
         return cursor.rowcount > 0
 
+    def remove_response_chain(self, response_id: str) -> list[str]:
+        """A response and the earlier ones of its chain (previous_response_id) that no other kept response
+        continues, as one write: `runner history rm` of the conversation a response ends. The removed
+        ids, latest first; none when there is no such response."""
+        removed: list[str] = []
+        with self._write("remove a response") as db:
+            at: str | None = response_id
+            while at is not None:
+                row = db.execute("SELECT previous_id FROM responses WHERE id = ?", (at,)).fetchone()
+                if row is None:
+                    break
+                db.execute("DELETE FROM responses WHERE id = ?", (at,))
+                removed.append(at)
+                at = row[0]
+                if (
+                    at is not None
+                    and db.execute("SELECT 1 FROM responses WHERE previous_id = ? LIMIT 1", (at,)).fetchone()
+                ):
+                    break  # another branch goes on from it: kept
+        return removed
+
     # -- reading ---------------------------------------------------------------------------------
 
     def load_response(self, response_id: str) -> StoredResponse | None:
@@ -405,6 +431,29 @@ class Store:
             Summary(i, model, turns, updated, first_words(first or ""))
             for i, model, updated, turns, first in rows
         ]
+
+    def response_summaries(self, limit: int | None = None) -> list[Summary]:
+        """The responses no other kept response continues (each the end of one served conversation),
+        latest first: its turns and first words read from the conversation it ends."""
+        query = (
+            "SELECT r.id, r.model, r.created, r.conversation FROM responses r"
+            " WHERE NOT EXISTS (SELECT 1 FROM responses n WHERE n.previous_id = r.id)"
+            " ORDER BY r.created DESC, r.rowid DESC"
+        )
+        with self._errors("read"):
+            rows = self._db.execute(
+                query + (" LIMIT ?" if limit else ""), (limit,) if limit else ()
+            ).fetchall()
+        found = []
+        for response_id, model, created, conversation in rows:
+            try:
+                items = json.loads(conversation)
+            except ValueError:
+                items = []
+            asked = [i.get("content") for i in items if isinstance(i, dict) and i.get("role") == "user"]
+            first = next((text for text in asked if isinstance(text, str)), "")
+            found.append(Summary(response_id, model, len(asked), created, first_words(first), ORIGIN_SERVE))
+        return found
 
     def integrity(self) -> str:
         with self._errors("check"):

@@ -255,7 +255,8 @@ def test_no_save_keeps_nothing(tmp_path: Path) -> None:
 def test_history_lists_shows_and_removes() -> None:
     assert chat_pipe("Hi there\n", "--max-tokens", "3").returncode == 0
     listed = run_cli("history")
-    assert listed.returncode == 0 and listed.stdout.decode().split("\t")[4].startswith("Hi there")
+    assert listed.returncode == 0 and listed.stdout.decode().split("\t")[1] == "chat"
+    assert listed.stdout.decode().split("\t")[5].startswith("Hi there")
     cid = listed.stdout.split(b"\t")[0].decode()
     shown = json.loads(run_cli("history", "show", cid, "--json").stdout)
     assert shown["messages"][0] == {"role": "user", "content": "Hi there"}
@@ -454,7 +455,7 @@ def test_run_c_with_another_model_says_so_and_each_answer_keeps_its_model(smollm
     assert f"assistant (smollm2): {conversation.messages[1].content}" in shown
     assert f"assistant ({other}): {conversation.messages[-1].content}" in shown
     listed = run_cli("history").stdout.decode()
-    assert listed.split("\t")[1] == other
+    assert listed.split("\t")[2] == other
     exported = json.loads(run_cli("history", "show", str(cid), "--json").stdout)
     assert [m.get("model") for m in exported["messages"]] == [m.model for m in conversation.messages]
 

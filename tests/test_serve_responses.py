@@ -334,3 +334,40 @@ def test_a_response_is_continued_after_a_restart(smollm2_path: Path, _own_data_d
         )
     assert second.status in ("completed", "incomplete") and second.output_text
     assert second.usage.input_tokens == explicit.usage.input_tokens > first.usage.input_tokens
+    # one store, one history: the chain is listed once, by its last response, beside chat's conversations
+    from runner.store import Store, StoredMessage
+    from tests.conftest import run_cli
+
+    store = Store.open()
+    try:
+        chat = store.new_conversation("smollm2", None, {})
+        store.add_message(chat, StoredMessage("user", "A chat of mine"))
+    finally:
+        store.close()
+    listed = [line.split("\t") for line in run_cli("history").stdout.decode().splitlines()]
+    assert [row[:4] for row in listed] == [[str(chat), "chat", MODEL, "1"], [second.id, "serve", MODEL, "2"]]
+    assert listed[1][5] == start
+    shown = run_cli("history", "show", second.id).stdout.decode()
+    for line in (f"user: {start}", f"assistant: {first.output_text}", f"user: {then}"):
+        assert line + "\n" in shown, shown
+    assert shown.rstrip().endswith(f"assistant: {second.output_text.strip()}") or second.output_text in shown
+    whole = json.loads(run_cli("history", "show", second.id, "--json").stdout)
+    assert whole["origin"] == "serve" and whole["previous_response_id"] == first.id
+    assert whole["response"]["output"][0]["content"][0]["text"] == second.output_text
+    exported = json.loads(run_cli("history", "export", "--json").stdout)
+    assert [(e["format"], e["id"]) for e in exported] == [
+        ("runner-conversation", chat),
+        ("runner-response", second.id),
+    ]
+    removed = run_cli("history", "rm", second.id)
+    assert removed.returncode == 0 and removed.stderr.decode() == (
+        f"runner: removed response {second.id} and 1 earlier response of its chain\n"
+    )
+    assert [line.split("\t")[1] for line in run_cli("history").stdout.decode().splitlines()] == ["chat"]
+    gone = run_cli("history", "show", first.id)
+    assert (
+        gone.returncode == 2
+        and gone.stderr.decode() == f"runner: error: no response {first.id} (runner history lists them)\n"
+    )
+    bad = run_cli("history", "rm", "twelve")
+    assert bad.returncode == 2 and b"neither a conversation number nor a response id" in bad.stderr

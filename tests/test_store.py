@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sqlite3
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -167,3 +168,38 @@ def test_each_answer_keeps_its_model_and_older_answers_get_the_conversations(tmp
     finally:
         store.close()
 
+
+def test_served_responses_list_once_per_chain_and_rm_keeps_other_branches(tmp_path: Path) -> None:
+    """a <- b <- c and a <- d: c and d are listed (the ends of two conversations); removing c removes b
+    too, not a, which d goes on from; removing d then removes a."""
+    from runner.store import ORIGIN_SERVE, StoredResponse
+
+    def said(n: int, *texts: str) -> list[dict[str, Any]]:
+        roles = ["user", "assistant"] * n
+        return [{"type": "message", "role": r, "content": t} for r, t in zip(roles, texts, strict=False)]
+
+    store = Store.open(tmp_path / "c.db")
+    try:
+        for n, (rid, prev, texts) in enumerate(
+            [
+                ("resp_a", None, ("Hi", "Hello")),
+                ("resp_b", "resp_a", ("Hi", "Hello", "More", "Yes")),
+                ("resp_c", "resp_b", ("Hi", "Hello", "More", "Yes", "And", "Done")),
+                ("resp_d", "resp_a", ("Hi", "Hello", "Other", "Sure")),
+            ]
+        ):
+            items = said(3, *texts)
+            store.save_response(
+                StoredResponse(rid, "smollm2", 100.0 + n, prev, {"id": rid}, items[-2:-1], items)
+            )
+        listed = store.response_summaries()
+        assert [(s.id, s.turns, s.first_words, s.origin) for s in listed] == [
+            ("resp_d", 2, "Hi", ORIGIN_SERVE),
+            ("resp_c", 3, "Hi", ORIGIN_SERVE),
+        ]
+        assert store.remove_response_chain("resp_c") == ["resp_c", "resp_b"]
+        assert store.load_response("resp_a") is not None
+        assert store.remove_response_chain("resp_d") == ["resp_d", "resp_a"]
+        assert store.response_summaries() == [] and store.remove_response_chain("resp_a") == []
+    finally:
+        store.close()

@@ -1,4 +1,6 @@
-"""`runner history`: the conversations runner chat kept: list, show, rm, export."""
+"""`runner history`: what runner kept, in its one store: the conversations of `runner chat` and `runner
+run -c`, and the responses `runner serve` kept for /v1/responses (each chain listed once, by its last
+response's `resp_…` id, marked `serve`): list, show, rm, export."""
 
 from __future__ import annotations
 
@@ -8,9 +10,18 @@ from typing import Any, TextIO
 
 from runner import ui
 from runner.errors import UsageError
-from runner.store import Store, StoredConversation, StoreError, saving_disabled, to_json
+from runner.store import (
+    ORIGIN_SERVE,
+    Store,
+    StoredConversation,
+    StoredResponse,
+    StoreError,
+    saving_disabled,
+    to_json,
+)
 
-COLUMNS = ("ID", "MODEL", "TURNS", "UPDATED", "FIRST WORDS")
+COLUMNS = ("ID", "FROM", "MODEL", "TURNS", "UPDATED", "FIRST WORDS")
+RESPONSE_FORMAT = "runner-response"
 
 
 def _open() -> Store:
@@ -22,16 +33,30 @@ def _open() -> Store:
         raise StoreError(f"cannot read the conversations: {exc}") from None
 
 
+def parse_id(text: str) -> int | str:
+    """A conversation's number, or a served response's id ("resp_…"): what the listing's ID shows."""
+    if text.isdigit():
+        return int(text)
+    if text.startswith("resp_") and len(text) <= 200:
+        return text
+    raise UsageError(
+        f"{text!r} is neither a conversation number nor a response id (resp_…); runner history lists them"
+    )
+
+
 def list_conversations(*, out: TextIO, as_json: bool = False, limit: int | None = None) -> None:
     store = _open()
     try:
-        rows = store.summaries(limit=limit)
+        rows = store.summaries(limit=limit) + store.response_summaries(limit=limit)
     finally:
         store.close()
+    rows.sort(key=lambda s: s.updated, reverse=True)
+    rows = rows[:limit] if limit else rows
     if as_json:
         items = [
             {
                 "id": s.id,
+                "origin": s.origin,
                 "model": s.model,
                 "turns": s.turns,
                 "updated": _iso(s.updated),
@@ -44,8 +69,17 @@ def list_conversations(*, out: TextIO, as_json: bool = False, limit: int | None 
     if not rows:
         ui.info("no conversations yet; runner chat starts one")
         return
-    table = [(str(s.id), s.model, str(s.turns), ui.human_when(s.updated), s.first_words) for s in rows]
+    table = [
+        (str(s.id), s.origin, s.model, str(s.turns), ui.human_when(s.updated), s.first_words) for s in rows
+    ]
     ui.table_to(out, COLUMNS, table, right={"ID", "TURNS"})
+
+
+def _response(store: Store, response_id: str) -> StoredResponse:
+    found = store.load_response(response_id)
+    if found is None:
+        raise UsageError(f"no response {response_id} (runner history lists them)")
+    return found
 
 
 def _conversation(store: Store, conversation: int) -> StoredConversation:
@@ -55,39 +89,60 @@ def _conversation(store: Store, conversation: int) -> StoredConversation:
     return found
 
 
-def show_conversation(conversation: int, *, out: TextIO, as_json: bool = False) -> None:
+def show_conversation(conversation: int | str, *, out: TextIO, as_json: bool = False) -> None:
     store = _open()
     try:
-        found = _conversation(store, conversation)
+        if isinstance(conversation, str):
+            response = _response(store, conversation)
+        else:
+            found = _conversation(store, conversation)
     finally:
         store.close()
-    if as_json:
+    if isinstance(conversation, str):
+        text = json.dumps(_response_json(response), ensure_ascii=False, indent=2) + "\n" if as_json else None
+        out.write(text or response_transcript(response))
+    elif as_json:
         out.write(json.dumps(_json(found), ensure_ascii=False, indent=2) + "\n")
     else:
         out.write(transcript(found))
 
 
-def remove_conversation(conversation: int) -> None:
+def remove_conversation(conversation: int | str) -> None:
     store = _open()
     try:
-        if not store.remove(conversation):
+        if isinstance(conversation, str):
+            removed = store.remove_response_chain(conversation)
+            if not removed:
+                raise UsageError(f"no response {conversation} (runner history lists them)")
+        elif not store.remove(conversation):
             raise UsageError(f"no conversation {conversation} (runner history lists them)")
     finally:
         store.close()
-    ui.info(f"removed conversation {conversation}")
+    if isinstance(conversation, str):
+        earlier = (
+            f" and {ui.count(len(removed) - 1, 'earlier response')} of its chain" if len(removed) > 1 else ""
+        )
+        ui.info(f"removed response {conversation}{earlier}")
+    else:
+        ui.info(f"removed conversation {conversation}")
 
 
 def export_conversations(*, out: TextIO, as_json: bool = False) -> None:
     store = _open()
     try:
-        found = [store.load(s.id) for s in reversed(store.summaries())]
+        found = [store.load(s.id) for s in reversed(store.summaries()) if isinstance(s.id, int)]
+        served = [store.load_response(str(s.id)) for s in reversed(store.response_summaries())]
     finally:
         store.close()
     conversations = [c for c in found if c is not None]
+    responses = [r for r in served if r is not None]
     if as_json:
-        out.write(json.dumps([_json(c) for c in conversations], ensure_ascii=False, indent=2) + "\n")
+        kept = [_json(c) for c in conversations] + [_response_json(r) for r in responses]
+        out.write(json.dumps(kept, ensure_ascii=False, indent=2) + "\n")
     else:
-        out.write("\n".join(transcript(c) for c in conversations))
+        out.write(
+            "\n".join([transcript(c) for c in conversations] + [response_transcript(r) for r in responses])
+        )
 
 
 def _json(conversation: StoredConversation) -> dict[str, Any]:
@@ -108,6 +163,44 @@ def transcript(conversation: StoredConversation) -> str:
         notes += ["interrupted"] if m.interrupted else []
         mark = f" ({', '.join(notes)})" if notes else ""
         lines += [f"{m.role}{mark}: {m.content}", ""]
+    return "\n".join(lines)
+
+
+def _response_json(response: StoredResponse) -> dict[str, Any]:
+    """A kept response as the server keeps it: the response object (GET /v1/responses/{id}), the
+    request's input items, and the whole conversation it ends."""
+    return {
+        "format": RESPONSE_FORMAT,
+        "origin": ORIGIN_SERVE,
+        "id": response.id,
+        "model": response.model,
+        "created": _iso(response.created),
+        "previous_response_id": response.previous_id,
+        "response": response.response,
+        "input": response.input,
+        "conversation": response.conversation,
+    }
+
+
+def response_transcript(response: StoredResponse) -> str:
+    """The conversation a kept response ends, as text: its messages, tool calls and their outputs."""
+    when = _iso(response.created)
+    head = f"# response {response.id} · {response.model} · {when} · runner serve (/v1/responses)"
+    lines = [head, ""]
+    instructions = response.response.get("instructions")
+    if isinstance(instructions, str) and instructions:
+        lines += [f"instructions: {instructions}", ""]
+    for item in response.conversation:
+        kind = item.get("type", "message")
+        if kind == "message":
+            line = f"{item.get('role')}: {item.get('content')}"
+        elif kind == "function_call":
+            line = f"assistant (calls {item.get('name')}, {item.get('call_id')}): {item.get('arguments')}"
+        elif kind == "function_call_output":
+            line = f"tool ({item.get('call_id')}): {item.get('output')}"
+        else:
+            continue  # reasoning: in --json
+        lines += [line, ""]
     return "\n".join(lines)
 
 
