@@ -207,7 +207,7 @@ def test_history_shows_the_time_of_a_conversation_updated_today() -> None:
     out = io.StringIO()
     list_conversations(out=out)
     assert rows(out.getvalue().encode()) == [
-        [str(cid), "smollm2", "1", ui.human_when(summary.updated), "What is the sea?"]
+        [str(cid), "chat", "smollm2", "1", ui.human_when(summary.updated), "What is the sea?"]
     ]
     assert re.fullmatch(r"(today|yesterday) \d\d:\d\d", ui.human_when(summary.updated))
 
