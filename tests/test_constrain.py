@@ -337,3 +337,39 @@ def test_a_ref_that_leads_only_to_itself_is_refused() -> None:
             constraint(schema=json.dumps(loop))
     node = {"type": "object", "properties": {"next": {"$ref": "#/$defs/node"}}}
     assert constraint(schema=json.dumps({"$defs": {"node": node}, "$ref": "#/$defs/node"})) is not None
+
+
+def _nested(levels: int) -> str:
+    return '{"type": "array", "items": ' * levels + '{"type": "integer"}' + "}" * levels
+
+
+BAD_SCHEMAS = {  # (the schema as --schema takes it, what the one line says)
+    "not JSON": ('{"type": ', "is not JSON"),
+    "an array, not an object": ("[1, 2]", "cannot read"),
+    "not a JSON Schema": ('{"type": "strin"}', "is not a valid JSON Schema"),
+    "a bound of the wrong type": ('{"type": "integer", "minimum": "a"}', "is not a valid JSON Schema"),
+    "a $ref cycle": (
+        json.dumps({"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"}),
+        "leads only to itself",
+    ),
+    "a remote $ref": ('{"$ref": "https://example.com/s.json"}', "never fetches"),
+    "200 levels deep": (_nested(200), "nested deeper than 64 levels"),  # was a RecursionError
+    "20,000 levels deep": (_nested(20000), "nested deeper than 64 levels"),  # in Python's json parser
+    "an enum of 100,000 strings (10 MB)": (json.dumps({"enum": ["x" * 100] * 100_000}), "too big"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_SCHEMAS))
+def test_a_bad_schema_is_one_clear_refusal(case: str) -> None:
+    """Malformed, not an object, cycles, remote refs, deep nesting, megabytes: an InvalidSetting (the
+    CLI's exit 2, a server's 400 naming the field), never another exception."""
+    text, said = BAD_SCHEMAS[case]
+    with pytest.raises(InvalidSetting, match=said):
+        constraint(schema=text)
+    assert constraint(schema=_nested(60)) is not None  # deep, within the bound: enforced
+
+
+def test_a_schema_too_deep_is_exit_2_before_the_model_loads() -> None:
+    done = run_cli("run", "smollm2", "Hi", "--schema", _nested(200))
+    assert done.returncode == 2 and done.stdout == b""
+    assert done.stderr.decode() == "runner: error: --schema is nested deeper than 64 levels\n"

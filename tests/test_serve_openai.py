@@ -9,8 +9,10 @@ with SIGTERM and must exit 0 without a traceback.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -328,6 +330,34 @@ def test_a_schema_the_constraint_engine_cannot_enforce_is_a_400(http: httpx.Clie
     check_refused(
         http, "/v1/chat/completions", content, 400, "response_format", "uniqueItems (at properties/tags)"
     )
+
+
+def test_a_big_schema_compiles_while_other_clients_are_answered(client: openai.OpenAI) -> None:
+    """10,000 members (1.4 MB, within the body limit) take llguidance seconds to compile: off the event
+    loop, so a plain request sent meanwhile is answered first; on the loop, it waited for the compile."""
+    members = {f"p{i}": {"type": "string", "description": "d" * 100} for i in range(10_000)}
+    big = {"name": "big", "schema": {"type": "object", "properties": members}}
+    said = [{"role": "user", "content": "Hi"}]
+    done: list[str] = []
+
+    def ask_big() -> None:
+        # one token of a 10,000-member object: an error or not, it came after the compile
+        with contextlib.suppress(openai.APIStatusError):
+            client.chat.completions.create(
+                model=MODEL,
+                messages=said,
+                response_format={"type": "json_schema", "json_schema": big},
+                max_tokens=1,
+            )
+        done.append("big")
+
+    with ThreadPoolExecutor(1) as pool:
+        waiting = pool.submit(ask_big)
+        time.sleep(0.5)  # the big request's compile under way
+        client.chat.completions.create(model=MODEL, messages=said, max_tokens=2)
+        done.append("plain")
+        waiting.result()
+    assert done == ["plain", "big"]
 
 
 def check_too_long(http: httpx.Client, case: tuple[str, str, int, str | None, str]) -> None:

@@ -148,13 +148,34 @@ def _load_schema(value: str) -> dict[str, Any]:
         parsed = json.loads(text)
     except json.JSONDecodeError as exc:
         raise InvalidSetting(f"--schema is not JSON: {exc}") from None
+    except RecursionError:  # Python's parser recurses: thousands of levels end here
+        raise InvalidSetting(f"--schema is nested deeper than {MAX_SCHEMA_DEPTH} levels") from None
     return checked_schema(parsed)
+
+
+MAX_SCHEMA_DEPTH = 64  # JSON levels in a schema, as in a server's request body (serve/shared/body.py)
+
+
+def _too_deep(value: Any) -> bool:
+    """Whether a parsed value nests objects and arrays deeper than MAX_SCHEMA_DEPTH, found without
+    recursion: jsonschema's check, the bounds and llguidance all recurse into a schema."""
+    stack = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > MAX_SCHEMA_DEPTH:
+            return True
+        children = node.values() if isinstance(node, dict) else node
+        stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
+    return False
 
 
 def checked_schema(parsed: Any, where: str = "--schema") -> dict[str, Any]:
     """A schema given as a value (a server's request): a JSON object that is a valid JSON Schema."""
     if not isinstance(parsed, dict):
         problem = "must be a JSON object (a JSON Schema)"
+        raise InvalidSetting(f"{where} {problem}", field="schema", problem=problem)
+    if _too_deep(parsed):
+        problem = f"is nested deeper than {MAX_SCHEMA_DEPTH} levels"
         raise InvalidSetting(f"{where} {problem}", field="schema", problem=problem)
     import jsonschema
 
