@@ -51,3 +51,44 @@ def test_a_forced_call_schema_and_calls_read_back() -> None:
         [],
         '{"name": "rm", "arguments": {}}',
     )
+
+
+def test_a_forced_calls_refs_point_where_its_parameters_went() -> None:
+    """Pydantic's parameters refer to their own root ("#/$defs/Address"); inside the call's schema
+    they sit under arguments, so each local $ref follows them there (instructor's nested models in
+    TOOLS mode got a 400, "Pointer '/$defs/Address' does not exist"). Data is left as it is."""
+    import jsonschema
+
+    from runner.engine.constrain import constraint
+
+    address = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+    params = {
+        "$defs": {"Address": address},
+        "type": "object",
+        "properties": {
+            "home": {"$ref": "#/$defs/Address"},
+            "enum": {"enum": [{"$ref": "#/kept"}]},  # a property named enum, with data that looks like a ref
+            "next": {"anyOf": [{"$ref": "#"}, {"type": "null"}]},
+        },
+        "required": ["home"],
+    }
+    tools = [{"type": "function", "function": {"name": "move", "parameters": params}}, *TOOLS]
+    one = forced_call_schema(tools, {"type": "function", "function": {"name": "move"}})
+    moved = one["properties"]["arguments"]["properties"]
+    assert moved["home"] == {"$ref": "#/properties/arguments/$defs/Address"}
+    assert moved["enum"] == {"enum": [{"$ref": "#/kept"}]}
+    assert moved["next"]["anyOf"][0] == {"$ref": "#/properties/arguments"}
+    every = forced_call_schema(tools, "required")
+    assert every["oneOf"][0]["properties"]["arguments"]["properties"]["home"] == {
+        "$ref": "#/oneOf/0/properties/arguments/$defs/Address"
+    }
+    call = {"name": "move", "arguments": {"home": {"city": "Oslo"}, "next": None}}
+    for schema in (one, every):
+        assert constraint(schema=json.dumps(schema)) is not None  # llguidance finds every pointer
+        jsonschema.validate(call, schema)  # and so does the check of the answer
+        try:
+            jsonschema.validate({"name": "move", "arguments": {"home": {"town": 1}}}, schema)
+        except jsonschema.ValidationError:
+            pass
+        else:
+            raise AssertionError("the moved $ref did not reach Address")

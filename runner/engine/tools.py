@@ -55,19 +55,45 @@ def forced_call_schema(tools: list[dict[str, Any]], choice: Any) -> dict[str, An
         name = (choice.get("function") or {}).get("name")
         fns = {name: fns[name]} if name in fns else {}
     options = []
-    for name, fn in fns.items():
+    for i, (name, fn) in enumerate(fns.items()):
         params = fn.get("parameters")
         if not isinstance(params, dict) or not params:
             params = {"type": "object"}
+        at = "/properties/arguments" if len(fns) == 1 else f"/oneOf/{i}/properties/arguments"
         options.append(
             {
                 "type": "object",
-                "properties": {"name": {"const": name}, "arguments": params},
+                "properties": {"name": {"const": name}, "arguments": _rebased(params, at)},
                 "required": ["name", "arguments"],
                 "additionalProperties": False,
             }
         )
     return options[0] if len(options) == 1 else {"oneOf": options}
+
+
+_DATA = ("enum", "const", "default", "examples")  # values, not schemas: a "$ref" there is data
+_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")  # name -> schema
+
+
+def _rebased(schema: Any, at: str) -> Any:
+    """A tool's parameters moved to `at` (a JSON pointer) inside the call's schema: each local $ref
+    pointed there too. Pydantic's models refer to their own root ("#/$defs/Address"), which the call's
+    schema would otherwise not have: instructor's nested models in TOOLS mode were refused."""
+    if isinstance(schema, list):
+        return [_rebased(item, at) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out: dict[str, Any] = {}
+    for key, value in schema.items():
+        if key == "$ref" and isinstance(value, str) and value.startswith("#"):
+            out[key] = "#" + at + value[1:]
+        elif key in _MAPS and isinstance(value, dict):  # names, which may be "enum" or "$ref"
+            out[key] = {name: _rebased(sub, at) for name, sub in value.items()}
+        elif key in _DATA:
+            out[key] = value
+        else:
+            out[key] = _rebased(value, at)
+    return out
 
 
 def parse_tool_calls(
