@@ -194,7 +194,7 @@ def _schema_error(problem: str) -> InvalidSetting:
 
 # How llguidance writes JSON: whitespace where llama.cpp's converter allows it (none, a space, or a
 # line break and up to 20 spaces or tabs), never a run a small model could fill without end.
-JSON_OPTIONS = {"whitespace_pattern": r"(?: |\n[ \t]{0,20})?"}
+JSON_OPTIONS: dict[str, Any] = {"whitespace_pattern": r"(?: |\n[ \t]{0,20})?"}
 MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")  # name -> schema
 DATA = ("enum", "const", "default", "examples", "required", "dependentRequired", "$comment")  # not schemas
 
@@ -265,10 +265,10 @@ def schema_guide(schema: dict[str, Any]) -> str:
         if isinstance(ref, str) and _ref_loop(schema, ref):
             problem = f"$ref {ref!r} (at {_where(path)}) leads only to itself: it describes no value"
             raise _schema_error(problem)
-    bounded = _bounded(schema)
+    bounded, options = _bounded(schema), dict(JSON_OPTIONS)
     for _ in range(64):  # each unknown format found, left out, and the schema compiled again
         try:
-            grammar = LLMatcher.grammar_from_json_schema(bounded, defaults=JSON_OPTIONS)  # type: ignore[arg-type]
+            grammar = LLMatcher.grammar_from_json_schema(bounded, defaults=options)  # type: ignore[arg-type]
         except ValueError as exc:
             raise _schema_error(f"cannot be enforced ({exc})") from None
         failed, messages = LLMatcher.validate_grammar_with_warnings(grammar)
@@ -279,6 +279,11 @@ def schema_guide(schema: dict[str, Any]) -> str:
             name = message.removeprefix("Unknown format: ")
             if _drop_format(bounded, name):
                 continue
+        if "coerce_one_of" in message and not options.get("coerce_one_of"):
+            # a oneOf whose branches llguidance cannot tell apart: sampled as anyOf (one branch or
+            # more), the answer then checked against oneOf (exactly one), like every answer
+            options["coerce_one_of"] = True
+            continue
         raise _schema_error(_problem(schema, message))
     raise _schema_error("cannot be enforced (too many unknown formats)")
 
