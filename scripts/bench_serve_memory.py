@@ -6,9 +6,10 @@
 free port and waited on until GET /health is 200, then sent --requests non-streamed POST
 /v1/chat/completions, each a distinct short question with response_format {"type": "json_schema",
 "json_schema": {"name": "x", "schema": <an object of 3 properties>}} (compiled by llguidance once and
-kept by its text; each request a copy of the matcher), greedy, --max-tokens 12, --concurrency of them in flight at once (httpx.AsyncClient). The
-requests go in stretches: after the first 100, then at every multiple of 250, and at the end, the
-stretch's requests have all been answered and the server's resident memory (RSS, psutil) is read, so
+kept by its text; each request a copy of the matcher), greedy, --max-tokens 12, --concurrency of them
+in flight at once (httpx.AsyncClient). The requests go in stretches: after the first 100, then at
+every multiple of 250, and at the end, the stretch's requests have all been answered and the
+server's resident memory (RSS, psutil) is read, so
 each reading is taken with the server idle. The process read is the one serving: `runner serve` without
 --rpc serves in the process started (checked: the script names any child it finds, and reads the one
 with the most RSS). With --control the same count of plain requests (no response_format) follows, on a
