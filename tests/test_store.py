@@ -8,8 +8,9 @@ from typing import Any
 
 import pytest
 
+from runner.conversation_file import from_json, to_json
 from runner.errors import UsageError
-from runner.store import MIGRATIONS, Store, StoredConversation, StoredMessage, StoreError, from_json, to_json
+from runner.store import MIGRATIONS, Store, StoredConversation, StoredMessage, StoreError
 
 
 def test_a_conversation_round_trips(tmp_path: Path) -> None:

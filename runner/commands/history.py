@@ -9,16 +9,9 @@ from datetime import datetime, timezone
 from typing import Any, TextIO
 
 from runner import ui
+from runner.conversation_file import to_json
 from runner.errors import UsageError
-from runner.store import (
-    ORIGIN_SERVE,
-    Store,
-    StoredConversation,
-    StoredResponse,
-    StoreError,
-    saving_disabled,
-    to_json,
-)
+from runner.store import ORIGIN_SERVE, Store, StoredConversation, StoredResponse, StoreError, saving_disabled
 
 COLUMNS = ("ID", "FROM", "MODEL", "TURNS", "UPDATED", "FIRST WORDS")
 RESPONSE_FORMAT = "runner-response"

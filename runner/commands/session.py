@@ -33,6 +33,7 @@ from runner.commands.output import (
     speculation_json,
     stream_answer,
 )
+from runner.conversation_file import from_json
 from runner.engine.answer import FINISH_INTERRUPTED, FINISH_REPEAT
 from runner.engine.constrain import Constraint, ConstraintError, constraint
 from runner.engine.conversation import Fitted, fit
@@ -41,7 +42,7 @@ from runner.engine.template import Message
 from runner.errors import RunnerError, UsageError
 from runner.limits import check_answer_limits
 from runner.loader import LoadedModel
-from runner.store import Store, StoredConversation, StoredMessage, StoreError, from_json
+from runner.store import Store, StoredConversation, StoredMessage, StoreError
 
 
 @dataclass(frozen=True)

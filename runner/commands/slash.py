@@ -24,11 +24,11 @@ from runner.commands.output import (
     describe_threads,
 )
 from runner.commands.session import Session, read_conversation, user_turns
+from runner.conversation_file import to_json as conversation_json
 from runner.engine.reasoning import style_of
 from runner.engine.template import TEMPLATE_KEY
 from runner.errors import InvalidSetting, UsageError
 from runner.store import StoredConversation, StoredMessage
-from runner.store import to_json as conversation_json
 
 COMMANDS = {
     "/help": "this list",

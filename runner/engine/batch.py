@@ -14,7 +14,8 @@ from collections.abc import Callable, Sequence
 
 from runner import interrupt
 from runner.engine.answer import Result
-from runner.engine.loop import Decoder, Loop, LoopStats, shared_prefix
+from runner.engine.decoder import Decoder
+from runner.engine.loop import Loop, LoopStats, shared_prefix
 from runner.engine.prefix import PrefixStore
 from runner.engine.sequence import Job
 

@@ -21,68 +21,21 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from collections.abc import Callable
+from typing import Any
 
 from runner.engine import logprobs
 from runner.engine.answer import FINISH_ERROR, FINISH_INTERRUPTED, FINISH_LENGTH, Result
 from runner.engine.context import Interrupted, add_tokens, common_prefix
+from runner.engine.decoder import Decoder
 from runner.engine.llamacpp import llama
-from runner.engine.prefix import Found, PrefixStore, Sequences, copy_sequence
+from runner.engine.prefix import Found, PrefixStore, copy_sequence
 from runner.engine.promptcache import CacheUse
-from runner.engine.sampling import SamplingConfig
 from runner.engine.sequence import Job, Slot, dropped, failed
-from runner.engine.speculate import SpecCosts, Speculation, Speculator
-from runner.engine.threads import Threads
-from runner.errors import EngineError, InvalidSetting, PromptTooLong
+from runner.engine.speculate import Speculator
+from runner.errors import EngineError, InvalidSetting
 
 MIN_SHARED = 4  # a head held by another sequence shorter than this is not worth a copy
-
-
-class Decoder(Sequences, Protocol):
-    """What the loop needs of an engine (runner.engine.engine.Engine is one): its context's steps
-    (runner.engine.context), its vocabulary, sampler chains and speculation."""
-
-    threads: Threads
-    n_seq: int
-    n_vocab: int
-    n_batch: int
-    load_s: float
-    speculation: Speculation | None
-    spec_costs: SpecCosts | None
-
-    @property
-    def n_ctx_seq(self) -> int: ...
-
-    def too_long(self, n: int, max_tokens: int | None = None) -> PromptTooLong | None: ...
-
-    def prefill(self, tokens: Sequence[int], seq: int = 0) -> int: ...
-
-    def extend(
-        self, tokens: Sequence[int], seq: int = 0, *, logits: bool | str = True, rows_from: int | None = None
-    ) -> None: ...
-
-    def keep_head(self, tokens: Sequence[int], seq: int = 0) -> int: ...
-
-    def reserve(self, tokens: int) -> None: ...
-
-    def batch_for(self, n: int) -> Any: ...
-
-    def evaluate(self, batch: Any) -> None: ...
-
-    def is_end(self, token: int) -> bool: ...
-
-    def token_bytes(self, token: int, *, special: bool = False) -> bytes: ...
-
-    def sampler(
-        self, cfg: SamplingConfig, history: Sequence[int] = (), grammar: str | None = None
-    ) -> Any: ...
-
-    def guide(self, grammar: str) -> Any: ...
-
-    def new_speculator(self, seq: int) -> Speculator: ...
-
-    def reset(self) -> None: ...
 
 
 class LoopStats:

@@ -1,0 +1,74 @@
+"""A conversation as a file holds it: `/save`, `--load`, `runner history show --json` and `history
+export --json` write it, `/load` and `--load` read it back, checked (a file is untrusted input)."""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime, timezone
+from typing import Any
+
+from runner.errors import UsageError
+from runner.store import StoredConversation, StoredMessage
+
+FORMAT = "runner-conversation"
+
+
+def to_json(conversation: StoredConversation) -> dict[str, Any]:
+    """A conversation as a file holds it (/save, --load, history show --json, history export --json)."""
+    return {
+        "format": FORMAT,
+        "version": 1,
+        "id": conversation.id,
+        "model": conversation.model,
+        "system": conversation.system,
+        "created": iso_time(conversation.created),
+        "updated": iso_time(conversation.updated),
+        "settings": conversation.settings,
+        "messages": [m.to_json() for m in conversation.messages],
+    }
+
+
+def iso_time(moment: float) -> str:
+    """A Unix time as files and --json show it: ISO 8601, UTC, to the second."""
+    return datetime.fromtimestamp(moment, timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def from_json(data: Any, source: str) -> StoredConversation:
+    """A conversation read from a file, checked: anything malformed is one UsageError naming source."""
+
+    def bad(why: str) -> UsageError:
+        return UsageError(f"{source} is not a runner conversation: {why}")
+
+    if not isinstance(data, dict):
+        raise bad("expected a JSON object")
+    messages = data.get("messages")
+    if not isinstance(messages, list):
+        raise bad('no "messages" list')
+    system = data.get("system")
+    if system is not None and not isinstance(system, str):
+        raise bad('"system" must be text')
+    settings = data.get("settings") or {}
+    if not isinstance(settings, dict):
+        raise bad('"settings" must be an object')
+    out = []
+    for n, m in enumerate(messages, start=1):
+        if not isinstance(m, dict) or m.get("role") not in ("user", "assistant", "system"):
+            raise bad(f'message {n} needs a "role" of user or assistant')
+        if not isinstance(m.get("content"), str):
+            raise bad(f'message {n} needs its "content" as text')
+        if m["role"] == "system":  # as other tools write it: the first message
+            system = m["content"]
+            continue
+        reasoning, model = m.get("reasoning"), m.get("model")
+        out.append(
+            StoredMessage(
+                role=m["role"],
+                content=m["content"],
+                reasoning=reasoning if isinstance(reasoning, str) else None,
+                interrupted=bool(m.get("interrupted", False)),
+                model=model if isinstance(model, str) and m["role"] == "assistant" else None,
+            )
+        )
+    model = data.get("model")
+    now = time.time()
+    return StoredConversation(0, model if isinstance(model, str) else "", system, now, now, out, settings)
