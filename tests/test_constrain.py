@@ -394,3 +394,33 @@ def test_a_oneof_llguidance_cannot_tell_apart_is_sampled_as_anyof_and_checked_as
     result = engine.generate(tokens, SamplingConfig(temperature=0), max_tokens=100, guide=rule.guide)
     assert result.finish_reason == FINISH_STOP, result.text
     jsonschema.validate(json.loads(rule.check(result.text, result.finish_reason)), schema)
+
+
+def test_recursion_is_written_out_four_levels_deep_then_only_its_way_out() -> None:
+    """A linked list SmolLM2 extended node after node until --max-tokens: the recursive $ref is written
+    out MAX_NESTING deep, then `false`, so only `next: null` is left there (the corpus's linked list
+    now closes and validates). A schema too branchy to write out stays recursive."""
+    node = {
+        "type": "object",
+        "properties": {
+            "value": {"type": "number"},
+            "next": {"anyOf": [{"$ref": "#/$defs/node"}, {"type": "null"}]},
+        },
+        "required": ["value", "next"],
+    }
+    schema = {"type": "object", "properties": {"list": {"$ref": "#/$defs/node"}}, "$defs": {"node": node}}
+    copies, at = 0, constrain._unrolled(schema)["properties"]["list"]
+    while at is not False:  # each written-out node, down to the false that only null passes
+        copies += 1
+        at = at["properties"]["next"]["anyOf"][0]
+    assert copies == constrain.MAX_NESTING
+    rule = constraint(schema=json.dumps(schema))
+    assert rule is not None
+    five = {"value": 1, "next": None}
+    for n in range(4):
+        five = {"value": n, "next": five}
+    rule.check(json.dumps({"list": five}), FINISH_STOP)  # the check is the schema as given: no depth bound
+    assert constrain._unrolled(PERSON) is PERSON  # nothing recursive: as it was
+    wide = {"type": "object", "properties": {f"p{i}": {"$ref": "#"} for i in range(30)}}
+    assert constrain._unrolled(wide) is wide  # 30^4 copies: left recursive, compiled as before
+    assert constraint(schema=json.dumps(wide)) is not None

@@ -224,15 +224,9 @@ def _ref_loop(schema: dict[str, Any], ref: str) -> bool:
     seen: set[str] = set()
     while ref not in seen:
         seen.add(ref)
-        target: Any = schema
-        for part in ref.removeprefix("#").split("/")[1:]:
-            part = part.replace("~1", "/").replace("~0", "~")
-            if isinstance(target, dict) and part in target:
-                target = target[part]
-            elif isinstance(target, list) and part.isdigit() and int(part) < len(target):
-                target = target[int(part)]
-            else:
-                return False  # not found: llguidance says so
+        target = _target(schema, ref)
+        if target is None:
+            return False  # not found: llguidance says so
         if not (
             isinstance(target, dict)
             and set(target)
@@ -244,6 +238,95 @@ def _ref_loop(schema: dict[str, Any], ref: str) -> bool:
             return False
         ref = next_ref
     return True
+
+
+def _target(schema: dict[str, Any], ref: str) -> Any:
+    """What a local $ref ("#/$defs/node") points at in the schema; None where nothing is."""
+    target: Any = schema
+    for part in ref.removeprefix("#").split("/")[1:]:
+        part = part.replace("~1", "/").replace("~0", "~")
+        if isinstance(target, dict) and part in target:
+            target = target[part]
+        elif isinstance(target, list) and part.isdigit() and int(part) < len(target):
+            target = target[int(part)]
+        else:
+            return None
+    return target
+
+
+MAX_NESTING = 4  # a recursive $ref taken this many times inside itself, then only its way out
+UNROLLED_MAX = 4  # an unrolled schema at most this many times its own size, else left recursive
+
+
+def _local_refs(node: Any) -> set[str]:
+    return {
+        sub["$ref"]
+        for _, sub in subschemas(node)
+        if isinstance(sub.get("$ref"), str) and sub["$ref"].startswith("#")
+    }
+
+
+def _recursive_refs(schema: dict[str, Any]) -> set[str]:
+    """The local $refs whose target reaches the same $ref again."""
+    inside: dict[str, set[str]] = {}
+    todo = list(_local_refs(schema))
+    while todo:
+        ref = todo.pop()
+        if ref not in inside:
+            inside[ref] = _local_refs(_target(schema, ref))
+            todo.extend(inside[ref])
+    looping = set()
+    for start, first in inside.items():
+        seen, stack = set(), list(first)
+        while stack and start not in seen:
+            ref = stack.pop()
+            if ref not in seen:
+                seen.add(ref)
+                stack.extend(inside.get(ref, ()))
+        if start in seen:
+            looping.add(start)
+    return looping
+
+
+def _unrolled(schema: dict[str, Any]) -> dict[str, Any]:
+    """The schema with each recursive local $ref written out MAX_NESTING deep, and past that a schema
+    no value matches (false), so that only the recursion's own way out is left (a null `next`, an
+    empty `children`). A linked list SmolLM2 extended node after node until --max-tokens closes at
+    the fourth. Left recursive where the copies would grow past UNROLLED_MAX times the schema."""
+    looping = _recursive_refs(schema)
+    if not looping:
+        return schema
+    budget = [UNROLLED_MAX * len(json.dumps(schema)) + 65536]  # characters of schema written out
+
+    def walk(node: Any, depth: dict[str, int]) -> Any:
+        budget[0] -= len(node) if isinstance(node, (dict, list, str)) else 1
+        if budget[0] < 0:
+            raise OverflowError  # a schema that would grow too large written out: left recursive
+        if isinstance(node, list):
+            return [walk(item, depth) for item in node]
+        if not isinstance(node, dict):
+            return node
+        ref = node.get("$ref")
+        if isinstance(ref, str) and ref in looping:
+            if depth.get(ref, 0) >= MAX_NESTING:
+                return False
+            target = {k: v for k, v in _target(schema, ref).items() if k not in ("$defs", "definitions")}
+            rest = {k: v for k, v in node.items() if k != "$ref"}
+            return walk({"allOf": [target, rest]} if rest else target, {**depth, ref: depth.get(ref, 0) + 1})
+        out: dict[str, Any] = {}
+        for key, value in node.items():
+            if key in DATA:
+                out[key] = value
+            elif key in MAPS and isinstance(value, dict):
+                out[key] = {name: walk(sub, depth) for name, sub in value.items()}
+            else:
+                out[key] = walk(value, depth)
+        return out
+
+    try:
+        return dict(walk(schema, {"#": 1}))
+    except OverflowError:
+        return schema
 
 
 def _where(path: str) -> str:
@@ -265,7 +348,7 @@ def schema_guide(schema: dict[str, Any]) -> str:
         if isinstance(ref, str) and _ref_loop(schema, ref):
             problem = f"$ref {ref!r} (at {_where(path)}) leads only to itself: it describes no value"
             raise _schema_error(problem)
-    bounded, options = _bounded(schema), dict(JSON_OPTIONS)
+    bounded, options = _bounded(_unrolled(schema)), dict(JSON_OPTIONS)
     for _ in range(64):  # each unknown format found, left out, and the schema compiled again
         try:
             grammar = LLMatcher.grammar_from_json_schema(bounded, defaults=options)  # type: ignore[arg-type]
