@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
-from typing import Literal, Optional
+from typing import Literal, Optional, TypeVar
 
 import instructor
 import openai
@@ -50,34 +50,29 @@ def base_url(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> It
         yield f"{server.url}/v1"
 
 
-def patched(base_url: str, mode: instructor.Mode) -> instructor.Instructor:
+M = TypeVar("M", bound=BaseModel)
+
+
+def extract(base_url: str, mode: instructor.Mode, model: type[M], text: str, max_tokens: int) -> M:
+    """`model` filled from `text` by instructor in `mode`, greedy, on the first try or not at all."""
     raw = openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0)
-    return instructor.from_openai(raw, mode=mode)
+    return instructor.from_openai(raw, mode=mode).chat.completions.create(
+        model="smollm2",
+        response_model=model,
+        messages=[{"role": "user", "content": text}],
+        max_retries=0,
+        max_tokens=max_tokens,
+        temperature=0,
+    )
 
 
 @pytest.mark.parametrize("mode", [instructor.Mode.JSON_SCHEMA, instructor.Mode.TOOLS])
 def test_a_model_with_ranges_a_max_length_and_a_literal(base_url: str, mode: instructor.Mode) -> None:
-    client = patched(base_url, mode)
-    user = client.chat.completions.create(
-        model="smollm2",
-        response_model=User,
-        messages=[{"role": "user", "content": ASK_USER}],
-        max_retries=0,
-        max_tokens=200,
-        temperature=0,
-    )
+    user = extract(base_url, mode, User, ASK_USER, 200)
     assert isinstance(user, User) and 0 <= user.age <= 120 and len(user.name) <= 30
 
 
 @pytest.mark.parametrize("mode", [instructor.Mode.JSON_SCHEMA, instructor.Mode.TOOLS])
 def test_a_nested_model_with_a_list_an_optional_and_a_datetime(base_url: str, mode: instructor.Mode) -> None:
-    client = patched(base_url, mode)
-    person = client.chat.completions.create(
-        model="smollm2",
-        response_model=Person,
-        messages=[{"role": "user", "content": ASK_PERSON}],
-        max_retries=0,
-        max_tokens=1000,
-        temperature=0,
-    )
+    person = extract(base_url, mode, Person, ASK_PERSON, 1000)
     assert isinstance(person, Person) and person.addresses and isinstance(person.birthday, datetime)
