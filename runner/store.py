@@ -422,14 +422,16 @@ class Store:
             " FROM conversations c WHERE EXISTS (SELECT 1 FROM messages m WHERE m.conversation_id = c.id)"
             " ORDER BY c.updated DESC, c.id DESC"
         )
-        with self._errors("read"):
-            rows = self._db.execute(
-                query + (" LIMIT ?" if limit else ""), (limit,) if limit else ()
-            ).fetchall()
         return [
             Summary(i, model, turns, updated, first_words(first or ""))
-            for i, model, updated, turns, first in rows
+            for i, model, updated, turns, first in self._listed(query, limit)
         ]
+
+    def _listed(self, query: str, limit: int | None) -> list[Any]:
+        """A listing's rows, the first `limit` of them (None: all)."""
+        with self._errors("read"):
+            rows = self._db.execute(query + (" LIMIT ?" if limit else ""), (limit,) if limit else ())
+            return rows.fetchall()
 
     def response_summaries(self, limit: int | None = None) -> list[Summary]:
         """The responses no other kept response continues (each the end of one served conversation),
@@ -439,12 +441,8 @@ class Store:
             " WHERE NOT EXISTS (SELECT 1 FROM responses n WHERE n.previous_id = r.id)"
             " ORDER BY r.created DESC, r.rowid DESC"
         )
-        with self._errors("read"):
-            rows = self._db.execute(
-                query + (" LIMIT ?" if limit else ""), (limit,) if limit else ()
-            ).fetchall()
         found = []
-        for response_id, model, created, conversation in rows:
+        for response_id, model, created, conversation in self._listed(query, limit):
             try:
                 items = json.loads(conversation)
             except ValueError:

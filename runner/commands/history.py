@@ -5,11 +5,10 @@ response's `resp_…` id, marked `serve`): list, show, rm, export."""
 from __future__ import annotations
 
 import json
-from datetime import datetime, timezone
 from typing import Any, TextIO
 
 from runner import ui
-from runner.conversation_file import to_json
+from runner.conversation_file import iso_time, to_json
 from runner.errors import UsageError
 from runner.store import ORIGIN_SERVE, Store, StoredConversation, StoredResponse, StoreError, saving_disabled
 
@@ -52,7 +51,7 @@ def list_conversations(*, out: TextIO, as_json: bool = False, limit: int | None 
                 "origin": s.origin,
                 "model": s.model,
                 "turns": s.turns,
-                "updated": _iso(s.updated),
+                "updated": iso_time(s.updated),
                 "first_words": s.first_words,
             }
             for s in rows
@@ -140,13 +139,14 @@ def export_conversations(*, out: TextIO, as_json: bool = False) -> None:
 
 def _json(conversation: StoredConversation) -> dict[str, Any]:
     data = to_json(conversation)
-    data["created"], data["updated"] = _iso(conversation.created), _iso(conversation.updated)
+    data["created"], data["updated"] = iso_time(conversation.created), iso_time(conversation.updated)
     return data
 
 
 def transcript(conversation: StoredConversation) -> str:
     """The conversation as text; where more than one model answered it, each answer names its own."""
-    lines = [f"# conversation {conversation.id} · {conversation.model} · {_iso(conversation.updated)}", ""]
+    when = iso_time(conversation.updated)
+    lines = [f"# conversation {conversation.id} · {conversation.model} · {when}", ""]
     if conversation.system:
         lines += [f"system: {conversation.system}", ""]
     models = {m.model or conversation.model for m in conversation.messages if m.role == "assistant"}
@@ -167,7 +167,7 @@ def _response_json(response: StoredResponse) -> dict[str, Any]:
         "origin": ORIGIN_SERVE,
         "id": response.id,
         "model": response.model,
-        "created": _iso(response.created),
+        "created": iso_time(response.created),
         "previous_response_id": response.previous_id,
         "response": response.response,
         "input": response.input,
@@ -177,7 +177,7 @@ def _response_json(response: StoredResponse) -> dict[str, Any]:
 
 def response_transcript(response: StoredResponse) -> str:
     """The conversation a kept response ends, as text: its messages, tool calls and their outputs."""
-    when = _iso(response.created)
+    when = iso_time(response.created)
     head = f"# response {response.id} · {response.model} · {when} · runner serve (/v1/responses)"
     lines = [head, ""]
     instructions = response.response.get("instructions")
@@ -195,7 +195,3 @@ def response_transcript(response: StoredResponse) -> str:
             continue  # reasoning: in --json
         lines += [line, ""]
     return "\n".join(lines)
-
-
-def _iso(moment: float) -> str:
-    return datetime.fromtimestamp(moment, timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")

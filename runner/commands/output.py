@@ -11,6 +11,7 @@ import os
 import sys
 import threading
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
@@ -153,7 +154,10 @@ def stream_answer(
         result = Result(text, FINISH_INTERRUPTED, timings, reasoning="".join(reasoning), error=why)
         return Answer(text=text, reasoning=result.reasoning.strip(), result=result)
 
-    with rpc.if_lost(lambda why: if_lost(so_far(why)) if if_lost is not None else None):
+    # only an answer that keeps what came pays for it: the count of tokens, the hook for a lost worker
+    watched = rpc.if_lost(lambda why: if_lost(so_far(why))) if if_lost is not None else nullcontext()
+    counted = (lambda _token: generated.__setitem__(0, generated[0] + 1)) if if_lost is not None else None
+    with watched:
         for chunk in loaded.engine.stream(
             prompt.tokens,
             sampling,
@@ -165,7 +169,7 @@ def stream_answer(
             head=head,
             reasoning=prompt.reasoning_style,
             in_reasoning=prompt.opens_reasoning,
-            on_token=lambda _token: generated.__setitem__(0, generated[0] + 1),
+            on_token=counted,
             logprobs=logprobs,
         ):
             if chunk.text:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from runner.engine.schemawalk import DATA, MAPS, subschemas
 from runner.errors import InvalidSetting, RunnerError
 
 FORMATS = ("json",)
@@ -195,26 +196,6 @@ def _schema_error(problem: str) -> InvalidSetting:
 # How llguidance writes JSON: whitespace where llama.cpp's converter allows it (none, a space, or a
 # line break and up to 20 spaces or tabs), never a run a small model could fill without end.
 JSON_OPTIONS: dict[str, Any] = {"whitespace_pattern": r"(?: |\n[ \t]{0,20})?"}
-MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")  # name -> schema
-DATA = ("enum", "const", "default", "examples", "required", "dependentRequired", "$comment")  # not schemas
-
-
-def subschemas(schema: Any, where: str = "") -> Any:
-    """(path, schema) for the schema and every schema inside it, in document order."""
-    if not isinstance(schema, dict):
-        return
-    yield where, schema
-    for key, value in schema.items():
-        if key in DATA:
-            continue
-        if key in MAPS and isinstance(value, dict):
-            for name, sub in value.items():
-                yield from subschemas(sub, f"{where}/{key}/{name}")
-        elif isinstance(value, dict):
-            yield from subschemas(value, f"{where}/{key}")
-        elif isinstance(value, list):
-            for i, sub in enumerate(value):
-                yield from subschemas(sub, f"{where}/{key}/{i}")
 
 
 def _ref_loop(schema: dict[str, Any], ref: str) -> bool:

@@ -12,10 +12,13 @@ dataclass with `role` and `content` (template.Message), copied with dataclasses.
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 from dataclasses import replace
 from typing import Any
+
+from runner.engine.schemawalk import subschemas
 
 TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 
@@ -71,28 +74,15 @@ def forced_call_schema(tools: list[dict[str, Any]], choice: Any) -> dict[str, An
     return options[0] if len(options) == 1 else {"oneOf": options}
 
 
-_DATA = ("enum", "const", "default", "examples")  # values, not schemas: a "$ref" there is data
-_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")  # name -> schema
-
-
-def _rebased(schema: Any, at: str) -> Any:
+def _rebased(schema: dict[str, Any], at: str) -> dict[str, Any]:
     """A tool's parameters moved to `at` (a JSON pointer) inside the call's schema: each local $ref
     pointed there too. Pydantic's models refer to their own root ("#/$defs/Address"), which the call's
     schema would otherwise not have: instructor's nested models in TOOLS mode were refused."""
-    if isinstance(schema, list):
-        return [_rebased(item, at) for item in schema]
-    if not isinstance(schema, dict):
-        return schema
-    out: dict[str, Any] = {}
-    for key, value in schema.items():
-        if key == "$ref" and isinstance(value, str) and value.startswith("#"):
-            out[key] = "#" + at + value[1:]
-        elif key in _MAPS and isinstance(value, dict):  # names, which may be "enum" or "$ref"
-            out[key] = {name: _rebased(sub, at) for name, sub in value.items()}
-        elif key in _DATA:
-            out[key] = value
-        else:
-            out[key] = _rebased(value, at)
+    out = copy.deepcopy(schema)
+    for _, sub in subschemas(out):  # schemas only: a "$ref" inside enum, const or default is data
+        ref = sub.get("$ref")
+        if isinstance(ref, str) and ref.startswith("#"):
+            sub["$ref"] = "#" + at + ref[1:]
     return out
 
 

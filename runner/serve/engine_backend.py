@@ -185,8 +185,8 @@ class ModelThread:
     async def submit(self, ask: Ask) -> _Generation:
         sampling = self._sampling(ask)
         # a schema compiles off the event loop, which a big one would stall for seconds (10,000 members: 4 s)
-        schema = ask.json_schema is not None or bool(ask.tools)
-        grammar, guide, forced = (await asyncio.to_thread(_grammar, ask)) if schema else _grammar(ask)
+        compiles = ask.json_schema is not None or bool(ask.tools)
+        grammar, guide, forced = (await asyncio.to_thread(_grammar, ask)) if compiles else _grammar(ask)
         loop = self._events = asyncio.get_running_loop()
         generation = _Generation(self._post, self.wake, hold=bool(ask.tools) and ask.tool_choice != "none")
         if ask.tools and ask.tool_choice != "none":
