@@ -58,9 +58,12 @@ def total_ctx(ctx: int | None, n_seq: int) -> int | None:
     return -(-(ctx or DEFAULT_BATCH_CTX) // CTX_PAD) * CTX_PAD * n_seq
 
 
-def setting_warnings(header: GGUFHeader, here: Machine, *, ctx: int | None) -> list[str]:
+def setting_warnings(
+    header: GGUFHeader, here: Machine, *, ctx: int | None, gpu_layers: int | None = None
+) -> list[str]:
     """What every command that plans a load (run, chat, fit) says about the same settings on this
-    machine, whether it fits or not: a --ctx past the trained context, a GPU this build cannot use."""
+    machine, whether it fits or not: a --ctx past the trained context, a GPU this build cannot use,
+    --gpu-layers on a build with no GPU backend."""
     out = []
     trained = trained_context(header)
     if ctx is not None and trained is not None and ctx > trained:
@@ -70,6 +73,8 @@ def setting_warnings(header: GGUFHeader, here: Machine, *, ctx: int | None) -> l
     hint = here.reinstall_hint()
     if hint:
         out.append(f"this llama.cpp build cannot use the {here.gpus[0].name}; for a GPU build: {hint}")
+    elif gpu_layers and not here.offloads:
+        out.append(f"--gpu-layers {gpu_layers}: {devices.NO_GPU_BACKEND}")
     return out
 
 
@@ -158,7 +163,7 @@ def plan_for(
     The plan itself is choose_plan's (see there for the other options).
     """
     here = machine()
-    for warning in setting_warnings(header, here, ctx=ctx):
+    for warning in setting_warnings(header, here, ctx=ctx, gpu_layers=gpu_layers):
         ui.warn(warning)
     plan, asked = choose_plan(
         header,

@@ -43,9 +43,10 @@ def run_child(rpc: str, command: str) -> int:
     """The parent's side: check the workers, run this command line again as the child, wait, and say
     what became of it. Returns the child's exit status; raises WorkerError when a worker went away."""
     from runner import remote
-    from runner.engine.rpc import CHILD_ENV, REPORT_ENV
+    from runner.engine.rpc import CHILD_ENV, REPORT_ENV, require
 
     endpoints = remote.parse_endpoints(rpc)
+    require("--rpc")  # a build without the backend: said before any worker is asked
     remote.probe_all(endpoints)
     read_end, write_end = os.pipe()
     env = {**os.environ, CHILD_ENV: "1", REPORT_ENV: str(write_end), "GGML_NO_BACKTRACE": "1"}

@@ -96,7 +96,7 @@ def _chose(plan: Plan, header: GGUFHeader, machine: Machine, request: Request) -
 
 def _warn(header: GGUFHeader, machine: Machine, request: Request) -> list[str]:
     """What run would say of the same settings, said the same way (on stderr), and returned."""
-    warnings = loader.setting_warnings(header, machine, ctx=request.ctx)
+    warnings = loader.setting_warnings(header, machine, ctx=request.ctx, gpu_layers=request.gpu_layers)
     for warning in warnings:
         ui.warn(warning)
     return warnings

@@ -22,19 +22,19 @@ import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from runner.engine.llamacpp import DEVICE_CPU, DEVICE_GPU, device_name, ggml_libs
+from runner.engine.llamacpp import DEVICE_CPU, DEVICE_GPU, device_name, ggml_libs, has_backend
 from runner.errors import EngineError, UsageError
+from runner.install import rebuild
 
 CHILD_ENV = "RUNNER_RPC_CHILD"  # set in a process its parent runs for --rpc (runner.supervise)
 REPORT_ENV = "RUNNER_RPC_REPORT_FD"  # where such a process reports ggml's abort (default: stderr)
 ABORT_EXIT = 86  # an --rpc child's status after ggml aborted: its parent names the worker that went away
-REBUILD = 'CMAKE_ARGS="-DGGML_RPC=ON" pip install --force-reinstall --no-cache-dir llama-cpp-python==0.3.36'
+REBUILD = rebuild()  # the command that gives a build with the RPC backend
 
 
 def available() -> bool:
     """Whether the installed llama.cpp was built with its RPC backend."""
-    ggml, _ = ggml_libs()
-    return bool(ggml.ggml_backend_reg_by_name(b"RPC"))
+    return has_backend("RPC")
 
 
 def require(what: str) -> None:

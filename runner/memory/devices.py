@@ -17,10 +17,14 @@ from dataclasses import dataclass, field
 
 from runner.gguf import REPACK_TYPES
 from runner.host import ram
+from runner.install import GPU_FLAGS, rebuild
 
 NVIDIA_SMI_TIMEOUT_S = 5.0
 APPLE_GPU_SHARE = 0.75  # Metal's recommendedMaxWorkingSetSize is about 3/4 of RAM on Apple Silicon
-LLAMA_CPP_PIN = "llama-cpp-python==0.3.36"
+NO_GPU_BACKEND = (  # what --gpu-layers gets on a build without a GPU backend (and no --rpc)
+    "this llama.cpp build has no GPU backend, so every layer runs on the CPU; for an NVIDIA GPU: "
+    f"{rebuild(GPU_FLAGS['CUDA'])} (Metal, Vulkan, ROCm: docs/install.md)"
+)
 
 
 @dataclass(frozen=True)
@@ -66,10 +70,7 @@ class Machine:
         """The exact command that gives a GPU build, when a GPU is here but the build is CPU-only."""
         if self.can_offload or not self.gpus:
             return None
-        flag = "-DGGML_METAL=on" if self.gpus[0].backend == "metal" else "-DGGML_CUDA=on"
-        return (
-            f'CMAKE_ARGS="{flag} -DGGML_RPC=ON" pip install --force-reinstall --no-cache-dir {LLAMA_CPP_PIN}'
-        )
+        return rebuild(GPU_FLAGS["Metal" if self.gpus[0].backend == "metal" else "CUDA"])
 
 
 def nvidia_gpus() -> list[Gpu]:
