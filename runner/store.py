@@ -457,6 +457,22 @@ class Store:
             return str(self._db.execute("PRAGMA integrity_check").fetchone()[0])
 
 
+def inspect(path: Path) -> tuple[int, str]:
+    """(schema version, SQLite's integrity check) of a database, read only: nothing written, nothing
+    migrated, nothing created (runner doctor). StoreError when it cannot be read at all."""
+    try:
+        db = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=5.0)
+    except (OSError, sqlite3.Error) as exc:
+        raise StoreError(f"cannot open {path}: {exc}") from exc
+    try:
+        version = int(db.execute("PRAGMA user_version").fetchone()[0])
+        return version, str(db.execute("PRAGMA integrity_check").fetchone()[0])
+    except sqlite3.Error as exc:
+        raise StoreError(f"{path}: cannot check: {exc}") from exc
+    finally:
+        db.close()
+
+
 def first_words(text: str, width: int = 48) -> str:
     flat = " ".join(text.split())
     return flat if len(flat) <= width else flat[: width - 1].rstrip() + "…"

@@ -1,10 +1,13 @@
 """The commands that measure a model against this machine: bench (its speed here, by running it) and
-fit (its memory here, per device, from the GGUF header alone).
+fit (its memory here, per device, from the GGUF header alone); and doctor, which measures the install
+itself (what its llama.cpp build, devices, caches and the Hub can do here).
 """
 
 from __future__ import annotations
 
 import sys
+
+import typer
 
 from runner import options as o
 from runner.cli.app import app, edge
@@ -98,3 +101,26 @@ def fit(
         ),
         out=sys.stdout,
     )
+
+
+@app.command()
+@edge
+def doctor(offline: o.Offline = False, json: o.JsonObject = False, debug: o.Debug = False) -> None:
+    """What this install can do: llama.cpp's backends, devices, caches, the Hub; each fix named.
+
+    One line per part: runner and llama.cpp versions, the build's backends (CPU features and AMX, RPC,
+    CUDA/Metal/Vulkan/ROCm, libmtmd), the devices llama.cpp sees and their free memory, a GPU here that
+    the build cannot use, the model and prompt caches, the conversation store, the settings runner
+    reads, and whether the Hub answers (one request, 3 s at most; not with --offline). Exit 1 when
+    something is missing, with the command that fixes it.
+
+    \b
+    Examples:
+      runner doctor
+      runner doctor --offline --json
+    """
+    from runner.commands.doctor import doctor as run_doctor
+
+    code = run_doctor(out=sys.stdout, as_json=json, offline=offline)
+    if code:
+        raise typer.Exit(code)

@@ -13,6 +13,7 @@ import os
 import re
 from collections import deque
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -140,7 +141,7 @@ def library_file() -> Path | None:
     return Path(name) if isinstance(name, str) else None
 
 
-DEVICE_CPU, DEVICE_GPU, DEVICE_IGPU = 0, 1, 2  # enum ggml_backend_dev_type
+DEVICE_CPU, DEVICE_GPU, DEVICE_IGPU, DEVICE_ACCEL = 0, 1, 2, 3  # enum ggml_backend_dev_type
 
 
 def _lib_dir() -> Path:
@@ -161,6 +162,10 @@ def ggml_libs() -> Any:
     p, s = ctypes.c_void_p, ctypes.c_size_t
     for name, args, res in (
         ("ggml_backend_reg_by_name", [ctypes.c_char_p], p),
+        ("ggml_backend_reg_count", [], s),
+        ("ggml_backend_reg_get", [s], p),
+        ("ggml_backend_reg_name", [p], ctypes.c_char_p),
+        ("ggml_backend_dev_backend_reg", [p], p),
         ("ggml_backend_reg_get_proc_address", [p, ctypes.c_char_p], p),
         ("ggml_backend_register", [p], None),
         ("ggml_backend_reg_dev_count", [p], s),
@@ -180,15 +185,86 @@ def ggml_libs() -> Any:
     return ggml, base
 
 
-def has_gpu() -> bool:
-    """A local GPU (or integrated GPU) device among the backends this build registered."""
+HIDE_ENV = "RUNNER_HIDE_BACKENDS"  # e.g. RPC,CUDA: runner acts as on a build without them (docs/install.md)
+
+
+def hidden_backends() -> frozenset[str]:
+    """$RUNNER_HIDE_BACKENDS's names, upper case: what runner says and does on a build without them,
+    seen on this one (runner doctor's and runner worker's answers to a missing backend, tested)."""
+    return frozenset(n.strip().upper() for n in os.environ.get(HIDE_ENV, "").split(",") if n.strip())
+
+
+def backend_names() -> list[str]:
+    """The backends this build registered, in ggml's order ('CPU', 'RPC', 'CUDA', 'Metal', …)."""
     ggml, _ = ggml_libs()
+    hidden = hidden_backends()
+    names = [_reg_name(ggml.ggml_backend_reg_get(i)) for i in range(ggml.ggml_backend_reg_count())]
+    return [name for name in names if name.upper() not in hidden]
+
+
+def _reg_name(reg: int | None) -> str:
+    ggml, _ = ggml_libs()
+    return (ggml.ggml_backend_reg_name(reg) or b"?").decode(errors="replace") if reg else "?"
+
+
+def has_backend(name: str) -> bool:
+    """Whether this build registered the backend (and runner is not told to hide it)."""
+    ggml, _ = ggml_libs()
+    return name.upper() not in hidden_backends() and bool(ggml.ggml_backend_reg_by_name(name.encode()))
+
+
+@dataclass(frozen=True)
+class Device:
+    """A device llama.cpp sees, as ggml describes it (free memory: the CPU device's is the RAM's)."""
+
+    name: str
+    description: str
+    kind: str  # "cpu", "gpu", "igpu", "accel"
+    backend: str
+    free_bytes: int
+    total_bytes: int
+
+
+_KINDS = {DEVICE_CPU: "cpu", DEVICE_GPU: "gpu", DEVICE_IGPU: "igpu", DEVICE_ACCEL: "accel"}
+
+
+def devices() -> list[Device]:
+    """Every device of the backends this build registered (workers' too, once --rpc added them)."""
+    ggml, _ = ggml_libs()
+    hidden = hidden_backends()
+    found = []
     for i in range(ggml.ggml_backend_dev_count()):
         device = ggml.ggml_backend_dev_get(i)
-        local = not device_name(device).startswith("RPC")  # a worker's device is a GPU to ggml too
-        if local and ggml.ggml_backend_dev_type(device) in (DEVICE_GPU, DEVICE_IGPU):
-            return True
-    return False
+        backend = _reg_name(ggml.ggml_backend_dev_backend_reg(device))
+        if backend.upper() in hidden:
+            continue
+        free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
+        ggml.ggml_backend_dev_memory(device, ctypes.byref(free), ctypes.byref(total))
+        description = (ggml.ggml_backend_dev_description(device) or b"").decode(errors="replace").strip()
+        kind = _KINDS.get(ggml.ggml_backend_dev_type(device), "other")
+        found.append(Device(device_name(device), description, kind, backend, free.value, total.value))
+    return found
+
+
+def has_gpu() -> bool:
+    """A local GPU (or integrated GPU) device among the backends this build registered."""
+    return any(d.kind in ("gpu", "igpu") and d.backend != "RPC" for d in devices())  # a worker's is a GPU too
+
+
+def cpu_features() -> list[str]:
+    """The CPU features this build's kernels use here ('AVX2', 'AMX_INT8', …), from its system info."""
+    info = llama().llama_print_system_info().decode(errors="replace")
+    return re.findall(r"(\w+) = 1", info)
+
+
+def library_files() -> dict[str, Path]:
+    """The shared libraries beside libllama ('mtmd': libmtmd, the image and audio projector library)."""
+    lib_dir = _lib_dir()
+    return {
+        name: lib_dir / f"lib{name}.so"
+        for name in ("llama", "mtmd", "ggml-rpc")
+        if (lib_dir / f"lib{name}.so").exists()
+    }
 
 
 def device_name(device: int) -> str:
