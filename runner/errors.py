@@ -51,6 +51,17 @@ class AccessDenied(UsageError):
     """The Hub wants a token (a gated or private repo) or refused the one given: the user's to fix."""
 
 
+class ImageError(UsageError):
+    """An image runner will not read: not PNG, JPEG, WebP, GIF or BMP, too large, a decompression
+    bomb, truncated or corrupt, or a URL to fetch. The message names where it came from; `name` is
+    that (a path, "-" for stdin, an API field) and `problem` says what is wrong without naming it."""
+
+    def __init__(self, message: str, *, name: str, problem: str) -> None:
+        super().__init__(message)
+        self.name = name
+        self.problem = problem
+
+
 class WontFit(RunnerError):
     """The model would not fit this machine's memory at the context asked for."""
 
