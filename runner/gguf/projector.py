@@ -1,0 +1,296 @@
+"""A vision projector ("mmproj") checked from its header before libmtmd ever opens it.
+
+The pinned libmtmd (tools/mtmd/clip.cpp) trusts the file: a key of another GGUF type than the one it
+reads aborts the process in gguf's getters (an f64 epsilon, an i32 image size), and a tensor its
+graph needs but loads as optional is dereferenced as NULL (a missing mm.2.weight segfaults in
+clip_n_mmproj_embd). So check_projector compares the header with what clip.cpp reads for the two
+projector types runner supports, mlp (LLaVA's) and gemma3, refuses everything else in one line
+(InvalidModelFile, naming the file and its problem), and says what an image costs (ProjectorInfo).
+
+Line numbers are the pinned clip.cpp's (llama-cpp-python 0.3.36), models/llava.cpp's and
+models/siglip.cpp's. Shapes are in ggml order (ne[0] first), trailing 1s ignored.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, NoReturn
+
+from runner.errors import InvalidModelFile
+from runner.gguf.header import DEFAULT_LIMITS, GGML_TYPES, GGUF_MAGIC, GGUFError, GGUFHeader, TensorInfo
+from runner.gguf.reader import _ARRAY, _I32, _I64, _U32, VALUE_TYPES, _Reader
+from runner.gguf.sources import RangeSource, open_source
+
+SUPPORTED = ("mlp", "gemma3")
+
+# Every key clip.cpp reads for a vision projector of these types, with the GGUF type its getter
+# asserts (gguf_get_val_u32 and friends abort on any other) and whether it must be there.
+# fmt: off
+KEYS: dict[str, tuple[str, bool]] = {
+    "general.name":                             ("str", False),       # 1207
+    "general.description":                      ("str", False),       # 1209
+    "clip.has_vision_encoder":                  ("bool", True),       # 1221; clip_init 4012
+    "clip.has_audio_encoder":                   ("bool", False),      # 1222
+    "clip.has_gen_audio_encoder":               ("bool", False),      # 1223
+    "clip.projector_type":                      ("str", False),       # 1270
+    "clip.vision.projector_type":               ("str", False),       # 1275, when the one above is empty
+    "clip.vision.embedding_length":             ("u32", True),        # 1306
+    "clip.vision.attention.head_count":         ("u32", True),        # 1307
+    "clip.vision.attention.head_dim":           ("u32", False),       # 1308
+    "clip.vision.feed_forward_length":          ("u32", True),        # 1309
+    "clip.vision.block_count":                  ("u32", True),        # 1310
+    "clip.vision.projection_dim":               ("u32", True),        # 1311
+    "clip.vision.attention.layer_norm_epsilon": ("f32", True),        # 1312
+    "clip.vision.attention.head_count_kv":      ("u32", False),       # 1316
+    "clip.vision.image_size":                   ("u32", True),        # 1319
+    "clip.vision.patch_size":                   ("u32", True),        # 1320
+    "clip.minicpmv_version":                    ("i32", False),       # 1321
+    "clip.minicpmv_query_num":                  ("u32", False),       # 1322
+    "clip.vision.image_grid_pinpoints":         ("arr[i32]", False),  # 1358
+    "clip.use_gelu":                            ("bool", False),      # 1378
+    "clip.use_silu":                            ("bool", False),      # 1379
+    "clip.vision.mm_patch_merge_type":          ("str", False),       # 1397
+    "clip.vision.image_mean":                   ("arr[f32]", True),   # 1406; 1408: at least 3
+    "clip.vision.image_std":                    ("arr[f32]", True),   # 1407
+    "clip.vision.feature_layer":                ("arr[i32]", False),  # 1419
+    "clip.vision.projector.scale_factor":       ("u32", False),       # 1641 (read for gemma3)
+}
+# fmt: on
+INT32_MAX = (1 << 31) - 1  # get_u32 refuses more (3882)
+
+# ggml types by what an op does with the tensor on the CPU backend. Added to or multiplied into F32
+# activations (biases, norms, gemma3's position embeddings): the binary ops take only F32 there.
+VECTOR = frozenset({"F32"})
+CONV = frozenset({"F32", "F16"})  # the patch embedding: im2col writes the kernel's type (build_inp, 574)
+DENSE = frozenset({"F32", "F16", "BF16"})  # gemma3's input projection is transposed, then made contiguous
+# Matrices (ggml_mul_mat, ggml_get_rows): those, and every block-quantized weight type.
+QUANT = frozenset(name for name, block, _ in GGML_TYPES.values() if block > 1) - {"Q8_1", "Q8_K"}
+MATRIX = DENSE | QUANT
+
+# Per-block tensors build_vit (clip.cpp 337-568) uses when present, which gemma3 files never have.
+GEMMA3_NEVER = ("attn_qkv", "attn_q_norm", "attn_k_norm", "ls1", "ls2", "out_scale", "attn_post_norm",
+                "ffn_post_norm", "ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps",
+                "attn_sinks")  # fmt: skip
+
+
+@dataclass(frozen=True)
+class ProjectorInfo:
+    """What one image costs through this projector."""
+
+    projector_type: str  # "mlp" or "gemma3"
+    image_size: int  # every image is resized to image_size x image_size pixels
+    patch_size: int
+    image_tokens: int  # embeddings one image becomes in the text model's context
+    projection_width: int  # each embedding's width: the text model's n_embd
+    weights_bytes: int  # the tensors' bytes, as clip.cpp counts its model size (1244)
+    non_causal: bool  # the text model attends to image tokens non-causally (mtmd_decode_use_non_causal)
+
+
+def read_key_types(source: str | os.PathLike[str] | RangeSource) -> dict[str, str]:
+    """Each metadata key's GGUF type ("u32", "f32", "arr[i32]" ...), which read_header's values (Python
+    ints and floats) cannot tell apart: the same bounded reader, walking the key-value section again."""
+    src = open_source(source)
+    r = _Reader(src, DEFAULT_LIMITS)
+    if not r.fill(4) or r.buf[:4] != GGUF_MAGIC:
+        raise GGUFError(f"{src.name} is not a GGUF file")
+    r.pos = 4
+    r.unpack(_U32, "version")
+    r.unpack(_I64, "tensor count")
+    n_kv = r.count(r.unpack(_I64, "key-value count"), DEFAULT_LIMITS.max_kv, 14, "key-value count", 16)
+    types: dict[str, str] = {}
+    for _ in range(n_kv):
+        key = r.string(DEFAULT_LIMITS.max_string_bytes, "key")
+        vtype = r.unpack(_I32, f"type of {key!r}")
+        name = VALUE_TYPES[vtype] if 0 <= vtype < len(VALUE_TYPES) else str(vtype)
+        if vtype == _ARRAY:
+            etype = r.unpack(_I32, f"array type of {key!r}")
+            r.pos -= 4  # r.value reads it again; take() leaves those 4 bytes in buf
+            name = f"arr[{VALUE_TYPES[etype] if 0 <= etype < len(VALUE_TYPES) else etype}]"
+        r.value(vtype, key)
+        types[key] = name
+    return types
+
+
+class _Check:
+    """One header against clip.cpp's expectations; every failure is one line naming the file."""
+
+    def __init__(self, header: GGUFHeader, types: Mapping[str, str]) -> None:
+        self.header = header
+        self.types = types
+        self.by_name = {t.name: t for t in header.tensors}
+
+    def fail(self, problem: str) -> NoReturn:
+        raise InvalidModelFile(f"{self.header.source} is not a usable projector: {problem}")
+
+    def key(self, key: str) -> Any:
+        want, required = KEYS[key]
+        if key not in self.header.metadata:
+            if required:
+                self.fail(f"it has no {key} ({want})")
+            return None
+        got = self.types.get(key)
+        if got != want:
+            self.fail(f"{key} is {got}, clip.cpp reads it as {want} and would abort")
+        value = self.header.metadata[key]
+        if want == "u32" and value > INT32_MAX:
+            self.fail(f"{key} is {value}, more than clip.cpp takes ({INT32_MAX})")
+        return value
+
+    def tensor(
+        self, name: str, shape: tuple[int, ...], types: frozenset[str], required: bool = True
+    ) -> TensorInfo | None:
+        t = self.by_name.get(name)
+        if t is None:
+            if required:
+                self.fail(f"it has no tensor {name}")
+            return None
+        if _squeeze(t.shape) != _squeeze(shape):
+            self.fail(f"tensor {name} has shape {list(t.shape)}, clip.cpp's graph needs {list(shape)}")
+        if t.type_name not in types:
+            self.fail(f"tensor {name} is {t.type_name}; this use of it takes {', '.join(sorted(types))}")
+        return t
+
+
+def _out_width(t: TensorInfo | None, in_dim: int, n_in: int, text_n_embd: int | None) -> int:
+    """A projection's output width as its file has it, where its input dimension (in_dim) is right;
+    else the text model's (or, for a transposed one, its in_dim's) so that the shape check names the
+    shape it needed."""
+    if t is None or len(t.shape) != 2:
+        return text_n_embd or 0
+    if t.shape[in_dim] != n_in:
+        return text_n_embd or t.shape[in_dim]
+    return t.shape[1 - in_dim]
+
+
+def _squeeze(shape: tuple[int, ...]) -> tuple[int, ...]:
+    while shape and shape[-1] == 1:
+        shape = shape[:-1]
+    return shape
+
+
+def check_projector(
+    header: GGUFHeader, text_n_embd: int | None = None, *, key_types: Mapping[str, str] | None = None
+) -> ProjectorInfo:
+    """Check a projector's header (from read_header) against what the pinned clip.cpp reads for its
+    type, and against the text model's embedding width when given; raise InvalidModelFile in one line
+    on the first problem. key_types defaults to read_key_types(header.source)."""
+    header.check_complete()
+    meta = header.metadata
+    kind = meta.get("clip.projector_type") or meta.get("clip.vision.projector_type")
+    if kind is None:
+        arch = header.architecture
+        model = f" (general.architecture is {arch}: a text model?)" if arch not in (None, "clip") else ""
+        raise InvalidModelFile(f"{header.source} is not a projector: it has no clip.projector_type{model}")
+    c = _Check(header, read_key_types(header.source) if key_types is None else key_types)
+    kind = c.key("clip.projector_type") or c.key("clip.vision.projector_type")
+    if kind not in SUPPORTED:
+        c.fail(f"projector type {kind!r} is not supported (runner supports {' and '.join(SUPPORTED)})")
+    if c.key("clip.has_vision_encoder") is not True:
+        c.fail("clip.has_vision_encoder is not true: it has no vision encoder")
+    if c.key("clip.has_audio_encoder") or c.key("clip.has_gen_audio_encoder"):
+        c.fail("it also has an audio encoder, which runner does not check")
+    for key in KEYS:
+        c.key(key)  # every type, before any value is used
+
+    e, n_head = meta["clip.vision.embedding_length"], meta["clip.vision.attention.head_count"]
+    n_ff, n_layer = meta["clip.vision.feed_forward_length"], meta["clip.vision.block_count"]
+    image, patch = meta["clip.vision.image_size"], meta["clip.vision.patch_size"]
+    d_head = meta.get("clip.vision.attention.head_dim") or (e // n_head if n_head else 0)  # 260
+    n_head_kv = meta.get("clip.vision.attention.head_count_kv", n_head)  # 1315
+    if not (e > 0 and n_head > 0 and d_head > 0 and n_ff > 0 and n_layer > 0):
+        sizes = f"{e}, {n_head}, {n_ff}, {n_layer}"
+        c.fail(f"embedding_length, head_count, feed_forward_length and block_count must be over 0: {sizes}")
+    if "clip.vision.attention.head_dim" not in meta and e % n_head:
+        c.fail(f"embedding_length {e} is not a multiple of head_count {n_head}")
+    if not (n_head_kv > 0 and n_head % n_head_kv == 0):
+        c.fail(f"head_count {n_head} is not a multiple of head_count_kv {n_head_kv}")
+    if not 0 < image <= 8192:  # 2043-2049; 0 is a dynamic size, which these fixed-size types lack
+        c.fail(f"image_size {image} is not in 1..8192")
+    if not 0 < patch <= min(image, 65535):  # 2051
+        c.fail(f"patch_size {patch} is not in 1..image_size ({image})")
+    if len(meta["clip.vision.image_mean"]) < 3 or len(meta["clip.vision.image_std"]) < 3:  # 1408
+        c.fail("image_mean and image_std need 3 values each")
+    if meta.get("clip.use_gelu") and meta.get("clip.use_silu"):  # 1380
+        c.fail("both clip.use_gelu and clip.use_silu are true")
+    if meta.get("clip.vision.image_grid_pinpoints"):  # 1359; mtmd.cpp 642: then images are tiled
+        c.fail("it tiles images (clip.vision.image_grid_pinpoints), which runner does not support")
+    layers = meta.get("clip.vision.feature_layer") or []
+    if any(v > n_layer for v in layers):  # 1421
+        c.fail(f"clip.vision.feature_layer {list(layers)} goes past block_count {n_layer}")
+
+    # The vision transformer (load_tensors 2253-2330; build_inp 572; llava.cpp and build_vit use them)
+    n_side = image // patch
+    n_patches = n_side * n_side
+    gemma = kind == "gemma3"
+    c.tensor("v.patch_embd.weight", (patch, patch, 3, e), CONV)  # optional at 2262, used at 574
+    c.tensor("v.patch_embd.bias", (e,), VECTOR, required=False)
+    class_embd = not gemma and c.tensor("v.class_embd", (e,), VECTOR, required=False) is not None
+    if gemma:  # added to the patches as they are (build_vit 349)
+        c.tensor("v.position_embd.weight", (e, n_patches), VECTOR)
+    else:  # rows 0..n_pos-1 taken (llava.cpp 39-43): at least n_pos rows
+        n_pos = n_patches + class_embd
+        pos = c.by_name.get("v.position_embd.weight")
+        rows = pos.shape[1] if pos is not None and len(pos.shape) == 2 and pos.shape[1] >= n_pos else n_pos
+        c.tensor("v.position_embd.weight", (e, rows), MATRIX)
+    for norm in ("pre_ln", "post_ln"):
+        for part in ("weight", "bias"):
+            c.tensor(f"v.{norm}.{part}", (e,), VECTOR, required=False)
+    qkv = n_head * d_head
+    kv = (n_head_kv if gemma else n_head) * d_head  # llava.cpp 88 reshapes K and V by n_head
+    if gemma:
+        for name in c.by_name:
+            parts = name.split(".")
+            if parts[:2] == ["v", "blk"] and len(parts) > 3 and parts[3] in GEMMA3_NEVER:
+                c.fail(f"it has {name}, which a gemma3 projector does not have")
+    for i in range(n_layer):
+        blk = f"v.blk.{i}"
+        # llava.cpp 72-89 takes separate q, k and v; so does build_vit (424-447) without attn_qkv
+        for part, width_in, width_out in (("attn_q", e, qkv), ("attn_k", e, kv), ("attn_v", e, kv)):
+            c.tensor(f"{blk}.{part}.weight", (width_in, width_out), MATRIX)
+            c.tensor(f"{blk}.{part}.bias", (width_out,), VECTOR, required=False)
+        c.tensor(f"{blk}.attn_out.weight", (qkv, e), MATRIX)  # required at 2283
+        c.tensor(f"{blk}.attn_out.bias", (e,), VECTOR, required=False)
+        for norm in ("ln1", "ln2"):
+            for part in ("weight", "bias"):
+                c.tensor(f"{blk}.{norm}.{part}", (e,), VECTOR, required=False)
+        # 2335-2360: up and down written the other way round (ffn_down's rows n_embd) are swapped back
+        up, down = "ffn_up", "ffn_down"
+        found = c.by_name.get(f"{blk}.ffn_down.weight")
+        if found is not None and found.shape[0] == e and c.by_name.get(f"{blk}.ffn_up.weight") is not None:
+            up, down = down, up
+        c.tensor(f"{blk}.{up}.weight", (e, n_ff), MATRIX)  # required at 2312 and 2316
+        c.tensor(f"{blk}.{up}.bias", (n_ff,), VECTOR, required=False)
+        c.tensor(f"{blk}.{down}.weight", (n_ff, e), MATRIX)
+        c.tensor(f"{blk}.{down}.bias", (e,), VECTOR, required=False)
+        c.tensor(f"{blk}.ffn_gate.weight", (e, n_ff), MATRIX, required=False)  # build_ffn 627
+        c.tensor(f"{blk}.ffn_gate.bias", (n_ff,), VECTOR, required=False)
+
+    if gemma:
+        merge = meta.get("clip.vision.projector.scale_factor", 4)  # 1638-1641
+        if not 0 < merge < 65536 or n_side % merge:  # 2060; the pool (siglip.cpp 28) against 4223
+            c.fail(f"scale_factor {merge} does not divide the {n_side} patches a side")
+        c.tensor("mm.soft_emb_norm.weight", (e,), VECTOR)  # 2631; siglip.cpp 34
+        proj = c.by_name.get("mm.input_projection.weight")  # 2630; siglip.cpp 38: multiplied transposed
+        width = _out_width(proj, 1, e, text_n_embd)  # its ne[0]: clip_n_mmproj_embd 6009
+        c.tensor("mm.input_projection.weight", (width, e), DENSE)
+        tokens = n_patches // (merge * merge)  # clip_n_output_tokens 4213-4223
+    else:
+        if "mm.3.weight" in c.by_name:  # 2384: then it is MLP_NORM
+            c.fail("it has mm.3.weight, which makes it an mlp_norm projector (not supported)")
+        stacked = len({v for v in layers if v >= 0})  # llava.cpp 29, 133-146: feature layers concatenated
+        width_in = e * max(stacked, 1)
+        mm0 = c.by_name.get("mm.0.weight")  # optional at 2371, used at llava.cpp 166
+        hidden = mm0.shape[1] if mm0 is not None and len(mm0.shape) > 1 else 0
+        c.tensor("mm.0.weight", (width_in, hidden), MATRIX)
+        c.tensor("mm.0.bias", (hidden,), VECTOR)  # llava.cpp 167
+        mm2 = c.by_name.get("mm.2.weight")  # optional at 2377, dereferenced by clip_n_mmproj_embd 5979
+        width = _out_width(mm2, 0, hidden, text_n_embd)  # its ne[1]
+        c.tensor("mm.2.weight", (hidden, width), MATRIX)
+        c.tensor("mm.2.bias", (width,), VECTOR)  # llava.cpp 172
+        tokens = n_patches  # clip_n_output_tokens 4139: one per patch
+    if text_n_embd is not None and width != text_n_embd:  # mtmd.cpp 604 refuses it
+        c.fail(f"it projects into width {width}, the text model's is {text_n_embd}")
+    weights = sum(t.nbytes for t in header.tensors)
+    return ProjectorInfo(kind, image, patch, tokens, width, weights, non_causal=gemma)

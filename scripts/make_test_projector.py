@@ -1,0 +1,166 @@
+"""Write a small random-weight vision projector (an "mmproj" GGUF) for a text model.
+
+The pinned libmtmd loads it beside the text model and turns one image into a few image tokens:
+enough to test images end to end without a real vision model. Two kinds, each the smallest file
+clip.cpp (tools/mtmd/clip.cpp in the pinned llama.cpp) takes for its projector type:
+
+- mlp (LLaVA's): a CLIP ViT of width 32, 2 heads, block_count 2 (the llava graph runs one block
+  fewer than written), an FFN of width 64, then mm.0 -> GELU -> mm.2 into the text model's width;
+  all F32. Images of 28 px in patches of 14: 4 image tokens; 228 KB for SmolLM2 (width 576).
+- gemma3: a SigLIP-style ViT at 32 px in patches of 8 (4 x 4 patches), 2 blocks, pooled by its
+  clip.vision.projector.scale_factor 2 into 4 image tokens, an RMS norm and mm.input_projection into
+  the text model's width; F16 matrices and F32 vectors, as the converter writes them. libmtmd
+  decodes its image tokens non-causally. 90 KB for SmolLM2.
+
+The projection's output width is the text model's embedding width, read from MODEL.gguf's header
+(runner's own bounded reader). Weights are random but deterministic: the same seed, the same bytes.
+
+    python scripts/make_test_projector.py OUT.gguf --for MODEL.gguf [--type mlp|gemma3] [--seed N]
+
+Tests build malformed variants from projector_spec's output (a key's type changed, a tensor
+dropped or transposed) and write them with write_projector.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from gguf import GGUFValueType, GGUFWriter
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+KINDS = ("mlp", "gemma3")
+VIT_WIDTH = 32
+HEADS = 2
+FFN_WIDTH = 64  # unlike the ViT width: clip.cpp swaps ffn_up and ffn_down when ffn_down's rows are n_embd
+EPS = 1e-6
+MEAN_STD = [0.5, 0.5, 0.5]
+
+
+@dataclass(frozen=True)
+class KV:
+    """One metadata key with its GGUF type (and an array's element type)."""
+
+    key: str
+    value: Any
+    vtype: GGUFValueType
+    sub_type: GGUFValueType | None = None
+
+
+def _u32(key: str, value: int) -> KV:
+    return KV(key, value, GGUFValueType.UINT32)
+
+
+def projector_spec(kind: str, text_n_embd: int, seed: int = 0) -> tuple[list[KV], dict[str, np.ndarray]]:
+    """The metadata and tensors of a `kind` projector into a text model of width text_n_embd. Each
+    array has numpy's shape, the reverse of ggml's: a matrix ggml reads as [n_in, n_out] is
+    (n_out, n_in) here."""
+    if kind not in KINDS:
+        raise ValueError(f"unknown projector type {kind!r}: one of {', '.join(KINDS)}")
+    rng = np.random.default_rng(seed)
+    gemma = kind == "gemma3"
+    image, patch, blocks = (32, 8, 2) if gemma else (28, 14, 2)
+    n_patches = (image // patch) ** 2
+    e, f = VIT_WIDTH, FFN_WIDTH
+
+    def weight(*shape: int, scale: float = 0.05) -> np.ndarray:
+        return (rng.standard_normal(shape) * scale).astype(np.float32)
+
+    def ones(n: int) -> np.ndarray:
+        return np.ones(n, dtype=np.float32)
+
+    kvs = [
+        KV("general.name", f"runner test projector ({kind})", GGUFValueType.STRING),
+        KV("clip.has_vision_encoder", True, GGUFValueType.BOOL),
+        KV("clip.projector_type", kind, GGUFValueType.STRING),
+        KV("clip.use_gelu", gemma, GGUFValueType.BOOL),  # SigLIP's GELU; CLIP's quick GELU for mlp
+        _u32("clip.vision.image_size", image),
+        _u32("clip.vision.patch_size", patch),
+        _u32("clip.vision.embedding_length", e),
+        _u32("clip.vision.feed_forward_length", f),
+        _u32("clip.vision.projection_dim", text_n_embd),
+        _u32("clip.vision.attention.head_count", HEADS),
+        KV("clip.vision.attention.layer_norm_epsilon", EPS, GGUFValueType.FLOAT32),
+        _u32("clip.vision.block_count", blocks),
+        KV("clip.vision.image_mean", MEAN_STD, GGUFValueType.ARRAY, GGUFValueType.FLOAT32),
+        KV("clip.vision.image_std", MEAN_STD, GGUFValueType.ARRAY, GGUFValueType.FLOAT32),
+    ]
+    if gemma:
+        kvs.append(_u32("clip.vision.projector.scale_factor", 2))
+
+    tensors: dict[str, np.ndarray] = {
+        "v.patch_embd.weight": weight(e, 3, patch, patch),  # ggml [P, P, 3, E]
+        "v.patch_embd.bias": weight(e),
+        "v.position_embd.weight": weight(n_patches, e),  # ggml [E, n_patches]
+    }
+    if not gemma:
+        tensors["v.pre_ln.weight"], tensors["v.pre_ln.bias"] = ones(e), weight(e)
+    for i in range(blocks):
+        blk = f"v.blk.{i}"
+        for part in ("attn_q", "attn_k", "attn_v", "attn_out"):
+            tensors[f"{blk}.{part}.weight"], tensors[f"{blk}.{part}.bias"] = weight(e, e), weight(e)
+        for norm in ("ln1", "ln2"):
+            tensors[f"{blk}.{norm}.weight"], tensors[f"{blk}.{norm}.bias"] = ones(e), weight(e)
+        tensors[f"{blk}.ffn_up.weight"], tensors[f"{blk}.ffn_up.bias"] = weight(f, e), weight(f)
+        tensors[f"{blk}.ffn_down.weight"], tensors[f"{blk}.ffn_down.bias"] = weight(e, f), weight(e)
+    if gemma:
+        tensors["v.post_ln.weight"], tensors["v.post_ln.bias"] = ones(e), weight(e)
+        tensors["mm.soft_emb_norm.weight"] = ones(e)
+        # ggml [n_embd_text, E]: the graph multiplies by its transpose (models/siglip.cpp)
+        tensors["mm.input_projection.weight"] = weight(e, text_n_embd)
+        # F16 matrices, F32 vectors and position embeddings (added to F32 activations): the converter's mix
+        tensors = {
+            k: a.astype(np.float16) if a.ndim > 1 and "position" not in k else a for k, a in tensors.items()
+        }
+    else:
+        tensors["mm.0.weight"], tensors["mm.0.bias"] = weight(e, e), weight(e)
+        tensors["mm.2.weight"], tensors["mm.2.bias"] = weight(text_n_embd, e), weight(text_n_embd)
+    return kvs, tensors
+
+
+def write_projector(path: str | Path, kvs: list[KV], tensors: dict[str, np.ndarray]) -> Path:
+    """Write the metadata and tensors as a GGUF file of architecture clip."""
+    writer = GGUFWriter(str(path), arch="clip")
+    for kv in kvs:
+        writer.add_key_value(kv.key, kv.value, kv.vtype, kv.sub_type)
+    for name, array in tensors.items():
+        writer.add_tensor(name, array)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return Path(path)
+
+
+def text_width(model: str | Path) -> int:
+    """The text model's embedding width ({arch}.embedding_length), from its header."""
+    from runner.gguf import read_header
+
+    header = read_header(model)
+    width = header.arch_get("embedding_length")
+    if not isinstance(width, int) or width <= 0:
+        raise SystemExit(f"{model} has no {header.architecture}.embedding_length: is it a text model?")
+    return width
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("out", type=Path, help="the projector GGUF to write")
+    parser.add_argument("--for", dest="model", type=Path, required=True, help="the text model's GGUF")
+    parser.add_argument("--type", dest="kind", choices=KINDS, default="mlp")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    kvs, tensors = projector_spec(args.kind, text_width(args.model), args.seed)
+    path = write_projector(args.out, kvs, tensors)
+    print(f"{path}: {args.kind} projector, {path.stat().st_size} bytes")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,263 @@
+"""Vision projectors: scripts/make_test_projector.py's files pass runner.gguf.check_projector and load in
+the pinned libmtmd (4 image tokens each); each malformed variant is refused by the check in one line,
+and libmtmd itself aborts, segfaults or fails on them (so the check is needed, not decorative).
+libmtmd runs in a child process: a malformed projector takes the whole process down."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from types import ModuleType
+
+import numpy as np
+import pytest
+from gguf import GGUFValueType
+
+from runner.errors import InvalidModelFile
+from runner.gguf import ProjectorInfo, check_projector, read_header, read_key_types
+
+SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "make_test_projector.py"
+TEXT_WIDTH = 576  # SmolLM2-135M's n_embd
+
+
+def _load_script() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("make_test_projector", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclass looks itself up there
+    spec.loader.exec_module(module)
+    return module
+
+
+mtp = _load_script()
+Spec = tuple[list, dict[str, np.ndarray]]
+
+# One child process: load the text model with llama.cpp's own API, then each projector through
+# llama-cpp-python's libmtmd binding; tokenize a prompt holding one image and encode that image.
+PROBE = r"""
+import ctypes, json, sys
+import llama_cpp
+from llama_cpp import mtmd_cpp as mtmd
+
+llama_cpp.llama_backend_init()
+model = llama_cpp.llama_model_load_from_file(sys.argv[1].encode(), llama_cpp.llama_model_default_params())
+assert model
+for path in sys.argv[2:]:
+    params = mtmd.mtmd_context_params_default()
+    params.use_gpu, params.warmup, params.print_timings, params.n_threads = False, False, False, 2
+    ctx = mtmd.mtmd_init_from_file(path.encode(), model, params)
+    if not ctx:
+        print(json.dumps({"loaded": False}), flush=True)
+        continue
+    pixels = bytes(range(256)) * (40 * 30 * 3 // 256) + bytes(40 * 30 * 3 % 256)
+    bitmap = mtmd.mtmd_bitmap_init(40, 30, (ctypes.c_ubyte * len(pixels)).from_buffer_copy(pixels))
+    prompt = b"Describe " + mtmd.mtmd_default_marker() + b" in one word."
+    text = mtmd.mtmd_input_text()
+    text.text, text.text_len, text.add_special, text.parse_special = prompt, len(prompt), True, True
+    chunks = mtmd.mtmd_input_chunks_init()
+    rc = mtmd.mtmd_tokenize(ctx, chunks, ctypes.byref(text), (mtmd.mtmd_bitmap_p_ctypes * 1)(bitmap), 1)
+    out = {"loaded": True, "vision": mtmd.mtmd_support_vision(ctx), "tokenize": rc, "chunks": []}
+    for i in range(mtmd.mtmd_input_chunks_size(chunks)):
+        chunk = mtmd.mtmd_input_chunks_get(chunks, i)
+        kind = mtmd.mtmd_input_chunk_get_type(chunk)
+        out["chunks"].append([kind, mtmd.mtmd_input_chunk_get_n_tokens(chunk)])
+        if kind == mtmd.MTMD_INPUT_CHUNK_TYPE_IMAGE:
+            out["encode"] = mtmd.mtmd_encode_chunk(ctx, chunk)
+            out["non_causal"] = mtmd.mtmd_decode_use_non_causal(ctx, chunk)
+    print(json.dumps(out), flush=True)
+    mtmd.mtmd_input_chunks_free(chunks)
+    mtmd.mtmd_bitmap_free(bitmap)
+    mtmd.mtmd_free(ctx)
+"""
+
+
+def _libmtmd(model: Path, *projectors: Path) -> tuple[int, list[dict]]:
+    """The probe's exit status and one result per projector it got through."""
+    env = {**os.environ, "GGML_NO_BACKTRACE": "1"}  # an abort without gdb attaching for its backtrace
+    proc = subprocess.run(
+        [sys.executable, "-c", PROBE, str(model), *map(str, projectors)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    return proc.returncode, [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+
+
+def _write(path: Path, spec: Spec) -> Path:
+    return mtp.write_projector(path, *spec)
+
+
+def _without(*names: str) -> Callable[[Spec], Spec]:
+    return lambda spec: (spec[0], {k: v for k, v in spec[1].items() if k not in names})
+
+
+def _retyped(key: str, **change: object) -> Callable[[Spec], Spec]:
+    return lambda spec: ([replace(kv, **change) if kv.key == key else kv for kv in spec[0]], spec[1])
+
+
+def _transposed(name: str) -> Callable[[Spec], Spec]:
+    return lambda spec: (spec[0], {**spec[1], name: np.ascontiguousarray(spec[1][name].T)})
+
+
+# kind, what is done to a good spec, the check's message (a regex)
+MALFORMED: dict[str, tuple[str, Callable[[Spec], Spec], str]] = {
+    "missing mm.2": ("mlp", _without("mm.2.weight", "mm.2.bias"), r"it has no tensor mm\.2\.weight$"),
+    "missing v.position_embd": (
+        "mlp",
+        _without("v.position_embd.weight"),
+        r"it has no tensor v\.position_embd\.weight$",
+    ),
+    "f64 epsilon": (
+        "mlp",
+        _retyped("clip.vision.attention.layer_norm_epsilon", vtype=GGUFValueType.FLOAT64),
+        r"clip\.vision\.attention\.layer_norm_epsilon is f64, clip\.cpp reads it as f32 and would abort$",
+    ),
+    "i32 image size": (
+        "gemma3",
+        _retyped("clip.vision.image_size", vtype=GGUFValueType.INT32),
+        r"clip\.vision\.image_size is i32, clip\.cpp reads it as u32 and would abort$",
+    ),
+    "transposed mm.2": (
+        "mlp",
+        _transposed("mm.2.weight"),
+        r"tensor mm\.2\.weight has shape \[576, 32\], clip\.cpp's graph needs \[32, 576\]$",
+    ),
+    "transposed input projection": (
+        "gemma3",
+        _transposed("mm.input_projection.weight"),
+        r"tensor mm\.input_projection\.weight has shape \[32, 576\], clip\.cpp's graph needs \[576, 32\]$",
+    ),
+    "unknown projector type": (
+        "mlp",
+        _retyped("clip.projector_type", value="ldp"),
+        r"projector type 'ldp' is not supported \(runner supports mlp and gemma3\)$",
+    ),
+    "scale factor not dividing the patches": (
+        "gemma3",
+        _retyped("clip.vision.projector.scale_factor", value=3),
+        r"scale_factor 3 does not divide the 4 patches a side$",
+    ),
+    "f16 bias": (
+        "mlp",
+        lambda spec: (spec[0], {**spec[1], "mm.2.bias": spec[1]["mm.2.bias"].astype(np.float16)}),
+        r"tensor mm\.2\.bias is F16; this use of it takes F32$",
+    ),
+    "no vision encoder": (
+        "mlp",
+        _retyped("clip.has_vision_encoder", value=False),
+        r"clip\.has_vision_encoder is not true: it has no vision encoder$",
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def projectors(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    out = tmp_path_factory.mktemp("projectors")
+    return {kind: _write(out / f"{kind}.gguf", mtp.projector_spec(kind, TEXT_WIDTH)) for kind in mtp.KINDS}
+
+
+@pytest.mark.parametrize(
+    ("kind", "expected"),
+    [
+        ("mlp", ProjectorInfo("mlp", 28, 14, 4, TEXT_WIDTH, 224_768, non_causal=False)),
+        ("gemma3", ProjectorInfo("gemma3", 32, 8, 4, TEXT_WIDTH, 87_296, non_causal=True)),
+    ],
+)
+def test_generated_projectors_pass_the_check(projectors: dict[str, Path], kind: str, expected: ProjectorInfo):
+    assert check_projector(read_header(projectors[kind]), TEXT_WIDTH) == expected
+    assert check_projector(read_header(projectors[kind])) == expected  # no text model to compare with
+    tensors = mtp.projector_spec(kind, TEXT_WIDTH)[1]
+    assert expected.weights_bytes == sum(a.nbytes for a in tensors.values())
+
+
+def test_key_types_are_read_from_the_file(projectors: dict[str, Path]):
+    types = read_key_types(projectors["gemma3"])
+    assert types["clip.vision.image_size"] == "u32"
+    assert types["clip.vision.attention.layer_norm_epsilon"] == "f32"
+    assert types["clip.vision.image_mean"] == "arr[f32]"
+    assert types["clip.has_vision_encoder"] == "bool"
+    assert types["general.architecture"] == "str"
+
+
+def test_the_script_writes_the_same_bytes_for_the_same_seed(smollm2_path: Path, tmp_path: Path, capsys):
+    paths = {}
+    for name, seed in (("a", "7"), ("b", "7"), ("c", "8")):
+        paths[name] = tmp_path / f"{name}.gguf"
+        assert (
+            mtp.main([str(paths[name]), "--for", str(smollm2_path), "--type", "gemma3", "--seed", seed]) == 0
+        )
+    assert paths["a"].read_bytes() == paths["b"].read_bytes()
+    assert paths["a"].read_bytes() != paths["c"].read_bytes()
+    assert f"{paths['c']}: gemma3 projector, {paths['c'].stat().st_size} bytes" in capsys.readouterr().out
+    assert check_projector(read_header(paths["c"]), TEXT_WIDTH).image_tokens == 4
+
+
+def test_generated_projectors_load_in_libmtmd(
+    smollm2_path: Path, projectors: dict[str, Path], tmp_path: Path
+):
+    """Both kinds load beside SmolLM2, a prompt with one image tokenizes into an image chunk of 4
+    tokens, and the image encodes; a transposed or too narrow projection is refused by libmtmd too."""
+    narrow = _write(tmp_path / "narrow.gguf", mtp.projector_spec("mlp", 640))
+    transposed = _write(
+        tmp_path / "t.gguf", _transposed("mm.2.weight")(mtp.projector_spec("mlp", TEXT_WIDTH))
+    )
+    rc, results = _libmtmd(smollm2_path, projectors["mlp"], projectors["gemma3"], narrow, transposed)
+    assert rc == 0
+    mlp, gemma3, *refused = results
+    text, image = 0, 1  # MTMD_INPUT_CHUNK_TYPE_TEXT, _IMAGE
+    assert mlp["vision"] and mlp["tokenize"] == 0 and mlp["encode"] == 0 and not mlp["non_causal"]
+    assert [kind for kind, _ in mlp["chunks"]] == [text, image, text] and mlp["chunks"][1][1] == 4
+    assert gemma3["vision"] and gemma3["tokenize"] == 0 and gemma3["encode"] == 0 and gemma3["non_causal"]
+    assert [n for kind, n in gemma3["chunks"] if kind == image] == [4]  # between <start_of_image> and its end
+    assert refused == [{"loaded": False}, {"loaded": False}]
+
+
+@pytest.mark.parametrize("case", list(MALFORMED))
+def test_malformed_projectors_are_refused_in_one_line(tmp_path: Path, case: str):
+    kind, mutate, message = MALFORMED[case]
+    path = _write(tmp_path / "bad.gguf", mutate(mtp.projector_spec(kind, TEXT_WIDTH)))
+    with pytest.raises(InvalidModelFile, match=f"^{path} is not a usable projector: {message}") as err:
+        check_projector(read_header(path), TEXT_WIDTH)
+    assert "\n" not in str(err.value)
+
+
+def test_a_projector_for_another_width_is_refused(tmp_path: Path):
+    path = _write(tmp_path / "wide.gguf", mtp.projector_spec("mlp", 640))
+    assert check_projector(read_header(path)).projection_width == 640
+    with pytest.raises(InvalidModelFile, match=r"it projects into width 640, the text model's is 576$"):
+        check_projector(read_header(path), TEXT_WIDTH)
+
+
+def test_a_text_model_is_not_a_projector(smollm2_path: Path):
+    message = (
+        r"is not a projector: it has no clip\.projector_type \(general\.architecture is llama: a text model"
+    )
+    with pytest.raises(InvalidModelFile, match=message):
+        check_projector(read_header(smollm2_path), TEXT_WIDTH)
+
+
+@pytest.mark.parametrize(
+    ("case", "sig"),
+    [
+        ("missing mm.2", signal.SIGSEGV),  # clip_n_mmproj_embd reads mm_2_w->ne[1] while it loads
+        ("f64 epsilon", signal.SIGABRT),  # gguf_get_val_f32 asserts the key's type
+        ("i32 image size", signal.SIGABRT),  # gguf_get_val_u32 likewise
+        ("missing v.position_embd", signal.SIGSEGV),  # loads and tokenizes; encoding reads NULL rows
+    ],
+)
+def test_libmtmd_itself_dies_on_what_the_check_refuses(
+    smollm2_path: Path, tmp_path: Path, case: str, sig: int
+):
+    kind, mutate, _ = MALFORMED[case]
+    path = _write(tmp_path / "bad.gguf", mutate(mtp.projector_spec(kind, TEXT_WIDTH)))
+    rc, results = _libmtmd(smollm2_path, path)
+    assert rc == -sig
+    assert results == []
