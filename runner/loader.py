@@ -30,10 +30,12 @@ from runner.memory.plan import (
     check_asked,
     confirm,
     departures,
+    describe_refusal,
     device_table,
     make_plan,
     trained_context,
 )
+from runner.projector import attach as attach_projector
 
 if TYPE_CHECKING:
     from runner.memory.speed import Where
@@ -339,26 +341,6 @@ def smaller_quants_that_fit(
     return out
 
 
-def describe_refusal(name: str, plan: Plan, smaller_quants: list[str] | None = None) -> str:
-    short = [
-        f"{v.device.upper()} needs {ui.human_bytes(v.needed_bytes)}, has {ui.human_bytes(v.budget_bytes)}"
-        for v in plan.verdicts
-        if not v.fits
-    ]
-    workers = any(d.device not in ("cpu", "gpu") for d in plan.estimate.devices)
-    where = "across the workers" if workers else "on the GPU" if plan.n_gpu_layers else "in RAM"
-    tries = list(plan.alternatives) + [f"a smaller quant: {q}" for q in smaller_quants or []]
-    options = "; try " + " or ".join(tries) if tries else ""
-    per_seq = plan.n_ctx // plan.n_seq  # what --ctx gives, in every command
-    context = f"a {per_seq:,}-token context" + (
-        f" for each of {plan.n_seq} sequences" if plan.n_seq > 1 else ""
-    )
-    return (
-        f"{name} does not fit {where} at {context} ({', '.join(short)}){options}; "
-        "`runner fit` shows the whole estimate, --force loads it anyway"
-    )
-
-
 def _checked_file(ref: ModelRef, offline: bool) -> tuple[Path, GGUFHeader]:
     """A model's local file (fetched if a Hub model is not cached) and its header, checked whole."""
     if isinstance(ref, HubRef):
@@ -431,6 +413,7 @@ def open_model(
     draft: str | None = None,
     chat_template: bool = True,
     output_rows: int = 0,
+    mmproj: str | None = None,
 ) -> LoadedModel:
     """Resolve, fetch if needed, check the header, plan, then load. flash_attn None: the plan's
     choice (llama.cpp's "auto", or off for a `growing` context on the CPU: CPU_CHAT_FLASH_ATTN).
@@ -438,7 +421,7 @@ def open_model(
     model, which is checked against the target (vocabulary, size) before either loads.
     `chat_template`: the caller will render the file's chat template, so it is compiled beside the
     load (--raw does not). `output_rows`: the most rows of logits one decode will ask for (the plan
-    counts the output buffer that large)."""
+    counts the output buffer that large). `mmproj`: a vision projector for images (runner.projector)."""
     check_asked(ctx=ctx, gpu_layers=gpu_layers)
     if threads is not None:
         check_range(threads, "--threads", 1, MAX_THREADS)
@@ -492,5 +475,7 @@ def open_model(
             raise
     else:
         engine.speculate(spec)
+    if mmproj is not None:
+        attach_projector(engine, mmproj, header)
     entry = ref.entry if isinstance(ref, HubRef) else None
     return LoadedModel(name=ref.display, path=path, header=header, plan=plan, engine=engine, entry=entry)

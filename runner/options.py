@@ -239,6 +239,24 @@ Spec = Annotated[
         show_default=False,
     ),
 ]
+Image = Annotated[
+    Optional[list[str]],
+    typer.Option(
+        "--image",
+        metavar="FILE",
+        help="An image for a vision model (repeatable; - reads it from stdin): PNG, JPEG, WebP, GIF, BMP.",
+        show_default=False,
+    ),
+]
+Mmproj = Annotated[
+    Optional[str],
+    typer.Option(
+        "--mmproj",
+        metavar="FILE",
+        help="The model's vision projector (an mmproj GGUF), for --image.",
+        show_default=False,
+    ),
+]
 Draft = Annotated[
     Optional[str],
     typer.Option(

@@ -11,6 +11,7 @@ import typer
 
 from runner import options as o
 from runner.cli.app import app, edge
+from runner.errors import UsageError
 
 SAMPLING_FLAGS = (
     "temperature",
@@ -72,6 +73,8 @@ def run(
     no_save: o.NoSave = False,
     rpc: o.Rpc = None,
     logprobs: o.Logprobs = None,
+    image: o.Image = None,
+    mmproj: o.Mmproj = None,
     debug: o.Debug = False,
 ) -> None:
     """Answer one prompt; the answer alone goes to stdout.
@@ -90,6 +93,8 @@ def run(
     """
     sampling = _sampling(locals())
     tty = sys.stdin is None or sys.stdin.isatty()
+    if (image or mmproj) and (each_line or input is not None or continue_ or (prompt is None and tty)):
+        raise UsageError("--image and --mmproj go with one prompt (PROMPT, or text piped in) for now")
     if each_line or input is not None:
         from runner.commands.batch import BatchRequest, run_batch_command
 
@@ -189,6 +194,8 @@ def run(
             format=format,
             grammar=str(grammar) if grammar is not None else None,
             logprobs=logprobs,
+            images=tuple(image or ()),
+            mmproj=mmproj,
         ),
         stdin=None if tty else sys.stdin.buffer,
         out=sys.stdout,

@@ -171,6 +171,7 @@ def stream_answer(
             in_reasoning=prompt.opens_reasoning,
             on_token=counted,
             logprobs=logprobs,
+            media=prompt.media,
         ):
             if chunk.text:
                 with shown:

@@ -27,6 +27,7 @@ from runner.engine.logprobs import MAX_TOP
 from runner.engine.prompt import read_prompt, render_prompt
 from runner.engine.template import build_messages
 from runner.errors import UsageError
+from runner.images import MAX_IMAGES, read_image_arg
 from runner.limits import check_answer_limits, check_range, flash_attn_setting, spec_setting
 from runner.loader import LoadedModel, open_model
 
@@ -60,6 +61,8 @@ class RunRequest:
     format: str | None = None  # --format json
     grammar: str | None = None  # --grammar FILE (GBNF)
     logprobs: int | None = None  # --logprobs N: each answer token's log-probability in --json
+    images: tuple[str, ...] = ()  # --image FILE (- : stdin), in order
+    mmproj: str | None = None  # --mmproj FILE: the vision projector the images need
 
 
 def run_once(request: RunRequest, *, stdin: BinaryIO | None, out: TextIO) -> Result:
@@ -72,7 +75,8 @@ def run_once(request: RunRequest, *, stdin: BinaryIO | None, out: TextIO) -> Res
     spec = spec_setting(request.spec, request.draft)
     cache = open_prompt_cache(request.prompt_cache, request.prompt_cache_size)
     constrained = constraint(schema=request.schema, format=request.format, grammar=request.grammar)
-    prompt = read_prompt(request.prompt, stdin)
+    images = read_images(request.images, request.mmproj, stdin)
+    prompt = read_prompt(request.prompt, None if "-" in request.images else stdin)
     loaded = open_model(
         request.model,
         ctx=request.ctx,
@@ -86,21 +90,25 @@ def run_once(request: RunRequest, *, stdin: BinaryIO | None, out: TextIO) -> Res
         spec=spec,
         draft=request.draft,
         chat_template=not request.raw,
+        mmproj=request.mmproj,
     )
     try:
         sampling, sources = sampling_for(loaded, request.sampling)
         system = request.system
         if system is None and loaded.entry is not None and not request.raw:
             system = loaded.entry.system
+        markers = loaded.engine.vision.marker * len(images) if images else ""  # llama-server's order
         rendered = render_prompt(
             loaded.engine,
             loaded.header,
-            build_messages(prompt, system),
+            build_messages(markers + prompt, system),
             raw=request.raw,
             enable_thinking=request.think,
+            images=images,
         )
         loaded.engine.check_fits(rendered.tokens, request.max_tokens)
-        head = stable_head(loaded, rendered.tokens, prompt, request, system) if cache is not None else 0
+        cached = cache is not None and not images
+        head = stable_head(loaded, rendered.tokens, prompt, request, system) if cached else 0
         if request.verbose:
             ui.info(describe_load(loaded))
             ui.info(f"sampling: {describe_sampling(sampling, sources)}")
@@ -148,6 +156,31 @@ def run_once(request: RunRequest, *, stdin: BinaryIO | None, out: TextIO) -> Res
     if request.verbose:
         ui.info(describe_timings(result))
     return result
+
+
+def read_images(args: tuple[str, ...], mmproj: str | None, stdin: BinaryIO | None) -> list[Any]:
+    """--image's files (- : stdin) decoded and bounded (runner.images) before any model loads."""
+    if not args:
+        if mmproj is not None:
+            raise UsageError("--mmproj goes with --image")
+        return []
+    if mmproj is None:
+        raise UsageError("--image needs the model's vision projector: give --mmproj FILE")
+    if args.count("-") > 1:
+        raise UsageError("--image - reads stdin once: give one image that way")
+    if len(args) > MAX_IMAGES:
+        raise UsageError(f"{len(args)} images: at most {MAX_IMAGES} a prompt")
+    from runner.engine.vision import Pixels
+
+    if "-" in args and stdin is None:
+        raise UsageError("--image - reads the image from stdin, which is a terminal here: pipe it in")
+    loaded = []
+    for arg in args:
+        image = read_image_arg(arg, stdin)  # type: ignore[arg-type]  # None only without "-"
+        for warning in image.warnings:
+            ui.warn(warning)
+        loaded.append(Pixels(image.rgb, image.width, image.height, image.sha256))
+    return loaded
 
 
 def stable_head(

@@ -237,10 +237,11 @@ class KVContext:
             self._failed(rc)
         held.extend(tokens)
 
-    def prefill(self, tokens: Sequence[int], seq: int = 0) -> int:
+    def prefill(self, tokens: Sequence[int], seq: int = 0, media: Any = None) -> int:
         """Evaluate the prompt into sequence `seq`, reusing the head its cells hold already; returns
         the tokens evaluated (the last prompt token always is: its logits give the first answer token).
-        Ctrl-C stops it mid-batch (Interrupted), the tokens evaluated so far kept."""
+        Ctrl-C stops it mid-batch (Interrupted), the tokens evaluated so far kept. `media`: the
+        prompt's images (runner.engine.vision.MediaPrompt), each evaluated in its positions' place."""
         lib = llama()
         keep = self.keep_head(tokens, seq)
         self.reserve(len(tokens))  # before the abort callback is set on the context
@@ -251,10 +252,13 @@ class KVContext:
         lib.llama_set_abort_callback(self._ctx, interrupt_callbacks()[1], None)
         self._prefilling = True
         try:
-            for start in range(keep, len(tokens), self.n_batch):
-                if interrupt.requested():
-                    raise Interrupted
-                self.extend(tokens[start : start + self.n_batch], seq)
+            at = keep
+            for span in media.spans if media is not None else ():
+                if span.start >= at:
+                    self._extend_run(tokens[at : span.start], seq)
+                    self._image(media, span, tokens, seq)
+                    at = span.start + span.n_tokens
+            self._extend_run(tokens[at:], seq)
             # llama_decode returns once the work is queued: on a GPU or on workers (--rpc) it may still
             # run. Done means done, for the timings (TTFT, prefill tok/s) and for whoever comes next.
             lib.llama_synchronize(self._ctx)
@@ -263,12 +267,30 @@ class KVContext:
             lib.llama_set_abort_callback(self._ctx, lib.ggml_abort_callback(0), None)  # NULL
         return self.last_prefill_tokens
 
+    def _extend_run(self, tokens: Sequence[int], seq: int) -> None:
+        for start in range(0, len(tokens), self.n_batch):
+            if interrupt.requested():
+                raise Interrupted
+            self.extend(tokens[start : start + self.n_batch], seq)
+
+    def _image(self, media: Any, span: Any, tokens: Sequence[int], seq: int) -> None:
+        """One image of a prompt into sequence `seq` (encoded, its embeddings decoded alone)."""
+        if interrupt.requested():
+            raise Interrupted
+        held = self.cells[seq]
+        if not media.evaluate(self._ctx, span, len(held), seq, self.n_batch):
+            llama().llama_memory_seq_rm(self._memory, seq, len(held), -1)  # what it decoded of the image
+            if interrupt.requested():
+                raise Interrupted  # Ctrl-C waited for the encode, then stopped the decode
+            self._failed(-1, f"llama.cpp could not decode an image: {LLAMA_LOG.last_error() or 'no log'}")
+        held.extend(tokens[span.start : span.start + span.n_tokens])
+
     def keep_head(self, tokens: Sequence[int], seq: int = 0) -> int:
         """Drop what sequence `seq` holds past its common head with `tokens` (leaving at least the last
         token to evaluate); how many it keeps. A memory that cannot drop a tail (recurrent) is
         cleared: 0."""
         held = self.cells[seq]
-        keep = min(common_prefix(held, tokens), len(tokens) - 1)
+        keep = outside_image(tokens, min(common_prefix(held, tokens), len(tokens) - 1))
         if keep < len(held) and not llama().llama_memory_seq_rm(self._memory, seq, keep, -1):
             llama().llama_memory_seq_rm(self._memory, seq, -1, -1)
             keep = 0
@@ -423,6 +445,23 @@ def add_tokens(batch: Any, seq: int, tokens: Sequence[int], pos: int, *, logits:
     if logits is True and tokens:
         batch.logits[n + len(tokens) - 1] = 1
     batch.n_tokens = n + len(tokens)
+    return n
+
+
+IMAGE_SLOT = 1 << 16  # the most positions one image may take: its pseudo-tokens' index part
+
+
+def image_tokens(sha256: str, n: int) -> list[int]:
+    """An image's positions in a prompt's tokens (runner.engine.vision): negative, never a vocabulary
+    id, the same for the same image (its sha256), so a prefix compares images as it compares tokens."""
+    key = int(sha256[:10] or "0", 16) if all(c in "0123456789abcdef" for c in sha256[:10]) else 0
+    return [-(1 + key * IMAGE_SLOT + i) for i in range(n)]
+
+
+def outside_image(tokens: Sequence[int], n: int) -> int:
+    """n, or the start of the image whose positions it falls inside: a kept head never splits one."""
+    if 0 < n < len(tokens) and tokens[n] < 0:
+        n -= (-tokens[n] - 1) % IMAGE_SLOT
     return n
 
 

@@ -80,6 +80,7 @@ class Engine(KVContext):
         self.spec_costs: SpecCosts | None = None  # what steps cost, measured, shared by the sequences
         self._own_loop: Loop | None = None  # stream()'s, kept from answer to answer
         self._guides: Any = None  # runner.engine.guide.Guides: llguidance's, on the first schema
+        self.vision: Any = None  # runner.engine.vision.Vision: a projector attached (attach_projector)
         self.n_seq = n_seq  # sequences the context holds at once (runner.engine.loop), n_ctx split among them
         self.path = Path(path)
         self._busy_before = competing_others()  # read again after the load: a moment's task is not a load
@@ -144,6 +145,15 @@ class Engine(KVContext):
         self.n_vocab = int(lib.llama_vocab_n_tokens(self._vocab))
         self.last_prefill_tokens = 0  # prompt tokens the last prefill evaluated (the rest were cached)
         self._piece = ctypes.create_string_buffer(256)
+
+    def attach_projector(self, projector: Path) -> None:
+        """Images in this model's prompts, through a vision projector (runner.engine.vision), on the GPU
+        only where the plan put layers there. The file is checked before libmtmd opens it."""
+        from runner.engine.vision import Vision
+
+        self.vision = Vision(
+            projector, self._model, use_gpu=self.n_gpu_layers != 0, n_threads=self.threads.most
+        )
 
     def speculate(self, mode: str, draft: Engine | None = None, fixed: int | None = None) -> bool:
         """Turn speculative decoding on (runner.engine.speculate) for every sequence: "ngram", or a
@@ -257,7 +267,8 @@ class Engine(KVContext):
             penalties = lib.llama_sampler_init_penalties(
                 self.n_vocab, last_n, cfg.repeat_penalty, cfg.frequency_penalty, cfg.presence_penalty
             )
-            for token in history[-last_n:]:  # the penalties alone: a grammar must not see the prompt
+            # the penalties alone: a grammar must not see the prompt; an image's positions are no tokens
+            for token in [t for t in history if t >= 0][-last_n:]:
                 lib.llama_sampler_accept(penalties, token)
             add(chain, penalties)
         if cfg.greedy:
@@ -324,6 +335,7 @@ class Engine(KVContext):
         ignore_end: bool = False,
         logprobs: int | None = None,
         stop_loops: bool | None = None,
+        media: Any = None,
     ) -> Iterator[Chunk]:
         """One answer as text pieces (kind "answer" or "reasoning", split by the template's `reasoning`
         style: "think" or "channels"), UTF-8 safe, stop strings held back until they cannot match; the
@@ -336,7 +348,8 @@ class Engine(KVContext):
         log-probability and this many alternatives, in the Result (runner.engine.logprobs).
         `stop_loops` (by default: when no `max_tokens` is given) ends an answer that goes round in a
         loop, finish_reason "repetition" (runner.engine.answer.looping), not at the context's end.
-        `prompt_cache`: the prefix store's disk tier: the longest stored head of the prompt is loaded
+        `media`: the prompt's images (runner.engine.vision.MediaPrompt, whose tokens prompt_tokens
+        are). `prompt_cache`: the prefix store's disk tier: the longest stored head of the prompt is loaded
         from it; where none is and the prompt's stable `head` tokens are at least MIN_HEAD, they are
         evaluated and stored first.
         """
@@ -353,11 +366,12 @@ class Engine(KVContext):
             sampler=self.sampler(sampling, tokens, grammar),  # a grammar llama.cpp refuses: here
             reasoning=reasoning,
             in_reasoning=in_reasoning,
-            head=head if prompt_cache is not None else 0,
+            head=head if prompt_cache is not None and media is None else 0,
             on_token=on_token,
             ignore_end=ignore_end,
             logprobs=logprobs,
             stop_loops=max_tokens is None and not ignore_end if stop_loops is None else stop_loops,
+            media=media,
         )
         with interrupt.deferred():
             yield from self._stream(job, prompt_cache)
@@ -429,6 +443,9 @@ class Engine(KVContext):
         with interrupt.deferred():  # llama_free logs through a ctypes callback: no KeyboardInterrupt there
             if hasattr(self, "speculation"):
                 self._end_speculation()  # a draft model's engine
+            if getattr(self, "vision", None) is not None:
+                self.vision.close()
+                self.vision = None
             if getattr(self, "_batch", None) is not None:
                 lib.llama_batch_free(self._batch)
                 self._batch = None

@@ -107,6 +107,9 @@ class Loop:
         if not job.tokens:  # nothing to evaluate, so no logits to sample the first token from
             self.fail(job, "the prompt is empty")
             return
+        if job.echo and job.media is not None:
+            self.fail(job, "a prompt with images cannot be echoed (its images have no tokens to score)")
+            return
         too_long = self.engine.too_long(len(job.tokens), job.max_tokens)
         if too_long is not None:
             self.fail(job, str(too_long))
@@ -155,9 +158,9 @@ class Loop:
         while self.queue and self.free:
             job = self.queue[0]
             seq, keep, found = self._place(job)
-            if self.parallel == 1 or job.echo or len(job.tokens) - keep > room:
-                if started or self.active:
-                    break  # the batch is full: next step
+            if self.parallel == 1 or job.echo or job.media is not None or len(job.tokens) - keep > room:
+                if started or (self.active and job.media is None):
+                    break  # the batch is full: next step (an image's prompt pauses the others instead)
                 self.queue.popleft()
                 self._alone(seq, job, keep, found)  # alone, in n_batch chunks, Ctrl-C stopping it
                 return
@@ -376,9 +379,8 @@ class Loop:
             engine.forget(seq)
             keep = 0
         self.used[seq] = time.perf_counter()
-        slot = Slot(
-            seq, job, sampler, self._speculator(seq), time.perf_counter(), guide, pos=keep, cache_use=use
-        )
+        speculator = self._speculator(seq) if job.media is None else None  # no drafts after images
+        slot = Slot(seq, job, sampler, speculator, time.perf_counter(), guide, pos=keep, cache_use=use)
         slot.threads_mark = engine.threads.mark()
         if slot.speculator is not None:
             slot.history = list(job.tokens)
@@ -417,7 +419,7 @@ class Loop:
             if job.echo:
                 slot.prompt_logprobs = logprobs.score_prompt(self.engine, job.tokens, seq, job.logprobs or 0)
             else:
-                self.engine.prefill(job.tokens, seq)
+                self.engine.prefill(job.tokens, seq, media=job.media)
         except Interrupted:
             self._interrupted(slot)
             return
@@ -425,6 +427,9 @@ class Loop:
             self.lib.llama_sampler_free(slot.sampler)
             self.free.append(seq)
             raise
+        finally:
+            if job.media is not None:
+                job.media.close()  # its images are in the cells now (or never will be)
         slot.pos = len(self.cells[seq])
         self.stats.steps += 1
         if job.max_tokens == 0:  # echo's prompt scores alone (an evaluation harness's log-likelihood)
@@ -482,4 +487,5 @@ def shared_prefix(prompts: list[list[int]]) -> int:
     n = min(len(p) for p in prompts) - 1
     for p in prompts[1:]:
         n = min(n, common_prefix(prompts[0], p))
+    n = next((i for i, token in enumerate(prompts[0][:n]) if token < 0), n)  # text only: not an image
     return n if n >= MIN_SHARED else 0

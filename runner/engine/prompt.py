@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, BinaryIO
 
@@ -42,6 +43,7 @@ class Prompt:
     text: str
     reasoning_style: str | None = None  # runner.engine.reasoning.style_of the template
     opens_reasoning: bool = False  # the template opened a <think> block: the answer starts in it
+    media: Any = None  # its images (runner.engine.vision.MediaPrompt): tokens holds their positions
 
 
 def render_prompt(
@@ -53,12 +55,24 @@ def render_prompt(
     enable_thinking: bool | None = None,
     quiet: bool = False,
     tools: list[dict[str, Any]] | None = None,
+    images: Sequence[Any] = (),
 ) -> Prompt:
     """A conversation (system first, if any, then alternating turns ending with the user's) as tokens.
 
     Without a template the text goes as it is, with a warning (unless quiet): one message alone is
-    the prompt itself; a conversation is written as "User: … / Assistant: …" lines.
+    the prompt itself; a conversation is written as "User: … / Assistant: …" lines. `images`
+    (runner.engine.vision.Pixels), in the order of the media markers (engine.vision.marker) the
+    messages hold: tokenized by the projector's tokenizer, as llama-server does.
     """
+
+    def tokenized(text: str, style: str | None = None, opens: bool = False) -> Prompt:
+        if not images:
+            return Prompt(engine.tokenize(text), text, style, opens)
+        if engine.vision is None:
+            raise UsageError(f"{engine.path.name} takes no images without its projector: give --mmproj")
+        media = engine.vision.tokenize(text, images)
+        return Prompt(media.tokens, text, style, opens, media)
+
     system = messages[0].content if messages and messages[0].role == "system" else None
     turns = messages[1:] if system is not None else messages
     if raw:
@@ -67,7 +81,7 @@ def render_prompt(
                 "--system needs the chat template; drop --raw, or put the system text in the prompt"
             )
         text = "\n\n".join(m.content for m in turns)
-        return Prompt(engine.tokenize(text), text)
+        return tokenized(text)
     source = header.get(TEMPLATE_KEY)
     if not isinstance(source, str) or not source.strip():
         if not quiet:
@@ -79,7 +93,7 @@ def render_prompt(
             text = "\n".join(f"{names.get(m.role, m.role)}: {m.content}" for m in turns) + "\nAssistant:"
         if system is not None:
             text = f"{system}\n\n{text}"
-        return Prompt(engine.tokenize(text), text)
+        return tokenized(text)
     text = render(
         source,
         messages,
@@ -91,4 +105,4 @@ def render_prompt(
     if engine.adds_bos and engine.bos_text and text.startswith(engine.bos_text):
         text = text[len(engine.bos_text) :]  # tokenize adds it; a second BOS degrades answers
     style = style_of(source)
-    return Prompt(engine.tokenize(text), text, style, style == "think" and opens_reasoning(text))
+    return tokenized(text, style, style == "think" and opens_reasoning(text))

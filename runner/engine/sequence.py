@@ -63,6 +63,7 @@ class Job:
     stop_loops: bool = False  # an answer going round in a loop ends (FINISH_REPEAT): no limit was given
     logprobs: int | None = None  # each answer token's log-probability, with this many alternatives
     echo: bool = False  # the prompt's own log-probabilities: evaluated whole, logits at every position
+    media: Any = None  # the prompt's images (runner.engine.vision.MediaPrompt): evaluated alone, no drafts
     on_piece: Callable[[str, str], None] | None = None  # (kind, text) as they come, in the loop's thread
     on_token: Callable[[int], None] | None = None  # every token sampled, end-of-generation included
     on_logprobs: Callable[[list[TokenLogprob]], None] | None = None  # before the answer piece they made

@@ -470,3 +470,23 @@ def device_table(plan: Plan, beside: dict[str, int] | None = None, beside_label:
         ).rstrip()
         for row in table
     ]
+
+
+def describe_refusal(name: str, plan: Plan, smaller_quants: list[str] | None = None) -> str:
+    short = [
+        f"{v.device.upper()} needs {ui.human_bytes(v.needed_bytes)}, has {ui.human_bytes(v.budget_bytes)}"
+        for v in plan.verdicts
+        if not v.fits
+    ]
+    workers = any(d.device not in ("cpu", "gpu") for d in plan.estimate.devices)
+    where = "across the workers" if workers else "on the GPU" if plan.n_gpu_layers else "in RAM"
+    tries = list(plan.alternatives) + [f"a smaller quant: {q}" for q in smaller_quants or []]
+    options = "; try " + " or ".join(tries) if tries else ""
+    per_seq = plan.n_ctx // plan.n_seq  # what --ctx gives, in every command
+    context = f"a {per_seq:,}-token context" + (
+        f" for each of {plan.n_seq} sequences" if plan.n_seq > 1 else ""
+    )
+    return (
+        f"{name} does not fit {where} at {context} ({', '.join(short)}){options}; "
+        "`runner fit` shows the whole estimate, --force loads it anyway"
+    )

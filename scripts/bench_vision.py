@@ -1,0 +1,198 @@
+"""Images against llama.cpp's own llama-server --mmproj, on the same model, projector and PNG images:
+
+1. the same greedy answer, token for token: `runner run --image` (one process per image) and
+   llama-server's /v1/chat/completions with the image as a data URL (logprobs carry the token ids);
+   then runner's one loop with all the images in a batch of sequences at once, each against its
+   answer alone;
+2. time to first token of a one-image prompt: runner's engine (the `ttft_s` of `run --json`, the
+   image's encode and decode included, the load not) against llama-server's own account of the same
+   request (timings.prompt_ms + the first token's predicted_per_token_ms), rounds interleaved.
+
+    python scripts/bench_vision.py [--projector mlp|gemma3] [--images 8] [--rounds 5] [--tokens 24]
+
+The projector is scripts/make_test_projector.py's (random weights: answers mean nothing, but every
+token must match); the images are random PNGs (PNG: both read the same pixels; JPEG decoders may
+differ by a pixel). Sampling: greedy, no penalties, flash attention off in both. llama-server is a
+build of the pinned llama.cpp (--llama-server PATH, default /tmp/peers/build/bin/llama-server).
+Figures: docs/vision.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import json
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+from io import BytesIO
+from pathlib import Path
+from typing import Any
+
+import httpx
+from benchlib import free_port, machine, model_file, peer_flags, progress, start, stop, target, wait_ready
+
+ROOT = Path(__file__).resolve().parent.parent
+LLAMA_SERVER = Path("/tmp/peers/build/bin/llama-server")
+QUESTION = "What is in this picture?"
+GREEDY = {"temperature": 0, "repeat_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0}
+
+
+def png(seed: int) -> bytes:
+    from PIL import Image
+
+    rng = random.Random(seed)
+    image = Image.new("RGB", (64, 48))
+    image.putdata([tuple(rng.randrange(256) for _ in range(3)) for _ in range(64 * 48)])
+    out = BytesIO()
+    image.save(out, "PNG")
+    return out.getvalue()
+
+
+def runner_answer(model: str, image: Path, projector: Path, tokens: int) -> dict[str, Any]:
+    done = subprocess.run(
+        [sys.executable, "-m", "runner", "run", model, QUESTION, "--image", str(image),
+         "--mmproj", str(projector), "--temperature", "0", "--repeat-penalty", "1",
+         "--presence-penalty", "0", "--frequency-penalty", "0", "--flash-attn", "off",
+         "--max-tokens", str(tokens), "--json", "--logprobs", "0", "--no-prompt-cache"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    data = json.loads(done.stdout)
+    return {
+        "ids": [t["id"] for t in data["logprobs"]],
+        "text": data["text"],
+        "ttft_s": data["timings"]["ttft_s"],
+    }
+
+
+async def server_answer(client: httpx.AsyncClient, image: bytes, tokens: int) -> dict[str, Any]:
+    url = "data:image/png;base64," + base64.b64encode(image).decode()
+    body = {
+        "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}},
+                                                  {"type": "text", "text": QUESTION}]}],
+        "max_tokens": tokens, "logprobs": True, "top_logprobs": 0, "cache_prompt": False, **GREEDY,
+    }  # fmt: skip
+    reply = (await client.post("/v1/chat/completions", json=body, timeout=300)).json()
+    content = reply["choices"][0]["logprobs"]["content"]
+    timings = reply.get("timings", {})
+    first = timings.get("prompt_ms", 0) + timings.get("predicted_per_token_ms", 0)
+    return {
+        "ids": [t["id"] for t in content],
+        "text": reply["choices"][0]["message"]["content"],
+        "ttft_s": first / 1000,
+    }
+
+
+async def with_server(
+    args: argparse.Namespace, model: Path, projector: Path, images: list[bytes], log: Path
+) -> list[dict]:
+    port = free_port()
+    command = [str(args.llama_server), "-m", str(model), "--mmproj", str(projector), "--port", str(port),
+               "-c", "4096", "-np", "1", "-fa", "off", "-t", str(args.threads), "--no-webui",
+               *peer_flags()]  # fmt: skip
+    server = start(command, log)
+    try:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
+            await wait_ready(client, server, 120)
+            return [await server_answer(client, image, args.tokens) for image in images]
+    finally:
+        stop(server)
+
+
+def batched(model: Path, projector: Path, images: list[bytes], tokens: int) -> list[list[int]]:
+    """All the images at once, a sequence each, through runner's one loop (run_batch)."""
+    sys.path.insert(0, str(ROOT))
+    from runner.engine.batch import run_batch
+    from runner.engine.engine import Engine
+    from runner.engine.prompt import render_prompt
+    from runner.engine.sampling import SamplingConfig
+    from runner.engine.sequence import Job
+    from runner.engine.template import Message
+    from runner.engine.vision import Pixels
+    from runner.gguf import read_header
+    from runner.images import load_image
+
+    greedy = SamplingConfig(temperature=0, repeat_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0)
+    ids: dict[int, list[int]] = {i: [] for i in range(len(images))}
+    with Engine(model, n_ctx=4096 * len(images), n_seq=len(images), flash_attn=False) as engine:
+        engine.attach_projector(projector)
+        jobs = []
+        for i, data in enumerate(images):
+            image = load_image(data, name=str(i))
+            prompt = render_prompt(
+                engine, read_header(model), [Message("user", engine.vision.marker + QUESTION)],
+                images=[Pixels(image.rgb, image.width, image.height, image.sha256)],
+            )  # fmt: skip
+            jobs.append(Job(i, prompt.tokens, greedy, max_tokens=tokens, media=prompt.media,
+                            on_token=lambda t, i=i: ids[i].append(t)))  # fmt: skip
+        run_batch(engine, jobs, lambda _result: None)
+    return [ids[i] for i in range(len(images))]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--model", default="smollm2")
+    parser.add_argument("--projector", choices=("mlp", "gemma3"), default="mlp")
+    parser.add_argument("--images", type=int, default=8)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--tokens", type=int, default=24)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--llama-server", type=Path, default=LLAMA_SERVER)
+    args = parser.parse_args()
+    model = model_file(args.model)
+    folder = Path(tempfile.mkdtemp(prefix="bench-vision-"))
+    projector = folder / f"{args.projector}.gguf"
+    subprocess.run([sys.executable, str(ROOT / "scripts" / "make_test_projector.py"), str(projector),
+                    "--for", str(model), "--type", args.projector],
+                   check=True, capture_output=True)  # fmt: skip
+    images = [png(seed) for seed in range(args.images)]
+    paths = []
+    for i, data in enumerate(images):
+        paths.append(folder / f"{i}.png")
+        paths[-1].write_bytes(data)
+    progress(f"{machine()}; {args.projector} projector, {args.images} images, files in {folder}")
+
+    progress("parity: llama-server")
+    theirs = asyncio.run(with_server(args, model, projector, images, folder / "server-parity.log"))
+    progress("parity: runner run, one process an image")
+    ours = [runner_answer(args.model, p, projector, args.tokens) for p in paths]
+    same = sum(a["ids"] == b["ids"] for a, b in zip(ours, theirs, strict=True))
+    progress("parity: runner's loop, every image in one batch")
+    batch = batched(model, projector, images, args.tokens)
+    batch_same = sum(b == a["ids"] for a, b in zip(ours, batch, strict=True))
+
+    progress("time to first token, one image, interleaved rounds")
+    ttft: dict[str, list[float]] = {"runner": [], "llama-server": []}
+    for r in range(args.rounds):
+        ttft["runner"].append(runner_answer(args.model, paths[r % len(paths)], projector, 1)["ttft_s"])
+        answer = asyncio.run(
+            with_server(args, model, projector, [images[r % len(images)]], folder / f"s{r}.log")
+        )
+        ttft["llama-server"].append(answer[0]["ttft_s"])
+
+    print(
+        f"# bench_vision: {machine()}; {args.model}, {args.projector} test projector,"
+        f" {args.images} PNG images"
+    )
+    print(f"greedy answers identical to llama-server, token for token: {same} of {len(ours)}"
+          f" ({sum(len(a['ids']) for a in ours)} tokens)")  # fmt: skip
+    print(
+        f"runner's batch of {len(images)} sequences identical to each image alone:"
+        f" {batch_same} of {len(batch)}"
+    )
+    for a, b in zip(ours, theirs, strict=True):
+        if a["ids"] != b["ids"]:
+            print(f"  differs: runner {a['text']!r} / llama-server {b['text']!r}")
+    med = {k: statistics.median(v) for k, v in ttft.items()}
+    print(f"TTFT, one image (median of {args.rounds}): runner {med['runner'] * 1000:.1f} ms,"
+          f" llama-server {med['llama-server'] * 1000:.1f} ms")  # fmt: skip
+    print(target("TTFT runner / llama-server", med["runner"] / med["llama-server"], 1.05, at_least=False))
+
+
+if __name__ == "__main__":
+    main()
