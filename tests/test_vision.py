@@ -223,3 +223,22 @@ def test_pixels_are_what_libmtmd_reads(files: dict[str, Path]) -> None:
         assert ctypes.string_at(lib.mtmd_bitmap_get_data(bitmap), n) == image.rgb
     finally:
         lib.mtmd_bitmap_free(bitmap)
+
+
+def test_input_rows_name_their_images(files: dict[str, Path], tmp_path: Path) -> None:
+    """--input's JSONL rows with "images" (files), in one batch: each the answer `run --image` gives."""
+    rows = [
+        {"prompt": "What is it?", "images": [str(files["a.png"])]},
+        {"prompt": "And these?", "images": [str(files["b.png"]), str(files["a.png"])]},
+        {"prompt": "No image here."},
+        {"prompt": "Gone?", "images": [str(tmp_path / "gone.png")]},
+    ]
+    (tmp_path / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    mlp = str(files["mlp"])
+    done = run("--input", str(tmp_path / "rows.jsonl"), "--mmproj", mlp, "--jsonl")
+    out = [json.loads(line) for line in done.stdout.decode().splitlines()]
+    assert done.returncode == 2 and "gone.png: no such file" in out[3]["error"]
+    for row, got in zip(rows[:3], out[:3], strict=True):
+        images = [x for path in row.get("images", []) for x in ("--image", path)]
+        alone = answer(run(row["prompt"], *images, *(("--mmproj", mlp) if images else ()), "--json"))
+        assert got["text"] == alone["text"], row

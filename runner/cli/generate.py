@@ -93,8 +93,11 @@ def run(
     """
     sampling = _sampling(locals())
     tty = sys.stdin is None or sys.stdin.isatty()
-    if (image or mmproj) and (each_line or input is not None or continue_ or (prompt is None and tty)):
-        raise UsageError("--image and --mmproj go with one prompt (PROMPT, or text piped in) for now")
+    batch = each_line or input is not None
+    if (image and batch) or ((image or mmproj) and not batch and (continue_ or (prompt is None and tty))):
+        raise UsageError(
+            '--image goes with one prompt (PROMPT, or text piped in); with --input, a row\'s "images"'
+        )
     if each_line or input is not None:
         from runner.commands.batch import BatchRequest, run_batch_command
 
@@ -122,6 +125,7 @@ def run(
                 offline=offline,
                 verbose=verbose,
                 debug=debug,
+                mmproj=mmproj,
             ),
             stdin=None if tty else sys.stdin.buffer,
             out=sys.stdout,

@@ -14,6 +14,7 @@ otherwise (JSON cut short or not matching its schema); the other prompts are ans
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO, TextIO
 
@@ -41,7 +42,7 @@ SAMPLING_FIELDS = (
     "frequency_penalty",
     "seed",
 )
-FIELDS = frozenset({"prompt", "system", "id", "max_tokens", "schema", *SAMPLING_FIELDS})
+FIELDS = frozenset({"prompt", "system", "id", "max_tokens", "schema", "images", *SAMPLING_FIELDS})
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,7 @@ class BatchRequest:
     offline: bool = False
     verbose: bool = False
     debug: bool = False
+    mmproj: str | None = None  # --mmproj: the vision projector rows' "images" need
 
 
 @dataclass
@@ -82,6 +84,7 @@ class Item:
     max_tokens: int | None = None
     rule: Constraint | None = None
     error: str | None = None
+    images: list[Any] = field(default_factory=list)  # "images": runner.engine.vision.Pixels, decoded
 
 
 def run_batch_command(request: BatchRequest, *, stdin: BinaryIO | None, out: TextIO) -> int:
@@ -110,6 +113,7 @@ def run_batch_command(request: BatchRequest, *, stdin: BinaryIO | None, out: Tex
         force=request.force,
         offline=request.offline,
         debug=request.debug,
+        mmproj=request.mmproj,
     )
     try:
         if request.verbose:
@@ -207,8 +211,23 @@ def _from_json(item: Item, text: str, line: int) -> None:
         if "schema" in obj:
             schema = obj["schema"]
             item.rule = constraint(schema=json.dumps(schema) if isinstance(schema, dict) else str(schema))
+        if "images" in obj:
+            item.images = _images(obj["images"])
     except RunnerError as exc:
         item.error = f"line {line}: {exc}"
+
+
+def _images(names: Any) -> list[Any]:
+    """A row's "images": local files (as --image takes them, no stdin), decoded and bounded."""
+    from runner.engine.vision import Pixels
+    from runner.images import MAX_IMAGES, read_image_arg
+
+    if not isinstance(names, list) or not all(isinstance(n, str) and n not in ("", "-") for n in names):
+        raise UsageError('"images" must be a list of image file paths')
+    if len(names) > MAX_IMAGES:
+        raise UsageError(f'"images": {len(names)} images, at most {MAX_IMAGES} a prompt')
+    found = [read_image_arg(name, sys.stdin.buffer) for name in names]
+    return [Pixels(i.rgb, i.width, i.height, i.sha256) for i in found]
 
 
 def _answer(loaded: LoadedModel, request: BatchRequest, items: list[Item], out: TextIO) -> int:
@@ -223,7 +242,9 @@ def _answer(loaded: LoadedModel, request: BatchRequest, items: list[Item], out: 
             system = item.system if item.system is not None else request.system
             if system is None and loaded.entry is not None:
                 system = loaded.entry.system
-            prompt = render_prompt(engine, loaded.header, build_messages(item.prompt, system), quiet=True)
+            markers = engine.vision.marker * len(item.images) if item.images else ""
+            messages = build_messages(markers + item.prompt, system)
+            prompt = render_prompt(engine, loaded.header, messages, quiet=True, images=item.images)
         except (RunnerError, TypeError) as exc:
             errors[item.index] = f"line {item.index + 1}: {exc}"
             continue
@@ -239,6 +260,7 @@ def _answer(loaded: LoadedModel, request: BatchRequest, items: list[Item], out: 
                 reasoning=prompt.reasoning_style,
                 in_reasoning=prompt.opens_reasoning,
                 stop_loops=not (item.max_tokens or request.max_tokens),  # as `runner run`'s answers
+                media=prompt.media,
             )
         )
     writer = _OrderedWriter(out, items, request.jsonl, errors)
