@@ -63,6 +63,7 @@ def runner_answer(model: str, image: Path, projector: Path, tokens: int) -> dict
     data = json.loads(done.stdout)
     return {
         "ids": [t["id"] for t in data["logprobs"]],
+        "logprobs": [t["logprob"] for t in data["logprobs"]],
         "text": data["text"],
         "ttft_s": data["timings"]["ttft_s"],
     }
@@ -73,7 +74,7 @@ async def server_answer(client: httpx.AsyncClient, image: bytes, tokens: int) ->
     body = {
         "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}},
                                                   {"type": "text", "text": QUESTION}]}],
-        "max_tokens": tokens, "logprobs": True, "top_logprobs": 0, "cache_prompt": False, **GREEDY,
+        "max_tokens": tokens, "logprobs": True, "top_logprobs": 1, "cache_prompt": False, **GREEDY,
     }  # fmt: skip
     reply = (await client.post("/v1/chat/completions", json=body, timeout=300)).json()
     content = reply["choices"][0]["logprobs"]["content"]
@@ -81,6 +82,7 @@ async def server_answer(client: httpx.AsyncClient, image: bytes, tokens: int) ->
     first = timings.get("prompt_ms", 0) + timings.get("predicted_per_token_ms", 0)
     return {
         "ids": [t["id"] for t in content],
+        "logprobs": [t["logprob"] for t in content],
         "text": reply["choices"][0]["message"]["content"],
         "ttft_s": first / 1000,
     }
@@ -184,6 +186,14 @@ def main() -> None:
     print(
         f"runner's batch of {len(images)} sequences identical to each image alone:"
         f" {batch_same} of {len(batch)}"
+    )
+    gaps = [
+        abs(x - y)
+        for a, b in zip(ours, theirs, strict=True)
+        for x, y in zip(a["logprobs"], b["logprobs"], strict=False)
+    ]
+    print(
+        f"log-probabilities against llama-server's: largest difference {max(gaps):.1e} ({len(gaps)} tokens)"
     )
     for a, b in zip(ours, theirs, strict=True):
         if a["ids"] != b["ids"]:

@@ -151,8 +151,9 @@ class Engine(KVContext):
         only where the plan put layers there. The file is checked before libmtmd opens it."""
         from runner.engine.vision import Vision
 
+        on_gpu, threads = self.n_gpu_layers != 0, self.threads.most
         self.vision = Vision(
-            projector, self._model, use_gpu=self.n_gpu_layers != 0, n_threads=self.threads.most
+            projector, self._model, use_gpu=on_gpu, n_threads=threads, flash_attn=self.flash_attn
         )
 
     def speculate(self, mode: str, draft: Engine | None = None, fixed: int | None = None) -> bool:

@@ -97,10 +97,21 @@ class Pixels:
 class Vision:
     """An mtmd context: a projector loaded for one model."""
 
-    def __init__(self, projector: Path, model: Any, *, use_gpu: bool, n_threads: int | None = None) -> None:
+    def __init__(
+        self,
+        projector: Path,
+        model: Any,
+        *,
+        use_gpu: bool,
+        n_threads: int | None = None,
+        flash_attn: bool | None = None,
+    ) -> None:
         lib = mtmd()
         params = lib.mtmd_context_params_default()
         params.use_gpu = use_gpu  # its default is on: a CPU-only plan keeps it off the GPU
+        # the encoder's attention as the model's (llama_flash_attn_type: -1 auto, 0 off, 1 on), as
+        # llama-server passes -fa to both: the two kernels give answers apart by float rounding
+        params.flash_attn_type = -1 if flash_attn is None else int(flash_attn)
         params.print_timings = False
         params.warmup = False
         params.n_threads = n_threads or default_threads()
