@@ -80,8 +80,8 @@ BAD = {
         "/v1/chat/completions",
         chat(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]),
         400,
-        "messages[0].content",
-        'only {"type": "text", "text"} parts are served (got "image_url")',
+        "messages[0].content[0].image_url.url",
+        "smollm2 takes no images",
     ),
     "max_tokens -1": ("/v1/chat/completions", chat(max_tokens=-1), 400, "max_tokens", "greater than"),
     "max_tokens abc": ("/v1/chat/completions", chat(max_tokens="abc"), 400, "max_tokens", "integer"),
@@ -449,7 +449,7 @@ def test_bad_requests_are_refused_in_anthropics_shape(http: TestClient, backend:
     assert "messages[0].role" in _refused(client, bad, messages=[{"role": "robot", "content": "Hi"}])
     image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AAAA"}}
     said = _refused(client, bad, messages=[{"role": "user", "content": [image]}])
-    assert "messages[0].content" in said and "image blocks are not supported" in said
+    assert "messages[0].content[0].source.data" in said and "takes no images" in said
     misplaced = [
         {"role": "user", "content": [{"type": "tool_use", "id": "t", "name": "get_weather", "input": {}}]}
     ]
@@ -508,7 +508,7 @@ def test_responses_bad_requests_are_refused_in_openais_shape_and_keep_nothing(
             assert said["type"] == "not_found_error" and said["param"] == "previous_response_id"
             image = {"type": "input_image", "image_url": "https://example.com/a.png"}
             said = refused(400, input=[{"role": "user", "content": [image]}])
-            assert said["param"] == "input[0].content" and "input_image" in said["message"]
+            assert said["param"] == "input[0].content[0].image_url" and "takes no images" in said["message"]
             for field, value in [
                 ("background", True),
                 ("truncation", "auto"),

@@ -101,6 +101,35 @@ KeepAlive = Annotated[
     ),
 ]
 
+ServeMmproj = Annotated[
+    Optional[str],
+    typer.Option(
+        "--mmproj",
+        metavar="FILE",
+        help="The vision projector (an mmproj GGUF) of the one MODEL named: its requests may carry images",
+        rich_help_panel=SERVER,
+        show_default=False,
+    ),
+]
+MaxImageBytes = Annotated[
+    Optional[str],
+    typer.Option(
+        "--max-image-bytes",
+        help="An image's size at most, as sent (decoded from base64), e.g. 5M [default: 20M]",
+        rich_help_panel=SERVER,
+        show_default=False,
+    ),
+]
+MaxImages = Annotated[
+    Optional[int],
+    typer.Option(
+        "--max-images",
+        help="Images one request may carry [default: 8]",
+        rich_help_panel=SERVER,
+        show_default=False,
+    ),
+]
+
 
 @app.command()
 @edge
@@ -116,6 +145,9 @@ def serve(
     keep_alive: KeepAlive = "5m",
     cache_ram: CacheRam = None,
     models_dir: ModelsDir = None,
+    mmproj: ServeMmproj = None,
+    max_image_bytes: MaxImageBytes = None,
+    max_images: MaxImages = None,
     ctx: o.Ctx = None,
     threads: o.Threads = None,
     gpu_layers: o.GpuLayers = None,
@@ -147,6 +179,7 @@ def serve(
       runner serve                                  # every cached model on 127.0.0.1:8080
       runner serve smollm2 --parallel 8 --port 11434
       runner serve smollm2 --spec none              # no speculative decoding (ngram by default)
+      runner serve MODEL --mmproj mmproj.gguf       # its requests may carry images
       OLLAMA_HOST=127.0.0.1:11434 ollama run smollm2  # Ollama's clients, pointed at runner
     """
     from runner.commands.serve import ServeRequest
@@ -166,6 +199,9 @@ def serve(
             keep_alive=keep_alive,
             cache_ram=cache_ram,
             models_dir=str(models_dir) if models_dir is not None else None,
+            mmproj=mmproj,
+            max_image_bytes=max_image_bytes,
+            max_images=max_images,
             ctx=ctx,
             threads=threads,
             gpu_layers=gpu_layers,

@@ -32,6 +32,8 @@ DEFAULT_QUEUE = 64
 DEFAULT_KEEP_ALIVE = "5m"  # Ollama's
 DEFAULT_CACHE_RAM = 1 << 30
 API_KEY_ENV = "RUNNER_API_KEY"
+MAX_IMAGES_LIMIT = 64  # --max-images at most: each image is its positions in a sequence's context
+DATA_URL_HEAD = 64  # "data:image/png;base64," and the JSON around an image, with room to spare
 
 
 @dataclass(frozen=True)
@@ -55,6 +57,9 @@ class ServeRequest:
     keep_alive: str = DEFAULT_KEEP_ALIVE  # an idle model loaded on demand is unloaded after this
     cache_ram: str | None = None  # --cache-ram: each model's kept prompt states (None: cache_ram_limit)
     models_dir: str | None = None  # --models DIR: every .gguf there, served on demand
+    mmproj: str | None = None  # --mmproj FILE: the one model named takes images through it
+    max_image_bytes: str | None = None  # --max-image-bytes as typed (None: runner.images.MAX_IMAGE_BYTES)
+    max_images: int | None = None  # --max-images: a request's images at most (None: runner.images.MAX_IMAGES)
     force: bool = False
     offline: bool = False
     debug: bool = False
@@ -79,6 +84,7 @@ def serve(request: ServeRequest) -> None:
     if request.cache_ram is not None:
         parse_size(request.cache_ram, "--cache-ram")  # a bad size refused now, before any load
     _planning(request)  # a bad --flash-attn refused now, not at a model's first request
+    image_limits(request)  # --mmproj and its limits checked before any load
     ui.stamp_messages()  # a server's log: each line says when
     from runner.serve.front import INNER_ENV
 
@@ -100,7 +106,7 @@ def serve(request: ServeRequest) -> None:
     try:
         for name in request.models:  # named: loaded now, served while the server runs
             stem = _stem_if_path(name, taken=pool.offers)
-            loaded = _load(request, name, offline=request.offline)
+            loaded = _load(request, name, offline=request.offline, mmproj=request.mmproj)
             loaded.name = stem or loaded.name
             pool.offers[loaded.name] = _offer(request, loaded.name, loaded)
             needs = _needs(loaded.plan, loaded.header)
@@ -156,11 +162,13 @@ def _scanner(request: ServeRequest, named: dict[str, Any]) -> Any:
 def _run(request: ServeRequest, backend: Any, key: str | None, behind_front: bool = False) -> None:
     import uvicorn
 
-    from runner.serve.app import create_app
+    from runner.serve.app import MAX_BODY, create_app
     from runner.serve.responses.store import open_responses
 
     store = open_responses()  # where /v1/responses keeps its responses (None: it keeps none)
-    app = create_app(backend, api_key=key, cors=request.cors, log=ui.info, store=store)
+    images, image_bytes = image_limits(request)
+    body = max_body(images, image_bytes) if images else MAX_BODY  # room for images where a model takes them
+    app = create_app(backend, api_key=key, cors=request.cors, max_body=body, log=ui.info, store=store)
     config = uvicorn.Config(
         app,
         host=request.host,
@@ -176,8 +184,11 @@ def _run(request: ServeRequest, backend: Any, key: str | None, behind_front: boo
     for name in backend.loaded():
         served = backend.pool.loaded[name].thread.served
         kept = f" · prompt states kept up to {served.cache_ram / 1e6:,.0f} MB" if served.cache_ram else ""
-        at_once = ui.count(backend.info(name).parallel, "sequence")
-        ui.info(f"{describe_load(served.loaded)} · {at_once} at once{kept}")
+        info = backend.info(name)
+        at_once = ui.count(info.parallel, "sequence")
+        vision = served.loaded.engine.vision
+        takes = f" · images through {vision.projector.name}, {info.max_images} a request" if vision else ""
+        ui.info(f"{describe_load(served.loaded)} · {at_once} at once{kept}{takes}")
     waiting = [n for n in backend.names() if n not in backend.loaded()]
     if waiting:
         ui.info(f"on demand: {', '.join(waiting)}")
@@ -205,7 +216,7 @@ def _planning(request: ServeRequest) -> dict[str, Any]:
     )
 
 
-def _load(request: ServeRequest, name: str, *, offline: bool) -> LoadedModel:
+def _load(request: ServeRequest, name: str, *, offline: bool, mmproj: str | None = None) -> LoadedModel:
     return open_model(
         name,
         **_planning(request),
@@ -214,7 +225,40 @@ def _load(request: ServeRequest, name: str, *, offline: bool) -> LoadedModel:
         debug=request.debug,
         spec=spec_setting(request.spec, request.draft),
         draft=request.draft,
+        mmproj=mmproj,
     )
+
+
+def image_limits(request: ServeRequest) -> tuple[int, int]:
+    """(images a request may carry, an image's bytes at most) for the model --mmproj goes with: the one
+    MODEL named. The limits without --mmproj are refused: no model would take images."""
+    from runner.images import MAX_IMAGE_BYTES, MAX_IMAGES
+
+    if request.mmproj is None:
+        given = "--max-images" if request.max_images is not None else "--max-image-bytes"
+        if request.max_images is not None or request.max_image_bytes is not None:
+            raise UsageError(f"{given} goes with --mmproj (without it no model takes images)")
+        return 0, 0
+    if len(request.models) != 1:
+        raise UsageError(
+            "--mmproj is one model's projector: name that model alone (runner serve MODEL --mmproj FILE)"
+        )
+    if not Path(request.mmproj).expanduser().is_file():
+        raise UsageError(f"--mmproj {request.mmproj}: no such file")
+    images = MAX_IMAGES if request.max_images is None else request.max_images
+    check_range(images, "--max-images", 1, MAX_IMAGES_LIMIT)
+    size = request.max_image_bytes
+    max_bytes = MAX_IMAGE_BYTES if size is None else parse_size(size, "--max-image-bytes")
+    if max_bytes < 1:
+        raise UsageError("--max-image-bytes must be more than 0")
+    return images, max_bytes
+
+
+def max_body(images: int, image_bytes: int) -> int:
+    """A request's body at most: runner.serve.app's, and room for its images as base64 data URLs."""
+    from runner.serve.app import MAX_BODY
+
+    return MAX_BODY + images * (4 * -(-image_bytes // 3) + DATA_URL_HEAD)
 
 
 def _stem_if_path(name: str, taken: dict[str, Any]) -> str | None:
@@ -275,7 +319,7 @@ def _offer(
 
     def describe() -> Any:
         if loaded is not None:
-            return _info(loaded)
+            return _info(loaded, request)
         header, path = header_and_path()
         return _header_info(
             name, header, path, request.ctx or DEFAULT_BATCH_CTX, request.parallel or SERVE_PARALLEL
@@ -324,7 +368,7 @@ def _served(loaded: LoadedModel, request: ServeRequest) -> Any:
 
     limit = cache_ram_limit(request.cache_ram)
     disk = open_prompt_cache(True, None)  # heads `runner run` and `chat` stored: read, never written
-    return Served(_info(loaded), loaded, _sampling(loaded, request.sampling), limit, disk)
+    return Served(_info(loaded, request), loaded, _sampling(loaded, request.sampling), limit, disk)
 
 
 def cache_ram_limit(given: str | None) -> int:
@@ -388,9 +432,15 @@ def _sampling(loaded: LoadedModel, flags: dict[str, Any]) -> Any:
     return make
 
 
-def _info(loaded: LoadedModel) -> Any:
+def _info(loaded: LoadedModel, request: ServeRequest) -> Any:
+    """What the API's model lists say of a loaded model: its header's, and the images it takes (with a
+    projector attached: --max-images and --max-image-bytes)."""
     n_seq = loaded.engine.n_seq
-    return _header_info(loaded.name, loaded.header, loaded.path, loaded.engine.n_ctx // max(1, n_seq), n_seq)
+    info = _header_info(loaded.name, loaded.header, loaded.path, loaded.engine.n_ctx // max(1, n_seq), n_seq)
+    if loaded.engine.vision is None:
+        return info
+    images, image_bytes = image_limits(request)
+    return replace(info, max_images=images, max_image_bytes=image_bytes)
 
 
 def _header_info(name: str, header: Any, path: Path, context: int, parallel: int) -> Any:

@@ -23,7 +23,9 @@ class Ask:
     ranges and raises InvalidSetting naming the field)."""
 
     model: str  # one of Backend.names() (the HTTP side answers 404 for any other)
-    messages: list[dict[str, Any]] | None = None  # a chat: {"role", "content", ...} rendered by the template
+    # a chat: {"role", "content", ...} rendered by the template; content a string, or a list of text and
+    # images (runner.engine.vision.Pixels, decoded) in order: each image's marker goes where it is
+    messages: list[dict[str, Any]] | None = None
     prompt: str | None = None  # a completion: the text as is, no template
     sampling: dict[str, Any] = field(default_factory=dict)  # SamplingConfig's fields: temperature, top_k, ...
     max_tokens: int | None = None  # None: until the end of the answer or of the sequence's context
@@ -138,6 +140,8 @@ class ModelInfo:
     parallel: int  # sequences at once
     template: str | None  # the chat template's source
     metadata: dict[str, Any] = field(default_factory=dict)  # the GGUF's scalar metadata (no big arrays)
+    max_images: int = 0  # images a request may carry (--max-images); 0: it takes none (no projector)
+    max_image_bytes: int = 0  # an image's encoded size at most (--max-image-bytes)
 
 
 class BadField(UsageError):

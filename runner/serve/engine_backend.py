@@ -1,10 +1,12 @@
 """The Backend behind the HTTP side: each served model's engine, driven by a thread of its own.
 
 A request crosses from the event loop to the model's thread as a `_Request`; that thread renders the
-chat template, tokenizes, checks the prompt fits a sequence, builds the request's sampler chain (its
-grammar compiled once, here), and adds the job to runner.engine.loop's loop, the one every command
-runs; it then steps the loop while any job is active. Each
-answer's pieces come back to the event loop through call_soon_threadsafe. Nothing else calls llama.cpp.
+chat template (each image's marker where it goes: the pixels came decoded, runner.serve.shared.images),
+tokenizes (images through the projector's tokenizer), checks the prompt fits a sequence, builds the
+request's sampler chain (its grammar compiled once, here), and adds the job to runner.engine.loop's
+loop, the one every command runs; it then steps the loop while any job is active. Each answer's pieces
+come back to the event loop (runner.serve.generation) through call_soon_threadsafe. Nothing else calls
+llama.cpp.
 An embedding request crosses as an EmbedRequest: the thread pools its texts (runner.serve.embed_queue)
 one llama_decode between two batch steps.
 """
@@ -17,33 +19,26 @@ import itertools
 import json
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from runner import ui
-from runner.engine.answer import FINISH_STOP, Result
-from runner.engine.constrain import (
-    ConstraintError,
-    answer_mismatch,
-    checked_schema,
-    json_guide,
-    schema_guide_of,
-)
-from runner.engine.logprobs import TokenLogprob
+from runner.engine.answer import Result
+from runner.engine.constrain import checked_schema, json_guide, schema_guide_of
 from runner.engine.loop import Loop
 from runner.engine.prefix import PrefixStore, StateCache
 from runner.engine.prompt import Prompt, render_prompt
 from runner.engine.promptcache import PromptCache
-from runner.engine.reasoning import ANSWER
 from runner.engine.sampling import SamplingConfig
 from runner.engine.sequence import Job, dropped
 from runner.engine.template import TEMPLATE_KEY, Message
-from runner.engine.tools import forced_call_schema, parse_tool_calls, tools_as_system
+from runner.engine.tools import forced_call_schema, tools_as_system
 from runner.errors import InvalidSetting, RunnerError
 from runner.loader import LoadedModel
-from runner.serve.backend import Ask, BadField, ModelInfo, Outcome, QueueFull, Scored, TooLong, scored_tokens
+from runner.serve.backend import Ask, BadField, ModelInfo, QueueFull, TooLong, scored_tokens
 from runner.serve.embed_queue import EmbedQueue, EmbedRequest
+from runner.serve.generation import QueuedGeneration
 
 
 @dataclass
@@ -57,96 +52,13 @@ class Served:
     prompt_cache: PromptCache | None = None  # the prefix store's disk tier: heads other processes stored
 
 
-_Queue = asyncio.Queue[Any]  # an answer's parts, then None
-
-
-class _Generation:
-    """runner.serve.backend.Generation: parts go from the model's thread to an asyncio queue."""
-
-    def __init__(
-        self, post: Callable[[_Generation, Any], None], wake: Callable[[], None], hold: bool
-    ) -> None:
-        self._post = post
-        self._wake = wake
-        self._queue: _Queue = asyncio.Queue()
-        self._ended = asyncio.Event()  # set with the last item: the outcome is complete
-        self._hold = hold  # tools: the answer may be a call, so it comes whole at the end
-        self.job: Job | None = None
-        self.tools: list[dict[str, Any]] | None = None
-        self.forced = False
-        self.json = False  # the answer must be JSON: checked once finished,
-        self.schema: dict[str, Any] | None = None  # against this schema (None: any object)
-        self.invalid: str | None = None  # how a finished JSON answer failed its check
-        self.prompt_tokens = 0
-        self.outcome = Outcome()
-        self.scored: Callable[..., list[Scored]] = lambda entries, prompt=False: []
-
-    def __aiter__(self) -> AsyncIterator[tuple[str, Any]]:
-        return self._iterate()
-
-    async def _iterate(self) -> AsyncIterator[tuple[str, Any]]:
-        while (item := await self._queue.get()) is not None:
-            yield item
-        if self.invalid is not None:  # said in the API's shape, never passed on as a finished answer
-            raise ConstraintError(self.invalid)
-
-    def cancel(self) -> None:
-        if self.job is not None and not self.job.cancelled:
-            self.job.cancelled = True
-            self._wake()
-
-    async def wait(self) -> None:
-        await self._ended.wait()
-
-    def arrive(self, item: tuple[str, Any] | None) -> None:
-        """An item from the model's thread, on the event loop's."""
-        self._queue.put_nowait(item)
-        if item is None:
-            self._ended.set()
-
-    # -- the model's thread ----------------------------------------------------------------------
-
-    def piece(self, kind: str, text: str) -> None:
-        """A piece of the answer or its reasoning (the loop split them), in the model's thread."""
-        if not (self._hold and kind == ANSWER):
-            self._put((kind, text))
-
-    def logprobs(self, entries: list[TokenLogprob]) -> None:
-        """Scored tokens, just before the answer piece they made (the loop's on_logprobs)."""
-        if not self._hold:
-            self._put(("logprobs", self.scored(entries)))
-
-    def done(self, result: Result) -> None:
-        o = self.outcome
-        o.take(result)
-        o.logprobs = self.scored(result.logprobs)
-        if result.prompt_logprobs or self.job is not None and self.job.echo:
-            first = self.job.tokens[:1] if self.job is not None else []
-            o.prompt_logprobs = self.scored(first, True) + self.scored(result.prompt_logprobs, True)
-        if self.json and result.error is None and result.finish_reason == FINISH_STOP:
-            self.invalid = answer_mismatch(o.text.strip(), self.schema)
-            if self.invalid is not None:
-                o.finish_reason = "error"
-                ui.warn(f"an answer failed its check: {self.invalid}")
-        if self.tools and result.error is None and self.invalid is None:
-            o.tool_calls, rest = parse_tool_calls(o.text, self.tools, whole_json=self.forced)
-            if o.tool_calls:
-                o.text, o.finish_reason = rest, "tool_calls"
-        if self._hold and o.text:
-            self._put(("answer", o.text))
-        self._put(None)
-
-    def _put(self, item: tuple[str, Any] | None) -> None:
-        self._post(self, item)
-
-
 @dataclass
 class _Request:
     ask: Ask
     sampling: SamplingConfig
     grammar: str | None  # GBNF, for llama.cpp's grammar sampler (a JSON object)
     guide: str | None  # llguidance's grammar (a schema, a forced tool call)
-    generation: _Generation
+    generation: QueuedGeneration
     admitted: asyncio.Future[None]
     arrived: float
     count_only: bool = False  # count_tokens: the prompt rendered and counted, nothing decoded
@@ -165,14 +77,14 @@ class ModelThread:
         self._embedding = 0  # embedding requests submitted and not yet answered: past --queue, 429
         self.counters = {"requests": 0, "prompt_tokens": 0, "prefill_tokens": 0, "cached_tokens": 0}
         self._inbox: list[_Request | EmbedRequest] = []
-        self._jobs: dict[int, _Generation] = {}
+        self._jobs: dict[int, QueuedGeneration] = {}
         self._ids = itertools.count()
         self._in_flight = 0  # submitted and not yet done: past parallel + queue, 429
         self._lock = threading.Lock()
         self._wakeup = threading.Condition(self._lock)
         self._stopping = False
         self._events: asyncio.AbstractEventLoop | None = None  # the HTTP side's event loop
-        self._outbox: list[tuple[_Generation, Any]] = []  # parts for the event loop, sent once a step
+        self._outbox: list[tuple[QueuedGeneration, Any]] = []  # parts for the event loop, sent once a step
         states = StateCache(served.cache_ram) if served.cache_ram > 0 else None
         self.states = states
         self.store = PrefixStore(ram=states, disk=served.prompt_cache)
@@ -182,13 +94,14 @@ class ModelThread:
 
     # -- the event loop's side -------------------------------------------------------------------
 
-    async def submit(self, ask: Ask) -> _Generation:
+    async def submit(self, ask: Ask) -> QueuedGeneration:
         sampling = self._sampling(ask)
         # a schema compiles off the event loop, which a big one would stall for seconds (10,000 members: 4 s)
         compiles = ask.json_schema is not None or bool(ask.tools)
         grammar, guide, forced = (await asyncio.to_thread(_grammar, ask)) if compiles else _grammar(ask)
         loop = self._events = asyncio.get_running_loop()
-        generation = _Generation(self._post, self.wake, hold=bool(ask.tools) and ask.tool_choice != "none")
+        hold = bool(ask.tools) and ask.tool_choice != "none"
+        generation = QueuedGeneration(self._post, self.wake, hold=hold)
         if ask.tools and ask.tool_choice != "none":
             generation.tools, generation.forced = ask.tools, forced
         generation.json = forced or ask.json_schema is not None or ask.json_object
@@ -220,7 +133,7 @@ class ModelThread:
         """The prompt's tokens as submit() would evaluate them (rendered and tokenized in the
         model's thread), nothing decoded."""
         loop = self._events = asyncio.get_running_loop()
-        generation = _Generation(self._post, self.wake, hold=False)
+        generation = QueuedGeneration(self._post, self.wake, hold=False)
         request = _Request(ask, SamplingConfig(), None, None, generation, loop.create_future(), 0.0, True)
         with self._lock:
             self._inbox.append(request)
@@ -253,7 +166,7 @@ class ModelThread:
         except InvalidSetting as exc:
             raise _bad_field(exc, "sampling") from None
 
-    def _post(self, generation: _Generation, item: Any) -> None:
+    def _post(self, generation: QueuedGeneration, item: Any) -> None:
         self._outbox.append((generation, item))
 
     def _flush(self) -> None:
@@ -317,11 +230,14 @@ class ModelThread:
         generation, ask = request.generation, request.ask
         if request.count_only:
             try:
-                generation.prompt_tokens = len(self._prompt(ask).tokens)
+                counted = self._prompt(ask)
+                generation.prompt_tokens = len(counted.tokens)
+                _release(counted)  # its images' chunks: nothing will evaluate them
                 self._answered(request.admitted, None)
             except RunnerError as exc:
                 self._answered(request.admitted, exc)
             return
+        prompt: Prompt | None = None
         try:
             if stopping:
                 raise QueueFull("the server is stopping", retry_after=5)
@@ -343,6 +259,7 @@ class ModelThread:
             except InvalidSetting as exc:
                 raise BadField("tool_choice" if ask.tools else "response_format", exc.problem) from None
         except RunnerError as exc:
+            _release(prompt)
             self._answered(request.admitted, exc)
             with self._lock:
                 self._in_flight -= 1
@@ -365,6 +282,7 @@ class ModelThread:
             arrived=request.arrived,
             logprobs=ask.logprobs,
             echo=ask.echo,
+            media=prompt.media,  # its images: evaluated alone, then freed by the loop
             # streamed, each token's logprobs go with its text; whole, they come with the result only
             on_logprobs=generation.logprobs if ask.logprobs is not None and ask.stream else None,
         )
@@ -414,13 +332,19 @@ class ModelThread:
         engine, header = self.engine, self.served.loaded.header
         if ask.prompt is not None:
             return render_prompt(engine, header, [Message("user", ask.prompt)], raw=True)
-        messages = [_message(m) for m in ask.messages or []]
+        vision = engine.vision
+        images: list[Any] = []  # runner.engine.vision.Pixels, in the order of their markers
+        messages = [_message(m, vision.marker if vision else "", images) for m in ask.messages or []]
+        if images and vision is None:  # the HTTP side checks first: a model loaded without a projector
+            raise BadField("messages", f"{self.served.info.name} takes no images (served without --mmproj)")
         tools = ask.tools if ask.tools and ask.tool_choice != "none" else None
         source = header.get(TEMPLATE_KEY)
         if tools and not (isinstance(source, str) and "tools" in source):
             messages = tools_as_system(messages, tools)  # the template would not show them
             tools = None
-        return render_prompt(engine, header, messages, enable_thinking=ask.think, quiet=True, tools=tools)
+        return render_prompt(
+            engine, header, messages, enable_thinking=ask.think, quiet=True, tools=tools, images=images
+        )
 
     def _done(self, result: Result) -> None:
         generation = self._jobs.pop(result.index)
@@ -460,15 +384,26 @@ class ModelThread:
         future.get_loop().call_soon_threadsafe(settle)
 
 
-def _deliver(sent: list[tuple[_Generation, Any]]) -> None:
+def _deliver(sent: list[tuple[QueuedGeneration, Any]]) -> None:
     for generation, item in sent:
         generation.arrive(item)
 
 
-def _message(m: dict[str, Any]) -> Message:
+def _message(m: dict[str, Any], marker: str, images: list[Any]) -> Message:
+    """Ask.messages' one as the template reads it: text, an image's marker where it goes (its pixels
+    added to `images`, in order)."""
     content = m.get("content")
+    if isinstance(content, list):
+        images += [part for part in content if not isinstance(part, str)]
+        content = "".join(part if isinstance(part, str) else marker for part in content)
     extra = {k: v for k, v in m.items() if k not in ("role", "content") and v is not None}
     return Message(str(m["role"]), content if isinstance(content, str) else "", extra or None)
+
+
+def _release(prompt: Prompt | None) -> None:
+    """A prompt's image chunks freed where no job will evaluate them."""
+    if prompt is not None and prompt.media is not None:
+        prompt.media.close()
 
 
 def _bad_field(exc: InvalidSetting, param: str) -> BadField:

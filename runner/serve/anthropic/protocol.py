@@ -1,7 +1,8 @@
 """The Anthropic Messages API's requests, checked for shape and range (a 400 naming the field).
 
-Content blocks: text, `tool_use` (an assistant's), `tool_result` (a user's), `thinking` (accepted,
-not shown back to the model); image and document blocks are refused by name.
+Content blocks: text, `image` (a user's: its base64 source decoded later, off the event loop; a URL
+source is refused there, never fetched), `tool_use` (an assistant's), `tool_result` (a user's),
+`thinking` (accepted, not shown back to the model); document blocks are refused by name.
 """
 
 from __future__ import annotations
@@ -16,18 +17,23 @@ from runner.serve.shared.translate import joined_text
 
 STOP_LIMIT = 16  # Anthropic sets no small bound; this one keeps the stop checks cheap
 Temperature = Annotated[Optional[StrictFloat], Field(ge=0, le=1)]  # Anthropic's range, not OpenAI's 0-2
-UNSERVED = ("image", "document")  # a 400 naming the block: the served models read text
+UNSERVED = ("document",)  # a 400 naming the block: the served models read text and images
 TEXTS = 'must be a string or a list of {"type": "text", "text"} blocks'
 
 
 def text_of(value: Any) -> str:
-    """A string, or a list of {"type": "text", "text"} blocks joined by newlines."""
-    return joined_text(value, {"text": "text"}, joiner="\n", not_a_list=TEXTS, refused=lambda _, __: TEXTS)
+    """A string, or a list of {"type": "text", "text"} blocks joined by newlines (llama-server's join)."""
+    return joined_text(value, {"text": "text"}, not_a_list=TEXTS, refused=lambda _, __: TEXTS)
 
 
 class TextBlock(Loose):
     type: Literal["text"]
     text: StrictStr
+
+
+class ImageBlock(Loose):
+    type: Literal["image"]
+    source: Any  # {"type": "base64", "media_type", "data"}: read by serving.image_ref
 
 
 class ToolUseBlock(Loose):
@@ -53,8 +59,10 @@ class ThinkingBlock(Loose):
     type: Literal["thinking", "redacted_thinking"]  # an assistant's past reasoning: not in the prompt
 
 
-Block = Annotated[Union[TextBlock, ToolUseBlock, ToolResultBlock, ThinkingBlock], Field(discriminator="type")]
-WHERE = {ToolUseBlock: "assistant", ToolResultBlock: "user", ThinkingBlock: "assistant"}
+Block = Annotated[
+    Union[TextBlock, ImageBlock, ToolUseBlock, ToolResultBlock, ThinkingBlock], Field(discriminator="type")
+]
+WHERE = {ImageBlock: "user", ToolUseBlock: "assistant", ToolResultBlock: "user", ThinkingBlock: "assistant"}
 
 
 class Message(Loose):
@@ -64,7 +72,7 @@ class Message(Loose):
     @field_validator("content", mode="before")
     @classmethod
     def _blocks(cls, value: Any) -> Any:
-        """A string is one text block; image and document blocks are refused by name."""
+        """A string is one text block; document blocks are refused by name."""
         if isinstance(value, str):
             return [{"type": "text", "text": value}]
         if not isinstance(value, list):
@@ -72,7 +80,9 @@ class Message(Loose):
         for i, block in enumerate(value):
             kind = block.get("type") if isinstance(block, dict) else None
             if isinstance(kind, str) and kind in UNSERVED:
-                raise ValueError(f"[{i}]: {kind} blocks are not supported (the served models read text)")
+                raise ValueError(
+                    f"[{i}]: {kind} blocks are not supported (the served models read text and images)"
+                )
         return value
 
     @model_validator(mode="after")

@@ -15,6 +15,7 @@ from runner.serve.shared.answers import EventStream, collect, submit
 from runner.serve.shared.body import read_json, resolve_model
 from runner.serve.shared.fields import sampling
 from runner.serve.shared.http import guarded
+from runner.serve.shared.images import with_pixels
 from runner.serve.shared.translate import new_id
 
 
@@ -32,6 +33,7 @@ class Anthropic:
         knobs = sampling(temperature=req.temperature, top_p=req.top_p, top_k=req.top_k)
         stop = req.stop_sequences or ()
         ask = serving.ask_of(req, model, sampling=knobs, max_tokens=req.max_tokens, stop=stop)
+        ask = await with_pixels(self.backend, ask)  # decoded off the event loop
         generation = await submit(self.backend, ask, "messages")
         head = {"id": new_id("msg_"), "type": "message", "role": "assistant", "model": model}
         if req.stream:
@@ -42,7 +44,7 @@ class Anthropic:
     async def count_tokens(self, request: Request) -> Response:
         """The prompt's tokens as /v1/messages would evaluate the same request (max_tokens not needed)."""
         req = CountRequest.model_validate(await read_json(request, self.max_body))
-        ask = serving.ask_of(req, resolve_model(self.backend, req.model))
+        ask = await with_pixels(self.backend, serving.ask_of(req, resolve_model(self.backend, req.model)))
         return JSONResponse({"input_tokens": await self.backend.count_tokens(ask)})
 
 

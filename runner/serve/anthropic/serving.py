@@ -16,10 +16,18 @@ from typing import Any
 from starlette.requests import Request
 
 from runner.serve.anthropic import errors
-from runner.serve.anthropic.protocol import CountRequest, Message, TextBlock, ToolResultBlock, ToolUseBlock
+from runner.serve.anthropic.protocol import (
+    CountRequest,
+    ImageBlock,
+    Message,
+    TextBlock,
+    ToolResultBlock,
+    ToolUseBlock,
+)
 from runner.serve.backend import Ask, Generation, Outcome
 from runner.serve.shared.answers import Drained, sse, streamed
 from runner.serve.shared.http import ApiError
+from runner.serve.shared.images import ImageRef, Part, joined
 from runner.serve.shared.translate import (
     NoSuchTool,
     NoTools,
@@ -65,12 +73,20 @@ def tool_choice_of(req: CountRequest) -> str | dict[str, Any] | None:
 
 def chat_messages(system: str | None, messages: list[Message]) -> list[dict[str, Any]]:
     """Ask.messages: the system texts first as one message, then each turn as the templates read it
-    (a user's tool results become tool messages, before the user's own text)."""
+    (a user's tool results become tool messages, before the user's own text and images, joined as
+    llama-server joins a message's parts)."""
     systems = [system] if system else []
     out: list[dict[str, Any]] = []
     names: dict[str, str] = {}  # tool_use id -> the tool's name, for the tool messages that answer it
-    for message in messages:
-        text = "\n".join(block.text for block in message.content if isinstance(block, TextBlock))
+    for i, message in enumerate(messages):
+        parts: list[Part] = []
+        for j, block in enumerate(message.content):
+            if isinstance(block, TextBlock):
+                parts.append(block.text)
+            elif isinstance(block, ImageBlock):
+                parts.append(image_ref(block.source, f"messages[{i}].content[{j}].source"))
+        content = joined(parts)
+        text = content if isinstance(content, str) else ""
         if message.role == "system":
             systems.append(text)
         elif message.role == "assistant":
@@ -84,11 +100,28 @@ def chat_messages(system: str | None, messages: list[Message]) -> list[dict[str,
             results = [block for block in message.content if isinstance(block, ToolResultBlock)]
             for result in results:
                 name = {"name": names[result.tool_use_id]} if result.tool_use_id in names else {}
-                content = f"Error: {result.content}" if result.is_error else result.content
-                out.append({"role": "tool", "tool_call_id": result.tool_use_id, **name, "content": content})
-            if text or not results:
-                out.append({"role": "user", "content": text})
+                said = f"Error: {result.content}" if result.is_error else result.content
+                out.append({"role": "tool", "tool_call_id": result.tool_use_id, **name, "content": said})
+            if content or not results:
+                out.append({"role": "user", "content": content})
     return with_system(systems, out)
+
+
+def image_ref(source: Any, field: str) -> ImageRef:
+    """An image block's source: base64 (with its media_type) to decode; a URL is refused when it would
+    be decoded (nothing is fetched); a file (Files API) is not served."""
+    kind = source.get("type") if isinstance(source, dict) else None
+    if isinstance(source, dict) and kind == "base64":
+        data, media = source.get("data"), source.get("media_type")
+        if not isinstance(data, str) or not isinstance(media, (str, type(None))):
+            message = f'{field}: a base64 source is {{"media_type": "image/png", "data": "..."}}'
+            raise ApiError(400, message, param=field)
+        return ImageRef(f"{field}.data", f"data:{media};base64,{data}" if media else data)
+    if isinstance(source, dict) and kind == "url" and isinstance(source.get("url"), str):
+        return ImageRef(f"{field}.url", source["url"])
+    said = json.dumps(kind)[:60] if isinstance(kind, str) else "a source without a type"
+    message = f'{field}.type: {said} sources are not served: send the image as base64 ("type": "base64")'
+    raise ApiError(400, message, param=f"{field}.type")
 
 
 # -- answers --------------------------------------------------------------------------------------

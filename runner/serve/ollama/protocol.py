@@ -71,10 +71,17 @@ class Options(Loose):
         return None if value is None or value < 0 else value
 
 
-def _no_images(value: list[Any] | None) -> None:
-    if value:
-        raise ValueError("not supported: the served models read text")
-    return None
+def _images(value: Any) -> list[str]:
+    """Ollama's `images`: base64 strings (or data URLs), decoded later, off the event loop
+    (runner.serve.shared.images); a URL to fetch is refused there."""
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(isinstance(image, str) for image in value):
+        raise ValueError("must be a list of base64-encoded images")
+    return value
+
+
+Images = Annotated[Any, AfterValidator(_images)]
 
 
 class Base(Loose):
@@ -94,7 +101,7 @@ class Base(Loose):
         """Ask.logprobs: as Ollama reads them, top_logprobs counts only with logprobs: true."""
         return (self.top_logprobs or 0) if self.logprobs else None
 
-    images: Optional[list[Any]] = None
+    images: Images = None
 
     @field_validator("format")
     @classmethod
@@ -112,11 +119,6 @@ class Base(Loose):
             return True
         raise ValueError('must be true, false, "low", "medium" or "high"')
 
-    @field_validator("images")
-    @classmethod
-    def _images(cls, value: list[Any] | None) -> None:
-        return _no_images(value)
-
 
 class ToolCall(Loose):
     function: CallFunction
@@ -126,14 +128,9 @@ class Message(Loose):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Optional[StrictStr] = None
     thinking: Optional[StrictStr] = None
-    images: Optional[list[Any]] = None
+    images: Images = None
     tool_calls: Optional[list[ToolCall]] = None
     tool_name: Optional[StrictStr] = None
-
-    @field_validator("images")
-    @classmethod
-    def _images(cls, value: list[Any] | None) -> None:
-        return _no_images(value)
 
 
 class ChatRequest(Base):

@@ -24,6 +24,7 @@ from runner.serve.shared.body import read_json, resolve_model
 from runner.serve.shared.embeddings import check_dimensions, check_texts, embed
 from runner.serve.shared.fields import tool_list
 from runner.serve.shared.http import ApiError, guarded, quoted
+from runner.serve.shared.images import with_images, with_pixels
 
 # What /api/version says. Ollama's clients gate features on it (structured outputs 0.5, think 0.9),
 # so it names the Ollama release whose API this one matches, not runner's own version.
@@ -64,19 +65,26 @@ class Ollama:
         model = resolve_model(self.backend, req.model)
         if not req.prompt:
             return await self._load_or_unload(req, model, {"response": ""})
+        refs = serving.image_refs(req.images, "images")
+        if req.raw and refs:
+            raise ApiError(
+                400, "images: not served with raw: true (the images go in the template)", param="raw"
+            )
         if req.raw:
             ask = serving.ask_of(req, self.backend, model, prompt=req.prompt)
-        else:
+        else:  # the images first, then the prompt, as one user turn
             system = [{"role": "system", "content": req.system}] if req.system else []
-            messages = [*system, {"role": "user", "content": req.prompt}]
+            messages = [*system, {"role": "user", "content": with_images(req.prompt, refs)}]
             ask = serving.ask_of(req, self.backend, model, messages=messages)
         return await self._answer(request, req, ask, model, chat=False, raw=bool(req.raw))
 
     async def _answer(
         self, request: Request, req: Base, ask: Ask, model: str, *, chat: bool, raw: bool
     ) -> Response:
-        """Load the model (the wait is the answer's load_duration), submit (a prompt too long is a 400
-        before any stream), then stream or answer whole."""
+        """The images decoded (off the event loop), then load the model (the wait is the answer's
+        load_duration), submit (a prompt too long is a 400 before any stream), then stream or answer
+        whole."""
+        ask = await with_pixels(self.backend, ask)
         load_s = await self.backend.load(model, req.keep_alive)
         generation = await submit(self.backend, ask, "prompt" if ask.prompt is not None else "messages")
         if req.stream is not False:  # Ollama streams unless told not to

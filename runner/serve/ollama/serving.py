@@ -18,6 +18,7 @@ from runner.serve.ollama.protocol import Base, Message, Options
 from runner.serve.shared.answers import Drained, streamed
 from runner.serve.shared.fields import sampling, schema_of
 from runner.serve.shared.http import ApiError, json_line
+from runner.serve.shared.images import ImageRef, with_images
 from runner.serve.shared.translate import past_call
 
 # -- requests -------------------------------------------------------------------------------------
@@ -59,10 +60,14 @@ def ask_of(req: Base, backend: Backend, model: str, **fields: Any) -> Ask:
 
 
 def message_of(message: Message, index: int) -> dict[str, Any]:
-    """A message as Ask.messages carries it (OpenAI's names: reasoning_content, tool_calls)."""
+    """A message as Ask.messages carries it (OpenAI's names: reasoning_content, tool_calls); a user's
+    images before its text, as `runner run --image` puts them."""
+    refs = image_refs(message.images, f"messages[{index}].images")
+    if refs and message.role != "user":
+        raise ApiError(400, f"messages[{index}].images: images go in user messages", param=refs[0].field)
     out: dict[str, Any] = {
         "role": "system" if message.role == "developer" else message.role,
-        "content": message.content or "",
+        "content": with_images(message.content or "", refs),
     }
     if message.thinking:
         out["reasoning_content"] = message.thinking
@@ -74,6 +79,11 @@ def message_of(message: Message, index: int) -> dict[str, Any]:
     if message.tool_name is not None:
         out["name"] = message.tool_name
     return out
+
+
+def image_refs(images: list[str] | None, field: str) -> list[ImageRef]:
+    """`images` (base64, decoded later off the event loop), each named by its field."""
+    return [ImageRef(f"{field}[{i}]", data) for i, data in enumerate(images or ())]
 
 
 # -- answers --------------------------------------------------------------------------------------
@@ -213,11 +223,14 @@ def plain(value: Any) -> Any:
 
 
 def capabilities(info: ModelInfo) -> list[str]:
-    """What Ollama's clients look for before they send tools or think: read off the chat template."""
+    """What Ollama's clients look for before they send tools, think or images: read off the chat
+    template, and "vision" where the model is served with a projector."""
     template = info.template or ""
     found = ["completion"]
     if "tools" in template:
         found.append("tools")
     if "think" in template:
         found.append("thinking")
+    if info.max_images > 0:
+        found.append("vision")
     return found

@@ -1,6 +1,7 @@
 """The OpenAI API's requests: /v1/chat/completions and /v1/completions, checked for shape and range
-(a 400 naming the field); what only the model knows (a prompt's length in tokens, a schema's grammar)
-is the backend's."""
+(a 400 naming the field); what only the model knows (a prompt's length in tokens, a schema's grammar,
+whether it takes images) is the backend's. A user's image_url parts are read (decoded) later, off the
+event loop: runner.serve.shared.images."""
 
 from __future__ import annotations
 
@@ -23,7 +24,8 @@ from runner.serve.shared.fields import (
     stops,
 )
 from runner.serve.shared.http import ApiError
-from runner.serve.shared.translate import joined_text, shown
+from runner.serve.shared.images import ImageRef, Part
+from runner.serve.shared.translate import content_of, shown
 
 N_MAX = 16  # answers to one request: each takes a sequence of its own, at most --parallel of them
 STOP_LIMIT = 4  # OpenAI's own bound on `stop`: a request that works there works here
@@ -104,21 +106,44 @@ class ChatMessage(Loose):
 
     @field_validator("content")
     @classmethod
-    def _content(cls, value: Any, info: ValidationInfo) -> str:
-        """A string, or a list of text parts joined; null only from the assistant (a tool call)."""
+    def _content(cls, value: Any, info: ValidationInfo) -> str | list[Part]:
+        """A string, or a list of text parts (and a user's image_url parts) joined as llama-server joins
+        them; null only from the assistant (a tool call)."""
         if value is None:
             if info.data.get("role") in ("assistant", None):
                 return ""
             raise ValueError("required (null only in an assistant's message)")
-        return joined_text(
+        user = info.data.get("role") == "user"
+        return content_of(
             value,
             {"text": "text"},
-            joiner="",
-            not_a_list="must be a string or a list of text parts",
-            refused=lambda _, kind: (
-                f'only {{"type": "text", "text"}} parts are served (got {shown(kind, 40)})'
-            ),
+            not_a_list="must be a string or a list of content parts",
+            refused=lambda i, kind: _refused(i, kind, user),
+            images={"image_url": _image_url} if user else None,
         )
+
+
+PARTS = (
+    'only {"type": "text", "text"} and a user\'s {"type": "image_url", "image_url": {"url"}} parts are served'
+)
+
+
+def _refused(index: int, kind: Any, user: bool) -> str:
+    if kind == "image_url" and not user:
+        return f"[{index}]: image_url parts go in user messages"
+    if kind in ("text", "image_url"):
+        return f"[{index}]: a {kind} part needs its {kind} field"
+    return f"[{index}]: {PARTS} (got {shown(kind, 40)})"
+
+
+def _image_url(part: dict[str, Any], index: int) -> ImageRef:
+    """{"type": "image_url", "image_url": {"url": "data:image/...;base64,..." or base64}}: the URL is
+    read when the image is decoded (a URL to fetch is refused there, naming this field)."""
+    spec = part.get("image_url")
+    url = spec.get("url") if isinstance(spec, dict) else None
+    if not isinstance(url, str):
+        raise ValueError(f'[{index}].image_url must be {{"url": "data:image/png;base64,..."}}')
+    return ImageRef(f"content[{index}].image_url.url", url)
 
 
 class ChatRequest(Knobs):

@@ -18,6 +18,7 @@ from runner.serve.shared.answers import EventStream, collect, submit
 from runner.serve.shared.body import read_json, resolve_model
 from runner.serve.shared.fields import SEED_MAX
 from runner.serve.shared.http import ApiError, guarded
+from runner.serve.shared.images import with_pixels
 from runner.serve.shared.translate import new_id
 
 
@@ -31,7 +32,7 @@ class OpenAI:
     async def chat(self, request: Request) -> Response:
         req = ChatRequest.model_validate(await read_json(request, self.max_body))
         model = resolve_model(self.backend, req.model)
-        ask = serving.chat_ask(req, model)
+        ask = await with_pixels(self.backend, serving.chat_ask(req, model))  # decoded off the event loop
         head = {
             "id": new_id("chatcmpl-"),
             "object": "chat.completion.chunk",
@@ -108,6 +109,7 @@ class OpenAI:
         loaded = name in self.backend.loaded()
         meta: dict[str, Any] = {"context": info.context, "parallel": info.parallel, "size": info.size}
         meta["loaded"] = loaded
+        meta["vision"] = info.max_images > 0  # it takes images (served with a projector, --mmproj)
         if loaded:
             meta["memory"] = self.backend.memory(name)  # planned bytes: weights, KV cache, compute
             counters = self.backend.counters(name)

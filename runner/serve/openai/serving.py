@@ -16,6 +16,7 @@ from runner.serve.openai.protocol import ChatMessage, ChatRequest, Knobs, Respon
 from runner.serve.shared.answers import Drained, sse, streamed
 from runner.serve.shared.fields import sampling, schema_of, tool_list
 from runner.serve.shared.http import ApiError
+from runner.serve.shared.images import ImageRef
 from runner.serve.shared.translate import NoSuchTool, NoTools, new_id, past_call, tool_choice
 
 # -- requests -------------------------------------------------------------------------------------
@@ -51,7 +52,7 @@ def chat_ask(req: ChatRequest, model: str) -> Ask:
     return ask_of(
         req,
         model,
-        messages=[message_of(message) for message in req.messages],
+        messages=[message_of(message, i) for i, message in enumerate(req.messages)],
         think=think(req),
         tools=tool_list(req.tools),
         tool_choice=tool_choice_of(req),
@@ -74,11 +75,15 @@ def _formats(value: ResponseFormat | None) -> tuple[dict[str, Any] | None, bool]
     return schema_of(spec["schema"], "response_format"), False
 
 
-def message_of(message: ChatMessage) -> dict[str, Any]:
-    """A message as Ask.messages carries it: developer is system, tool calls' arguments dicts."""
+def message_of(message: ChatMessage, index: int) -> dict[str, Any]:
+    """A message as Ask.messages carries it: developer is system, tool calls' arguments dicts, each
+    image named by its whole field (messages[index].content[i].image_url.url)."""
+    content = message.content
+    if isinstance(content, list):
+        content = [p.under(f"messages[{index}]") if isinstance(p, ImageRef) else p for p in content]
     out: dict[str, Any] = {
         "role": "system" if message.role == "developer" else message.role,
-        "content": message.content,
+        "content": content,
     }
     if message.tool_calls:
         out["tool_calls"] = [

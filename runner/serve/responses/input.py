@@ -4,8 +4,10 @@ chat messages the templates read.
 `instructions` and the system or developer messages before the first turn are merged into one system
 message first; a `function_call` item is an assistant's tool call (joined to the assistant's turn it
 follows), a `function_call_output` item a tool message, a `reasoning` item the next assistant turn's
-reasoning_content (the template decides whether to show it). Images, files and audio are a 400 naming
-them, as is any other item type.
+reasoning_content (the template decides whether to show it). A user message's `input_image` parts
+(a data URL or base64 in `image_url`) are kept with its text and decoded when the messages are made,
+off the event loop (runner.serve.shared.images: a URL to fetch is refused there); a `file_id` image,
+files and audio are a 400 naming them, as is any other item type.
 """
 
 from __future__ import annotations
@@ -13,42 +15,93 @@ from __future__ import annotations
 import json
 from typing import Any, Literal, Optional, TypeVar, Union
 
-from pydantic import BaseModel, Field, StrictStr, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    Field,
+    PrivateAttr,
+    StrictStr,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
 
 from runner.serve.shared.fields import Loose
 from runner.serve.shared.http import ApiError, loc_param
-from runner.serve.shared.translate import call_arguments, joined_text, past_call, shown, with_system
+from runner.serve.shared.images import ImageRef, Part
+from runner.serve.shared.translate import (
+    call_arguments,
+    content_of,
+    joined_text,
+    past_call,
+    shown,
+    with_system,
+)
 
 M = TypeVar("M", bound=BaseModel)
-UNSERVED_PARTS = ("input_image", "input_file", "input_audio")  # a 400 naming them: the models read text
+UNSERVED_PARTS = ("input_file", "input_audio")  # a 400 naming them: the models read text and images
+TEXT_PARTS = {"input_text": "text", "output_text": "text", "refusal": "refusal"}  # part type -> its text
+PARTS = "must be a string or a list of content parts"
 
 
 def _text_of(value: Any) -> str:
-    """A string, or a list of text parts (input_text, output_text, refusal) joined."""
-    return joined_text(
-        value,
-        {"input_text": "text", "output_text": "text", "refusal": "refusal"},
-        joiner="",
-        not_a_list="must be a string or a list of content parts",
-        refused=_refused,
-    )
+    """A string, or a list of text parts (input_text, output_text, refusal) joined as llama-server joins
+    them."""
+    return joined_text(value, TEXT_PARTS, not_a_list=PARTS, refused=_refused)
 
 
 def _refused(index: int, kind: Any) -> str:
+    if kind == "input_image":
+        return f"[{index}]: input_image parts go in user messages"
     if kind in UNSERVED_PARTS:
-        return f"[{index}]: {kind} parts are not supported (the served models read text)"
-    return f"[{index}]: only input_text and output_text parts are served (got {shown(kind, 60)})"
+        return f"[{index}]: {kind} parts are not supported (the served models read text and images)"
+    return f"[{index}]: only input_text, output_text and input_image parts are served (got {shown(kind, 60)})"
+
+
+def _image(part: dict[str, Any], index: int) -> ImageRef:
+    """An input_image part: its `image_url` (a data URL or base64) to decode; by file_id, not served."""
+    url = part.get("image_url")
+    if not isinstance(url, str):
+        why = "by file_id is not served" if part.get("file_id") is not None else "needs its image_url"
+        raise ValueError(
+            f'[{index}]: an input_image {why}: send it as "image_url": "data:image/png;base64,..."'
+        )
+    return ImageRef(f"content[{index}].image_url", url)
+
+
+IMAGES = {"input_image": _image}
 
 
 class MessageItem(Loose):
     type: Literal["message"] = "message"
     role: Literal["user", "assistant", "system", "developer"]
-    content: str
+    content: Union[str, list[dict[str, Any]]]  # text; a user's with images: its parts, as kept
+    _where: str = PrivateAttr(default="input")  # its field (input[2]): where its images are said to be
 
     @field_validator("content", mode="before")
     @classmethod
-    def _content(cls, value: Any) -> str:
-        return _text_of(value)
+    def _content(cls, value: Any, info: ValidationInfo) -> str | list[dict[str, Any]]:
+        """Text parts joined; a user's parts with images kept as they are (their served fields), read
+        when the messages are made."""
+        if info.data.get("role") != "user":
+            return _text_of(value)
+        content = content_of(value, TEXT_PARTS, not_a_list=PARTS, refused=_refused, images=IMAGES)
+        return content if isinstance(content, str) else [_kept(part) for part in value]
+
+    def parts(self) -> str | list[Part]:
+        """Its content as Ask.messages carries it: text, or text and images (each named by its field)."""
+        if isinstance(self.content, str):
+            return self.content
+        joined = content_of(self.content, TEXT_PARTS, not_a_list=PARTS, refused=_refused, images=IMAGES)
+        if isinstance(joined, str):
+            return joined
+        return [p.under(self._where) if isinstance(p, ImageRef) else p for p in joined]
+
+
+def _kept(part: dict[str, Any]) -> dict[str, Any]:
+    """A part as the store keeps it: its type and the field that holds its text or image."""
+    kind = part["type"]
+    field = TEXT_PARTS.get(kind, "image_url")
+    return {"type": kind, field: part[field]}
 
 
 class FunctionCallItem(Loose):
@@ -118,7 +171,10 @@ def input_items(value: Any, where: str = "input") -> list[Item]:
             served = ", ".join(ITEMS)
             message = f"{where}[{i}].type: {said} items are not supported (served: {served})"
             raise ApiError(400, message, param=f"{where}[{i}].type")
-        items.append(checked(model, raw, f"{where}[{i}]"))
+        item = checked(model, raw, f"{where}[{i}]")
+        if isinstance(item, MessageItem):
+            item._where = f"{where}[{i}]"
+        items.append(item)
     return items
 
 
@@ -149,12 +205,13 @@ def chat_messages(instructions: str | None, items: list[Item]) -> list[dict[str,
             name = {"name": names[item.call_id]} if item.call_id in names else {}
             turn = {"role": "tool", "tool_call_id": item.call_id, **name, "content": item.output}
         elif item.role in ("system", "developer"):
+            text = item.content if isinstance(item.content, str) else ""  # text only (_content)
             if not out:
-                systems.append(item.content)
+                systems.append(text)
                 continue
-            turn = {"role": "system", "content": item.content}
+            turn = {"role": "system", "content": text}
         else:
-            turn = {"role": item.role, "content": item.content}
+            turn = {"role": item.role, "content": item.parts()}
         if turn["role"] == "assistant" and reasoning:
             turn["reasoning_content"] = reasoning
         reasoning = None

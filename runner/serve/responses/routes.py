@@ -24,6 +24,7 @@ from runner.serve.responses.store import ResponseStore
 from runner.serve.shared.answers import EventStream, collect, submit
 from runner.serve.shared.body import read_json, resolve_model
 from runner.serve.shared.http import ApiError, guarded, quoted
+from runner.serve.shared.images import with_pixels
 from runner.store import StoredResponse
 
 
@@ -49,6 +50,7 @@ class Responses:
             previous = await self._load(req.previous_response_id, "previous_response_id")
             earlier = input_items(previous.conversation, "previous_response_id")
         ask = serving.ask_of(req, model, chat_messages(req.instructions, earlier + items), tools)
+        ask = await with_pixels(self.backend, ask)  # decoded off the event loop
         generation = await submit(self.backend, ask, "input")
         keep = self.store is not None and req.store is not False
         head = serving.head_of(req, model, tools, keep)

@@ -6,6 +6,7 @@ checked for text that is not Unicode, and a model name is only ever compared aga
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 from collections.abc import Iterable
@@ -17,6 +18,7 @@ from runner.serve.backend import Backend
 from runner.serve.shared.http import ApiError, quoted, short
 
 MAX_DEPTH = 64  # JSON nesting a request may use: deeper is a 400, so nothing below recurses past it
+PARSE_HERE = 256 << 10  # a body larger than this is parsed in a worker thread (the event loop goes on)
 
 
 async def read_json(request: Request, max_body: int) -> dict[str, Any]:
@@ -38,8 +40,14 @@ async def read_json(request: Request, max_body: int) -> dict[str, Any]:
             chunks.append(chunk)
     except ClientDisconnect:
         raise ApiError(400, "the client left before its body arrived") from None
+    if size > PARSE_HERE:  # images in it, most likely: megabytes of JSON parsed off the event loop
+        return await asyncio.to_thread(_parsed, b"".join(chunks))
+    return _parsed(b"".join(chunks))
+
+
+def _parsed(raw: bytes) -> dict[str, Any]:
     try:
-        body = json.loads(b"".join(chunks), parse_constant=_no_constant, parse_float=_finite)
+        body = json.loads(raw, parse_constant=_no_constant, parse_float=_finite)
     except (ValueError, RecursionError) as exc:
         raise ApiError(400, f"the body is not valid JSON ({short(exc)})") from None
     if not isinstance(body, dict):

@@ -1,6 +1,7 @@
-"""What every API translates the same way into the engine's `Ask` (runner.serve.backend): text parts
-joined, the system texts merged into one system message, tool definitions, tool_choice, a past tool
-call as the templates read it (OpenAI's shape), and the ids of what an answer makes.
+"""What every API translates the same way into the engine's `Ask` (runner.serve.backend): text and
+image parts joined as llama-server joins them, the system texts merged into one system message, tool
+definitions, tool_choice, a past tool call as the templates read it (OpenAI's shape), and the ids of
+what an answer makes.
 
 Each API maps its own shapes onto these (Anthropic's blocks, the Responses API's items, OpenAI's and
 Ollama's messages), and says their failures in its own words.
@@ -13,6 +14,8 @@ import secrets
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from runner.serve.shared.images import ImageRef, Part, joined
+
 
 def new_id(prefix: str) -> str:
     """An id for what an answer makes (chatcmpl-…, msg_…, toolu_…, call_…): random, 24 hex digits."""
@@ -24,28 +27,42 @@ def shown(kind: Any, limit: int) -> str:
     return json.dumps(kind)[:limit] if isinstance(kind, str) else "a part without a type"
 
 
-def joined_text(
+def content_of(
     value: Any,
     fields: Mapping[str, str],
     *,
-    joiner: str,
     not_a_list: str,
     refused: Callable[[int, Any], str],
-) -> str:
-    """A string, or a list of text parts joined: `fields` maps each part type served to the field that
-    holds its text. Anything else is a ValueError: `not_a_list`, or `refused(index, type)` for a part."""
+    images: Mapping[str, Callable[[dict[str, Any], int], ImageRef]] | None = None,
+) -> str | list[Part]:
+    """A string, or a list of parts joined as llama-server joins them (shared.images.joined): `fields`
+    maps each text part type served to the field that holds its text, `images` each image part type
+    to what reads it (the part and its index: an ImageRef, or a ValueError). Anything else is a
+    ValueError: `not_a_list`, or `refused(index, type)` for a part."""
     if isinstance(value, str):
         return value
     if not isinstance(value, list):
         raise ValueError(not_a_list)
-    texts = []
+    parts: list[Part] = []
     for i, part in enumerate(value):
         kind = part.get("type") if isinstance(part, dict) else None
+        image = (images or {}).get(kind) if isinstance(kind, str) else None
+        if image is not None and isinstance(part, dict):
+            parts.append(image(part, i))
+            continue
         field = fields.get(kind) if isinstance(kind, str) else None
-        if field is None or not isinstance(part.get(field), str):
+        if field is None or not isinstance(part, dict) or not isinstance(part.get(field), str):
             raise ValueError(refused(i, kind))
-        texts.append(part[field])
-    return joiner.join(texts)
+        parts.append(part[field])
+    return joined(parts)
+
+
+def joined_text(
+    value: Any, fields: Mapping[str, str], *, not_a_list: str, refused: Callable[[int, Any], str]
+) -> str:
+    """content_of for a field that holds text only: a string, or its text parts joined."""
+    text = content_of(value, fields, not_a_list=not_a_list, refused=refused)
+    return text if isinstance(text, str) else ""  # always a string: no image part is read here
 
 
 def with_system(systems: list[str], turns: list[dict[str, Any]]) -> list[dict[str, Any]]:
