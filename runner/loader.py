@@ -36,8 +36,10 @@ from runner.memory.plan import (
     trained_context,
 )
 from runner.projector import attach as attach_projector
+from runner.projector import memory as projector_memory
 
 if TYPE_CHECKING:
+    from runner.memory.projector import ProjectorMemory
     from runner.memory.speed import Where
 
 UNQUANTIZED_KV = ("f16", "f32", "bf16")
@@ -157,6 +159,7 @@ def plan_for(
     smaller: Callable[[], list[str]] | None = None,
     path: Path | None = None,
     output_rows: int = 0,
+    projector: ProjectorMemory | None = None,
 ) -> Plan:
     """The plan to load with; refuses (WontFit) what this machine cannot hold, unless forced.
 
@@ -179,6 +182,7 @@ def plan_for(
         most_parallel=most_parallel,
         path=path,
         output_rows=output_rows,
+        projector=projector,
     )
     if not plan.fits and not force:
         ui.echo("\n".join(device_table(plan)))
@@ -204,6 +208,7 @@ def choose_plan(
     most_parallel: bool = False,
     path: Path | None = None,
     output_rows: int = 0,
+    projector: ProjectorMemory | None = None,
 ) -> tuple[Plan, dict[str, Any]]:
     """The plan a load makes, fitting or not, and what make_plan was asked for it: plan_for's, and
     `runner fit`'s, so that fit says what a load would do with the same settings.
@@ -213,6 +218,7 @@ def choose_plan(
     `growing`: the context will fill up as the model runs (a chat), see CPU_CHAT_FLASH_ATTN.
     `parallel` sequences share the context (a batch); with `most_parallel`, the most up to that
     which fit (halving), as the plan's n_seq. `output_rows`: the most rows of logits one decode asks for.
+    `projector`: a vision projector's memory (runner.projector.memory), counted beside the model.
     """
 
     def asking(n: int) -> dict[str, Any]:
@@ -223,6 +229,7 @@ def choose_plan(
             flash_attn=flash_attn,
             n_seq=n,
             output_rows=output_rows,
+            projector=projector,
         )
 
     n_seq = parallel
@@ -437,6 +444,7 @@ def open_model(
         most_parallel=most_parallel,
         force=force,
         output_rows=output_rows,
+        projector=projector_memory(mmproj) if mmproj is not None else None,  # counted in the plan
     )
     if isinstance(ref, HubRef):
         from runner.hub import fetch

@@ -68,6 +68,7 @@ def fit(
     offline: o.Offline = False,
     json: o.JsonObject = False,
     rpc: o.Rpc = None,
+    mmproj: o.Mmproj = None,
     debug: o.Debug = False,
 ) -> None:
     """Will it fit? Memory per device, the offload plan and a verdict.
@@ -98,6 +99,7 @@ def fit(
             offline=offline,
             as_json=json,
             serve=serve,
+            mmproj=mmproj,
         ),
         out=sys.stdout,
     )

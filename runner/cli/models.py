@@ -65,6 +65,7 @@ def show(
     template: o.Template = False,
     offline: o.Offline = False,
     json: o.JsonObject = False,
+    mmproj: o.Mmproj = None,
     debug: o.Debug = False,
 ) -> None:
     """Describe a model from its GGUF header, cached or read on the Hub.
@@ -79,7 +80,7 @@ def show(
     """
     from runner.commands.show import show_model
 
-    show_model(model, out=sys.stdout, template=template, as_json=json, offline=offline)
+    show_model(model, out=sys.stdout, template=template, as_json=json, offline=offline, mmproj=mmproj)
 
 
 @app.command(no_args_is_help=True)

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from runner import loader, ui
+from runner import projector as vision
 from runner.gguf import GGUFHeader
 from runner.hub import fetch
 from runner.hub.catalog import load_catalog
@@ -26,6 +27,7 @@ from runner.memory.plan import (
     largest_context,
     trained_context,
 )
+from runner.memory.projector import ProjectorMemory
 from runner.memory.speed import Decode
 
 
@@ -40,6 +42,7 @@ class Request:
     offline: bool = False
     as_json: bool = False
     serve: bool = False  # plan as runner serve plans with the same flags, and count what it counts
+    mmproj: str | None = None  # a vision projector counted beside the model, as run --mmproj loads it
 
     @property
     def planning(self) -> dict[str, Any]:
@@ -68,20 +71,21 @@ def fit_model(request: Request, *, out: TextIO) -> None:
         return
     model = read_model(ref, offline=request.offline)
     warnings = _warn(model.merged, machine, request)
-    plan = _plan(model.merged, machine, request, model.path)
+    projector = vision.memory(request.mmproj, model.merged) if request.mmproj else None
+    plan = _plan(model.merged, machine, request, model.path, projector)
     beside = loader.embedding_context(plan, model.merged) if request.serve else {}
     where = loader.speed_where(model.path, plan, machine)
     decode = speed.decode(model.merged, plan, machine, where)
     chose = _chose(plan, model.merged, machine, request) if plan.fits else []
     if request.as_json:
         report = {
-            **to_json(ref, model, plan, machine, decode, beside),
+            **to_json(ref, model, plan, machine, decode, beside, projector),
             "chosen": chose,
             "warnings": warnings,
         }
         out.write(json.dumps(report) + "\n")
         return
-    _describe(ref, model, plan, machine, decode, out, chose, request.ctx, beside)
+    _describe(ref, model, plan, machine, decode, out, chose, request.ctx, beside, projector)
 
 
 def _chose(plan: Plan, header: GGUFHeader, machine: Machine, request: Request) -> list[str]:
@@ -102,10 +106,17 @@ def _warn(header: GGUFHeader, machine: Machine, request: Request) -> list[str]:
     return warnings
 
 
-def _plan(header: GGUFHeader, machine: Machine, request: Request, path: Path | None = None) -> Plan:
+def _plan(
+    header: GGUFHeader,
+    machine: Machine,
+    request: Request,
+    path: Path | None = None,
+    projector: ProjectorMemory | None = None,
+) -> Plan:
     """The plan a load with the same settings makes (loader.choose_plan: run's, or with --serve
-    serve's); for a local file checked by a dry run where the estimate approximates."""
-    return loader.choose_plan(header, machine, path=path, **request.planning)[0]
+    serve's); for a local file checked by a dry run where the estimate approximates. `projector`:
+    --mmproj's memory, counted as run --mmproj counts it."""
+    return loader.choose_plan(header, machine, path=path, projector=projector, **request.planning)[0]
 
 
 def fits(plan: Plan, beside: dict[str, int] | None = None) -> bool:
@@ -141,6 +152,7 @@ def to_json(
     machine: Machine,
     decode: Decode | None,
     beside: dict[str, int] | None = None,
+    projector: ProjectorMemory | None = None,
 ) -> dict:
     est = plan.estimate
     parts = held(plan, beside)
@@ -171,6 +183,7 @@ def to_json(
             "compute_bytes": est.compute_bytes,
             "output_bytes": est.output_bytes,
             "overhead_bytes": est.overhead_bytes,
+            "projector_bytes": est.projector_bytes,
             "total_bytes": est.total_bytes,
         },
         "devices": [  # as the table: the parts add up to total_bytes, what the verdict counts
@@ -183,6 +196,7 @@ def to_json(
                 "output_bytes": h.output_bytes,
                 "other_bytes": h.other_bytes,
                 "embedding_bytes": h.beside_bytes,
+                "projector_bytes": h.projector_bytes,
                 "total_bytes": h.verdict.needed_bytes,
                 "available_bytes": h.verdict.budget_bytes,
                 "fits": h.verdict.fits,
@@ -204,6 +218,35 @@ def to_json(
         },
         "alternatives": list(plan.alternatives),
         "decode": decode.to_json() if decode else None,
+        "projector": _projector_json(plan, projector) if projector else None,
+    }
+
+
+def projector_parts(plan: Plan) -> dict[str, tuple[int, int, int]]:
+    """A vision projector's share by device, as the plan places it: (weights, encoder compute buffer,
+    the rest: on the CPU its memory in no buffer)."""
+    out = {}
+    for d in plan.estimate.devices:
+        if not d.projector_bytes:
+            continue
+        weights, compute = (
+            sum(b.nbytes for b in plan.estimate.buffers if b.device == d.device and b.kind == kind)
+            for kind in ("mmproj", "mmproj compute")
+        )
+        out[d.device] = (weights, compute, d.projector_bytes - weights - compute)
+    return out
+
+
+def _projector_json(plan: Plan, projector: ProjectorMemory) -> dict[str, Any]:
+    return {
+        "type": projector.projector_type,
+        "image_tokens": projector.image_tokens,
+        "image_size": projector.image_size,
+        "tensor_bytes": projector.tensor_bytes,
+        "devices": [
+            {"device": device, "weights_bytes": w, "compute_bytes": c, "other_bytes": o}
+            for device, (w, c, o) in projector_parts(plan).items()
+        ],
     }
 
 
@@ -217,6 +260,7 @@ def _describe(
     chose: list[str],
     asked_ctx: int | None,
     beside: dict[str, int] | None = None,
+    projector: ProjectorMemory | None = None,
 ) -> None:
     h, est = model.headers[0], plan.estimate
     trained = trained_context(h)
@@ -267,6 +311,8 @@ def _describe(
                 f"{part.device.upper()}, the process holds only the pages a batch writes\n"
             )
     out.write("other: in no buffer (vocabulary, KV cell bookkeeping, work buffers, a GPU's context)\n")
+    if projector is not None:
+        out.writelines(_projector_lines(plan, projector))
     if beside:
         out.write(
             "embedding: the context runner serve makes at a model's first embedding request, counted "
@@ -296,6 +342,22 @@ def _describe(
         )
 
 
+def _projector_lines(plan: Plan, projector: ProjectorMemory) -> list[str]:
+    """What the table's projector column holds: per device its weights and encoder compute buffer
+    (and on the CPU its memory in no buffer), as libmtmd would place them for this plan."""
+    kind = f"{projector.projector_type}, {projector.image_tokens:,} image tokens an image"
+    lines = []
+    for device, (weights, compute, other) in projector_parts(plan).items():
+        parts = [f"{ui.human_bytes(weights)} of weights"] if weights else []
+        parts.append(f"a {ui.human_bytes(compute)} encoder compute buffer")
+        if other:
+            what = "graph metadata, the image, its embeddings, work buffer"
+            parts.append(f"{ui.human_bytes(other)} in no buffer ({what})")
+        held = ", ".join(parts[:-1]) + " and " + parts[-1] if len(parts) > 1 else parts[0]
+        lines.append(f"projector: {kind}: on the {device.upper()} {held}\n")
+    return lines
+
+
 def _serving(plan: Plan) -> str:
     rows = loader.serve_planning(plan.n_seq)["output_rows"]
     return (
@@ -307,12 +369,14 @@ def _serving(plan: Plan) -> str:
 def _per_quant(ref: HubRef, request: Request, machine: Machine, out: TextIO) -> None:
     commit, files = fetch.remote_listing(ref)
     rows: list[tuple[Choice, ModelHeaders, Plan, int | None, str]] = []
+    projector = None
     for choice in offer(files):
         model = read_remote(ref, commit, choice, quiet=True)
-        if not rows:  # the quants of one model: its trained context is theirs
+        if not rows:  # the quants of one model: its trained context and its width are theirs
             _warn(model.merged, machine, request)
-        plan = _plan(model.merged, machine, request)
-        largest = _largest_ctx(model.merged, machine, request, plan)
+            projector = vision.memory(request.mmproj, model.merged) if request.mmproj else None
+        plan = _plan(model.merged, machine, request, projector=projector)
+        largest = _largest_ctx(model.merged, machine, request, plan, projector)
         beside = loader.embedding_context(plan, model.merged) if request.serve else {}
         rows.append((choice, model, plan, largest, verdict(plan, beside)))
     if request.as_json:
@@ -344,8 +408,11 @@ def _per_quant(ref: HubRef, request: Request, machine: Machine, out: TextIO) -> 
         )
 
 
-def _largest_ctx(header: GGUFHeader, machine: Machine, request: Request, plan: Plan) -> int | None:
-    """The largest context up to the trained one that fits with the plan's offload."""
+def _largest_ctx(
+    header: GGUFHeader, machine: Machine, request: Request, plan: Plan, projector: ProjectorMemory | None
+) -> int | None:
+    """The largest context up to the trained one that fits with the plan's offload (and --mmproj's
+    projector)."""
     kv = request.kv_type or "f16"
     return largest_context(
         header,
@@ -354,4 +421,5 @@ def _largest_ctx(header: GGUFHeader, machine: Machine, request: Request, plan: P
         n_gpu_layers=plan.n_gpu_layers,
         kv=(kv, kv),
         n_seq=plan.n_seq,
+        projector=projector,
     )

@@ -12,6 +12,7 @@ from math import prod
 from pathlib import Path
 from typing import Any, TextIO
 
+from runner import projector as vision
 from runner import ui
 from runner.errors import UsageError
 from runner.gguf import GGUFHeader
@@ -19,19 +20,29 @@ from runner.hub.catalog import load_catalog
 from runner.hub.headers import read_model
 from runner.hub.quants import quant_of
 from runner.hub.refs import resolve
+from runner.memory.projector import ProjectorMemory
 
 TEMPLATE_KEY = "tokenizer.chat_template"
 
 
 def show_model(
-    model: str, *, out: TextIO, template: bool = False, as_json: bool = False, offline: bool = False
+    model: str,
+    *,
+    out: TextIO,
+    template: bool = False,
+    as_json: bool = False,
+    offline: bool = False,
+    mmproj: str | None = None,
 ):
-    """MODEL's summary (or, with template, its chat template alone) on out."""
+    """MODEL's summary (or, with template, its chat template alone) on out; with `mmproj`, what its
+    vision projector does (checked against the model) and holds."""
     if template and as_json:
         raise UsageError("--template prints the template alone and --json includes it: choose one")
     ref = resolve(model, load_catalog())
     read = read_model(ref, offline=offline)
     summary = summarize(read.merged, display=ref.display, file=read.source, size=read.size)
+    if mmproj is not None:
+        summary["vision"] = _vision(vision.memory(mmproj, read.merged), mmproj)
     if template:
         text = summary["chat_template"]
         if text is None:
@@ -65,6 +76,18 @@ def summarize(header: GGUFHeader, *, display: str, file: str, size: int) -> dict
         "license": header.get("general.license"),
         "size_bytes": size,
         "chat_template": template if isinstance(template, str) else None,
+        "vision": None,  # with --mmproj: the projector's type, image tokens, memory (_vision)
+    }
+
+
+def _vision(projector: ProjectorMemory, path: str) -> dict[str, Any]:
+    return {
+        "projector": path,
+        "type": projector.projector_type,
+        "image_tokens": projector.image_tokens,
+        "image_size": projector.image_size,
+        "weights_bytes": projector.weights_bytes,
+        "compute_bytes": projector.compute_bytes,
     }
 
 
@@ -95,8 +118,17 @@ def _lines(s: dict[str, Any], model: str) -> list[tuple[str, str]]:
         ("license", s["license"] or "not stated"),
         ("size", ui.human_bytes(s["size_bytes"])),
         ("chat template", template),
+        *([("vision", _vision_line(s["vision"]))] if s["vision"] else []),
         ("file", s["file"]),
     ]
+
+
+def _vision_line(v: dict[str, Any]) -> str:
+    return (
+        f"yes (projector {v['type']}, {v['image_tokens']:,} image tokens an image of "
+        f"{v['image_size']} x {v['image_size']} px; {ui.human_bytes(v['weights_bytes'])} of weights, "
+        f"a {ui.human_bytes(v['compute_bytes'])} encoder compute buffer)"
+    )
 
 
 def _per_layer(value: Any) -> str:

@@ -34,6 +34,7 @@ from runner.gguf import REPACK_TYPES
 from runner.memory.arch import Hparams, hparams_from_header
 from runner.memory.compute import compute_bytes, host_inputs_bytes
 from runner.memory.kv import (
+    CUDA_FA_HEAD_DIMS,
     N_BATCH,
     N_UBATCH,
     OFFLOAD_KQV,
@@ -42,6 +43,7 @@ from runner.memory.kv import (
     context_size,
     kv_per_layer,
 )
+from runner.memory.projector import ProjectorMemory
 from runner.memory.split import across_workers
 from runner.memory.weights import GPU_ALIGNMENT, cuda_size, gpu_start, place_weights, tensor_layer
 
@@ -53,7 +55,7 @@ HOST_PER_STRING = 160
 HOST_PER_CELL = 160  # llama_kv_cells: pos, shift, a 256-bit sequence set, and std::set nodes once used
 GPU_OVERHEAD = 512 << 20  # CUDA context + cuBLAS workspace: a typical figure, not measured here
 WORKER_BUFFER = re.compile(r"RPC\d+\[(.+)\]")  # a worker's buffer type, as llama.cpp's log names it
-CUDA_FA_HEAD_DIMS = frozenset({40, 64, 72, 80, 96, 112, 128, 192, 256, 512, 576})
+PROJECTOR_KINDS = ("mmproj", "mmproj compute")  # a vision projector's buffers: weights, encoder compute
 
 
 @dataclass(frozen=True)
@@ -77,12 +79,12 @@ class DeviceUsage:
     compute_bytes: int
     output_bytes: int
     overhead_bytes: int = 0  # in no buffer: vocabulary, work buffer, CUDA context
+    projector_bytes: int = 0  # a vision projector's weights, encoder compute and host memory (--mmproj)
 
     @property
     def total_bytes(self) -> int:
-        return (
-            self.weights_bytes + self.kv_bytes + self.compute_bytes + self.output_bytes + self.overhead_bytes
-        )
+        parts = self.weights_bytes + self.kv_bytes + self.compute_bytes + self.output_bytes
+        return parts + self.overhead_bytes + self.projector_bytes
 
 
 @dataclass(frozen=True)
@@ -103,12 +105,12 @@ class Estimate:
     # write (one logits row, not n_ubatch): on CPU, compare this with the RAM available
     host_rss_bytes: int = 0
     compute_from_engine: bool = False  # the compute buffers are llama.cpp's own (a dry run), not ours
+    projector_bytes: int = 0  # --mmproj: what libmtmd holds for the projector, every device together
 
     @property
     def total_bytes(self) -> int:
-        return (
-            self.weights_bytes + self.kv_bytes + self.compute_bytes + self.output_bytes + self.overhead_bytes
-        )
+        parts = self.weights_bytes + self.kv_bytes + self.compute_bytes + self.output_bytes
+        return parts + self.overhead_bytes + self.projector_bytes
 
     def device(self, name: str) -> DeviceUsage | None:
         return next((d for d in self.devices if d.device == name), None)
@@ -140,6 +142,7 @@ def estimate(
     repack_types: frozenset[str] = REPACK_TYPES,
     workers: tuple[tuple[str, float], ...] = (),
     output_rows: int = 0,
+    projector: ProjectorMemory | None = None,
 ) -> Estimate:
     """Memory llama.cpp allocates to load this model and create a context of n_ctx tokens.
 
@@ -153,6 +156,8 @@ def estimate(
     output_rows: the most rows of logits one decode will ask for, where more than a row per sequence
     (a prompt scored, `echo`; `bench --quality`'s chunk halves): llama.cpp grows the output buffer to
     that many rows at that decode (output_reserve), and keeps it.
+    projector: a vision projector libmtmd loads beside the model (runner.memory.projector), on the
+    device of the GPU layers where there are any (runner asks libmtmd for the GPU only then), else here.
     """
     hp = hparams_from_header(header)
     cs = context_size(hp, n_ctx, n_seq=n_seq, n_batch=n_batch, n_ubatch=n_ubatch)
@@ -186,9 +191,13 @@ def estimate(
 
     def usage(device: str, overhead: int) -> DeviceUsage:
         state, compute, out = total(device, "KV", "RS"), total(device, "compute"), total(device, "output")
-        return DeviceUsage(device, resident[device], state, compute, out, overhead)
+        vision = total(device, *PROJECTOR_KINDS)
+        if projector is not None and device == "cpu":  # its graph's metadata, an image, its embeddings
+            vision += projector.host(on_gpu=offload is not None)
+        return DeviceUsage(device, resident[device], state, compute, out, overhead, vision)
 
     host_extra = host_overhead(hp, cs, flash_attn=fa, type_v=type_v)
+    offload = None  # where a projector's weights go, other than here
     if gpu and workers:  # the workers' buffers for the GPU's; the host's named as without a GPU
         on_workers, held = across_workers(header, hp, cs, start, workers, **kw)
         host = [
@@ -196,8 +205,12 @@ def estimate(
         ]
         buffers = host + [Buffer(*b) for b in on_workers]
         resident = {"cpu": resident["cpu"], **held}
+    if projector is not None:  # the first GPU-type device: the GPU, else the first worker (ggml-rpc's type)
+        offload = (workers[0][0] if workers else "gpu") if gpu and start <= hp.n_layer else None
+        buffers += projector_buffers(projector, offload)
     offloaded = [usage(w, 0) for w, _ in workers] if workers else [usage("gpu", GPU_OVERHEAD)]
     devices = [usage("cpu", host_extra)] + (offloaded if gpu else [])
+    host_held = total("cpu", "model", "KV", "RS", "output")
     return Estimate(
         weights_bytes=sum(d.weights_bytes for d in devices),
         kv_bytes=sum(d.kv_bytes for d in devices),
@@ -210,8 +223,20 @@ def estimate(
         n_layers=hp.n_layer + 1,
         buffers=tuple(buffers),
         exact=hp.exact_graph and not gpu,  # with workers too: each one's compute buffer is approximated
-        host_rss_bytes=total("cpu", "model", "KV", "RS", "output") + touched + host_extra,
+        host_rss_bytes=host_held + touched + host_extra + devices[0].projector_bytes,
+        projector_bytes=sum(d.projector_bytes for d in devices),
     )
+
+
+def projector_buffers(projector: ProjectorMemory, offload: str | None) -> list[Buffer]:
+    """A projector's weights and encoder compute buffers (kinds "mmproj", "mmproj compute"): on the
+    offload device (the GPU or a worker) with the image's inputs in a CPU compute buffer, or all here."""
+    out = []
+    for device, (weights, compute) in projector.placed(offload is not None).items():
+        where = offload if device == "gpu" and offload else device
+        name = "CPU" if where == "cpu" else "CUDA0" if where == "gpu" else "RPC0"
+        out += [Buffer(name, "mmproj", where, weights), Buffer(name, "mmproj compute", where, compute)]
+    return [b for b in out if b.nbytes]
 
 
 def embedding_context_bytes(header: Any, *, n_ctx: int, n_seq: int, flash_attn: bool = False) -> int:

@@ -23,6 +23,7 @@ KV_UNIFIED = False  # .kv_unified: one KV stream per sequence
 OFFLOAD_KQV = True  # .offload_kqv: a layer's KV cache lives with the layer
 N_CTX_PAD = 256  # llama-context.cpp:290: n_ctx = GGML_PAD(n_ctx, 256)
 CPU_ALIGNMENT = 32  # TENSOR_ALIGNMENT, ggml-impl.h:44
+CUDA_FA_HEAD_DIMS = frozenset({40, 64, 72, 80, 96, 112, 128, 192, 256, 512, 576})  # CUDA's flash attention
 KV_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl")
 
 

@@ -6,61 +6,32 @@ DEFAULT_CTX_CAP and the trained context, halving), at each an f16 then a q8_0 KV
 asked for, every layer on the GPU if the build can offload, else as many layers as fit. When nothing
 fits it names the nearest options that do. Where the estimate only approximates (a GPU device, an
 architecture without its own graph), confirm() checks the plan against llama.cpp's own dry run of
-the load, which the loader passes in.
+the load, which the loader passes in. A vision projector (--mmproj: runner.memory.projector) is
+counted with the model in every option tried, on the device libmtmd would put it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
-from runner import ui
 from runner.errors import InvalidSetting
 from runner.limits import DEFAULT_CTX, MAX_INT32, MIN_CTX, check_range
 from runner.memory.devices import Machine
 from runner.memory.estimate import Estimate, estimate, with_compute
+from runner.memory.projector import ProjectorMemory
+from runner.memory.verdict import Held as Held  # re-exported: what a plan holds, as tables say it
+from runner.memory.verdict import Plan, Verdict
+from runner.memory.verdict import describe_refusal as describe_refusal
+from runner.memory.verdict import device_table as device_table
+from runner.memory.verdict import held as held
 
 DEFAULT_CTX_CAP = DEFAULT_CTX  # without --ctx: the trained context, at most this
 MIN_AUTO_CTX = 2048  # without --ctx, a smaller context than this is offered, not chosen
 CPU_MARGIN = 0.10  # of the RAM available now: the OS, the shell, other programs
 GPU_MARGIN_MIN = 256 << 20  # per GPU: at least this, or GPU_MARGIN of its memory
 GPU_MARGIN = 0.03
-
-
-@dataclass(frozen=True)
-class Verdict:
-    device: str  # "cpu" or "gpu"
-    needed_bytes: int
-    budget_bytes: int  # what the device has now, less the margin
-
-    @property
-    def fits(self) -> bool:
-        return self.needed_bytes <= self.budget_bytes
-
-
-@dataclass(frozen=True)
-class Plan:
-    n_ctx: int
-    n_gpu_layers: int  # layers on the GPU, the output layer counting as one; 0: CPU only
-    type_k: str
-    type_v: str
-    estimate: Estimate
-    verdicts: tuple[Verdict, ...]
-    alternatives: tuple[str, ...] = field(default_factory=tuple)  # options that fit, when this does not
-    use_gpu: bool = (
-        False  # False on a GPU machine: load with no GPU device (no VRAM at all, not even compute)
-    )
-    flash_attn: bool | None = None  # None: llama.cpp's "auto"
-    n_seq: int = 1  # sequences decoded together (--parallel), sharing n_ctx
-
-    @property
-    def fits(self) -> bool:
-        return all(v.fits for v in self.verdicts)
-
-    @property
-    def full_offload(self) -> bool:
-        return self.n_gpu_layers == self.estimate.n_layers
 
 
 def worker_shares(machine: Machine) -> tuple[tuple[str, float], ...]:
@@ -115,6 +86,7 @@ def _try(
     adjust: dict[str, int] | None = None,
     flash_attn: bool | None = None,
     output_rows: int = 0,
+    projector: ProjectorMemory | None = None,
 ) -> Plan:
     use_gpu = machine.offloads if use_gpu is None else use_gpu
     try:
@@ -130,6 +102,7 @@ def _try(
             flash_attn=flash_attn,
             workers=worker_shares(machine) if use_gpu else (),
             output_rows=output_rows,
+            projector=projector,
         )
     except ValueError as exc:  # e.g. an unknown KV type, or a quantized V cache without flash attention
         raise InvalidSetting(f"--kv-type {kv[1]}: {exc}") from exc
@@ -168,11 +141,20 @@ def _most_layers(
     attempt: Any = None,
     adjust: dict[str, int] | None = None,
     flash_attn: bool | None = None,
+    projector: ProjectorMemory | None = None,
 ) -> Plan | None:
     """The plan with the most GPU layers that fits at n_ctx (binary search; fewer layers, less VRAM)."""
     attempt = attempt or (
         lambda n_ctx, n_layers, kv: _try(
-            header, machine, n_ctx, n_layers, kv, n_seq, adjust=adjust, flash_attn=flash_attn
+            header,
+            machine,
+            n_ctx,
+            n_layers,
+            kv,
+            n_seq,
+            adjust=adjust,
+            flash_attn=flash_attn,
+            projector=projector,
         )
     )
     full = attempt(n_ctx, -1, kv)
@@ -203,13 +185,14 @@ def make_plan(
     adjust: dict[str, int] | None = None,
     flash_attn: bool | None = None,
     output_rows: int = 0,
+    projector: ProjectorMemory | None = None,
 ) -> Plan:
     """The offload and context to load with; `fits` False means none was found (see alternatives).
 
     Without --kv-type the cache is f16, or q8_0 where that keeps the context or the full offload
     f16 would lose (q8_0 keys and values cost next to nothing in quality; llama.cpp needs flash
     attention for them, so a model without it stays f16). flash_attn None is llama.cpp's "auto";
-    False rules out a quantized V cache.
+    False rules out a quantized V cache. `projector`: a vision projector loaded beside the model.
     """
     kvs = [(kv_type, kv_type)] if kv_type else [("f16", "f16"), ("q8_0", "q8_0")]
     trained = trained_context(header) or DEFAULT_CTX_CAP
@@ -222,7 +205,7 @@ def make_plan(
         try:
             return _try(
                 header, machine, n_ctx, n_layers, kv, n_seq, adjust=adjust, flash_attn=flash_attn,
-                output_rows=output_rows, **kw,
+                output_rows=output_rows, projector=projector, **kw,
             )  # fmt: skip
         except InvalidSetting:
             if kv_type:  # the user's choice: say why it cannot be
@@ -231,7 +214,7 @@ def make_plan(
 
     first = _try(
         header, machine, contexts[0], layers, kvs[0], n_seq, adjust=adjust, flash_attn=flash_attn,
-        output_rows=output_rows,
+        output_rows=output_rows, projector=projector,
     )  # fmt: skip
     for n_ctx in contexts:
         for kv in kvs:
@@ -249,7 +232,8 @@ def make_plan(
                 cpu_only = attempt(n_ctx, 0, kv, use_gpu=False)
                 if cpu_only is not None and cpu_only.fits:
                     return cpu_only
-    return replace(first, alternatives=tuple(_alternatives(header, machine, first, n_seq, adjust)))
+    found = _alternatives(header, machine, first, n_seq, adjust, projector)
+    return replace(first, alternatives=tuple(found))
 
 
 DRY_RUN_ROUNDS = 3
@@ -320,15 +304,18 @@ def largest_context(
     n_seq: int = 1,
     adjust: dict[str, int] | None = None,
     flash_attn: bool | None = None,
+    projector: ProjectorMemory | None = None,
 ) -> int | None:
     """The largest --ctx up to `upper` (a multiple of 256, as llama.cpp pads) that fits, or None:
     each sequence's context, as --ctx is in every command, n_seq of them in the KV cache."""
     lo, hi, best = 1, upper // 256, None
     while lo <= hi:
         mid = (lo + hi) // 2
-        if _try(
-            header, machine, mid * 256 * n_seq, n_gpu_layers, kv, n_seq, adjust=adjust, flash_attn=flash_attn
-        ).fits:
+        plan = _try(
+            header, machine, mid * 256 * n_seq, n_gpu_layers, kv, n_seq, adjust=adjust, flash_attn=flash_attn,
+            projector=projector,
+        )  # fmt: skip
+        if plan.fits:
             best, lo = mid * 256, mid + 1
         else:
             hi = mid - 1
@@ -336,7 +323,12 @@ def largest_context(
 
 
 def _alternatives(
-    header: Any, machine: Machine, failed: Plan, n_seq: int, adjust: dict[str, int] | None = None
+    header: Any,
+    machine: Machine,
+    failed: Plan,
+    n_seq: int,
+    adjust: dict[str, int] | None = None,
+    projector: ProjectorMemory | None = None,
 ) -> list[str]:
     """The nearest options that fit: a smaller context, a quantized KV cache, partial offload. With
     `adjust` (a dry run's correction of the compute buffers, as make_plan got it) each is judged the
@@ -346,17 +338,13 @@ def _alternatives(
     per_seq = failed.n_ctx // n_seq  # as --ctx gives it
     upper = min(per_seq - 256, trained_context(header) or per_seq)
     layers = failed.n_gpu_layers or 0
-    fa = failed.flash_attn
-    smaller = largest_context(
-        header, machine, upper=upper, n_gpu_layers=layers, kv=kv, n_seq=n_seq, adjust=adjust, flash_attn=fa
-    )
+    same: dict[str, Any] = dict(adjust=adjust, flash_attn=failed.flash_attn, projector=projector)
+    smaller = largest_context(header, machine, upper=upper, n_gpu_layers=layers, kv=kv, n_seq=n_seq, **same)
     if smaller:
         out.append(f"--ctx {smaller}")
     if failed.type_k == "f16":
         try:
-            quantized = _try(
-                header, machine, failed.n_ctx, layers, ("q8_0", "q8_0"), n_seq, adjust=adjust, flash_attn=fa
-            )
+            quantized = _try(header, machine, failed.n_ctx, layers, ("q8_0", "q8_0"), n_seq, **same)
             if quantized.fits:
                 out.append("--kv-type q8_0")
             else:
@@ -367,126 +355,14 @@ def _alternatives(
                     n_gpu_layers=layers,
                     kv=("q8_0", "q8_0"),
                     n_seq=n_seq,
-                    adjust=adjust,
-                    flash_attn=fa,
+                    **same,
                 )
                 if q8 and (smaller is None or q8 > smaller):
                     out.append(f"--kv-type q8_0 --ctx {q8}")
         except InvalidSetting:  # q8_0 V needs flash attention, which this model may not get
             pass
     if machine.offloads:
-        partial = _most_layers(header, machine, failed.n_ctx, kv, n_seq, adjust=adjust, flash_attn=fa)
+        partial = _most_layers(header, machine, failed.n_ctx, kv, n_seq, **same)
         if partial is not None and partial.n_gpu_layers < failed.estimate.n_layers:
             out.append(f"--gpu-layers {partial.n_gpu_layers}")
     return out
-
-
-@dataclass(frozen=True)
-class Held:
-    """What one device must hold, in parts that add up to what its verdict counts (needed_bytes). On
-    the CPU that is the process's resident memory (Estimate.host_rss_bytes): the mapped weights
-    whole, and of the compute buffer llama.cpp reserves (compute_reserved_bytes) only the pages a
-    batch writes. `beside`: what is held beside the plan's context (a server's embedding context)."""
-
-    device: str
-    weights_bytes: int
-    kv_bytes: int
-    compute_bytes: int
-    output_bytes: int
-    other_bytes: int  # in no buffer: the vocabulary, the KV cells' bookkeeping, work buffers, CUDA's context
-    compute_reserved_bytes: int
-    verdict: Verdict
-    beside_bytes: int = 0
-
-    @property
-    def partly_held(self) -> bool:
-        """Only part of the compute buffer is held, by more than the table's rounding."""
-        return ui.human_bytes(self.compute_bytes) != ui.human_bytes(self.compute_reserved_bytes)
-
-
-def held(plan: Plan, beside: dict[str, int] | None = None) -> list[Held]:
-    """Per device, the parts of what its verdict counts: they add up to needed_bytes. `beside`: bytes
-    per device held beside the plan's context (runner serve's embedding context), counted in the
-    verdict as runner serve counts them against its budget."""
-    est = plan.estimate
-    verdicts = {v.device: v for v in plan.verdicts}
-    out = []
-    for d in est.devices:
-        v = verdicts[d.device]
-        weights = d.weights_bytes
-        if d.device == "cpu" and est.host_rss_bytes:  # check() counts the resident memory
-            weights = sum(b.nbytes for b in est.buffers if b.device == "cpu" and b.kind == "model")
-        compute = v.needed_bytes - weights - d.kv_bytes - d.output_bytes - d.overhead_bytes
-        extra = (beside or {}).get(d.device, 0)
-        if extra:
-            v = replace(v, needed_bytes=v.needed_bytes + extra)
-        out.append(
-            Held(
-                d.device,
-                weights,
-                d.kv_bytes,
-                compute,
-                d.output_bytes,
-                d.overhead_bytes,
-                d.compute_bytes,
-                v,
-                extra,
-            )
-        )
-    return out
-
-
-def device_table(plan: Plan, beside: dict[str, int] | None = None, beside_label: str = "") -> list[str]:
-    """Per device what it must hold (weights, KV cache, compute, output, other, and what is held
-    beside the plan's context under `beside_label`: they add up to its needs), what it has and whether
-    that fits: aligned text lines. A compute buffer of which only part is held (the CPU's) shows
-    both: "12.0 MB of 539.5 MB"."""
-    extra = bool(beside and any(beside.values()))
-    parts = ("device", "weights", "KV cache", "compute", "output", "other")
-    header: tuple[str, ...] = (*parts, *((beside_label,) if extra else ()), "needs", "available", "")
-    table: list[tuple[str, ...]] = [header]
-    for h in held(plan, beside):
-        compute = ui.human_bytes(h.compute_bytes)
-        if h.partly_held:
-            compute += f" of {ui.human_bytes(h.compute_reserved_bytes)}"
-        table.append(
-            (
-                h.device.upper(),
-                ui.human_bytes(h.weights_bytes),
-                ui.human_bytes(h.kv_bytes),
-                compute,
-                ui.human_bytes(h.output_bytes),
-                ui.human_bytes(h.other_bytes),
-                *((ui.human_bytes(h.beside_bytes),) if extra else ()),
-                ui.human_bytes(h.verdict.needed_bytes),
-                ui.human_bytes(h.verdict.budget_bytes),
-                "fits" if h.verdict.fits else "DOES NOT FIT",
-            )
-        )
-    widths = [max(len(row[i]) for row in table) for i in range(len(header))]
-    return [
-        "  ".join(
-            c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True))
-        ).rstrip()
-        for row in table
-    ]
-
-
-def describe_refusal(name: str, plan: Plan, smaller_quants: list[str] | None = None) -> str:
-    short = [
-        f"{v.device.upper()} needs {ui.human_bytes(v.needed_bytes)}, has {ui.human_bytes(v.budget_bytes)}"
-        for v in plan.verdicts
-        if not v.fits
-    ]
-    workers = any(d.device not in ("cpu", "gpu") for d in plan.estimate.devices)
-    where = "across the workers" if workers else "on the GPU" if plan.n_gpu_layers else "in RAM"
-    tries = list(plan.alternatives) + [f"a smaller quant: {q}" for q in smaller_quants or []]
-    options = "; try " + " or ".join(tries) if tries else ""
-    per_seq = plan.n_ctx // plan.n_seq  # what --ctx gives, in every command
-    context = f"a {per_seq:,}-token context" + (
-        f" for each of {plan.n_seq} sequences" if plan.n_seq > 1 else ""
-    )
-    return (
-        f"{name} does not fit {where} at {context} ({', '.join(short)}){options}; "
-        "`runner fit` shows the whole estimate, --force loads it anyway"
-    )

@@ -1,0 +1,239 @@
+"""A vision projector's memory (runner.memory.projector): the estimate against libmtmd's own logged
+figures (a child process per projector: scripts/bench_projector_memory.py's probe, SmolLM2 and the
+projector loaded as runner loads them), the estimate and the plan counting it on the device libmtmd
+puts it, `fit --mmproj` showing it, and a refusal naming its share."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from runner.gguf import check_projector, read_header
+from runner.memory.devices import Machine
+from runner.memory.estimate import estimate, with_compute
+from runner.memory.plan import CPU_MARGIN, describe_refusal, device_table, make_plan
+from runner.memory.projector import ProjectorMemory, estimate_projector, vit_graph, vit_of
+from runner.ui import human_bytes as _human
+from tests.conftest import run_cli
+
+SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "bench_projector_memory.py"
+MiB = 1 << 20
+# libmtmd logs MiB with two decimals: a figure under a MiB is checked to that rounding, the rest to 5%
+TOLERANCE = 0.05
+LOG_ROUNDING_MIB = 0.005
+
+
+def _load_script() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("bench_projector_memory", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look themselves up there
+    spec.loader.exec_module(module)
+    return module
+
+
+bench = _load_script()
+
+
+@pytest.fixture(scope="module")
+def projectors(tmp_path_factory: pytest.TempPathFactory, smollm2_path: Path) -> dict[str, Path]:
+    """The two test projectors and two larger synthetic ones (224 px mlp with a class embedding, 4
+    blocks of width 256; 448 px gemma3, 3 f16 blocks of width 512, 64 image tokens) for SmolLM2."""
+    out = tmp_path_factory.mktemp("projectors")
+    return {name: bench.write(name, smollm2_path, out) for name in ("mlp", "gemma3", "mlp-224", "gemma3-448")}
+
+
+def _memory(path: Path) -> ProjectorMemory:
+    header = read_header(path)
+    return estimate_projector(header, check_projector(header))
+
+
+def _close(estimated_bytes: int, logged_mib: float) -> bool:
+    return abs(estimated_bytes / MiB - logged_mib) <= max(TOLERANCE * logged_mib, LOG_ROUNDING_MIB)
+
+
+# -- the estimate, with hand-picked numbers -----------------------------------------------------
+
+
+def test_the_test_mlp_projectors_weights_and_graph(projectors: dict[str, Path]) -> None:
+    header = read_header(projectors["mlp"])
+    info = check_projector(header)
+    memory = estimate_projector(header, info)
+    # f32 throughout: the patch embedding 14x14x3x32 (75,264) and its bias (128), 4 positions (512),
+    # pre_ln (256), 2 blocks of q/k/v/out 32x32 (16,384) with biases (512), ln1/ln2 (512), ffn up and
+    # down 32x64 (16,384) with biases (384), mm.0 32x32 with its bias (4,224), mm.2 32x576 and bias (76,032)
+    assert (
+        memory.tensor_bytes
+        == 75_264 + 128 + 512 + 256 + 2 * (16_384 + 512 + 512 + 16_384 + 384) + 4_224 + 76_032
+    )
+    assert memory.weights_cpu == memory.tensor_bytes  # every tensor a multiple of 32 bytes already
+    assert (memory.projector_type, memory.image_tokens, memory.image_size) == ("mlp", 4, 28)
+    # llava's graph runs block_count - 1 blocks: 54 nodes, as libmtmd logs them; placed as ggml places it
+    assert len(vit_graph(vit_of(header, info)).nodes) == 54
+    assert memory.compute_cpu == 14_176
+    assert memory.work_cpu == 0  # f32 weights: no matmul converts its input
+
+
+def test_f16_matrices_give_the_cpu_a_work_buffer(projectors: dict[str, Path]) -> None:
+    """gemma3-448: f16 matrices, so the CPU converts each matmul's input to f16: the widest is ffn_down's
+    2,048-wide input for 1,024 patches (4 MiB)."""
+    memory = _memory(projectors["gemma3-448"])
+    assert memory.work_cpu == 2_048 * 1_024 * 2
+    assert memory.host(on_gpu=False) - memory.host(on_gpu=True) == memory.work_cpu
+
+
+def test_estimate_counts_the_projector_where_libmtmd_puts_it(
+    projectors: dict[str, Path], smollm2_path: Path
+) -> None:
+    header = read_header(smollm2_path)
+    memory = _memory(projectors["gemma3-448"])
+    plain = estimate(header, n_ctx=2048)
+    cpu = estimate(header, n_ctx=2048, projector=memory)
+    share = memory.weights_cpu + memory.compute_cpu + memory.host(on_gpu=False)
+    assert cpu.devices[0].projector_bytes == cpu.projector_bytes == share
+    assert cpu.host_rss_bytes - plain.host_rss_bytes == share
+    assert cpu.total_bytes - plain.total_bytes == share
+    kinds = {(b.kind, b.device): b.nbytes for b in cpu.buffers if b.kind.startswith("mmproj")}
+    assert kinds == {("mmproj", "cpu"): memory.weights_cpu, ("mmproj compute", "cpu"): memory.compute_cpu}
+
+    checked = with_compute(cpu, {"CPU": 1 << 20})  # a dry run's compute buffers: the projector's stay
+    assert checked.projector_bytes == share and checked.devices[0].projector_bytes == share
+    assert [b for b in checked.buffers if b.kind.startswith("mmproj")] == [
+        b for b in cpu.buffers if b.kind.startswith("mmproj")
+    ]
+
+    gpu = estimate(header, n_ctx=2048, n_gpu_layers=-1, gpu=True, projector=memory)  # GPU layers: on the GPU
+    on = {d.device: d.projector_bytes for d in gpu.devices}
+    assert on == {
+        "gpu": memory.weights_gpu + memory.compute_gpu,
+        "cpu": memory.inputs_gpu_host + memory.host(on_gpu=True),  # the image's inputs; no work buffer
+    }
+    no_layers = estimate(header, n_ctx=2048, n_gpu_layers=0, gpu=True, projector=memory)
+    assert {d.device: d.projector_bytes for d in no_layers.devices} == {"cpu": share, "gpu": 0}
+
+
+def test_plan_refuses_a_projector_that_does_not_fit_naming_its_share(
+    projectors: dict[str, Path], smollm2_path: Path
+) -> None:
+    header = read_header(smollm2_path)
+    memory = _memory(projectors["gemma3-448"])
+    alone = make_plan(header, Machine(8 << 30, 8 << 30), ctx=2048)
+    budget = alone.verdicts[0].needed_bytes + memory.weights_cpu // 2  # room for the model, not the projector
+    machine = Machine(8 << 30, int(budget / (1 - CPU_MARGIN)) + 1)
+    assert make_plan(header, machine, ctx=2048).fits
+    refused = make_plan(header, machine, ctx=2048, projector=memory)
+    assert not refused.fits
+    needs, share = _human(refused.verdicts[0].needed_bytes), _human(refused.estimate.projector_bytes)
+    assert f"(CPU needs {needs}, {share} of it for the projector, has " in describe_refusal(
+        "smollm2", refused
+    )
+    assert device_table(refused)[0].split()[:8] == [
+        "device", "weights", "KV", "cache", "compute", "output", "other", "projector"
+    ]  # fmt: skip
+
+
+def test_plan_gives_up_context_for_the_projector(projectors: dict[str, Path], smollm2_path: Path) -> None:
+    """Room for the projector beside a 2,048-token context, not beside the default 8,192: without --ctx
+    the plan keeps the projector and takes less context (or a q8_0 cache) than the model alone gets."""
+    header = read_header(smollm2_path)
+    memory = _memory(projectors["gemma3-448"])
+    needed = make_plan(header, Machine(8 << 30, 8 << 30), ctx=2048, projector=memory).verdicts[0].needed_bytes
+    machine = Machine(8 << 30, int((needed + (1 << 20)) / (1 - CPU_MARGIN)))
+    alone, chosen = make_plan(header, machine), make_plan(header, machine, projector=memory)
+    assert alone.fits and chosen.fits and chosen.estimate.projector_bytes > 0
+    assert (chosen.n_ctx, chosen.type_k) != (alone.n_ctx, alone.type_k)
+    assert chosen.n_ctx <= alone.n_ctx
+
+
+# -- against libmtmd's own figures ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["mlp", "gemma3", "mlp-224", "gemma3-448"])
+def test_estimate_agrees_with_libmtmds_log(
+    name: str, projectors: dict[str, Path], smollm2_path: Path
+) -> None:
+    """Loaded as runner loads it (CPU, flash attention "auto", warmup off): the compute buffer is
+    reserved at the first encode, and the estimate is libmtmd's figure (to its log's two decimals)."""
+    header = read_header(projectors[name])
+    info = check_projector(header)
+    memory = estimate_projector(header, info)
+    logged = bench.measure(smollm2_path, projectors[name])
+    assert not logged.compute_at_init  # warmup off: nothing reserved until an image is encoded
+    assert _close(memory.tensor_bytes, logged.model_size_mib), (memory.tensor_bytes / MiB, logged)
+    assert _close(memory.compute_cpu, logged.compute_mib["CPU"]), (memory.compute_cpu / MiB, logged)
+    assert logged.nodes == len(vit_graph(vit_of(header, info)).nodes)
+
+
+# -- the commands ---------------------------------------------------------------------------------
+
+
+def test_fit_mmproj_shows_the_projector(projectors: dict[str, Path], smollm2_path: Path) -> None:
+    memory = _memory(projectors["mlp"])
+    done = run_cli("fit", str(smollm2_path), "--mmproj", str(projectors["mlp"]), "--json")
+    assert done.returncode == 0, done.stderr.decode()
+    report = json.loads(done.stdout)
+    share = memory.weights_cpu + memory.compute_cpu + memory.host(on_gpu=False)
+    assert report["projector"] == {
+        "type": "mlp",
+        "image_tokens": 4,
+        "image_size": 28,
+        "tensor_bytes": memory.tensor_bytes,
+        "devices": [
+            {
+                "device": "cpu",
+                "weights_bytes": memory.weights_cpu,
+                "compute_bytes": memory.compute_cpu,
+                "other_bytes": memory.host(on_gpu=False),
+            }
+        ],
+    }
+    cpu = report["devices"][0]
+    assert cpu["projector_bytes"] == share == report["estimate"]["projector_bytes"]
+    parts = ("weights", "kv", "compute", "output", "other", "embedding", "projector")
+    assert sum(cpu[f"{p}_bytes"] for p in parts) == cpu["total_bytes"]
+
+    text = run_cli("fit", str(smollm2_path), "--mmproj", str(projectors["mlp"]))
+    assert text.returncode == 0, text.stderr.decode()
+    out = text.stdout.decode()
+    assert (
+        "projector"
+        in out.splitlines()[next(i for i, x in enumerate(out.splitlines()) if x.startswith("device"))]
+    )
+    assert (
+        "projector: mlp, 4 image tokens an image: on the CPU 224.8 KB of weights, a 14.2 KB encoder " in out
+    )
+
+
+def test_run_refuses_a_projector_that_does_not_fit(
+    projectors: dict[str, Path], smollm2_path: Path, tmp_path: Path
+) -> None:
+    """RUNNER_MEMORY with room for the model at --ctx 2048 but not for the projector beside it: fit says
+    so, and run --image --mmproj refuses before loading, naming the projector's share."""
+    from PIL import Image
+
+    image = tmp_path / "red.png"
+    Image.new("RGB", (40, 30), (200, 10, 10)).save(image)
+    model, projector = str(smollm2_path), str(projectors["gemma3-448"])
+    alone = json.loads(run_cli("fit", model, "--ctx", "2048", "--json").stdout)
+    cap = int((alone["needs_bytes"] + (8 << 20)) / (1 - CPU_MARGIN))  # 8 MB to spare; the projector takes ~48
+    env = {"RUNNER_MEMORY": str(cap)}
+    assert json.loads(run_cli("fit", model, "--ctx", "2048", "--json", env=env).stdout)["fits"]
+    fit = json.loads(run_cli("fit", model, "--ctx", "2048", "--mmproj", projector, "--json", env=env).stdout)
+    assert not fit["fits"]
+    done = run_cli(
+        "run", model, "What is it?", "--image", str(image), "--mmproj", projector, "--ctx", "2048", env=env
+    )
+    err = done.stderr.decode()
+    assert done.returncode == 1, err
+    share = _human(fit["devices"][0]["projector_bytes"])
+    needs = _human(fit["needs_bytes"])
+    assert (
+        f"does not fit in RAM at a 2,048-token context (CPU needs {needs}, {share} of it for the projector"
+        in err
+    )
+    assert done.stdout == b""
