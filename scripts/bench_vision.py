@@ -6,7 +6,9 @@
    answer alone;
 2. time to first token of a one-image prompt: runner's engine (the `ttft_s` of `run --json`, the
    image's encode and decode included, the load not) against llama-server's own account of the same
-   request (timings.prompt_ms + the first token's predicted_per_token_ms), rounds interleaved.
+   request (timings.prompt_ms + the first token's predicted_per_token_ms), rounds interleaved;
+3. --images clients at once, each sending its own image to `runner serve --mmproj` and to
+   llama-server (a slot each): aggregate answer tokens/s, rounds interleaved.
 
     python scripts/bench_vision.py [--projector mlp|gemma3] [--images 8] [--rounds 5] [--tokens 24]
 
@@ -28,6 +30,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from io import BytesIO
 from pathlib import Path
 from typing import Any
@@ -142,6 +145,64 @@ def batched(model: Path, projector: Path, images: list[bytes], tokens: int) -> l
     return [ids[i] for i in range(len(images))]
 
 
+async def clients_at_once(
+    kind: str, args: argparse.Namespace, model: Path, projector: Path, images: list[bytes], log: Path
+) -> float:
+    """Aggregate tokens/s of len(images) clients at once, each one request with its own image (its
+    encode, prefill and up to args.tokens answer tokens: both give the same greedy tokens, so the same
+    count), on a server with a slot for each."""
+    port, n = free_port(), len(images)
+    if kind == "runner":
+        command = [
+            sys.executable,
+            "-m",
+            "runner",
+            "serve",
+            args.model,
+            "--mmproj",
+            str(projector),
+            "--port",
+            str(port),
+            "--parallel",
+            str(n),
+            "--ctx",
+            "2048",
+            "--threads",
+            str(args.threads),
+            "--flash-attn",
+            "off",
+            "--spec",
+            "none",
+        ]
+    else:
+        command = [str(args.llama_server), "-m", str(model), "--mmproj", str(projector), "--port", str(port),
+                   "-np", str(n), "-c", str(n * 2048), "-t", str(args.threads), "-fa", "off", "--no-webui",
+                   *peer_flags()]  # fmt: skip
+    server = start(command, log)
+    try:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=600) as client:
+            await wait_ready(client, server, 120)
+
+            async def one(image: bytes) -> int:
+                url = "data:image/png;base64," + base64.b64encode(image).decode()
+                content = [
+                    {"type": "image_url", "image_url": {"url": url}},
+                    {"type": "text", "text": QUESTION},
+                ]
+                body = {"model": args.model, "messages": [{"role": "user", "content": content}],
+                        "max_tokens": args.tokens, "cache_prompt": False,
+                        **GREEDY}  # fmt: skip
+                reply = (await client.post("/v1/chat/completions", json=body)).json()
+                return int(reply["usage"]["completion_tokens"])
+
+            await one(png(10_000))  # warm: the first encode allocates the projector's graph
+            began = time.perf_counter()
+            tokens = sum(await asyncio.gather(*(one(image) for image in images)))
+            return tokens / (time.perf_counter() - began)
+    finally:
+        stop(server)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -188,6 +249,13 @@ def main() -> None:
         ttft["llama-server"].append(served[0]["ttft_s"])
         ttft["llama-server text"].append(served[1]["ttft_s"])
 
+    progress(f"{args.images} clients at once, each its own image, interleaved rounds")
+    rates: dict[str, list[float]] = {"runner": [], "llama-server": []}
+    for r in range(args.rounds):
+        for kind in rates:
+            log = folder / f"clients-{kind}-{r}.log"
+            rates[kind].append(asyncio.run(clients_at_once(kind, args, model, projector, images, log)))
+
     print(
         f"# bench_vision: {machine()}; {args.model}, {args.projector} test projector,"
         f" {args.images} PNG images"
@@ -220,6 +288,10 @@ def main() -> None:
         )
     )
     print(f"TTFT runner / llama-server, the text alone: {med['runner text'] / med['llama-server text']:.2f}")
+    agg = {k: statistics.median(v) for k, v in rates.items()}
+    print(f"{args.images} clients at once, each its own image (median of {args.rounds}): runner"
+          f" {agg['runner']:.1f} tok/s, llama-server {agg['llama-server']:.1f} tok/s")  # fmt: skip
+    print(target("aggregate runner / llama-server", agg["runner"] / agg["llama-server"], 1.0, at_least=True))
 
 
 if __name__ == "__main__":
