@@ -4,8 +4,9 @@
 #   2. pip: the wheel in a fresh venv;  3. `pipx install .`;  4. `uv tool install .`
 # Each: `runner doctor --offline` exits 0 and finds the RPC backend, and the test model answers.
 # pip, pipx and uv come from the registry into a venv of the script's own; their caches are the
-# script's own too (nothing from yours comes back). llama.cpp compiles twice (pip's build is cached
-# for pipx; uv keeps its own): about 15 minutes on 2 cores. Figures: docs/install.md.
+# script's own too (nothing from yours comes back). llama.cpp compiles for each installer's cache:
+# pip's, then uv's (pipx 1.18 installs through uv when uv is there): 15-20 minutes on 2 cores.
+# Figures: docs/install.md.
 #
 # Usage: scripts/check_install.sh [WORKDIR]      (default: a new temporary folder, kept)
 set -euo pipefail
@@ -46,11 +47,11 @@ python3 -m venv "$work/pip-venv"
 timed "$work/pip-venv/bin/pip" install -q "$work"/dist/*.whl
 check "$work/pip-venv/bin/runner"
 
-say "3. pipx install . (pip's build of llama.cpp from step 2's cache)"
+say "3. pipx install . (through uv, pipx's default installer when uv is there)"
 timed "$work/tools/bin/pipx" install --force "$root" > /dev/null
 check "$PIPX_BIN_DIR/runner"
 
-say "4. uv tool install . (compiles llama.cpp again: uv's cache is its own)"
+say "4. uv tool install ."
 timed "$work/tools/bin/uv" tool install --force --python python3 "$root" > /dev/null 2>&1
 check "$UV_TOOL_BIN_DIR/runner"
 
