@@ -27,7 +27,7 @@ def test_a_gpu_with_a_cpu_only_build_gets_the_exact_reinstall_command() -> None:
     stuck = Machine(1 << 34, 1 << 33, (gpu,), can_offload=False)
     assert stuck.usable_gpus == ()
     assert stuck.reinstall_hint() == (
-        'CMAKE_ARGS="-DGGML_CUDA=on -DGGML_RPC=ON" pip install --force-reinstall --no-cache-dir '
+        'CMAKE_ARGS="-DGGML_CUDA=on -DGGML_RPC=ON" pip install --force-reinstall --no-cache-dir --no-deps '
         "llama-cpp-python==0.3.36"
     )
     assert Machine(1 << 34, 1 << 33, (gpu,), can_offload=True).reinstall_hint() is None
