@@ -277,6 +277,7 @@ def test_show_a_local_file(files: dict[str, Path]) -> None:
         "license": "mit",
         "size_bytes": path.stat().st_size,
         "chat_template": TINY_TEMPLATE,
+        "vision": None,  # no --mmproj: nothing said of images
     }
     none = run_cli("show", str(files["bare"]), "--template")
     assert (none.returncode, none.stdout) == (2, b"")

@@ -185,7 +185,7 @@ def test_bad_input_is_one_line_and_exit_2(files: dict[str, Path], tmp_path: Path
         "no such file": ("Hi", "--image", str(tmp_path / "none.png"), "--mmproj", mlp),
         "--mmproj": ("Hi", "--image", a, "--mmproj", str(tmp_path / "none.gguf")),
         "at most": ("Hi", *[x for _ in range(MAX_IMAGES + 1) for x in ("--image", a)], "--mmproj", mlp),
-        "go with one prompt": ("Hi {}", "--each-line", "--image", a, "--mmproj", mlp),
+        "goes with one prompt": ("Hi {}", "--each-line", "--image", a, "--mmproj", mlp),
     }
     for expected, args in cases.items():
         done = run(*args, input=b"x\n" if "--each-line" in args else None)
