@@ -4,9 +4,9 @@
    llama-server's /v1/chat/completions with the image as a data URL (logprobs carry the token ids);
    then runner's one loop with all the images in a batch of sequences at once, each against its
    answer alone;
-2. time to first token of a one-image prompt: runner's engine (the `ttft_s` of `run --json`, the
-   image's encode and decode included, the load not) against llama-server's own account of the same
-   request (timings.prompt_ms + the first token's predicted_per_token_ms), rounds interleaved;
+2. time to first token of a one-image prompt on warm servers (`runner serve --mmproj` and
+   llama-server, one slot each, a request answered first), streamed, as a client sees it over
+   loopback; the same question without an image beside it; rounds interleaved;
 3. --images clients at once, each sending its own image to `runner serve --mmproj` and to
    llama-server (a slot each): aggregate answer tokens/s, rounds interleaved.
 
@@ -145,53 +145,78 @@ def batched(model: Path, projector: Path, images: list[bytes], tokens: int) -> l
     return [ids[i] for i in range(len(images))]
 
 
+def server_command(
+    kind: str, args: argparse.Namespace, model: Path, projector: Path, port: int, n: int
+) -> list[str]:
+    """runner serve or llama-server on the same model and projector, n slots of 2048 tokens."""
+    if kind == "runner":
+        return [sys.executable, "-m", "runner", "serve", args.model, "--mmproj", str(projector),
+                "--port", str(port), "--parallel", str(n), "--ctx", "2048", "--threads", str(args.threads),
+                "--flash-attn", "off", "--spec", "none"]  # fmt: skip
+    return [str(args.llama_server), "-m", str(model), "--mmproj", str(projector), "--port", str(port),
+            "-np", str(n), "-c", str(n * 2048), "-t", str(args.threads), "-fa", "off", "--no-webui",
+            *peer_flags()]  # fmt: skip
+
+
+def request(model: str, image: bytes | None, text: str, tokens: int, stream: bool = False) -> dict[str, Any]:
+    content: Any = text
+    if image is not None:
+        url = "data:image/png;base64," + base64.b64encode(image).decode()
+        content = [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": text}]
+    return {"model": model, "messages": [{"role": "user", "content": content}], "max_tokens": tokens,
+            "stream": stream, **GREEDY}  # fmt: skip
+
+
+async def first_token(client: httpx.AsyncClient, body: dict[str, Any]) -> float:
+    """Seconds from sending the request to its first streamed piece of answer text (client side)."""
+    began = time.perf_counter()
+    async with client.stream("POST", "/v1/chat/completions", json=body) as reply:
+        async for line in reply.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            choices = json.loads(line[6:]).get("choices") or [{}]
+            if choices[0].get("delta", {}).get("content"):
+                return time.perf_counter() - began
+    raise RuntimeError("no answer text came")
+
+
+async def warm_ttft(
+    kind: str, args: argparse.Namespace, model: Path, projector: Path, round_: int, log: Path
+) -> tuple[float, float]:
+    """Time to first token on a warm server (one request answered first), as a client sees it over
+    loopback: a one-image prompt (an image it has not seen), then the same question with no image
+    (text it has not seen). Each server keeps what it may of the chat's head (the template's text)."""
+    port = free_port()
+    server = start(server_command(kind, args, model, projector, port, 1), log)
+    try:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=600) as client:
+            await wait_ready(client, server, 120)
+            await first_token(client, request(args.model, png(20_000), QUESTION, 2, stream=True))
+            image = await first_token(
+                client, request(args.model, png(30_000 + round_), QUESTION, 2, stream=True)
+            )
+            text = await first_token(
+                client, request(args.model, None, f"{QUESTION} ({round_})", 2, stream=True)
+            )
+            return image, text
+    finally:
+        stop(server)
+
+
 async def clients_at_once(
     kind: str, args: argparse.Namespace, model: Path, projector: Path, images: list[bytes], log: Path
 ) -> float:
     """Aggregate tokens/s of len(images) clients at once, each one request with its own image (its
     encode, prefill and up to args.tokens answer tokens: both give the same greedy tokens, so the same
     count), on a server with a slot for each."""
-    port, n = free_port(), len(images)
-    if kind == "runner":
-        command = [
-            sys.executable,
-            "-m",
-            "runner",
-            "serve",
-            args.model,
-            "--mmproj",
-            str(projector),
-            "--port",
-            str(port),
-            "--parallel",
-            str(n),
-            "--ctx",
-            "2048",
-            "--threads",
-            str(args.threads),
-            "--flash-attn",
-            "off",
-            "--spec",
-            "none",
-        ]
-    else:
-        command = [str(args.llama_server), "-m", str(model), "--mmproj", str(projector), "--port", str(port),
-                   "-np", str(n), "-c", str(n * 2048), "-t", str(args.threads), "-fa", "off", "--no-webui",
-                   *peer_flags()]  # fmt: skip
-    server = start(command, log)
+    port = free_port()
+    server = start(server_command(kind, args, model, projector, port, len(images)), log)
     try:
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=600) as client:
             await wait_ready(client, server, 120)
 
             async def one(image: bytes) -> int:
-                url = "data:image/png;base64," + base64.b64encode(image).decode()
-                content = [
-                    {"type": "image_url", "image_url": {"url": url}},
-                    {"type": "text", "text": QUESTION},
-                ]
-                body = {"model": args.model, "messages": [{"role": "user", "content": content}],
-                        "max_tokens": args.tokens, "cache_prompt": False,
-                        **GREEDY}  # fmt: skip
+                body = request(args.model, image, QUESTION, args.tokens)
                 reply = (await client.post("/v1/chat/completions", json=body)).json()
                 return int(reply["usage"]["completion_tokens"])
 
@@ -237,17 +262,17 @@ def main() -> None:
     batch = batched(model, projector, images, args.tokens)
     batch_same = sum(b == a["ids"] for a, b in zip(ours, batch, strict=True))
 
-    progress("time to first token, one image (and the text alone), interleaved rounds")
+    progress("time to first token on warm servers, one image and the text alone, interleaved rounds")
     ttft: dict[str, list[float]] = {
         k: [] for k in ("runner", "llama-server", "runner text", "llama-server text")
     }
     for r in range(args.rounds):
-        image = r % len(images)
-        ttft["runner"].append(runner_answer(args.model, paths[image], projector, 1)["ttft_s"])
-        ttft["runner text"].append(runner_answer(args.model, None, projector, 1)["ttft_s"])
-        served = asyncio.run(with_server(args, model, projector, [images[image], None], folder / f"s{r}.log"))
-        ttft["llama-server"].append(served[0]["ttft_s"])
-        ttft["llama-server text"].append(served[1]["ttft_s"])
+        for kind in ("runner", "llama-server"):
+            image_s, text_s = asyncio.run(
+                warm_ttft(kind, args, model, projector, r, folder / f"t-{kind}-{r}.log")
+            )
+            ttft[kind].append(image_s)
+            ttft[f"{kind} text"].append(text_s)
 
     progress(f"{args.images} clients at once, each its own image, interleaved rounds")
     rates: dict[str, list[float]] = {"runner": [], "llama-server": []}
