@@ -4,8 +4,14 @@ are in tests/serving.py, GGUF writers in tests/synth.py, the terminal in tests/t
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import random
 import sys
+import wave
+from io import BytesIO
+from pathlib import Path
+from types import ModuleType
 
 import pexpect
 
@@ -94,3 +100,42 @@ def ready(child: pexpect.spawn) -> None:
     """Wait for the prompt: keys typed before it is drawn reach a terminal in cooked mode, where
     Ctrl-D and Ctrl-C mean something else than to prompt_toolkit."""
     child.expect_exact(">>>")
+
+
+# -- scripts/ and media the vision tests share (test_vision.py, test_serve_vision.py, test_images.py,
+# test_projector.py, test_projector_memory.py) --------------------------------------------------------
+
+SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
+
+
+def load_script(name: str) -> ModuleType:
+    """scripts/NAME.py as a module (its functions reused: projector_spec, write_projector, …)."""
+    spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look themselves up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def random_png(seed: int, size: tuple[int, int] = (40, 30)) -> bytes:
+    """A PNG of seeded random pixels: the same seed, the same image (and the same sha256)."""
+    from PIL import Image
+
+    rng = random.Random(seed)
+    image = Image.new("RGB", size)
+    image.putdata([tuple(rng.randrange(256) for _ in range(3)) for _ in range(size[0] * size[1])])
+    out = BytesIO()
+    image.save(out, "PNG")
+    return out.getvalue()
+
+
+def wav(frames: int = 800) -> bytes:
+    """A short mono WAV of silence: audio, which an image reader must refuse."""
+    out = BytesIO()
+    with wave.open(out, "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(8000)
+        w.writeframes(b"\0\0" * frames)
+    return out.getvalue()

@@ -15,7 +15,6 @@ import subprocess
 import sys
 import time
 import tracemalloc
-import wave
 import zlib
 from pathlib import Path
 
@@ -37,6 +36,7 @@ from runner.images import (
     parse_data_url,
     read_image_arg,
 )
+from tests.helpers import wav
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -201,18 +201,8 @@ def test_image_repr_leaves_the_pixels_out() -> None:
 # -- What is refused, before Pillow decodes anything ------------------------------------------------
 
 
-def wav() -> bytes:
-    out = io.BytesIO()
-    with wave.open(out, "wb") as w:
-        w.setnchannels(1)
-        w.setsampwidth(2)
-        w.setframerate(8000)
-        w.writeframes(b"\x00\x00" * 100)
-    return out.getvalue()
-
-
 NOT_IMAGES = [
-    ("wav", wav(), "WAV audio"),
+    ("wav", wav(100), "WAV audio"),
     ("mp3-id3", b"ID3\x04\x00\x00\x00\x00\x00\x00" + b"\xff\xfb\x90\x00" * 10, "MP3 audio"),
     ("mp3-frame", b"\xff\xfb\x90\x64" + bytes(400), "MPEG audio"),
     ("flac", b"fLaC\x00\x00\x00\x22" + bytes(40), "FLAC audio"),

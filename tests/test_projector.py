@@ -5,7 +5,6 @@ libmtmd runs in a child process: a malformed projector takes the whole process d
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import signal
@@ -14,7 +13,6 @@ import sys
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from types import ModuleType
 
 import numpy as np
 import pytest
@@ -22,21 +20,13 @@ from gguf import GGUFValueType
 
 from runner.errors import InvalidModelFile
 from runner.gguf import ProjectorInfo, check_projector, read_header, read_key_types
+from tests.helpers import load_script
 
 SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "make_test_projector.py"
 TEXT_WIDTH = 576  # SmolLM2-135M's n_embd
 
 
-def _load_script() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("make_test_projector", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclass looks itself up there
-    spec.loader.exec_module(module)
-    return module
-
-
-mtp = _load_script()
+mtp = load_script("make_test_projector")
 Spec = tuple[list, dict[str, np.ndarray]]
 
 # One child process: load the text model with llama.cpp's own API, then each projector through

@@ -5,11 +5,8 @@ puts it, `fit --mmproj` showing it, and a refusal naming its share."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
@@ -20,6 +17,7 @@ from runner.memory.plan import CPU_MARGIN, describe_refusal, device_table, make_
 from runner.memory.projector import ProjectorMemory, estimate_projector, vit_graph, vit_of
 from runner.ui import human_bytes as _human
 from tests.conftest import run_cli
+from tests.helpers import load_script
 
 SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "bench_projector_memory.py"
 MiB = 1 << 20
@@ -28,16 +26,7 @@ TOLERANCE = 0.05
 LOG_ROUNDING_MIB = 0.005
 
 
-def _load_script() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_projector_memory", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look themselves up there
-    spec.loader.exec_module(module)
-    return module
-
-
-bench = _load_script()
+bench = load_script("bench_projector_memory")
 
 
 @pytest.fixture(scope="module")

@@ -10,12 +10,10 @@ from __future__ import annotations
 import base64
 import json
 import os
-import random
 import re
 import subprocess
 import sys
 from collections.abc import Iterator
-from io import BytesIO
 from pathlib import Path
 from typing import Any
 
@@ -26,12 +24,12 @@ import openai
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from PIL import Image as PILImage
 from starlette.testclient import TestClient
 
 from runner.serve.app import create_app
 from runner.serve.shared.images import ImageRef, joined
 from tests.conftest import run_cli
+from tests.helpers import random_png as png
 from tests.serving import MODEL, THREADS, Server, StandIn, model_server, openai_client
 
 SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "make_test_projector.py"
@@ -41,15 +39,6 @@ MAX_IMAGES = 3  # the module server's --max-images
 MAX_IMAGE_BYTES = 50_000  # its --max-image-bytes
 QUESTION = "What is this?"
 ANSWER_TOKENS = 12
-
-
-def png(seed: int, size: tuple[int, int] = (40, 30)) -> bytes:
-    rng = random.Random(seed)
-    image = PILImage.new("RGB", size)
-    image.putdata([tuple(rng.randrange(256) for _ in range(3)) for _ in range(size[0] * size[1])])
-    out = BytesIO()
-    image.save(out, "PNG")
-    return out.getvalue()
 
 
 def b64(data: bytes) -> str:
@@ -340,7 +329,10 @@ BAD: dict[str, tuple[str, dict[str, Any], str | None, str]] = {
             "model": MODEL,
             "max_tokens": 1,
             "messages": [
-                {"role": "user", "content": [{"type": "image_url", "image_url": {"url": b64(png(1))}}] * 4}
+                {
+                    "role": "user",
+                    "content": [{"type": "image_url", "image_url": {"url": b64(png(1))}}] * 4,
+                }
             ],
         },
         "messages[0].content[3].image_url.url",
@@ -403,7 +395,12 @@ BAD: dict[str, tuple[str, dict[str, Any], str | None, str]] = {
         None,
         "images go in user messages",
     ),
-    "ollama on demand": ("/api/chat", ollama_chat(b64(png(1)), model="other"), None, "other takes no images"),
+    "ollama on demand": (
+        "/api/chat",
+        ollama_chat(b64(png(1)), model="other"),
+        None,
+        "other takes no images",
+    ),
     "ollama generate corrupt": (
         "/api/generate",
         {"model": MODEL, "prompt": "Hi", "images": [b64(corrupt_png())], "stream": False},

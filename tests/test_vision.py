@@ -8,17 +8,12 @@ scripts/bench_vision.py (docs/vision.md)."""
 from __future__ import annotations
 
 import ctypes
-import importlib.util
 import json
-import random
 import subprocess
 import sys
-import wave
-from io import BytesIO
 from pathlib import Path
 
 import pytest
-from PIL import Image as PILImage
 
 from runner.engine.batch import run_batch
 from runner.engine.context import common_prefix
@@ -28,23 +23,15 @@ from runner.engine.prompt import Prompt, render_prompt
 from runner.engine.sampling import SamplingConfig
 from runner.engine.sequence import Job
 from runner.engine.template import Message
-from runner.engine.vision import Pixels
 from runner.gguf import read_header
 from runner.images import MAX_IMAGES, load_image
 from tests.conftest import run_cli
+from tests.helpers import load_script, wav
+from tests.helpers import random_png as png
 
 SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "make_test_projector.py"
 GREEDY = SamplingConfig(temperature=0)
 IMAGE_TOKENS = 4  # both test projectors: 28/14 = 2x2 patches (mlp), 32/8 = 4x4 pooled by 2 (gemma3)
-
-
-def png(seed: int, size: tuple[int, int] = (40, 30)) -> bytes:
-    rng = random.Random(seed)
-    image = PILImage.new("RGB", size)
-    image.putdata([tuple(rng.randrange(256) for _ in range(3)) for _ in range(size[0] * size[1])])
-    out = BytesIO()
-    image.save(out, "PNG")
-    return out.getvalue()
 
 
 @pytest.fixture(scope="module")
@@ -107,7 +94,7 @@ def vision_engine(files: dict[str, Path], smollm2_path: Path):
 
 
 def prompt_with(engine: Engine, path: Path, text: str, images: list[bytes]) -> Prompt:
-    pixels = [Pixels(i.rgb, i.width, i.height, i.sha256) for i in (load_image(b, name="t") for b in images)]
+    pixels = [load_image(b, name="t") for b in images]
     content = engine.vision.marker * len(images) + text
     return render_prompt(engine, read_header(path), [Message("user", content)], images=pixels)
 
@@ -162,16 +149,6 @@ def test_a_batch_of_sequences_each_with_its_own_image_gives_each_ones_answer(
     assert [done[i] for i in range(4)] == alone
 
 
-def wav() -> bytes:
-    out = BytesIO()
-    with wave.open(out, "wb") as w:
-        w.setnchannels(1)
-        w.setsampwidth(2)
-        w.setframerate(8000)
-        w.writeframes(b"\0\0" * 800)
-    return out.getvalue()
-
-
 def test_bad_input_is_one_line_and_exit_2(files: dict[str, Path], tmp_path: Path) -> None:
     mlp, a = str(files["mlp"]), str(files["a.png"])
     (tmp_path / "sound.wav").write_bytes(wav())
@@ -197,11 +174,7 @@ def test_bad_input_is_one_line_and_exit_2(files: dict[str, Path], tmp_path: Path
 def test_a_malformed_projector_is_refused_before_libmtmd_opens_it(
     files: dict[str, Path], tmp_path: Path
 ) -> None:
-    spec = importlib.util.spec_from_file_location("make_test_projector", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    mtp = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mtp  # its dataclass looks itself up there
-    spec.loader.exec_module(mtp)
+    mtp = load_script("make_test_projector")
     kvs, tensors = mtp.projector_spec("mlp", 576, 0)
     tensors = {name: t for name, t in tensors.items() if not name.startswith("mm.2")}  # libmtmd: SIGSEGV
     mtp.write_projector(tmp_path / "bad.gguf", kvs, tensors)
