@@ -121,7 +121,6 @@ def batched(model: Path, projector: Path, images: list[bytes], tokens: int) -> l
     from runner.engine.sampling import SamplingConfig
     from runner.engine.sequence import Job
     from runner.engine.template import Message
-    from runner.engine.vision import Pixels
     from runner.gguf import read_header
     from runner.images import load_image
 
@@ -134,7 +133,7 @@ def batched(model: Path, projector: Path, images: list[bytes], tokens: int) -> l
             image = load_image(data, name=str(i))
             prompt = render_prompt(
                 engine, read_header(model), [Message("user", engine.vision.marker + QUESTION)],
-                images=[Pixels(image.rgb, image.width, image.height, image.sha256)],
+                images=[image],
             )  # fmt: skip
             jobs.append(Job(i, prompt.tokens, greedy, max_tokens=tokens, media=prompt.media,
                             on_token=lambda t, i=i: ids[i].append(t)))  # fmt: skip

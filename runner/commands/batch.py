@@ -84,7 +84,7 @@ class Item:
     max_tokens: int | None = None
     rule: Constraint | None = None
     error: str | None = None
-    images: list[Any] = field(default_factory=list)  # "images": runner.engine.vision.Pixels, decoded
+    images: list[Any] = field(default_factory=list)  # "images": runner.images.Image, decoded
 
 
 def run_batch_command(request: BatchRequest, *, stdin: BinaryIO | None, out: TextIO) -> int:
@@ -219,15 +219,13 @@ def _from_json(item: Item, text: str, line: int) -> None:
 
 def _images(names: Any) -> list[Any]:
     """A row's "images": local files (as --image takes them, no stdin), decoded and bounded."""
-    from runner.engine.vision import Pixels
     from runner.images import MAX_IMAGES, read_image_arg
 
     if not isinstance(names, list) or not all(isinstance(n, str) and n not in ("", "-") for n in names):
         raise UsageError('"images" must be a list of image file paths')
     if len(names) > MAX_IMAGES:
         raise UsageError(f'"images": {len(names)} images, at most {MAX_IMAGES} a prompt')
-    found = [read_image_arg(name, sys.stdin.buffer) for name in names]
-    return [Pixels(i.rgb, i.width, i.height, i.sha256) for i in found]
+    return [read_image_arg(name, sys.stdin.buffer) for name in names]
 
 
 def _answer(loaded: LoadedModel, request: BatchRequest, items: list[Item], out: TextIO) -> int:

@@ -185,11 +185,9 @@ def _mtmd(files: dict[str, Path]) -> Check:
     return Check("mtmd", "ok", f"libmtmd (images): {path}", data={"path": str(path)})
 
 
-def _disk_free(path: Path) -> int | None:
-    for folder in (path, *path.parents):
-        if folder.exists():
-            return shutil.disk_usage(folder).free
-    return None
+def _nearest(path: Path) -> Path | None:
+    """The path, or its nearest folder that exists (what will hold it once it is made)."""
+    return next((folder for folder in (path, *path.parents) if folder.exists()), None)
 
 
 def _models() -> Check:
@@ -201,24 +199,18 @@ def _models() -> Check:
     folder = Path(constants.HF_HUB_CACHE)
     models = cached_models(load_catalog())
     size = sum(m.size_bytes for m in models)
-    free = _disk_free(folder)
+    there = _nearest(folder)
+    free = shutil.disk_usage(there).free if there is not None else None
     data = {"path": str(folder), "models": len(models), "bytes": size, "free_bytes": free}
     text = f"models: {len(models):,} cached ({ui.human_bytes(size)}) in {folder}"
     if free is not None:
         text += f"; {ui.human_bytes(free)} free there"
-    writable = _writable(folder)
+    writable = there is not None and os.access(there, os.W_OK | os.X_OK)
     if not writable:
         return Check(
             "models", "missing", f"{text}; not writable", "point HF_HUB_CACHE at a folder you own", data
         )
     return Check("models", "ok", text, data=data)
-
-
-def _writable(path: Path) -> bool:
-    for folder in (path, *path.parents):
-        if folder.exists():
-            return os.access(folder, os.W_OK | os.X_OK)
-    return False
 
 
 def _prompt_cache() -> Check:

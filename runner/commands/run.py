@@ -170,8 +170,6 @@ def read_images(args: tuple[str, ...], mmproj: str | None, stdin: BinaryIO | Non
         raise UsageError("--image - reads stdin once: give one image that way")
     if len(args) > MAX_IMAGES:
         raise UsageError(f"{len(args)} images: at most {MAX_IMAGES} a prompt")
-    from runner.engine.vision import Pixels
-
     if "-" in args and stdin is None:
         raise UsageError("--image - reads the image from stdin, which is a terminal here: pipe it in")
     loaded = []
@@ -179,7 +177,7 @@ def read_images(args: tuple[str, ...], mmproj: str | None, stdin: BinaryIO | Non
         image = read_image_arg(arg, stdin)  # type: ignore[arg-type]  # None only without "-"
         for warning in image.warnings:
             ui.warn(warning)
-        loaded.append(Pixels(image.rgb, image.width, image.height, image.sha256))
+        loaded.append(image)
     return loaded
 
 

@@ -228,16 +228,22 @@ class Device:
 _KINDS = {DEVICE_CPU: "cpu", DEVICE_GPU: "gpu", DEVICE_IGPU: "igpu", DEVICE_ACCEL: "accel"}
 
 
-def devices() -> list[Device]:
-    """Every device of the backends this build registered (workers' too, once --rpc added them)."""
+def _visible() -> Iterator[tuple[int, str]]:
+    """(device, its backend's name) for every device of a backend runner is not told to hide."""
     ggml, _ = ggml_libs()
     hidden = hidden_backends()
-    found = []
     for i in range(ggml.ggml_backend_dev_count()):
         device = ggml.ggml_backend_dev_get(i)
         backend = _reg_name(ggml.ggml_backend_dev_backend_reg(device))
-        if backend.upper() in hidden:
-            continue
+        if backend.upper() not in hidden:
+            yield device, backend
+
+
+def devices() -> list[Device]:
+    """Every device of the backends this build registered (workers' too, once --rpc added them)."""
+    ggml, _ = ggml_libs()
+    found = []
+    for device, backend in _visible():
         free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
         ggml.ggml_backend_dev_memory(device, ctypes.byref(free), ctypes.byref(total))
         description = (ggml.ggml_backend_dev_description(device) or b"").decode(errors="replace").strip()
@@ -247,8 +253,11 @@ def devices() -> list[Device]:
 
 
 def has_gpu() -> bool:
-    """A local GPU (or integrated GPU) device among the backends this build registered."""
-    return any(d.kind in ("gpu", "igpu") and d.backend != "RPC" for d in devices())  # a worker's is a GPU too
+    """A local GPU (or integrated GPU) device among the backends this build registered (a worker's
+    device is a GPU to ggml too); no device's memory is asked."""
+    ggml, _ = ggml_libs()
+    gpu = (DEVICE_GPU, DEVICE_IGPU)
+    return any(b != "RPC" and ggml.ggml_backend_dev_type(d) in gpu for d, b in _visible())
 
 
 def cpu_features() -> list[str]:
@@ -287,7 +296,7 @@ def cpu_repacks() -> bool:
     more than one token (ggml-org/llama.cpp#20824; the fix, #26954, is not in the pin). The extra
     buffer types come as a set (llama_model_params.use_extra_bufts), so CPU_REPACK goes with it.
     """
-    return "AMX_INT8 = 1" not in llama().llama_print_system_info().decode(errors="replace")
+    return "AMX_INT8" not in cpu_features()
 
 
 def repack_types() -> frozenset[str]:

@@ -61,7 +61,7 @@ def render_prompt(
 
     Without a template the text goes as it is, with a warning (unless quiet): one message alone is
     the prompt itself; a conversation is written as "User: … / Assistant: …" lines. `images`
-    (runner.engine.vision.Pixels), in the order of the media markers (engine.vision.marker) the
+    (runner.images.Image, decoded), in the order of the media markers (engine.vision.marker) the
     messages hold: tokenized by the projector's tokenizer, as llama-server does.
     """
 

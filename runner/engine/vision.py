@@ -33,6 +33,7 @@ from typing import Any
 from runner.engine.context import IMAGE_SLOT, image_tokens
 from runner.engine.llamacpp import LLAMA_LOG, default_threads
 from runner.errors import EngineError, UsageError
+from runner.images import Image
 
 CHUNK_TEXT, CHUNK_IMAGE = 0, 1  # enum mtmd_input_chunk_type
 _ROUTED: list[bool] = []  # libmtmd's log set to runner's (once a process)
@@ -84,16 +85,6 @@ class MediaPrompt:
             self.close()
 
 
-@dataclass(frozen=True)
-class Pixels:
-    """An image as libmtmd takes it: 8-bit RGB rows, and the sha256 of the bytes it came from."""
-
-    rgb: bytes
-    width: int
-    height: int
-    sha256: str
-
-
 class Vision:
     """An mtmd context: a projector loaded for one model."""
 
@@ -137,7 +128,7 @@ class Vision:
             mtmd().mtmd_free(self._ctx)
             self._ctx = None
 
-    def tokenize(self, text: str, images: Sequence[Pixels]) -> MediaPrompt:
+    def tokenize(self, text: str, images: Sequence[Image]) -> MediaPrompt:
         """The rendered prompt (a marker where each image goes) as tokens and image spans, BOS added
         as the vocabulary says and special tokens parsed, as llama-server tokenizes it."""
         found = text.count(self.marker)

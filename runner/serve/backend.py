@@ -24,7 +24,7 @@ class Ask:
 
     model: str  # one of Backend.names() (the HTTP side answers 404 for any other)
     # a chat: {"role", "content", ...} rendered by the template; content a string, or a list of text and
-    # images (runner.engine.vision.Pixels, decoded) in order: each image's marker goes where it is
+    # images (runner.images.Image, decoded) in order: each image's marker goes where it is
     messages: list[dict[str, Any]] | None = None
     prompt: str | None = None  # a completion: the text as is, no template
     sampling: dict[str, Any] = field(default_factory=dict)  # SamplingConfig's fields: temperature, top_k, ...

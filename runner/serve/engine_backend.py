@@ -333,7 +333,7 @@ class ModelThread:
         if ask.prompt is not None:
             return render_prompt(engine, header, [Message("user", ask.prompt)], raw=True)
         vision = engine.vision
-        images: list[Any] = []  # runner.engine.vision.Pixels, in the order of their markers
+        images: list[Any] = []  # runner.images.Image, in the order of their markers
         messages = [_message(m, vision.marker if vision else "", images) for m in ask.messages or []]
         if images and vision is None:  # the HTTP side checks first: a model loaded without a projector
             raise BadField("messages", f"{self.served.info.name} takes no images (served without --mmproj)")

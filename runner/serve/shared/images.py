@@ -15,9 +15,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Union
 
-from runner.engine.vision import Pixels
 from runner.errors import ImageError
-from runner.images import load_image, parse_data_url
+from runner.images import Image, load_image, parse_data_url
 from runner.serve.backend import Ask, Backend
 from runner.serve.shared.http import ApiError
 
@@ -106,7 +105,7 @@ async def with_pixels(backend: Backend, ask: Ask) -> Ask:
     return replace(ask, messages=messages)
 
 
-def _decoded(refs: list[ImageRef], max_bytes: int) -> dict[int, Pixels]:
+def _decoded(refs: list[ImageRef], max_bytes: int) -> dict[int, Image]:
     """Each image's pixels, by the id of its ImageRef (in a worker thread: base64, then Pillow)."""
     out = {}
     for ref in refs:
@@ -118,5 +117,5 @@ def _decoded(refs: list[ImageRef], max_bytes: int) -> dict[int, Pixels]:
             )
         except ImageError as exc:
             raise ApiError(400, str(exc), param=exc.name) from None
-        out[id(ref)] = Pixels(image.rgb, image.width, image.height, image.sha256)
+        out[id(ref)] = image
     return out
