@@ -47,6 +47,15 @@ class PromptTooLong(UsageError):
         self.context = context
 
 
+class CannotGenerate(UsageError):
+    """A model asked to generate text that cannot: a reranker, or an encoder that llama.cpp keeps no
+    KV cache for (runner.memory.arch.cannot_generate says why). `model` names it."""
+
+    def __init__(self, model: str, why: str) -> None:
+        super().__init__(f"{model} {why}")
+        self.model = model
+
+
 class AccessDenied(UsageError):
     """The Hub wants a token (a gated or private repo) or refused the one given: the user's to fix."""
 

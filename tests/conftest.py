@@ -65,3 +65,13 @@ def run_cli(*args: str, input: bytes | None = None, env: dict[str, str] | None =
         env={**os.environ, **(env or {})},
         timeout=timeout,
     )
+
+
+@pytest.fixture(scope="session")
+def reranker_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """scripts/make_test_reranker.py's reranker (seed 0: the scores tests/test_rerank.py records)."""
+    from tests.helpers import load_script
+
+    return load_script("make_test_reranker").write_reranker(
+        tmp_path_factory.mktemp("reranker") / "reranker.gguf"
+    )

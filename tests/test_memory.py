@@ -87,6 +87,27 @@ def test_mla_keeps_no_v():
     assert kv_cache_bytes(h, n_ctx=1024) == 2 * 576 * 2 * 1024
 
 
+@pytest.mark.parametrize("arch", ["bert", "jina-bert-v2", "nomic-bert", "modern-bert", "llada"])
+def test_an_encoder_keeps_no_kv_cache(arch):
+    # llama_model::create_memory() makes none for BERT and its kin (nor the diffusion models): the
+    # synthetic reranker's shape, as a llama it would keep 2 layers x (K + V) x 64 x f16 a cell
+    def shaped(a):
+        return llama_like(n_layer=2, n_embd=64, n_head=4, n_head_kv=4, n_ff=256, n_vocab=245, arch=a)
+
+    assert kv_cache_bytes(shaped("llama"), n_ctx=512) == 2 * 2 * 64 * 2 * 512 == 262_144
+    assert kv_cache_bytes(shaped(arch), n_ctx=512) == 0
+    llama, encoder = (memory.estimate(shaped(a), n_ctx=512, flash_attn=True) for a in ("llama", arch))
+    assert encoder.kv_bytes == 0 and not [b for b in encoder.buffers if b.kind in ("KV", "RS")]
+    # the same weights, compute and output; the cache gone, and the host's bookkeeping of its cells
+    assert (encoder.weights_bytes, encoder.compute_bytes, encoder.output_bytes) == (
+        llama.weights_bytes,
+        llama.compute_bytes,
+        llama.output_bytes,
+    )
+    assert llama.overhead_bytes - encoder.overhead_bytes == 512 * memory.HOST_PER_CELL
+    assert llama.total_bytes - encoder.total_bytes == 262_144 + 512 * memory.HOST_PER_CELL
+
+
 def test_recurrent_state_does_not_grow_with_the_context():
     h = header(
         "mamba",

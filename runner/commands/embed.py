@@ -61,6 +61,7 @@ def embed_command(request: EmbedRequest, *, stdin: BinaryIO | None, out: TextIO)
         offline=request.offline,
         debug=request.debug,
         chat_template=False,
+        generates=False,
     )
     try:
         loaded.engine.free_context()  # the generation context: never used here

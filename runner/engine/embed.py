@@ -65,18 +65,31 @@ class EmptyInput(UsageError):
         self.index = index
 
 
+class IsAReranker(InvalidModelFile):
+    """An embedding asked of a reranker (pooling RANK): its pooled output is a score, not a vector."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            "this model is a reranker (pooling 'rank'): it scores a query against documents "
+            "(runner rerank, POST /v1/rerank), it does not embed"
+        )
+
+
+def declared_pooling(lib: Any, model: Any) -> int | None:
+    """The pooling type the GGUF declares (`{arch}.pooling_type`), None where it declares none."""
+    arch = _meta(lib, model, "general.architecture")
+    declared = _meta(lib, model, f"{arch}.pooling_type") if arch else None
+    return int(declared) if declared is not None and declared.lstrip("-").isdigit() else None
+
+
 def pooling_for(lib: Any, model: Any) -> int:
     """The pooling to ask llama.cpp for: UNSPECIFIED (it reads the GGUF's own) where the model
     declares one, MEAN where it declares none or NONE; a reranker is refused."""
-    arch = _meta(lib, model, "general.architecture")
-    declared = _meta(lib, model, f"{arch}.pooling_type") if arch else None
-    kind = int(declared) if declared is not None and declared.lstrip("-").isdigit() else None
+    kind = declared_pooling(lib, model)
     if kind is None or kind == lib.LLAMA_POOLING_TYPE_NONE:
         return int(lib.LLAMA_POOLING_TYPE_MEAN)
     if kind == lib.LLAMA_POOLING_TYPE_RANK:
-        raise InvalidModelFile(
-            "this model is a reranker (pooling 'rank'): it scores pairs, it does not embed"
-        )
+        raise IsAReranker
     return int(lib.LLAMA_POOLING_TYPE_UNSPECIFIED)
 
 
@@ -124,7 +137,7 @@ class Embedder:
         self._threads = engine.threads.n
         cparams = context_params(lib, asked, self._threads, None, flash_attn, n_seq)  # f16 scratch cells
         cparams.embeddings = True
-        cparams.pooling_type = pooling_for(lib, engine._model)
+        cparams.pooling_type = self._pooling(lib)
         cparams.n_batch = cparams.n_ubatch = asked
         cparams.kv_unified = True  # one pool of cells for every sequence: a batch of short inputs fits
         self._ctx = lib.llama_init_from_model(engine._model, cparams)
@@ -139,6 +152,10 @@ class Embedder:
         self.pooling = POOLING_NAMES.get(int(lib.llama_pooling_type(self._ctx)), "?")
         self._memory = lib.llama_get_memory(self._ctx)
         self._batch = lib.llama_batch_init(self.n_ctx, 0, 1)
+
+    def _pooling(self, lib: Any) -> int:
+        """The context's pooling type (runner.engine.rerank's context asks for RANK)."""
+        return pooling_for(lib, self.engine._model)
 
     def tokenize(self, text: str) -> list[int]:
         """A text's tokens as llama-server's embedding endpoint takes them (specials added and parsed)."""
@@ -172,7 +189,13 @@ class Embedder:
 
     def decode(self, inputs: Sequence[Sequence[int]]) -> list[list[float]]:
         """One llama_decode of inputs that fit it (checked, at most n_ctx tokens and n_seq of them):
-        each its own sequence from position 0, every token an output, as pooling needs."""
+        each input's unit vector."""
+        return [normalized(pooled[: self.n_embd]) for pooled in self.pooled(inputs)]
+
+    def pooled(self, inputs: Sequence[Sequence[int]]) -> list[Any]:
+        """One llama_decode of inputs that fit it, each its own sequence from position 0, every token
+        an output, as pooling needs: llama.cpp's pooled output of each (float pointers, valid until
+        the next decode)."""
         lib = llama()
         total = sum(len(t) for t in inputs)
         if not inputs or total > self.n_ctx or len(inputs) > self.n_seq or not all(inputs):
@@ -203,13 +226,13 @@ class Embedder:
             raise EngineError(f"llama_decode failed ({rc}): {LLAMA_LOG.last_error() or 'no log'}")
         if self.standalone:  # timed: a new count, if any, is the next decode's
             self.engine.threads.step(time.perf_counter() - started, n)
-        vectors = []
+        outputs = []
         for seq in range(len(inputs)):
             pooled = lib.llama_get_embeddings_seq(self._ctx, seq)
             if not pooled:
                 raise EngineError(f"llama.cpp gave no pooled embedding for sequence {seq}")
-            vectors.append(normalized(pooled[: self.n_embd]))
-        return vectors
+            outputs.append(pooled)
+        return outputs
 
     def close(self) -> None:
         lib = llama()

@@ -39,6 +39,38 @@ DOT_BYTES = {
 # the n_pattern each architecture passes to load_swa_pattern() (src/models/<arch>.cpp)
 SWA_PATTERN = {"gemma2": 2, "gemma3": 6, "cohere2": 4, "gpt-oss": 2, "llama4": 4, "exaone4": 4, "olmo2": 4}
 SWA_ALWAYS = frozenset({"gemma2", "cohere2", "gpt-oss"})  # the others need attention.sliding_window > 0
+# fmt: off
+# llama_model::create_memory() makes no KV cache for these (llama-model.cpp): the encoders, whose
+# non-causal attention sees one batch at a time (BERT and its kin, EmbeddingGemma), and WavTokenizer's
+# decoder and the diffusion models, which llama.cpp runs a whole sequence at a time
+ENCODERS = frozenset({
+    "bert", "modern-bert", "nomic-bert", "nomic-bert-moe", "neo-bert", "jina-bert-v2", "jina-bert-v3",
+    "eurobert", "gemma-embedding",
+})
+NO_MEMORY = ENCODERS | {"wavtokenizer-dec", "dream", "llada", "llada-moe", "rnd1"}
+# fmt: on
+POOLING_RANK = 4  # {arch}.pooling_type of a reranker (LLAMA_POOLING_TYPE_RANK)
+
+
+def cannot_generate(arch: str | None, pooling: Any) -> str | None:
+    """Why a model of this architecture and declared pooling cannot generate text, said after its
+    name (runner.errors.CannotGenerate); None where it can. A reranker's output is a score; a model
+    with no KV cache would see only the token being decoded, and an encoder has no language head."""
+    if pooling == POOLING_RANK:
+        return (
+            "is a reranking model: it scores documents against a query (runner rerank, POST /v1/rerank) "
+            "and does not generate text"
+        )
+    if arch in ENCODERS:
+        return (
+            f"is an encoder ({arch}) that keeps no KV cache and does not generate text: it embeds "
+            "(runner embed, POST /v1/embeddings)"
+        )
+    if arch in NO_MEMORY:
+        return (
+            f"is a {arch} model, which llama.cpp keeps no KV cache for: runner cannot generate text with it"
+        )
+    return None
 
 
 def _per_layer(value: Any, n: int, default: int = 0) -> tuple[int, ...]:
@@ -104,9 +136,14 @@ class Hparams:
     def exact_graph(self) -> bool:
         return self.arch in EXACT_GRAPHS
 
+    @property
+    def keeps_memory(self) -> bool:
+        """llama.cpp makes a KV cache (or recurrent state) for it: not for NO_MEMORY's encoders."""
+        return self.arch not in NO_MEMORY
+
     def attn_layers(self) -> list[int]:
         """The layers with a KV cache (the filter llama_model::create_memory() gives it)."""
-        if self.is_recurrent:
+        if self.is_recurrent or not self.keeps_memory:
             return []
         if self.arch == "falcon-h1":  # attention and a recurrent state in every layer
             return list(range(self.n_layer))

@@ -4,7 +4,8 @@ context_size() is what llama_context's constructor does with n_ctx, n_seq, n_bat
 (padding, one stream per sequence); kv_per_layer() sizes each layer's state for that context:
 row(type_k, n_embd_k_gqa(il)) + row(type_v, n_embd_v_gqa(il)) per cell for attention layers
 (sliding-window layers full size too, because the default swa_full is true), one f32 state per
-sequence for recurrent layers. The defaults here are llama.cpp's, as runner's engine leaves them.
+sequence for recurrent layers; nothing for the encoders llama.cpp keeps no memory for (arch.NO_MEMORY:
+BERT and its kin). The defaults here are llama.cpp's, as runner's engine leaves them.
 """
 
 from __future__ import annotations

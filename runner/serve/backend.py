@@ -14,7 +14,8 @@ from typing import Any, Protocol
 
 from runner.engine.answer import Result
 from runner.engine.logprobs import TokenLogprob
-from runner.errors import RunnerError, UsageError
+from runner.errors import CannotGenerate, RunnerError, UsageError
+from runner.memory.arch import cannot_generate
 
 
 @dataclass(frozen=True)
@@ -143,6 +144,17 @@ class ModelInfo:
     max_images: int = 0  # images a request may carry (--max-images); 0: it takes none (no projector)
     max_image_bytes: int = 0  # an image's encoded size at most (--max-image-bytes)
 
+    @property
+    def reranks(self) -> bool:
+        """A reranking model: its GGUF declares pooling type rank (4, llama.cpp's LLAMA_POOLING_TYPE_RANK)."""
+        return self.metadata.get(f"{self.architecture}.pooling_type") == 4
+
+    @property
+    def cannot_generate(self) -> str | None:
+        """Why it cannot generate text, after its name (a reranker, an encoder: runner.memory.arch);
+        None where it can."""
+        return cannot_generate(self.architecture, self.metadata.get(f"{self.architecture}.pooling_type"))
+
 
 class BadField(UsageError):
     """A request's field has a value the engine cannot take: 400, naming the field (`param`)."""
@@ -150,6 +162,14 @@ class BadField(UsageError):
     def __init__(self, param: str, message: str) -> None:
         super().__init__(message)
         self.param = param
+
+
+def check_generates(info: ModelInfo) -> None:
+    """BadField "model" (400) for a model asked to generate that cannot (a reranker, an encoder), in
+    runner.errors.CannotGenerate's words: checked before it loads, where its tokens would mean nothing."""
+    why = info.cannot_generate
+    if why is not None:
+        raise BadField("model", str(CannotGenerate(info.name, why)))
 
 
 class TooLong(BadField):
@@ -188,9 +208,11 @@ class Generation(Protocol):
 
 
 class Backend(Protocol):
-    """The served models. submit() raises BadField / TooLong (400), QueueFull (429); embed() raises
-    runner.engine.embed's InputTooLong / EmptyInput (400), QueueFull (429); a model name not in
-    names() is the HTTP side's 404 and never reaches it."""
+    """The served models. submit() raises BadField / TooLong (400; check_generates' for a model that
+    cannot generate), QueueFull (429); embed() raises
+    runner.engine.embed's InputTooLong / EmptyInput (400), QueueFull (429); rerank() raises
+    runner.engine.rerank's PairTooLong / NotAReranker and EmptyInput (400), QueueFull (429); a model name
+    not in names() is the HTTP side's 404 and never reaches it."""
 
     def names(self) -> list[str]: ...
 
@@ -217,6 +239,10 @@ class Backend(Protocol):
     async def embed(
         self, model: str, texts: list[str], *, truncate: bool
     ) -> tuple[list[list[float]], int]: ...  # unit vectors in order, prompt tokens (runner.engine.embed)
+
+    async def rerank(
+        self, model: str, query: str, documents: list[str], *, truncate: bool
+    ) -> tuple[list[float], int]: ...  # scores in document order, the pairs' tokens (runner.engine.rerank)
 
     def counters(
         self, name: str

@@ -1,7 +1,8 @@
-"""The embedding requests a model's thread holds: taken in (tokens checked), then pooled one
-llama_decode at a time between the batch loop's steps, the inputs of every waiting request packed
+"""The embedding and rerank requests a model's thread holds: taken in (tokens checked), then pooled
+one llama_decode at a time between the batch loop's steps, the inputs of every waiting request packed
 into it in arrival order. Everything here runs in the model's thread (runner.serve.engine_backend),
-on a second context over the same model (runner.engine.embed), made at the first request.
+on a second context over the same model, made at the first request: runner.engine.embed's, or for a
+reranker runner.engine.rerank's (a model is one or the other: the other kind of request is refused).
 """
 
 from __future__ import annotations
@@ -10,18 +11,22 @@ import asyncio
 from collections import deque
 from dataclasses import dataclass, field
 
-from runner.engine.embed import EMBED_CTX, Embedder
+from runner.engine.embed import EMBED_CTX, Embedder, IsAReranker
 from runner.engine.engine import Engine
+from runner.engine.rerank import NotAReranker, Reranker
 from runner.errors import RunnerError
 
 
 @dataclass
 class EmbedRequest:
-    """An embedding request: its texts, then (in the model's thread) their tokens and vectors."""
+    """An embedding request: its texts, then (in the model's thread) their tokens and vectors. With a
+    `query`, a rerank request: the texts are documents, each paired with it, and each "vector" is the
+    pair's n_cls_out values (the score first)."""
 
     texts: list[str]
     truncate: bool
     done: asyncio.Future[tuple[list[list[float]], int]]  # (vectors, prompt tokens), on the event loop
+    query: str | None = None
     inputs: list[list[int]] = field(default_factory=list)
     vectors: list[list[float]] = field(default_factory=list)
     cancelled: bool = False  # the client went away: its inputs leave the next batch
@@ -34,21 +39,30 @@ class EmbedRequest:
 class EmbedQueue:
     """The waiting embedding requests of one model, and the context that pools them."""
 
-    def __init__(self, engine: Engine, context: int, longest: int | None = None) -> None:
+    def __init__(self, engine: Engine, context: int, longest: int | None = None, name: str = "") -> None:
         """longest: the longest text in tokens (EMBED_CTX by default), at most the model's trained
-        context and `context` (a sequence's, the served --ctx)."""
+        context and `context` (a sequence's, the served --ctx). name: the served model's."""
         self.engine = engine
+        self.name = name
         self.longest = min(longest or EMBED_CTX, context, engine.n_ctx_train or EMBED_CTX)
         self.embedder: Embedder | None = None
         self.waiting: deque[EmbedRequest] = deque()
 
     def take(self, request: EmbedRequest) -> None:
-        """Tokenize and check the texts (InputTooLong, EmptyInput: the request's 400 at once), then
-        it waits its turn."""
-        if self.embedder is None:
-            self.embedder = Embedder(self.engine, self.longest)
-        tokens = [self.embedder.tokenize(text) for text in request.texts]
-        request.inputs = self.embedder.check(tokens, truncate=request.truncate)
+        """Tokenize and check the texts (InputTooLong, EmptyInput, PairTooLong: the request's 400 at
+        once; NotAReranker, IsAReranker: the wrong kind of request for this model), then it waits its
+        turn."""
+        if request.query is not None:
+            if self.embedder is not None and not isinstance(self.embedder, Reranker):
+                raise NotAReranker(self.name, self.embedder.pooling)
+            reranker = self.embedder = self.embedder or Reranker(self.engine, self.longest, name=self.name)
+            request.inputs = reranker.pairs(request.query, request.texts, truncate=request.truncate)
+        else:
+            if isinstance(self.embedder, Reranker):
+                raise IsAReranker
+            embedder = self.embedder = self.embedder or Embedder(self.engine, self.longest)
+            tokens = [embedder.tokenize(text) for text in request.texts]
+            request.inputs = embedder.check(tokens, truncate=request.truncate)
         self.waiting.append(request)
 
     def step(self) -> list[tuple[EmbedRequest, RunnerError | None]]:

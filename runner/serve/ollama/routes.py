@@ -15,7 +15,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from runner.serve.backend import Ask, Backend
+from runner.serve.backend import Ask, Backend, check_generates
 from runner.serve.ollama import serving
 from runner.serve.ollama.errors import SHAPE
 from runner.serve.ollama.protocol import Base, ChatRequest, EmbeddingsRequest, EmbedRequest, GenerateRequest
@@ -84,6 +84,7 @@ class Ollama:
         """The images decoded (off the event loop), then load the model (the wait is the answer's
         load_duration), submit (a prompt too long is a 400 before any stream), then stream or answer
         whole."""
+        check_generates(self.backend.info(model))  # before it loads: a reranker does not generate
         ask = await with_pixels(self.backend, ask)
         load_s = await self.backend.load(model, req.keep_alive)
         generation = await submit(self.backend, ask, "prompt" if ask.prompt is not None else "messages")

@@ -224,7 +224,9 @@ def plain(value: Any) -> Any:
 
 def capabilities(info: ModelInfo) -> list[str]:
     """What Ollama's clients look for before they send tools, think or images: read off the chat
-    template, and "vision" where the model is served with a projector."""
+    template, and "vision" where the model is served with a projector; a reranker only "rerank"."""
+    if info.reranks:
+        return ["rerank"]
     template = info.template or ""
     found = ["completion"]
     if "tools" in template:

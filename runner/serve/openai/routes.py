@@ -11,7 +11,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from runner.serve.backend import Ask, Backend, Generation
-from runner.serve.openai import embeddings, serving
+from runner.serve.openai import embeddings, rerank, serving
 from runner.serve.openai.errors import SHAPE
 from runner.serve.openai.protocol import ChatRequest, CompletionRequest, Knobs
 from runner.serve.shared.answers import EventStream, collect, submit
@@ -110,6 +110,7 @@ class OpenAI:
         meta: dict[str, Any] = {"context": info.context, "parallel": info.parallel, "size": info.size}
         meta["loaded"] = loaded
         meta["vision"] = info.max_images > 0  # it takes images (served with a projector, --mmproj)
+        meta["rerank"] = info.reranks  # it scores documents against a query (POST /v1/rerank), nothing else
         if loaded:
             meta["memory"] = self.backend.memory(name)  # planned bytes: weights, KV cache, compute
             counters = self.backend.counters(name)
@@ -128,13 +129,18 @@ class OpenAI:
         }
 
 
+RERANK_PATHS = ("/v1/rerank", "/v1/reranking", "/rerank")  # llama-server's three names
+
+
 def routes(backend: Backend, max_body: int) -> list[Route]:
     api = OpenAI(backend, max_body)
     embed = embeddings.Embeddings(backend, max_body)
+    ranker = rerank.Rerank(backend, max_body)
     return [
         Route("/v1/chat/completions", guarded(api.chat, SHAPE), methods=["POST"]),
         Route("/v1/completions", guarded(api.completions, SHAPE), methods=["POST"]),
         Route("/v1/models", guarded(api.models, SHAPE), methods=["GET"]),
         Route("/v1/models/{id:path}", guarded(api.model, SHAPE), methods=["GET"]),
         Route("/v1/embeddings", guarded(embed.create, SHAPE), methods=["POST"]),
+        *(Route(path, guarded(ranker.create, SHAPE), methods=["POST"]) for path in RERANK_PATHS),
     ]

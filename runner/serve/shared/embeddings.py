@@ -58,6 +58,13 @@ async def embed(
     """The vectors and prompt tokens; a text too long (or with no tokens) is a 400 naming it (`field`:
     the request's name for the texts)."""
     many = len(texts) > 1
+    if backend.info(model).reranks:
+        raise ApiError(
+            400,
+            f"{model} is a reranking model: it scores documents against a query (POST /v1/rerank), "
+            "it does not embed",
+            param="model",
+        )
     try:
         vectors, tokens = await backend.embed(model, texts, truncate=truncate)
     except InputTooLong as exc:
