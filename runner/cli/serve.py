@@ -100,13 +100,23 @@ KeepAlive = Annotated[
         rich_help_panel=SERVER,
     ),
 ]
+NoMetrics = Annotated[
+    bool,
+    typer.Option(
+        "--no-metrics",
+        help="No GET /metrics (Prometheus), nothing counted for it [default: served, behind --api-key]",
+        rich_help_panel=SERVER,
+        show_default=False,
+    ),
+]
 
 ServeMmproj = Annotated[
     Optional[str],
     typer.Option(
         "--mmproj",
-        metavar="FILE",
-        help="The vision projector (an mmproj GGUF) of the one MODEL named: its requests may carry images",
+        metavar="FILE|REF",
+        help="The vision projector (an mmproj GGUF, or its Hub reference) of the one MODEL named: its "
+        "requests may carry images [default: each model's own, pulled with it]",
         rich_help_panel=SERVER,
         show_default=False,
     ),
@@ -148,6 +158,7 @@ def serve(
     mmproj: ServeMmproj = None,
     max_image_bytes: MaxImageBytes = None,
     max_images: MaxImages = None,
+    no_metrics: NoMetrics = False,
     ctx: o.Ctx = None,
     threads: o.Threads = None,
     gpu_layers: o.GpuLayers = None,
@@ -214,6 +225,7 @@ def serve(
             offline=offline,
             debug=debug,
             rpc=rpc,
+            metrics=not no_metrics,
         )
     )
 

@@ -22,7 +22,7 @@ from typing import Any
 
 from runner import ui
 from runner.commands.output import describe_load, open_prompt_cache, sampling_for
-from runner.errors import UsageError
+from runner.errors import ModelNotFound, UsageError
 from runner.hub.catalog import load_catalog
 from runner.limits import check_range, flash_attn_setting, parse_duration, parse_size, spec_setting
 from runner.loader import DEFAULT_BATCH_CTX, SERVE_PARALLEL, LoadedModel, open_model, plan_for, serve_planning
@@ -64,6 +64,7 @@ class ServeRequest:
     offline: bool = False
     debug: bool = False
     rpc: str | None = None  # --rpc: the models' layers across these workers (docs/rpc.md)
+    metrics: bool = True  # GET /metrics (Prometheus), and everything counted for it; --no-metrics: neither
 
 
 def serve(request: ServeRequest) -> None:
@@ -97,12 +98,14 @@ def serve(request: ServeRequest) -> None:
         from runner.serve.front import serve_front
 
         return serve_front(request.host, request.port, sys.argv[1:], request.rpc)
+    from runner.serve.metrics import Metrics
     from runner.serve.pool import EngineBackend, Pool
 
     if request.models_dir is not None and not Path(request.models_dir).expanduser().is_dir():
         raise UsageError(f"--models: {Path(request.models_dir).expanduser()} is not a folder")
     budget = _budget(memory)
-    pool = Pool([], queue=request.queue, budget=budget, keep_alive=keep_alive)
+    metrics = Metrics() if request.metrics else None
+    pool = Pool([], queue=request.queue, budget=budget, keep_alive=keep_alive, metrics=metrics)
     try:
         for name in request.models:  # named: loaded now, served while the server runs
             stem = _stem_if_path(name, taken=pool.offers)
@@ -167,8 +170,17 @@ def _run(request: ServeRequest, backend: Any, key: str | None, behind_front: boo
 
     store = open_responses()  # where /v1/responses keeps its responses (None: it keeps none)
     images, image_bytes = image_limits(request)
-    body = max_body(images, image_bytes) if images else MAX_BODY  # room for images where a model takes them
-    app = create_app(backend, api_key=key, cors=request.cors, max_body=body, log=ui.info, store=store)
+    vision = any(backend.info(name).max_images for name in backend.names())
+    body = max_body(images, image_bytes) if vision else MAX_BODY  # room for images where a model takes them
+    app = create_app(
+        backend,
+        api_key=key,
+        cors=request.cors,
+        max_body=body,
+        log=ui.info,
+        store=store,
+        metrics=backend.pool.metrics,
+    )
     config = uvicorn.Config(
         app,
         host=request.host,
@@ -226,25 +238,26 @@ def _load(request: ServeRequest, name: str, *, offline: bool, mmproj: str | None
         spec=spec_setting(request.spec, request.draft),
         draft=request.draft,
         mmproj=mmproj,
+        vision=True,  # without --mmproj, the projector pulled with the model (none: text only)
+        generates=False,  # a reranker is served too: a request to generate with it is refused (400)
     )
 
 
 def image_limits(request: ServeRequest) -> tuple[int, int]:
-    """(images a request may carry, an image's bytes at most) for the model --mmproj goes with: the one
-    MODEL named. The limits without --mmproj are refused: no model would take images."""
+    """(images a request may carry, an image's bytes at most) for the models that take images: the one
+    MODEL --mmproj goes with, and those pulled with a projector (runner.hub.projectors)."""
+    from runner.hub.refs import resolve
     from runner.images import MAX_IMAGE_BYTES, MAX_IMAGES
 
-    if request.mmproj is None:
-        given = "--max-images" if request.max_images is not None else "--max-image-bytes"
-        if request.max_images is not None or request.max_image_bytes is not None:
-            raise UsageError(f"{given} goes with --mmproj (without it no model takes images)")
-        return 0, 0
-    if len(request.models) != 1:
+    if request.mmproj is not None and len(request.models) != 1:
         raise UsageError(
             "--mmproj is one model's projector: name that model alone (runner serve MODEL --mmproj FILE)"
         )
-    if not Path(request.mmproj).expanduser().is_file():
-        raise UsageError(f"--mmproj {request.mmproj}: no such file")
+    if request.mmproj is not None:
+        try:  # a path that is not there, now; a Hub reference is fetched with the model
+            resolve(request.mmproj, load_catalog())
+        except ModelNotFound:
+            raise UsageError(f"--mmproj {request.mmproj}: no such file, and not a Hub reference") from None
     images = MAX_IMAGES if request.max_images is None else request.max_images
     check_range(images, "--max-images", 1, MAX_IMAGES_LIMIT)
     size = request.max_image_bytes
@@ -317,17 +330,29 @@ def _offer(
         file = locate(ref) if isinstance(ref, HubRef) else ref.path
         return read_header(file), file
 
+    def paired() -> str | None:  # the projector pulled with a cached model (a file of --models: none)
+        from runner.projector import pulled_with
+
+        return pulled_with(name) if path is None else None
+
     def describe() -> Any:
         if loaded is not None:
             return _info(loaded, request)
         header, path = header_and_path()
-        return _header_info(
+        info = _header_info(
             name, header, path, request.ctx or DEFAULT_BATCH_CTX, request.parallel or SERVE_PARALLEL
         )
+        if paired() is None:
+            return info
+        images, image_bytes = image_limits(request)
+        return replace(info, max_images=images, max_image_bytes=image_bytes)
 
     def needs() -> dict[str, int]:
+        from runner.projector import memory
+
         header, path = header_and_path()
-        return _needs(plan_for(header, name, **_planning(request), path=path), header)
+        projector = memory(found, header) if (found := paired()) is not None else None
+        return _needs(plan_for(header, name, **_planning(request), path=path, projector=projector), header)
 
     def load() -> Any:
         loaded = _load(request, str(path) if path is not None else name, offline=True)

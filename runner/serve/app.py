@@ -24,6 +24,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from runner.serve import apis
 from runner.serve.backend import Backend
+from runner.serve.metrics import Metrics, RequestCounter
 from runner.serve.responses.store import ResponseStore
 from runner.serve.shared.http import PROBE, TRAFFIC, ApiError, Traffic, as_api_error, brief, quoted
 
@@ -38,11 +39,13 @@ def create_app(
     max_body: int = MAX_BODY,
     log: Callable[[str], None] | None = None,
     store: ResponseStore | None = None,
+    metrics: Metrics | None = None,
 ) -> Starlette:
     """The server's ASGI app. api_key: required on every request but GET / and GET /health. cors: the
     one origin browsers may call from ("*": any); None, the default, sends no CORS headers at all.
     log: where the access lines go (stderr by default). store: where /v1/responses keeps responses
-    (None: it keeps none)."""
+    (None: it keeps none). metrics: the registry GET /metrics shows, every request counted in it
+    (None: no /metrics, nothing counted)."""
 
     async def root(request: Request) -> Response:
         return PlainTextResponse("runner is running")  # Ollama's clients probe / before anything else
@@ -57,7 +60,16 @@ def create_app(
         Route("/health", health, methods=["GET"]),
         *apis.routes(backend, max_body, store),
     ]
-    middleware = [Middleware(AccessLog, log=log or _to_stderr)]
+    count = None
+    if metrics is not None:
+
+        async def scrape(request: Request) -> Response:
+            body, content_type = metrics.exposition(request.headers.get("accept"))
+            return Response(body, headers={"Content-Type": content_type})
+
+        routes.insert(2, Route("/metrics", scrape, methods=["GET"]))
+        count = metrics.counter_for(routes, api_of=_api_of)
+    middleware = [Middleware(AccessLog, log=log or _to_stderr, count=count)]
     if cors:
         origins = ["*"] if cors == "*" else [cors]
         # any header a preflight asks for: the official JavaScript SDKs send a family that grows with
@@ -88,6 +100,11 @@ def _no_route(request: Request, exc: Exception) -> Response:
     return apis.shape_of(request.url.path).response(request, err)
 
 
+def _api_of(path: str) -> str:
+    """The API a request is counted under: the server's own paths (/, /health, /metrics) are runner's."""
+    return "runner" if path in OWN_PATHS else apis.shape_of(path).name
+
+
 def _to_stderr(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
@@ -98,11 +115,13 @@ def _to_stderr(line: str) -> None:
 class AccessLog:
     """One line per request (method, path, status, tokens and TTFT for answers, total), written when
     the response is done, streams included; and the last guard: an exception no handler took becomes
-    a 500 in the API's shape, said in the line, never a traceback."""
+    a 500 in the API's shape, said in the line, never a traceback. count: where each request is
+    counted too, as its line is written (runner.serve.metrics)."""
 
-    def __init__(self, app: ASGIApp, log: Callable[[str], None]) -> None:
+    def __init__(self, app: ASGIApp, log: Callable[[str], None], count: RequestCounter | None = None) -> None:
         self.app = app
         self.log = log
+        self.count = count
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -129,6 +148,8 @@ class AccessLog:
         finally:
             if not _probe(scope):
                 self.log(access_line(scope, status, note))
+                if self.count is not None:
+                    self.count(scope, 499 if note.client_left else status, time.perf_counter() - note.start)
 
 
 def _probe(scope: Scope) -> bool:
@@ -151,6 +172,7 @@ def access_line(scope: Scope, status: int, note: Traffic) -> str:
 
 
 OPEN_PATHS = {"/", "/health"}  # what answers without the key: a liveness probe says nothing private
+OWN_PATHS = {*OPEN_PATHS, "/metrics"}  # the server's own, no API's (/metrics: behind the key)
 
 
 class ApiKey:

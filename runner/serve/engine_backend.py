@@ -39,6 +39,7 @@ from runner.loader import LoadedModel
 from runner.serve.backend import Ask, BadField, ModelInfo, QueueFull, TooLong, scored_tokens
 from runner.serve.embed_queue import EmbedQueue, EmbedRequest
 from runner.serve.generation import QueuedGeneration
+from runner.serve.metrics import Metrics, ModelState
 
 
 @dataclass
@@ -67,13 +68,18 @@ class _Request:
 class ModelThread:
     """One model: its engine, its batch loop and the thread that alone drives them."""
 
-    def __init__(self, served: Served, queue: int, embed_ctx: int | None = None) -> None:
+    def __init__(
+        self, served: Served, queue: int, embed_ctx: int | None = None, metrics: Metrics | None = None
+    ) -> None:
         """embed_ctx: the longest text an embedding takes (runner.engine.embed.EMBED_CTX by default),
-        at most the model's --ctx."""
+        at most the model's --ctx. metrics: where its answers are counted (None: nowhere)."""
         self.served = served
+        self.metrics = metrics
         self.engine = served.loaded.engine
         self.queue_limit = queue
-        self._embeds = EmbedQueue(self.engine, served.info.context, embed_ctx)  # used in this thread
+        self._embeds = EmbedQueue(
+            self.engine, served.info.context, embed_ctx, served.info.name
+        )  # in this thread
         self._embedding = 0  # embedding requests submitted and not yet answered: past --queue, 429
         self.counters = {"requests": 0, "prompt_tokens": 0, "prefill_tokens": 0, "cached_tokens": 0}
         self._inbox: list[_Request | EmbedRequest] = []
@@ -115,6 +121,8 @@ class ModelThread:
             if self._stopping:
                 raise QueueFull("the server is stopping", retry_after=5)
             if self._in_flight >= self.engine.n_seq + self.queue_limit:
+                if self.metrics is not None:
+                    self.metrics.refused(self.served.info.name)
                 raise QueueFull(
                     f"{ui.count(self.queue_limit, 'request')} already "
                     f"{'waits' if self.queue_limit == 1 else 'wait'} for {self.served.info.name} (--queue)"
@@ -141,14 +149,19 @@ class ModelThread:
         await request.admitted
         return generation.prompt_tokens
 
-    async def embed(self, texts: list[str], truncate: bool) -> tuple[list[list[float]], int]:
-        """The texts' unit vectors and their tokens, pooled in this model's thread."""
+    async def embed(
+        self, texts: list[str], truncate: bool, query: str | None = None
+    ) -> tuple[list[list[float]], int]:
+        """The texts' unit vectors and their tokens, pooled in this model's thread; with a `query`,
+        each (query, text) pair's rerank values (the score first) and the pairs' tokens."""
         loop = self._events = asyncio.get_running_loop()
-        request = EmbedRequest(texts, truncate, loop.create_future())
+        request = EmbedRequest(texts, truncate, loop.create_future(), query=query)
         with self._lock:
             if self._stopping:
                 raise QueueFull("the server is stopping", retry_after=5)
             if self._embedding >= max(1, self.queue_limit):
+                if self.metrics is not None:
+                    self.metrics.refused(self.served.info.name)
                 waiting = ui.count(self._embedding, "embedding request")
                 raise QueueFull(f"{waiting} already {'waits' if self._embedding == 1 else 'wait'} (--queue)")
             self._embedding += 1
@@ -178,6 +191,26 @@ class ModelThread:
     def wake(self) -> None:
         with self._lock:
             self._wakeup.notify()
+
+    def state(self, memory: dict[str, int]) -> ModelState:
+        """This model as /metrics reads it, on the event loop's thread: a moment of the counts this
+        model's thread keeps (each read whole; together, as near as a scrape needs)."""
+        loop, states = self._loop, self.states
+        free = len(loop.free)
+        busy = loop.parallel - free
+        return ModelState(
+            self.served.info.name,
+            dict(memory),
+            busy=busy,
+            free=free,
+            waiting=max(0, self._in_flight - busy),
+            kv_used=sum(len(cells) for cells in list(self.engine.cells)),
+            kv_cells=self.engine.n_ctx,
+            states=len(states) if states is not None else 0,
+            states_bytes=states.held if states is not None else 0,
+            states_kept=states.saved if states is not None else 0,
+            states_hits=states.restored if states is not None else 0,
+        )
 
     def idle(self) -> bool:
         """No request in flight or waiting (a model that may be unloaded)."""
@@ -314,6 +347,8 @@ class ModelThread:
         """The request answered (its vectors and tokens) or failed, on the event loop's side."""
         with self._lock:
             self._embedding -= 1
+        if error is None and self.metrics is not None:
+            self.metrics.embedding(self.served.info.name, request.tokens, rerank=request.query is not None)
         if request.cancelled:
             return
         result = (request.vectors, request.tokens)
@@ -356,6 +391,8 @@ class ModelThread:
         c["prompt_tokens"] += t.prompt_tokens
         c["prefill_tokens"] += t.prefill_tokens
         c["cached_tokens"] += t.cached_tokens
+        if self.metrics is not None:
+            self.metrics.answered(self.served.info.name, result)
         with self._lock:
             self._in_flight -= 1
         generation.done(result)

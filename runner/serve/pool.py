@@ -19,8 +19,9 @@ from dataclasses import dataclass, field
 
 from runner import ui
 from runner.errors import RunnerError, WontFit
-from runner.serve.backend import Ask, BadField, Generation, ModelInfo, QueueFull
+from runner.serve.backend import Ask, BadField, Generation, ModelInfo, QueueFull, check_generates
 from runner.serve.engine_backend import ModelThread, Served
+from runner.serve.metrics import Metrics, ModelState
 
 REAP_EVERY_S = 0.25  # how often idle models are checked against their keep-alive
 SCAN_EVERY_S = 1.0  # the offered models are looked for again at most this often (a listing, a name)
@@ -57,6 +58,7 @@ class Pool:
         budget: dict[str, int] | None,
         keep_alive: float | None,
         scan: Callable[[], list[Offer]] | None = None,
+        metrics: Metrics | None = None,
     ) -> None:
         self.offers = {o.name: o for o in offers}
         self.scan = scan  # the models on demand as they are now (files added, changed, removed)
@@ -69,12 +71,18 @@ class Pool:
         self._loading: dict[str, asyncio.Future[ModelThread]] = {}
         self._infos: dict[str, ModelInfo] = {}
         self._reaper: asyncio.Task[None] | None = None
+        self.metrics = metrics  # loads and unloads counted; the loaded models read at each scrape
+        if metrics is not None:
+            metrics.watch(self.states)
 
     def preload(self, served: Served, needs: dict[str, int]) -> None:
         """A model loaded before the server started (runner serve MODEL …): kept while served. (Its offer
         could not always load it again: a file given by path is served under its stem, which names no
         file.)"""
-        self.loaded[served.info.name] = _Loaded(ModelThread(served, self.queue), needs, None, pinned=True)
+        thread = ModelThread(served, self.queue, metrics=self.metrics)
+        self.loaded[served.info.name] = _Loaded(thread, needs, None, pinned=True)
+        if self.metrics is not None:
+            self.metrics.loaded(served.info.name)
 
     def names(self) -> list[str]:
         """The models served now: the offers as last scanned, less those whose header cannot be read
@@ -117,6 +125,10 @@ class Pool:
         if name not in self._infos:
             self._infos[name] = self.offers[name].describe()
         return self._infos[name]
+
+    def states(self) -> list[ModelState]:
+        """The loaded models as /metrics reads them (runner.serve.metrics)."""
+        return [m.thread.state(m.needs) for m in self.loaded.values()]
 
     def memory(self, name: str) -> int:
         """The planned bytes of a loaded model, on every device (0: not loaded)."""
@@ -162,8 +174,10 @@ class Pool:
             raise BadField("model", str(exc)) from None
         except RunnerError as exc:  # the server's fault, not the request's: a 500 that says why
             raise RunnerError(f"{name} could not be loaded: {exc}") from None
-        thread = ModelThread(served, self.queue)
+        thread = ModelThread(served, self.queue, metrics=self.metrics)
         self.loaded[name] = _Loaded(thread, needs, self.keep_alive)
+        if self.metrics is not None:
+            self.metrics.loaded(name)
         return thread
 
     async def _make_room(self, name: str, needs: dict[str, int]) -> None:
@@ -219,6 +233,8 @@ class Pool:
             return
         ui.info(f"unloading {name} ({why})")
         await asyncio.to_thread(found.thread.close)
+        if self.metrics is not None:
+            self.metrics.unloaded(name)
 
     def _start_reaper(self) -> None:
         if self._reaper is None:
@@ -286,6 +302,7 @@ class EngineBackend:
         return counters
 
     async def submit(self, ask: Ask) -> Generation:
+        check_generates(self.pool.info(ask.model))
         thread = await self.pool.get(ask.model, ask.keep_alive)
         return await thread.submit(ask)
 
@@ -304,6 +321,12 @@ class EngineBackend:
 
     async def embed(self, model: str, texts: list[str], *, truncate: bool) -> tuple[list[list[float]], int]:
         return await (await self.pool.get(model)).embed(texts, truncate)
+
+    async def rerank(
+        self, model: str, query: str, documents: list[str], *, truncate: bool
+    ) -> tuple[list[float], int]:
+        values, tokens = await (await self.pool.get(model)).embed(documents, truncate, query=query)
+        return [v[0] for v in values], tokens
 
     def stop(self) -> None:
         """The server is stopping: every answer ends at the next step (finish_reason "interrupted")."""
