@@ -18,12 +18,12 @@ from runner.engine.context import CTX_PAD
 from runner.engine.engine import Engine
 from runner.engine.speculate import SPEC_DRAFT, draft_mismatch
 from runner.engine.template import TEMPLATE_KEY, compile_ahead
-from runner.errors import InvalidSetting, WontFit
+from runner.errors import CannotGenerate, InvalidSetting, WontFit
 from runner.gguf import GGUFHeader, read_header
 from runner.hub.catalog import CatalogEntry, load_catalog
 from runner.hub.refs import HubRef, ModelRef, resolve
 from runner.limits import MAX_THREADS, check_range
-from runner.memory import devices
+from runner.memory import arch, devices
 from runner.memory.devices import Machine
 from runner.memory.plan import (
     Plan,
@@ -36,6 +36,7 @@ from runner.memory.plan import (
     trained_context,
 )
 from runner.projector import attach as attach_projector
+from runner.projector import find as find_projector
 from runner.projector import memory as projector_memory
 
 if TYPE_CHECKING:
@@ -421,6 +422,8 @@ def open_model(
     chat_template: bool = True,
     output_rows: int = 0,
     mmproj: str | None = None,
+    vision: bool = False,
+    generates: bool = True,
 ) -> LoadedModel:
     """Resolve, fetch if needed, check the header, plan, then load. flash_attn None: the plan's
     choice (llama.cpp's "auto", or off for a `growing` context on the CPU: CPU_CHAT_FLASH_ATTN).
@@ -428,11 +431,14 @@ def open_model(
     model, which is checked against the target (vocabulary, size) before either loads.
     `chat_template`: the caller will render the file's chat template, so it is compiled beside the
     load (--raw does not). `output_rows`: the most rows of logits one decode will ask for (the plan
-    counts the output buffer that large). `mmproj`: a vision projector for images (runner.projector)."""
+    counts the output buffer that large). `mmproj`: a vision projector for images, a file or a Hub
+    reference; without it, `vision` takes the projector pulled with the model (runner.projector.find).
+    `generates`: a reranker or an encoder is refused before it loads (CannotGenerate) unless False."""
     check_asked(ctx=ctx, gpu_layers=gpu_layers)
     if threads is not None:
         check_range(threads, "--threads", 1, MAX_THREADS)
     ref = resolve(model, load_catalog())
+    mmproj = find_projector(mmproj, ref, paired=vision, offline=offline)  # a path (fetched if need be)
     plan = None
     asked: dict[str, Any] = dict(  # plan_for's options, for the remote header and the file alike
         ctx=ctx,
@@ -456,6 +462,8 @@ def open_model(
             smaller = smaller_quants(ref, remote.size, ctx=ctx, kv_type=kv_type)
             plan = plan_for(remote.merged, ref.display, smaller=smaller, **asked)
     path, header = _checked_file(ref, offline)
+    if generates and (why := arch.cannot_generate(header.architecture, header.arch_get("pooling_type"))):
+        raise CannotGenerate(ref.display, why)
     drafting = _draft_file(draft, header, path, offline) if spec == SPEC_DRAFT and draft else None
     if plan is None or not plan.estimate.exact:  # again with the file, unless the remote plan was exact
         plan = plan_for(header, ref.display, path=path, **asked)

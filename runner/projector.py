@@ -6,6 +6,10 @@ of its projector type (runner.gguf.projector) before libmtmd opens it; its width
 Before the model loads, the plan counts what libmtmd will allocate for it (memory(); runner.memory.
 projector); then the engine attaches it (runner.engine.vision), on the GPU only where the plan put
 layers there.
+
+Which projector (find()): --mmproj's file, or its Hub reference (user/repo:FILE.gguf, user/repo:QUANT,
+user/repo, an alias), cached or fetched as a model reference is; without --mmproj, the projector
+pulled with the model (runner.hub.projectors).
 """
 
 from __future__ import annotations
@@ -13,11 +17,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from runner.errors import UsageError
+from runner import ui
+from runner.errors import DownloadError, ModelNotFound, RunnerError, UsageError
 from runner.gguf import GGUFHeader, read_header
+from runner.hub.refs import HubRef, LocalRef, ModelRef
 
 
-def attach(engine: Any, mmproj: str, header: GGUFHeader) -> None:
+def attach(engine: Any, mmproj: str | Path, header: GGUFHeader) -> None:
     """The projector at mmproj checked against the model's header, then attached to its engine; the
     engine closed if it cannot be (the caller has no model to close then)."""
     try:
@@ -29,7 +35,7 @@ def attach(engine: Any, mmproj: str, header: GGUFHeader) -> None:
         raise
 
 
-def check(path: Path, header: GGUFHeader | None) -> Any:
+def check(path: str | Path, header: GGUFHeader | None) -> Any:
     """The projector's facts (runner.gguf.projector.ProjectorInfo), or one line saying why not; its
     width checked against the model's where its header is given."""
     from runner.gguf.projector import check_projector
@@ -38,21 +44,161 @@ def check(path: Path, header: GGUFHeader | None) -> Any:
     return check_projector(read_header(path), text_n_embd=width if isinstance(width, int) else None)
 
 
-def memory(mmproj: str, header: GGUFHeader | None = None) -> Any:
-    """What libmtmd will allocate for the projector at mmproj, checked first (runner.memory.projector.
-    ProjectorMemory: its weights and its encoder's compute buffer, either place the plan may put them)."""
+def memory(mmproj: str | Path, header: GGUFHeader | None = None) -> Any:
+    """What libmtmd will allocate for the projector at mmproj (a file, or the Hub URL of one not
+    downloaded: its header read remotely), checked first (runner.memory.projector.ProjectorMemory:
+    its weights and its encoder's compute buffer, either place the plan may put them)."""
     from runner.gguf.projector import check_projector
     from runner.memory.projector import estimate_projector
 
-    path = _file(mmproj)
-    projector = read_header(path)
+    remote = isinstance(mmproj, str) and mmproj.startswith(("http://", "https://"))
+    projector = read_header(mmproj if remote else _file(mmproj))
     width = header.arch_get("embedding_length") if header is not None else None
     info = check_projector(projector, text_n_embd=width if isinstance(width, int) else None)
     return estimate_projector(projector, info)
 
 
-def _file(mmproj: str) -> Path:
+def _file(mmproj: str | Path) -> Path:
     path = Path(mmproj).expanduser()
     if not path.is_file():
         raise UsageError(f"--mmproj {mmproj}: no such file")
     return path
+
+
+def projector_for(model: str, mmproj: str | None, *, offline: bool = False) -> str:
+    """The projector images in a prompt to `model` go through (--mmproj, else the one pulled with
+    the model, fetched if its repository offers one and the cache has none), or why there is none."""
+    from runner.hub.catalog import load_catalog
+    from runner.hub.refs import resolve
+
+    ref = resolve(model, load_catalog())
+    found = find(mmproj, ref, paired=True, offline=offline, fetch_missing=True)
+    if found is None:
+        how = "" if isinstance(ref, LocalRef) else f"; none was pulled with {ref.display}"
+        raise UsageError(f"--image needs the model's vision projector{how}: give --mmproj FILE|REF")
+    return found
+
+
+def pulled_with(model: str) -> str | None:
+    """The projector pulled with `model`, from the cache alone (None: none, or not a Hub model)."""
+    from runner.hub.catalog import load_catalog
+    from runner.hub.refs import resolve
+
+    return find(None, resolve(model, load_catalog()), paired=True, offline=True)
+
+
+def find(
+    mmproj: str | None,
+    ref: ModelRef,
+    *,
+    paired: bool,
+    offline: bool = False,
+    download: bool = True,
+    fetch_missing: bool = False,
+) -> str | None:
+    """The projector to use with the model `ref` names: a local path, or (download False) the Hub
+    URL of one not cached, whose header is read remotely; None: none.
+
+    `mmproj` (--mmproj) a file, else a Hub reference: cached, else fetched (download) or read on
+    the Hub. Without it and with `paired`, the projector pulled with the model (from its snapshot);
+    when none is cached, fetched with a model that is not cached yet (it is fetched too), or with
+    `fetch_missing` for a cached model pulled without one (run --image: the caller needs images). A
+    pulled projector runner cannot use (its type, its keys) is said and left out, the model served
+    as text alone; with `fetch_missing`, that is the error."""
+    from runner.hub import fetch
+
+    offline = offline or fetch.env_offline()
+    if mmproj is not None:
+        return _named(mmproj, ref, offline=offline, download=download)
+    if not paired or not isinstance(ref, HubRef):
+        return None
+    found = _pulled(ref, offline=offline, download=download, fetch_missing=fetch_missing)
+    if found is None or fetch_missing:
+        return found
+    try:
+        check(found, None)
+    except RunnerError as exc:
+        ui.warn(f"{ref.display} takes no images in runner yet: {exc}")
+        return None
+    return found
+
+
+def _pulled(ref: HubRef, *, offline: bool, download: bool, fetch_missing: bool) -> str | None:
+    """find()'s projector pulled with the model, or fetched (see there)."""
+    from runner.hub import fetch
+    from runner.hub.projectors import cached_projector, choose_projector, pull_projector
+    from runner.hub.quants import choose
+
+    local = fetch.local_copy(ref)
+    if local is not None:
+        found = cached_projector(local, ref.entry)
+        if found is not None or not fetch_missing:
+            return str(found) if found is not None else None
+    if fetch.why_not_online(offline) is not None:
+        return None
+    try:
+        commit, files = fetch.remote_listing(ref)
+    except RunnerError:
+        if local is None:
+            raise
+        return None  # the cached model runs without the Hub; its repo's listing is not to be had
+    model = choose(files, ref.repo, quant=ref.quant, file=ref.file).primary.path
+    picked = choose_projector(files, model, entry=ref.entry)
+    if picked is None:
+        return None
+    if not download:
+        return _url(ref.repo, commit, picked.path)
+    return str(pull_projector(ref, commit, picked))
+
+
+def _named(mmproj: str, model: ModelRef, *, offline: bool, download: bool) -> str:
+    """--mmproj FILE or REF: a local path, or the Hub URL of a projector not downloaded."""
+    from runner.hub import fetch
+    from runner.hub.catalog import load_catalog
+    from runner.hub.projectors import pick_in_repo, pull_projector
+    from runner.hub.refs import resolve
+
+    try:
+        ref = resolve(mmproj, load_catalog())
+    except ModelNotFound:
+        raise UsageError(f"--mmproj {mmproj}: no such file, nor a Hub reference (user/repo:FILE)") from None
+    if isinstance(ref, LocalRef):
+        return str(_file(ref.path))
+    name = _model_file(model)
+    listing = fetch.cached_listing(ref.repo, ref.revision)
+    if listing is not None:
+        snapshot, files = listing
+        try:
+            return str(snapshot / pick_in_repo(files, ref, name).path)
+        except ModelNotFound:  # not among the cached files: the Hub's listing decides
+            pass
+    reason = fetch.why_not_online(offline)
+    if reason is not None:
+        raise DownloadError(f"--mmproj {ref.display} is not in the cache and {reason}")
+    commit, files = fetch.remote_listing(ref)
+    picked = pick_in_repo(files, ref, name)
+    if not download:
+        return _url(ref.repo, commit, picked.path)
+    return str(pull_projector(ref, commit, picked))
+
+
+def _model_file(ref: ModelRef) -> str | None:
+    """The model's file name as far as it is known without the Hub: its quant picks a projector."""
+    if isinstance(ref, LocalRef):
+        return ref.path.name
+    from runner.hub import fetch
+
+    local = fetch.local_copy(ref)
+    if local is not None:
+        return local.name
+    if ref.file is not None:
+        return ref.file
+    from runner.hub.quants import DEFAULT_TAGS
+
+    return f"model-{ref.quant or DEFAULT_TAGS[0]}.gguf"
+
+
+def _url(repo: str, commit: str, path: str) -> str:
+    from huggingface_hub import constants, hf_hub_url
+
+    return str(hf_hub_url(repo, path, revision=commit, endpoint=constants.ENDPOINT))

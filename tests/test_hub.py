@@ -270,10 +270,15 @@ def test_pull_prints_size_and_path_per_file_and_list_downloads_nothing(
     assert fake_hub.count("cdn-lfs") == 0
     done = _cli(fake_hub, "pull", "hf.co/user/big-GGUF:q8_0")
     assert done.returncode == 0, done.stderr
-    lines = done.stdout.decode().splitlines()
+    *lines, projector = done.stdout.decode().splitlines()
     assert [line.split("\t")[0] for line in lines] == [human_bytes(n) for n in sizes]
     assert [Path(line.split("\t")[1]).name for line in lines] == [Path(p).name for p in shards]
+    assert projector.split("\t") == [
+        human_bytes(200_000),
+        str(Path(lines[0].split("\t")[1]).parent.parent / "mmproj-big-f16.gguf"),
+    ]
     assert b"Q8_0 at" in done.stderr
+    assert b"takes no images in runner yet: " in done.stderr  # its projector: random bytes, not a GGUF
     missing = _cli(fake_hub, "pull", "user/big-GGUF:Q3_K_S")
     assert missing.returncode == 2
     assert missing.stderr.decode().strip() == (

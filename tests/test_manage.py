@@ -114,17 +114,28 @@ def test_list_shows_each_model_once_split_ones_summed_and_no_mmproj(
 
     done = cli(fake_hub, "list")
     assert done.returncode == 0 and done.stderr == b""
-    assert rows(done.stdout) == [  # piped: tab-separated rows, no header
-        ["user/big-GGUF:Q8_0", "Q8_0", ui.human_bytes(split_size), "never"],
-        ["user/tiny-GGUF:Q4_K_M", "Q4_K_M", ui.human_bytes(files["q4"].stat().st_size), "never"],
-        ["user/tiny-GGUF:Q8_0", "Q8_0", ui.human_bytes(files["q8"].stat().st_size), "never"],
+    assert rows(done.stdout) == [  # piped: tab-separated rows, no header; VISION: a projector beside it
+        ["user/big-GGUF:Q8_0", "Q8_0", ui.human_bytes(split_size), "never", "-"],
+        ["user/tiny-GGUF:Q4_K_M", "Q4_K_M", ui.human_bytes(files["q4"].stat().st_size), "never", "yes"],
+        ["user/tiny-GGUF:Q8_0", "Q8_0", ui.human_bytes(files["q8"].stat().st_size), "never", "yes"],
     ]
 
     used = time.time() - 3 * 86400  # read three days ago, after it was written
     os.utime(shards[0], (used, shards[0].stat().st_mtime - 4 * 86400))
     report = json.loads(cli(fake_hub, "list", "--json").stdout)
     assert [set(r) for r in report] == [
-        {"reference", "repo", "revision", "file", "quant", "size_bytes", "last_used", "path", "source"}
+        {
+            "reference",
+            "repo",
+            "revision",
+            "file",
+            "quant",
+            "size_bytes",
+            "last_used",
+            "path",
+            "source",
+            "projector",
+        }
     ] * 3
     big, q4, _ = report
     assert big["file"] == "Q8_0/big-Q8_0-00001-of-00002.gguf" and big["size_bytes"] == split_size
@@ -139,6 +150,7 @@ def test_list_shows_each_model_once_split_ones_summed_and_no_mmproj(
         "last_used": None,
         "path": q4["path"],
         "source": "hub",
+        "projector": str(Path(q4["path"]).parent / "mmproj-tiny-F16.gguf"),
     }
     assert Path(q4["path"]).read_bytes() == files["q4"].read_bytes()
     assert rows(cli(fake_hub, "list").stdout)[0][3] == "3 days ago"
@@ -305,14 +317,20 @@ def test_show_a_model_not_cached_reads_only_its_header_on_the_hub(
     commit = add_tiny(fake_hub, files)
     done = cli(fake_hub, "show", "user/tiny-GGUF", "--json")
     assert done.returncode == 0, done.stderr
-    assert done.stderr.decode() == (
-        "runner: reading the header of user/tiny-GGUF/tiny-Q4_K_M.gguf on the Hub; nothing is downloaded\n"
+    said, projector = done.stderr.decode().splitlines()
+    assert (
+        said
+        == "runner: reading the header of user/tiny-GGUF/tiny-Q4_K_M.gguf on the Hub; nothing is downloaded"
+    )
+    url = f"{fake_hub.endpoint}/user/tiny-GGUF/resolve/{commit}/mmproj-tiny-F16.gguf"  # its header read too
+    assert projector == f"runner: warning: user/tiny-GGUF takes no images in runner yet: {url} is not a " + (
+        "projector: it has no clip.projector_type (general.architecture is llama: a text model?)"
     )
     report = json.loads(done.stdout)
     assert report["file"] == f"{fake_hub.endpoint}/user/tiny-GGUF/resolve/{commit}/tiny-Q4_K_M.gguf"
     assert report["parameters"] == params(2, PADDING) and report["quant"] == "Q4_K_M"
     assert report["size_bytes"] == files["q4"].stat().st_size
-    assert fake_hub.sent("/cdn-lfs/") <= 1 << 20  # one range read of the header, of a 4 MB file
+    assert fake_hub.sent("/cdn-lfs/") <= 2 << 20  # one range read of each header, the model's of 4 MB
     assert fake_hub.sent("tiny-Q4_K_M.gguf") < files["q4"].stat().st_size / 3
     assert not (hub_cache_dir() / "models--user--tiny-GGUF" / "blobs").exists()  # nothing downloaded
 
@@ -437,7 +455,7 @@ def test_rm_a_catalog_model_removes_its_mirror_copy(
     copy = home / "cache" / "mirrors" / sha / "tiny-Q8_0.gguf"
     copy.parent.mkdir(parents=True)
     shutil.copyfile(files["q8"], copy)
-    assert rows(cli(fake_hub, "list").stdout) == [["tiny", "Q8_0", ui.human_bytes(len(data)), "never"]]
+    assert rows(cli(fake_hub, "list").stdout) == [["tiny", "Q8_0", ui.human_bytes(len(data)), "never", "-"]]
     done = cli(fake_hub, "rm", "tiny", "-y")
     assert done.stderr.decode() == f"runner: removed tiny: freed {ui.human_bytes(len(data))}\n"
     assert not copy.parent.exists()
@@ -453,7 +471,7 @@ def test_a_split_model_missing_a_shard_is_listed_with_a_warning_and_removable(
     out = io.StringIO()
     list_models(out=out)
     assert rows(out.getvalue().encode()) == [
-        ["user/big-GGUF:Q8_0", "Q8_0", ui.human_bytes(files["shard1"].stat().st_size), "never"]
+        ["user/big-GGUF:Q8_0", "Q8_0", ui.human_bytes(files["shard1"].stat().st_size), "never", "-"]
     ]
     assert capsys.readouterr().err == (
         "runner: warning: user/big-GGUF:Q8_0 is missing 1 shard(s): pull it again or rm it\n"

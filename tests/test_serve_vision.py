@@ -529,8 +529,6 @@ def test_serve_refuses_images_flags_that_cannot_hold(files: dict[str, Path], smo
         "name that model alone": ("--mmproj", mlp),
         "--mmproj is one model's": (MODEL, "other", "--mmproj", mlp),
         "no such file": (MODEL, "--mmproj", str(files["models"] / "none.gguf")),
-        "--max-images goes with --mmproj": (MODEL, "--max-images", "2"),
-        "--max-image-bytes goes with --mmproj": (MODEL, "--max-image-bytes", "1M"),
         "--max-images must be": (MODEL, "--mmproj", mlp, "--max-images", "0"),
         "--max-image-bytes must be a size": (MODEL, "--mmproj", mlp, "--max-image-bytes", "lots"),
     }

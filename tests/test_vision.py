@@ -154,7 +154,7 @@ def test_bad_input_is_one_line_and_exit_2(files: dict[str, Path], tmp_path: Path
     (tmp_path / "sound.wav").write_bytes(wav())
     (tmp_path / "cut.png").write_bytes(files["a.png"].read_bytes()[:60])
     cases = {
-        "--image needs the model's vision projector": ("Hi", "--image", a),
+        "--image needs the model's vision projector; none was pulled with smollm2": ("Hi", "--image", a),
         "--mmproj goes with --image": ("Hi", "--mmproj", mlp),
         "looks like text": ("Hi", "--image", str(SCRIPT), "--mmproj", mlp),
         "audio": ("Hi", "--image", str(tmp_path / "sound.wav"), "--mmproj", mlp),

@@ -14,7 +14,7 @@ from runner.hub import fetch
 from runner.hub.catalog import load_catalog
 from runner.hub.headers import ModelHeaders, read_model, read_remote
 from runner.hub.quants import Choice, offer
-from runner.hub.refs import HubRef, LocalRef, resolve
+from runner.hub.refs import HubRef, LocalRef, ModelRef, resolve
 from runner.limits import check_range, flash_attn_name, flash_attn_setting
 from runner.memory import speed
 from runner.memory.devices import Machine
@@ -42,7 +42,7 @@ class Request:
     offline: bool = False
     as_json: bool = False
     serve: bool = False  # plan as runner serve plans with the same flags, and count what it counts
-    mmproj: str | None = None  # a vision projector counted beside the model, as run --mmproj loads it
+    mmproj: str | None = None  # a vision projector (a file or a Hub reference) counted beside the model
 
     @property
     def planning(self) -> dict[str, Any]:
@@ -71,7 +71,7 @@ def fit_model(request: Request, *, out: TextIO) -> None:
         return
     model = read_model(ref, offline=request.offline)
     warnings = _warn(model.merged, machine, request)
-    projector = vision.memory(request.mmproj, model.merged) if request.mmproj else None
+    projector = _projector(request, ref, model.merged)
     plan = _plan(model.merged, machine, request, model.path, projector)
     beside = loader.embedding_context(plan, model.merged) if request.serve else {}
     where = loader.speed_where(model.path, plan, machine)
@@ -86,6 +86,13 @@ def fit_model(request: Request, *, out: TextIO) -> None:
         out.write(json.dumps(report) + "\n")
         return
     _describe(ref, model, plan, machine, decode, out, chose, request.ctx, beside, projector)
+
+
+def _projector(request: Request, ref: ModelRef, header: GGUFHeader) -> ProjectorMemory | None:
+    """--mmproj's memory (a file, or a Hub reference read remotely), or with --serve that of the
+    projector pulled with the model, which serve attaches: counted as a load would count it."""
+    found = vision.find(request.mmproj, ref, paired=request.serve, offline=request.offline, download=False)
+    return vision.memory(found, header) if found is not None else None
 
 
 def _chose(plan: Plan, header: GGUFHeader, machine: Machine, request: Request) -> list[str]:
@@ -279,7 +286,10 @@ def _describe(
             + (f" for each of {plan.n_seq} sequences" if plan.n_seq > 1 else "")
             + (f" ({'; '.join(notes)})" if notes else ""),
         ),
-        ("KV cache type", plan.type_k),
+        (
+            "KV cache type",
+            plan.type_k if est.kv_bytes else f"none: llama.cpp keeps no KV cache for {h.architecture}",
+        ),
         ("flash attention", flash_attn_name(plan.flash_attn)),
     ]
     if machine.workers:
@@ -374,7 +384,7 @@ def _per_quant(ref: HubRef, request: Request, machine: Machine, out: TextIO) -> 
         model = read_remote(ref, commit, choice, quiet=True)
         if not rows:  # the quants of one model: its trained context and its width are theirs
             _warn(model.merged, machine, request)
-            projector = vision.memory(request.mmproj, model.merged) if request.mmproj else None
+            projector = _projector(request, ref, model.merged)
         plan = _plan(model.merged, machine, request, projector=projector)
         largest = _largest_ctx(model.merged, machine, request, plan, projector)
         beside = loader.embedding_context(plan, model.merged) if request.serve else {}

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TextIO
 
+from runner import projector as vision
 from runner import ui
-from runner.errors import UsageError
+from runner.errors import RunnerError, UsageError
 from runner.hub import fetch
 from runner.hub.catalog import load_catalog
 from runner.hub.headers import read_remote
+from runner.hub.projectors import cached_projector, choose_projector, pull_projector
 from runner.hub.quants import choose, offer
 from runner.hub.refs import HubRef, LocalRef, resolve
 from runner.loader import plan_for, smaller_quants
@@ -40,6 +43,9 @@ def pull_model(
     if offline:
         path = fetch.locate(ref, offline=True)
         out.write(f"{ui.human_bytes(path.stat().st_size)}\t{path}\n")
+        projector = cached_projector(path, ref.entry)
+        if projector is not None:
+            out.write(f"{ui.human_bytes(projector.stat().st_size)}\t{projector}\n")
         return
     commit, files = fetch.remote_listing(ref)
     choice = choose(files, ref.repo, quant=ref.quant, file=ref.file)
@@ -56,6 +62,23 @@ def pull_model(
     ui.info(f"{ref.display}: {pulled.choice.quant or pulled.choice.primary.path} at {pulled.commit[:12]}")
     for file, path in zip(pulled.choice.files, pulled.paths, strict=True):
         out.write(f"{ui.human_bytes(file.size or path.stat().st_size)}\t{path}\n")
+    picked = choose_projector(files, pulled.choice.primary.path, entry=ref.entry)
+    if picked is not None:  # a vision model: its projector with it, as llama.cpp's -hf fetches it
+        projector = pull_projector(ref, pulled.commit, picked, quiet=quiet)
+        out.write(f"{ui.human_bytes(picked.size or projector.stat().st_size)}\t{projector}\n")
+        _check_projector(projector, pulled.path, ref.display)
+
+
+def _check_projector(projector: Path, model: Path, name: str) -> None:
+    """Say now, not at the first image, when the pinned libmtmd cannot use the projector."""
+    from runner.gguf import read_header
+
+    try:
+        vision.check(projector, read_header(model))
+    except RunnerError as exc:
+        ui.warn(f"{name} takes no images in runner yet: {exc}")
+        return
+    ui.info(f"{name}: a vision model, its projector {projector.name} beside it (--image takes images)")
 
 
 def list_quants(model: str, *, out: TextIO) -> None:

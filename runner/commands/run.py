@@ -30,6 +30,7 @@ from runner.errors import UsageError
 from runner.images import MAX_IMAGES, read_image_arg
 from runner.limits import check_answer_limits, check_range, flash_attn_setting, spec_setting
 from runner.loader import LoadedModel, open_model
+from runner.projector import projector_for
 
 
 @dataclass(frozen=True)
@@ -62,7 +63,7 @@ class RunRequest:
     grammar: str | None = None  # --grammar FILE (GBNF)
     logprobs: int | None = None  # --logprobs N: each answer token's log-probability in --json
     images: tuple[str, ...] = ()  # --image FILE (- : stdin), in order
-    mmproj: str | None = None  # --mmproj FILE: the vision projector the images need
+    mmproj: str | None = None  # --mmproj FILE|REF: the images' projector (None: the one pulled with MODEL)
 
 
 def run_once(request: RunRequest, *, stdin: BinaryIO | None, out: TextIO) -> Result:
@@ -76,6 +77,7 @@ def run_once(request: RunRequest, *, stdin: BinaryIO | None, out: TextIO) -> Res
     cache = open_prompt_cache(request.prompt_cache, request.prompt_cache_size)
     constrained = constraint(schema=request.schema, format=request.format, grammar=request.grammar)
     images = read_images(request.images, request.mmproj, stdin)
+    mmproj = projector_for(request.model, request.mmproj, offline=request.offline) if images else None
     prompt = read_prompt(request.prompt, None if "-" in request.images else stdin)
     loaded = open_model(
         request.model,
@@ -90,7 +92,7 @@ def run_once(request: RunRequest, *, stdin: BinaryIO | None, out: TextIO) -> Res
         spec=spec,
         draft=request.draft,
         chat_template=not request.raw,
-        mmproj=request.mmproj,
+        mmproj=mmproj,
     )
     try:
         sampling, sources = sampling_for(loaded, request.sampling)
@@ -164,8 +166,6 @@ def read_images(args: tuple[str, ...], mmproj: str | None, stdin: BinaryIO | Non
         if mmproj is not None:
             raise UsageError("--mmproj goes with --image")
         return []
-    if mmproj is None:
-        raise UsageError("--image needs the model's vision projector: give --mmproj FILE")
     if args.count("-") > 1:
         raise UsageError("--image - reads stdin once: give one image that way")
     if len(args) > MAX_IMAGES:

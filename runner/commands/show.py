@@ -14,7 +14,7 @@ from typing import Any, TextIO
 
 from runner import projector as vision
 from runner import ui
-from runner.errors import UsageError
+from runner.errors import RunnerError, UsageError
 from runner.gguf import GGUFHeader
 from runner.hub.catalog import load_catalog
 from runner.hub.headers import read_model
@@ -34,15 +34,21 @@ def show_model(
     offline: bool = False,
     mmproj: str | None = None,
 ):
-    """MODEL's summary (or, with template, its chat template alone) on out; with `mmproj`, what its
-    vision projector does (checked against the model) and holds."""
+    """MODEL's summary (or, with template, its chat template alone) on out; with its vision projector
+    (`mmproj`, a file or a Hub reference, else the one pulled with it or its repo offers), what that
+    does (checked against the model) and holds. Nothing is downloaded."""
     if template and as_json:
         raise UsageError("--template prints the template alone and --json includes it: choose one")
     ref = resolve(model, load_catalog())
     read = read_model(ref, offline=offline)
     summary = summarize(read.merged, display=ref.display, file=read.source, size=read.size)
-    if mmproj is not None:
-        summary["vision"] = _vision(vision.memory(mmproj, read.merged), mmproj)
+    projector = vision.find(mmproj, ref, paired=True, offline=offline, download=False)  # or pulled with it
+    try:
+        summary["vision"] = _vision(vision.memory(projector, read.merged), projector) if projector else None
+    except RunnerError as exc:  # the projector pulled with it, not for this model: said, shown without
+        if mmproj is not None:
+            raise
+        ui.warn(f"{ref.display} takes no images in runner: {exc}")
     if template:
         text = summary["chat_template"]
         if text is None:
@@ -76,7 +82,7 @@ def summarize(header: GGUFHeader, *, display: str, file: str, size: int) -> dict
         "license": header.get("general.license"),
         "size_bytes": size,
         "chat_template": template if isinstance(template, str) else None,
-        "vision": None,  # with --mmproj: the projector's type, image tokens, memory (_vision)
+        "vision": None,  # with a projector: its type, image tokens, memory (_vision)
     }
 
 

@@ -24,7 +24,8 @@ from typing import Any
 from runner import ui
 from runner.errors import UsageError
 from runner.hub.catalog import Catalog, CatalogEntry
-from runner.hub.quants import is_model_file, matches, quant_of, split_info
+from runner.hub.projectors import choose_projector
+from runner.hub.quants import RepoFile, is_model_file, matches, quant_of, split_info
 from runner.hub.refs import HubRef, LocalRef, ModelRef
 from runner.paths import cache_dir
 
@@ -44,6 +45,7 @@ class CachedModel:
     source: str  # "hub" (the Hugging Face cache) or "mirror" (runner's cache of PyPI mirrors)
     refs: frozenset[str] = field(default=frozenset(), repr=False)  # branches and tags at this revision
     missing_shards: int = 0
+    projector: Path | None = None  # a vision model's projector, pulled with it (runner.hub.projectors)
 
     def to_json(self) -> dict[str, Any]:
         used = self.last_used
@@ -57,6 +59,7 @@ class CachedModel:
             "last_used": None if used is None else _iso(used),
             "path": str(self.paths[0]),
             "source": self.source,
+            "projector": None if self.projector is None else str(self.projector),
         }
 
 
@@ -95,12 +98,15 @@ def _revision_models(catalog: Catalog, repo: str, rev: Any) -> Iterator[CachedMo
     files = {f.file_path.relative_to(rev.snapshot_path).as_posix(): f for f in rev.files}
     groups = _group_models(files)
     firsts = [group[0] for group in groups]
+    listing = [RepoFile(p) for p in files if files[p].file_path.exists()]
     for group in groups:
         infos = [files[p] for p in group]
         split = split_info(group[0])
         used = [f.blob_last_accessed for f in infos if f.blob_last_accessed >= f.blob_last_modified]
+        reference = _reference(catalog, repo, rev.commit_hash, rev.refs, group[0], firsts)
+        projector = choose_projector(listing, group[0], entry=catalog.get(reference))
         yield CachedModel(
-            reference=_reference(catalog, repo, rev.commit_hash, rev.refs, group[0], firsts),
+            reference=reference,
             repo=repo,
             revision=rev.commit_hash,
             file=group[0],
@@ -111,6 +117,7 @@ def _revision_models(catalog: Catalog, repo: str, rev: Any) -> Iterator[CachedMo
             source="hub",
             refs=frozenset(rev.refs),
             missing_shards=split[2] - len(group) if split else 0,
+            projector=rev.snapshot_path / projector.path if projector is not None else None,
         )
 
 

@@ -44,6 +44,7 @@ class CatalogEntry:
     mirror: PypiMirror | None = None
     sampling: tuple[tuple[str, Any], ...] = ()  # recommended by the model's card, as (name, value)
     system: str | None = None  # a default system message, when its card recommends one
+    mmproj: str | None = None  # the vision projector's file in the same repo (runner.hub.projectors)
 
 
 @dataclass(frozen=True)
@@ -81,11 +82,12 @@ def _entry(name: str, table: Any, source: Path) -> CatalogEntry:
         "mirror",
         "sampling",
         "system",
+        "mmproj",
     }
     unknown = set(table) - known
     if unknown:
         raise CatalogError(f"{where} has unknown keys: {', '.join(sorted(unknown))}")
-    for key in ("revision", "file", "quant", "sha256", "description", "system"):
+    for key in ("revision", "file", "quant", "sha256", "description", "system", "mmproj"):
         if key in table and not isinstance(table[key], str):
             raise CatalogError(f"{where}: {key} must be a string")
     if "size" in table and (not isinstance(table["size"], int) or table["size"] <= 0):
@@ -113,6 +115,7 @@ def _entry(name: str, table: Any, source: Path) -> CatalogEntry:
         mirror=mirror,
         sampling=tuple(sorted(sampling.items())),
         system=table.get("system"),
+        mmproj=table.get("mmproj"),
     )
 
 

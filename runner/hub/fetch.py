@@ -285,8 +285,8 @@ def pull(ref: HubRef, *, quiet: bool = False) -> Pulled:
     commit, files = remote_listing(ref)
     choice = choose(files, ref.repo, quant=ref.quant, file=ref.file)
     _check_entry(ref, choice)
-    _check_disk_space(ref, commit, choice)
-    paths = tuple(_download(ref, commit, f, quiet=quiet) for f in choice.files)
+    check_disk_space(ref, commit, choice)
+    paths = tuple(download_file(ref, commit, f, quiet=quiet) for f in choice.files)
     return Pulled(ref.repo, commit, choice, paths)
 
 
@@ -301,7 +301,7 @@ def _check_entry(ref: HubRef, choice: Choice) -> None:
         )
 
 
-def _check_disk_space(ref: HubRef, commit: str, choice: Choice) -> None:
+def check_disk_space(ref: HubRef, commit: str, choice: Choice) -> None:
     from huggingface_hub import constants
 
     blobs = download.repo_dir(ref.repo) / "blobs"
@@ -318,7 +318,8 @@ def _check_disk_space(ref: HubRef, commit: str, choice: Choice) -> None:
         )
 
 
-def _download(ref: HubRef, commit: str, file: RepoFile, *, quiet: bool) -> Path:
+def download_file(ref: HubRef, commit: str, file: RepoFile, *, quiet: bool) -> Path:
+    """One file of ref's repo at commit, into the cache: an LFS file verified as it arrives."""
     size = f" ({ui.human_bytes(file.size)})" if file.size else ""
     ui.info(f"fetching {ref.repo}/{file.path}{size} from the Hugging Face Hub")
     show = not quiet and ui.stderr_is_tty()
