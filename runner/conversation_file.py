@@ -3,11 +3,14 @@ export --json` write it, `/load` and `--load` read it back, checked (a file is u
 
 from __future__ import annotations
 
+import json
 import time
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any
 
 from runner.errors import UsageError
+from runner.images import ImageRef
 from runner.store import StoredConversation, StoredMessage
 
 FORMAT = "runner-conversation"
@@ -60,6 +63,10 @@ def from_json(data: Any, source: str) -> StoredConversation:
             system = m["content"]
             continue
         reasoning, model = m.get("reasoning"), m.get("model")
+        listed = m.get("images") or []
+        images = [ImageRef.from_json(i) for i in listed] if isinstance(listed, list) else [None]
+        if not all(images):
+            raise bad(f'message {n}: "images" must be a list of {{"sha256", "size", "path"}} objects')
         out.append(
             StoredMessage(
                 role=m["role"],
@@ -67,8 +74,24 @@ def from_json(data: Any, source: str) -> StoredConversation:
                 reasoning=reasoning if isinstance(reasoning, str) else None,
                 interrupted=bool(m.get("interrupted", False)),
                 model=model if isinstance(model, str) and m["role"] == "assistant" else None,
+                images=tuple(i for i in images if i is not None) if m["role"] == "user" else (),
             )
         )
     model = data.get("model")
     now = time.time()
     return StoredConversation(0, model if isinstance(model, str) else "", system, now, now, out, settings)
+
+
+def read_conversation(path: Path) -> StoredConversation:
+    """A conversation saved as JSON (/save FILE), for --load and /load."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise UsageError(f"no such file: {path}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"cannot read {path}: {exc}") from exc
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"{path} is not JSON ({exc.msg}, line {exc.lineno})") from exc
+    return from_json(data, str(path))

@@ -26,7 +26,7 @@ import struct
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from runner.errors import ImageError
 
@@ -56,6 +56,31 @@ class Image:
     format: str  # one of FORMATS
     name: str  # where it came from, for messages: a path, "-" for stdin, an API field
     warnings: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class ImageRef:
+    """What a kept conversation holds of an image a message carried: never its bytes, only what finds
+    the file again (its absolute path) and tells whether it is still the same image."""
+
+    sha256: str
+    size: int  # bytes
+    path: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"sha256": self.sha256, "size": self.size, "path": self.path}
+
+    @classmethod
+    def from_json(cls, data: Any) -> ImageRef | None:
+        """One as a stored row or a conversation file holds it; None where it is not one."""
+        if not isinstance(data, dict):
+            return None
+        sha, size, path = data.get("sha256"), data.get("size"), data.get("path")
+        if not isinstance(sha, str) or re.fullmatch(r"[0-9a-f]{64}", sha) is None:
+            return None
+        if not isinstance(path, str) or not isinstance(size, int) or isinstance(size, bool) or size < 0:
+            return None
+        return cls(sha, size, path)
 
 
 def refuse(name: str, problem: str) -> ImageError:

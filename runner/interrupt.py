@@ -34,9 +34,11 @@ import os
 import select
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name))
 
@@ -169,3 +171,33 @@ def deferred() -> Iterator[None]:
                 raise Stopped(_stop)
             if interrupted:
                 raise KeyboardInterrupt
+
+
+def waiting(call: Callable[[], T], on_interrupt: Callable[[], None]) -> T:
+    """call() on a thread of its own while this one waits for it: for a C call that cannot be stopped
+    part-way (an image's encode in libmtmd). Python runs a signal's handler only between the main
+    thread's bytecodes, so a Ctrl-C during such a call would be seen only once it returned; waiting
+    here, it is seen at once, and on_interrupt() (once) says why nothing stops yet. Off the main thread
+    or outside a deferred block (where SIGINT would raise here, the call still running): call() itself."""
+    if _depth == 0 or threading.current_thread() is not threading.main_thread():
+        return call()
+    done: list[T] = []
+    failed: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            done.append(call())
+        except BaseException as exc:  # handed to the waiting thread
+            failed.append(exc)
+
+    worker = threading.Thread(target=run, name="runner-uninterruptible", daemon=True)
+    worker.start()
+    said = False
+    while worker.is_alive():
+        worker.join(0.05)  # returns as soon as the call does; meanwhile, signal handlers run
+        if not said and _flag.is_set():
+            said = True
+            on_interrupt()
+    if failed:
+        raise failed[0]
+    return done[0]

@@ -252,8 +252,18 @@ Mmproj = Annotated[
     Optional[str],
     typer.Option(
         "--mmproj",
+        metavar="FILE|REF",
+        help="The model's vision projector for --image: an mmproj GGUF, or its Hub reference "
+        "(user/repo:FILE.gguf) [default: the one pulled with MODEL].",
+        show_default=False,
+    ),
+]
+ChatMmproj = Annotated[
+    Optional[str],
+    typer.Option(
+        "--mmproj",
         metavar="FILE",
-        help="The model's vision projector (an mmproj GGUF), for --image.",
+        help="The model's vision projector (an mmproj GGUF): /image PATH attaches an image.",
         show_default=False,
     ),
 ]
@@ -428,6 +438,51 @@ EmbedCtx = Annotated[
         "--ctx",
         help="The longest text in tokens, and the tokens embedded at once [default: 512, or the "
         "trained context if shorter]",
+        rich_help_panel=LIMITS,
+        show_default=False,
+    ),
+]
+
+RERANK = "Reranking"
+QueryArg = Annotated[str, typer.Argument(help="What the documents are scored against.", show_default=False)]
+DocumentsArg = Annotated[
+    Optional[list[str]],
+    typer.Argument(help="The documents [default: one per stdin line].", show_default=False),
+]
+RerankJsonl = Annotated[
+    bool,
+    typer.Option(
+        "--jsonl",
+        help='Read stdin as JSON lines, a document each: {"text": ...} or a string',
+        rich_help_panel=RERANK,
+    ),
+]
+RerankJson = Annotated[
+    bool,
+    typer.Option(
+        "--json",
+        help='One JSON object: {"results": [{"index", "relevance_score", "document"}], "usage"}',
+        rich_help_panel=OUTPUT,
+    ),
+]
+Top = Annotated[
+    Optional[int],
+    typer.Option("--top", "-n", min=1, help="Only the N best [default: all]", rich_help_panel=RERANK),
+]
+RerankTruncate = Annotated[
+    bool,
+    typer.Option(
+        "--truncate",
+        help="Cut a document whose pair with the query is over --ctx to fit [default: refuse it, exit 2]",
+        rich_help_panel=RERANK,
+    ),
+]
+RerankCtx = Annotated[
+    Optional[int],
+    typer.Option(
+        "--ctx",
+        help="The longest query-and-document pair in tokens, and the tokens scored at once [default: 512, "
+        "or the trained context if shorter]",
         rich_help_panel=LIMITS,
         show_default=False,
     ),

@@ -26,6 +26,7 @@ from typing import Any
 
 from runner import interrupt
 from runner.errors import RunnerError
+from runner.images import ImageRef
 from runner.paths import data_dir
 
 DB_NAME = "conversations.db"
@@ -95,6 +96,12 @@ def m004_turn_models(db: sqlite3.Connection) -> None:
     )
 
 
+@migration
+def m005_message_images(db: sqlite3.Connection) -> None:
+    # the images a user message carried (chat's /image), as a JSON list of runner.images.ImageRef
+    db.execute("ALTER TABLE messages ADD COLUMN images TEXT")
+
+
 class StoreError(RunnerError):
     """The conversation database cannot be opened or written (corrupt, unwritable, from a newer runner)."""
 
@@ -117,6 +124,7 @@ class StoredMessage:
     id: int | None = None  # the row, once stored
     created: float = field(default_factory=time.time)
     model: str | None = None  # the model that gave an answer (None: a user message, or not known)
+    images: tuple[ImageRef, ...] = ()  # what a user message carried: each image's sha256, size, path
 
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {"role": self.role, "content": self.content}
@@ -126,6 +134,8 @@ class StoredMessage:
             data["interrupted"] = True
         if self.model:
             data["model"] = self.model
+        if self.images:
+            data["images"] = [i.to_json() for i in self.images]
         return data
 
 
@@ -266,8 +276,8 @@ class Store:
         with self._write("save a message") as db:
             cursor = db.execute(
                 "INSERT INTO messages"
-                " (conversation_id, role, content, reasoning, interrupted, created, stats, model)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                " (conversation_id, role, content, reasoning, interrupted, created, stats, model, images)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     conversation,
                     message.role,
@@ -277,6 +287,7 @@ class Store:
                     message.created,
                     json.dumps(message.stats) if message.stats else None,
                     message.model,
+                    json.dumps([i.to_json() for i in message.images]) if message.images else None,
                 ),
             )
             db.execute("UPDATE conversations SET updated = ? WHERE id = ?", (time.time(), conversation))
@@ -393,8 +404,8 @@ class Store:
             if head is None:
                 return None
             rows = self._db.execute(
-                "SELECT id, role, content, reasoning, interrupted, created, stats, model FROM messages"
-                " WHERE conversation_id = ? ORDER BY id",
+                "SELECT id, role, content, reasoning, interrupted, created, stats, model, images"
+                " FROM messages WHERE conversation_id = ? ORDER BY id",
                 (conversation,),
             ).fetchall()
         messages = [
@@ -407,8 +418,9 @@ class Store:
                 id=row_id,
                 created=created,
                 model=model,
+                images=tuple(i for i in map(ImageRef.from_json, json.loads(images or "[]")) if i),
             )
-            for row_id, role, content, reasoning, interrupted, created, stats, model in rows
+            for row_id, role, content, reasoning, interrupted, created, stats, model, images in rows
         ]
         settings = json.loads(head[5]) if head[5] else {}
         return StoredConversation(head[0], head[1], head[2], head[3], head[4], messages, settings)

@@ -94,9 +94,10 @@ def run(
     sampling = _sampling(locals())
     tty = sys.stdin is None or sys.stdin.isatty()
     batch = each_line or input is not None
-    if (image and batch) or ((image or mmproj) and not batch and (continue_ or (prompt is None and tty))):
+    if (image and batch) or (image and not batch and (continue_ or (prompt is None and tty))):
         raise UsageError(
-            '--image goes with one prompt (PROMPT, or text piped in); with --input, a row\'s "images"'
+            '--image goes with one prompt (PROMPT, or text piped in); with --input, a row\'s "images"; '
+            "in a chat, /image PATH"
         )
     if each_line or input is not None:
         from runner.commands.batch import BatchRequest, run_batch_command
@@ -158,6 +159,7 @@ def run(
             hide_reasoning=hide_reasoning,
             verbose=verbose,
             debug=debug,
+            mmproj=mmproj,
         )
         if continue_:
             from runner.engine.prompt import read_prompt
@@ -240,6 +242,7 @@ def chat(
     hide_reasoning: o.HideReasoning = False,
     verbose: o.Verbose = False,
     rpc: o.Rpc = None,
+    mmproj: o.ChatMmproj = None,
     debug: o.Debug = False,
 ) -> None:
     """Chat in the terminal; every turn is kept (runner history).
@@ -253,6 +256,7 @@ def chat(
       runner chat qwen2.5:7b -s "Answer briefly."
       runner chat --resume                         # the last conversation (or --resume ID)
       printf 'Hi\\nAnd you?\\n' | runner chat smollm2
+      runner chat MODEL --mmproj mmproj.gguf       # images: /image photo.png, then ask
     """
     from runner.commands.chat import ChatRequest
     from runner.commands.chat import chat as run_chat
@@ -282,6 +286,7 @@ def chat(
         markdown=markdown,
         think=think,
         hide_reasoning=hide_reasoning,
+        mmproj=mmproj,
     )
     interactive = sys.stdin is not None and sys.stdin.isatty()
     run_chat(request, stdin=sys.stdin, out=sys.stdout, interactive=interactive)
@@ -323,6 +328,62 @@ def embed(
             text=text,
             each_line=each_line,
             jsonl=jsonl,
+            truncate=truncate,
+            ctx=ctx,
+            threads=threads,
+            gpu_layers=gpu_layers,
+            force=force,
+            offline=offline,
+            verbose=verbose,
+            debug=debug,
+        ),
+        stdin=None if tty else sys.stdin.buffer,
+        out=sys.stdout,
+    )
+    raise typer.Exit(code)
+
+
+@app.command(no_args_is_help=True)
+@edge
+def rerank(
+    model: o.ModelArg,
+    query: o.QueryArg,
+    documents: o.DocumentsArg = None,
+    jsonl: o.RerankJsonl = False,
+    top: o.Top = None,
+    json_out: o.RerankJson = False,
+    truncate: o.RerankTruncate = False,
+    ctx: o.RerankCtx = None,
+    threads: o.Threads = None,
+    gpu_layers: o.GpuLayers = None,
+    force: o.Force = False,
+    offline: o.Offline = False,
+    verbose: o.Verbose = False,
+    debug: o.Debug = False,
+) -> None:
+    """Sort documents by relevance to a query, best first.
+
+    score<TAB>document a line on stdout. For a reranking model (pooling 'rank': bge-reranker,
+    jina-reranker); the scores are llama.cpp's, as llama-server's /v1/rerank gives them
+    (docs/rerank.md).
+
+    \b
+    Examples:
+      runner rerank bge-reranker.gguf "why is the sky blue?" "Rayleigh scattering" "Cats purr"
+      grep -h sky notes/*.txt | runner rerank bge-reranker.gguf "why is the sky blue?" --top 3
+      runner rerank bge-reranker.gguf "sky" --jsonl --json < docs.jsonl
+    """
+    from runner.commands.rerank import RerankRequest, rerank_command
+
+    tty = sys.stdin is None or sys.stdin.isatty()
+    code = rerank_command(
+        RerankRequest(
+            model=model,
+            query=query,
+            documents=tuple(documents or ()),
+            jsonl=jsonl,
+            json=json_out,
+            top=top,
             truncate=truncate,
             ctx=ctx,
             threads=threads,

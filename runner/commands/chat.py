@@ -15,10 +15,12 @@ import json
 from typing import Any, TextIO
 
 from runner import interrupt, ui
+from runner.commands.attach import pasted_path
 from runner.commands.lineinput import QUIT_HINT, PipeInput, TerminalInput
 from runner.commands.output import describe_load, to_json
-from runner.commands.session import ChatRequest, Session, read_conversation, user_turns
+from runner.commands.session import ChatRequest, Session, user_turns
 from runner.commands.slash import COMMANDS, command, is_command, recap
+from runner.conversation_file import read_conversation
 from runner.engine import rpc
 from runner.engine.template import TEMPLATE_KEY
 from runner.errors import PromptTooLong, RunnerError, UsageError
@@ -74,6 +76,8 @@ def _open(request: ChatRequest, model: str) -> LoadedModel:
         debug=request.debug,
         spec=spec_setting(request.spec, request.draft),
         draft=request.draft,
+        mmproj=request.mmproj,
+        vision=True,  # without --mmproj, the projector pulled with the model (runner.projector.find)
     )
 
 
@@ -115,7 +119,8 @@ def _loop(session: Session, interactive: bool, stdin: TextIO) -> None:
         if session.request.verbose:
             ui.info(describe_load(session.loaded))
         resumed = f", {user_turns(session.turns)} turns so far" if session.turns else ""
-        ui.info(f"chatting with {session.loaded.name}{resumed}; /help for commands, {QUIT_HINT}")
+        images = ", /image PATH to attach an image" if session.attached.vision else ""
+        ui.info(f"chatting with {session.loaded.name}{resumed}; /help for commands{images}, {QUIT_HINT}")
         recap(session)
         if session.turns and session.turns[-1].role == "user":
             ui.info("the last message has no answer (the chat stopped mid-answer): /retry answers it")
@@ -147,7 +152,15 @@ def _loop(session: Session, interactive: bool, stdin: TextIO) -> None:
 
 
 def _turn(session: Session, text: str, source: Any) -> bool:
-    """One line of input: a slash command or a message. False: quit."""
+    """One line of input: a slash command, an image file's path (on a terminal, attached if the user
+    says so), or a message. False: quit."""
+    pasted = pasted_path(text) if session.attached.vision and not is_command(text) else None
+    attach = source.confirm(f"attach {pasted.name} to your next message? [Y/n] ") if pasted else False
+    if attach is None:  # Ctrl-C or Ctrl-D at the question: neither attached nor sent
+        return True
+    if attach and pasted is not None:
+        session.attached.attach(str(pasted))
+        return True
     with interrupt.deferred():  # Ctrl-C stops an answer; it never lands in a store write
         if is_command(text):
             return command(session, text, source)

@@ -155,7 +155,8 @@ def transcript(conversation: StoredConversation) -> str:
         notes = [m.model or conversation.model] if named and m.role == "assistant" else []
         notes += ["interrupted"] if m.interrupted else []
         mark = f" ({', '.join(notes)})" if notes else ""
-        lines += [f"{m.role}{mark}: {m.content}", ""]
+        images = "".join(f"[image {i.path}] " for i in m.images)  # the path: history shows it whole
+        lines += [f"{m.role}{mark}: {images}{m.content}", ""]
     return "\n".join(lines)
 
 

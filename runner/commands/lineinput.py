@@ -1,9 +1,9 @@
 """Where chat's messages come from: a terminal (prompt_toolkit) or a pipe (one line, one turn).
 
 On a terminal, prompt_toolkit does the keys: line editing, a persistent history with Ctrl-R search,
-completion of slash commands, bracketed paste (a pasted block of lines arrives as one message). Ctrl-C
-on an empty line only says how to quit; on a line being typed it clears the line. Ctrl-D at an empty
-prompt ends the chat.
+completion of slash commands and of /image's file paths, bracketed paste (a pasted block of lines
+arrives as one message). Ctrl-C on an empty line only says how to quit; on a line being typed it
+clears the line. Ctrl-D at an empty prompt ends the chat.
 
 Both sources take `\"\"\"` blocks: a line starting with three quotes opens one, a line ending with them
 closes it, and everything between is one message.
@@ -26,6 +26,8 @@ FENCE = '"""'
 PROMPT = ">>> "
 MORE = "... "
 QUIT_HINT = "Ctrl-D, /bye or /exit to quit"
+IMAGE_COMMAND = "/image "  # what Tab completes a file's path after
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".gif", ".bmp")  # the files it offers
 
 
 def _block(first: str, more: Callable[[], str | None]) -> str | None:
@@ -67,13 +69,16 @@ class PipeInput:
     def edit(self) -> str | None:
         raise UsageError("/edit needs a terminal")
 
+    def confirm(self, question: str) -> bool | None:
+        """Nobody to ask through a pipe: no (a line naming an image file goes as text; /image attaches)."""
+        return False
+
 
 class TerminalInput:
     """prompt_toolkit's PromptSession, imported only when a chat starts on a terminal."""
 
     def __init__(self, history_file: Path | None, commands: Sequence[str]) -> None:
         from prompt_toolkit import PromptSession
-        from prompt_toolkit.completion import WordCompleter
         from prompt_toolkit.history import FileHistory, InMemoryHistory
         from prompt_toolkit.key_binding import KeyBindings
 
@@ -95,7 +100,7 @@ class TerminalInput:
             else:
                 event.app.exit(exception=KeyboardInterrupt())
 
-        completer = WordCompleter(list(commands), sentence=True, match_middle=False)
+        completer = _completer(commands)
         self._session: Any = PromptSession(
             history=history, completer=completer, complete_while_typing=False, key_bindings=keys
         )
@@ -117,6 +122,17 @@ class TerminalInput:
             if line.strip():
                 return _block(line, lambda: self._ask(MORE))
 
+    def confirm(self, question: str) -> bool | None:
+        """A yes-or-no question on a prompt line of its own, kept out of the input history: Enter or y
+        is yes, anything else no; Ctrl-C or Ctrl-D: None (neither: the line is dropped)."""
+        from prompt_toolkit import prompt
+
+        try:
+            answer = str(prompt(question))
+        except (EOFError, KeyboardInterrupt):
+            return None
+        return answer.strip().lower() in ("", "y", "yes")
+
     def edit(self) -> str | None:
         """The next message, written in $VISUAL or $EDITOR (vi if neither is set)."""
         editor = os.environ.get("VISUAL") or os.environ.get("EDITOR") or "vi"
@@ -133,3 +149,27 @@ class TerminalInput:
         finally:
             path.unlink(missing_ok=True)
         return text or None
+
+
+def _completer(commands: Sequence[str]) -> Any:
+    """Tab completes a slash command's name, and after `/image ` the path of an image file (or of a
+    folder on the way to one)."""
+    from prompt_toolkit.completion import Completer, PathCompleter, WordCompleter
+    from prompt_toolkit.document import Document
+
+    names = [IMAGE_COMMAND if c == IMAGE_COMMAND.strip() else c for c in commands]  # the path goes next
+    words = WordCompleter(names, sentence=True, match_middle=False)
+    paths = PathCompleter(
+        expanduser=True, file_filter=lambda name: os.path.isdir(name) or name.lower().endswith(IMAGE_SUFFIXES)
+    )
+
+    class ChatCompleter(Completer):
+        def get_completions(self, document: Any, event: Any) -> Any:
+            before = document.text_before_cursor
+            if before.lower().startswith(IMAGE_COMMAND):
+                path = before[len(IMAGE_COMMAND) :].lstrip()
+                yield from paths.get_completions(Document(path, len(path)), event)
+            else:
+                yield from words.get_completions(document, event)
+
+    return ChatCompleter()

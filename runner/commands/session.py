@@ -14,7 +14,6 @@ Not a command itself: chat.py runs the loop, slash.py the slash commands over a 
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
@@ -23,6 +22,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from runner import interrupt, ui
+from runner.commands.attach import Attachments
 from runner.commands.output import (
     LOOP_WARNING,
     Answer,
@@ -33,11 +33,10 @@ from runner.commands.output import (
     speculation_json,
     stream_answer,
 )
-from runner.conversation_file import from_json
 from runner.engine.answer import FINISH_INTERRUPTED, FINISH_REPEAT
 from runner.engine.constrain import Constraint, ConstraintError, constraint
 from runner.engine.conversation import Fitted, fit
-from runner.engine.promptcache import MIN_HEAD
+from runner.engine.promptcache import MIN_HEAD, text_head
 from runner.engine.template import Message
 from runner.errors import RunnerError, UsageError
 from runner.limits import check_answer_limits
@@ -73,6 +72,7 @@ class ChatRequest:
     markdown: bool = False
     think: bool | None = None
     hide_reasoning: bool = False
+    mmproj: str | None = None  # --mmproj FILE: the vision projector /image needs
 
 
 class Session:
@@ -107,6 +107,7 @@ class Session:
         self.conversation: int | None = None
         self.first = 0  # the first turn sent to the model (older exchanges dropped to fit)
         self.last: Any = None  # the last Answer
+        self.attached = Attachments(loaded.engine)  # /image: for the next message; those the turns carried
         self._held: ExitStack | None = None  # inside a turn: where a conversation created there is held
         self.answers = 0  # answers written in this chat (piped, a blank line goes between them)
         # the conversation's evaluated state is kept on disk at the end, loaded by --resume and -c
@@ -119,6 +120,7 @@ class Session:
         or a flag says otherwise (what the flags changed is stored with it from now on)."""
         self.turns = list(stored.messages)
         self.conversation, self.first = None, 0  # the settings adopted are not written to the one before
+        self.attached.resumed(self.turns)  # its images said, and read again where they still are
         if self.request.system is None:
             self.system = stored.system
         self._adopt_settings(stored.settings)
@@ -267,6 +269,7 @@ class Session:
             first=self.first,
             max_tokens=self.max_tokens,
             enable_thinking=self.think,
+            images=self.attached.images_for(turns),
         )
 
     def _fit(self, turns: list[StoredMessage]) -> Fitted:
@@ -282,8 +285,9 @@ class Session:
 
     def send(self, text: str) -> None:
         with self._holding():
-            user = StoredMessage("user", text)
+            user = StoredMessage("user", text, images=tuple(self.attached.pending))
             fitted = self._fit([*self.turns, user])  # a message that cannot fit is refused before it is kept
+            self.attached.pending.clear()  # they went with it
             self.turns.append(user)
             self._persist(user)  # committed before the answer starts
             self._answer(fitted)
@@ -381,7 +385,7 @@ class Session:
             upcoming = self._fitted([*self.turns, StoredMessage("user", "\x00")]).prompt.tokens
         except RunnerError:
             return
-        shared = engine.shared_prefix(upcoming)
+        shared = min(engine.shared_prefix(upcoming), text_head(upcoming))  # images are not kept on disk
         if shared >= MIN_HEAD and engine.drop_after(shared):
             self.prompt_cache.store(engine, upcoming[:shared])
 
@@ -477,18 +481,3 @@ def _typed(value: Any, kind: type | tuple[type, ...], name: str) -> Any:
 def user_turns(turns: list[StoredMessage]) -> int:
     """How many of these turns are the user's: the count /show, /undo and a resumed chat report."""
     return sum(1 for m in turns if m.role == "user")
-
-
-def read_conversation(path: Path) -> StoredConversation:
-    """A conversation saved as JSON (/save FILE), for --load and /load."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise UsageError(f"no such file: {path}") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UsageError(f"cannot read {path}: {exc}") from exc
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise UsageError(f"{path} is not JSON ({exc.msg}, line {exc.lineno})") from exc
-    return from_json(data, str(path))

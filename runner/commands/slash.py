@@ -23,7 +23,8 @@ from runner.commands.output import (
     describe_speculation,
     describe_threads,
 )
-from runner.commands.session import Session, read_conversation, user_turns
+from runner.commands.session import Session, user_turns
+from runner.conversation_file import read_conversation
 from runner.conversation_file import to_json as conversation_json
 from runner.engine.reasoning import style_of
 from runner.engine.template import TEMPLATE_KEY
@@ -46,6 +47,8 @@ COMMANDS = {
     "/load": "/load FILE: continue a conversation saved as JSON",
     "/history": "this conversation so far; /history list: recent ones (runner chat --resume ID opens one)",
     "/edit": "write the next message in $EDITOR",
+    "/image": "/image PATH: attach an image to the next message (--mmproj); /image: what is attached; "
+    "/image none: drop them",
     "/bye": "quit (also /exit, Ctrl-D)",
     "/exit": "quit",
 }
@@ -89,6 +92,7 @@ def command(session: Session, line: str, source: Any) -> bool:
         "/load": lambda: _load(session, rest),
         "/history": lambda: _history(session, rest),
         "/edit": lambda: _edit(session, source),
+        "/image": lambda: _image(session, rest),
     }
     if name not in handlers:
         raise UsageError(f"unknown command {name}; valid: {', '.join(COMMANDS)}")
@@ -100,6 +104,21 @@ def _edit(session: Session, source: Any) -> None:
     text = source.edit()
     if text:
         session.send(text)
+
+
+def _image(session: Session, arg: str) -> None:
+    if not arg and session.attached.vision:
+        ui.info(session.attached.show())
+    elif arg.lower() == "none" and session.attached.vision:
+        session.attached.drop()
+    else:
+        session.attached.attach(_unquoted(arg))
+
+
+def _unquoted(arg: str) -> str:
+    """A path as typed after /image, or in the quotes a terminal puts around a dragged file's path."""
+    quoted = len(arg) > 1 and arg[0] == arg[-1] and arg[0] in "'\""
+    return arg[1:-1] if quoted else arg
 
 
 def _set(session: Session, args: str) -> None:
@@ -161,6 +180,9 @@ def _show(session: Session) -> str:
         ("template", source),
         ("stored", saved if session.store is not None else "off (--no-save, or the database failed)"),
     ]
+    if session.attached.vision:
+        projector = session.loaded.engine.vision.projector
+        rows.insert(2, ("images", f"projector {projector}; {session.attached.show()}"))
     width = max(len(k) for k, _ in rows) + 2
     return "\n".join(f"{k:<{width}}{v}" for k, v in rows)
 
@@ -222,6 +244,7 @@ def transcript(turns: list[StoredMessage], *, lines: int | None = None) -> str:
     for message in turns:
         if message.role == "user":
             first, *more = shown(message.content)
+            first = "".join(f"[image {Path(i.path).name}] " for i in message.images) + first
             out += [PROMPT + first, *(MORE + line for line in more)]
         else:
             out += [*shown(message.content), *(["(interrupted)"] if message.interrupted else []), ""]

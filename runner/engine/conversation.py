@@ -8,13 +8,17 @@ When the next turn would not leave room to answer, the oldest exchanges (a user 
 answers; never the system message) are dropped, with some headroom (down to FILL_AFTER_DROP of the
 context) so the turns after it reuse the cache again instead of dropping one exchange per turn.
 A single message that cannot fit even alone is refused (PromptTooLong), never cut.
+
+A turn may carry images (a chat's /image): they go before its text, as `run --image` puts them, and
+leave with it when it is dropped. Each turn re-sends them; prefix reuse compares images by their hash
+(runner.engine.vision), so an image already in the KV cache is not evaluated again.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
 
 from runner.engine.engine import CTX_STEP, Engine
 from runner.engine.prompt import Prompt, render_prompt
@@ -59,17 +63,19 @@ def fit(
     first: int = 0,
     max_tokens: int | None = None,
     enable_thinking: bool | None = None,
+    images: Sequence[Sequence[Any]] = (),
 ) -> Fitted:
     """The prompt for the next answer (turns end with the user's message), from turn `first` on,
-    dropping older exchanges when the context would not leave room to answer."""
+    dropping older exchanges when the context would not leave room to answer. `images`: each turn's
+    (runner.images.Image, decoded), by the turns' index; none for a turn past its end."""
     room = answer_room(engine.n_ctx, max_tokens)
     starts = [i for i, t in enumerate(turns) if t.role == "user" and i >= first] or [len(turns) - 1]
-    prompt = _render(engine, header, system, turns, starts[0], enable_thinking)
+    prompt = _render(engine, header, system, turns, starts[0], enable_thinking, images)
     if len(prompt.tokens) + room <= engine.n_ctx:
         return Fitted(prompt, starts[0], _exchanges(turns, starts[0]))
     target = int(engine.n_ctx * FILL_AFTER_DROP)
     for start in starts[1:]:
-        prompt = _render(engine, header, system, turns, start, enable_thinking)
+        prompt = _render(engine, header, system, turns, start, enable_thinking, images)
         if len(prompt.tokens) + room <= target:
             return Fitted(prompt, start, _exchanges(turns, start))
     last = starts[-1]
@@ -90,10 +96,17 @@ def _render(
     turns: Sequence[Message],
     start: int,
     enable_thinking: bool | None,
+    images: Sequence[Sequence[Any]],
 ) -> Prompt:
-    kept = [turns[i] for i in sendable(turns) if i >= start]
-    messages = ([Message("system", system)] if system is not None else []) + kept
-    return render_prompt(engine, header, messages, enable_thinking=enable_thinking, quiet=True)
+    kept = [i for i in sendable(turns) if i >= start]
+    carried = {i: images[i] for i in kept if i < len(images) and images[i]}
+    marker = engine.vision.marker if carried and engine.vision is not None else ""
+    sent = [replace(turns[i], content=marker * len(carried.get(i, ())) + turns[i].content) for i in kept]
+    messages = ([Message("system", system)] if system is not None else []) + sent
+    pictures = [image for i in kept for image in carried.get(i, ())]
+    return render_prompt(
+        engine, header, messages, enable_thinking=enable_thinking, quiet=True, images=pictures
+    )
 
 
 def _exchanges(turns: Sequence[Message], start: int) -> int:

@@ -87,7 +87,18 @@ def parse_size(text: str) -> int:
 
 
 def _token_hash(tokens: Sequence[int]) -> str:
-    return hashlib.blake2b(array.array("i", tokens).tobytes(), digest_size=16).hexdigest()
+    try:
+        data = array.array("i", tokens).tobytes()
+    except OverflowError:  # an image's pseudo-tokens (runner.engine.vision): 64-bit; never stored
+        data = array.array("q", tokens).tobytes()
+    return hashlib.blake2b(data, digest_size=16).hexdigest()
+
+
+def text_head(tokens: Sequence[int]) -> int:
+    """How many of the tokens come before the first image's positions (negative pseudo-tokens: see
+    runner.engine.vision). Only such a head is kept on disk: an image's state depends on the projector
+    that encoded it, which the identity does not name."""
+    return next((i for i, t in enumerate(tokens) if t < 0), len(tokens))
 
 
 class PromptCache:
@@ -150,8 +161,11 @@ class PromptCache:
             self._failed("cannot read", exc)
             return []
         lengths = sorted({int(n.split("-")[1]) for n in names if n.count("-") == 2}, reverse=True)
+        text = text_head(prompt)
         return [
-            n for n in lengths if beat < n < len(prompt) and self._file(identity, prompt[:n]).name in names
+            n
+            for n in lengths
+            if beat < n < len(prompt) and n <= text and self._file(identity, prompt[:n]).name in names
         ]
 
     def load(self, engine: Cacheable, tokens: Sequence[int], seq: int = 0) -> bool:
@@ -195,8 +209,9 @@ class PromptCache:
     # -- writing ------------------------------------------------------------------------------------
 
     def store(self, engine: Cacheable, tokens: Sequence[int], seq: int = 0) -> CacheUse:
-        """Write the state of sequence `seq`, which holds exactly `tokens`; evict past the limit."""
-        if self.off:
+        """Write the state of sequence `seq`, which holds exactly `tokens`; evict past the limit. Not
+        where they hold an image (text_head)."""
+        if self.off or text_head(tokens) < len(tokens):
             return CacheUse()
         start = time.perf_counter()
         identity = self.identity(engine)

@@ -30,12 +30,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from runner import interrupt, ui
 from runner.engine.context import IMAGE_SLOT, image_tokens
 from runner.engine.llamacpp import LLAMA_LOG, default_threads
 from runner.errors import EngineError, UsageError
 from runner.images import Image
 
 CHUNK_TEXT, CHUNK_IMAGE = 0, 1  # enum mtmd_input_chunk_type
+ENCODE_WAIT = "stopping after the image's encode, which llama.cpp cannot stop part-way…"
 _ROUTED: list[bool] = []  # libmtmd's log set to runner's (once a process)
 
 
@@ -187,11 +189,15 @@ class Vision:
     def evaluate(self, lctx: Any, span: ImageSpan, n_past: int, seq: int, n_batch: int) -> bool:
         """The image encoded by the projector and its embeddings decoded into sequence `seq` at
         positions from n_past (logits for none: text always follows). False if a decode failed or was
-        aborted (Ctrl-C: the encode itself cannot be stopped, the decode after it can)."""
+        aborted (Ctrl-C: the encode itself cannot be stopped, the decode after it can; the wait is
+        said at once, runner.interrupt.waiting)."""
         lib = mtmd()
         new_past = ctypes.c_int32(0)
-        rc = lib.mtmd_helper_eval_chunk_single(
-            self._ctx, lctx, span.chunk, n_past, seq, n_batch, False, ctypes.byref(new_past)
+        rc = interrupt.waiting(  # a Ctrl-C meanwhile: said at once, and the decode after the encode stops
+            lambda: lib.mtmd_helper_eval_chunk_single(
+                self._ctx, lctx, span.chunk, n_past, seq, n_batch, False, ctypes.byref(new_past)
+            ),
+            lambda: ui.info(ENCODE_WAIT),
         )
         if rc == 0 and new_past.value != n_past + span.n_tokens:
             raise EngineError(f"an image took {new_past.value - n_past} positions for {span.n_tokens} tokens")

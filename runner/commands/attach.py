@@ -1,0 +1,139 @@
+"""Images in a chat: `/image PATH` (or a path pasted alone on a line, once the user says yes) attaches
+an image to the next message; the images a conversation's messages carried are read again from their
+files when it is resumed or loaded.
+
+A kept message holds each image's sha256, size and path (runner.images.ImageRef), never its bytes. So a
+resumed conversation reads each file again and checks its sha256: an image gone or changed since is
+said once, and the message that carried it goes on without it (text only). The pixels come through
+runner.images (Pillow, bounded) as `run --image`'s do, and reach the model the same way
+(runner.engine.conversation.fit puts each message's images before its text).
+Not a command itself: a helper of session.py and slash.py.
+"""
+
+from __future__ import annotations
+
+import io
+import shlex
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, urlparse
+
+from runner import ui
+from runner.commands.lineinput import IMAGE_SUFFIXES
+from runner.errors import ImageError, UsageError
+from runner.images import MAX_IMAGES, Image, ImageRef, read_image_arg
+from runner.store import StoredMessage
+
+NO_PROJECTOR = "/image needs the model's vision projector: start the chat with --mmproj FILE"
+
+
+class Attachments:
+    """The images attached to the next message, and those the conversation's messages carried, decoded
+    (by sha256: the same bytes are the same image, whatever the file's name)."""
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+        self.pending: list[ImageRef] = []
+        self._decoded: dict[str, Image | None] = {}  # None: gone or changed since it was attached
+
+    @property
+    def vision(self) -> bool:
+        return self.engine.vision is not None
+
+    def attach(self, arg: str) -> None:
+        """/image PATH: the file read, decoded and checked now (a bad one: ImageError, nothing attached)."""
+        if not self.vision:
+            raise UsageError(NO_PROJECTOR)
+        if not arg:
+            raise UsageError("/image PATH attaches an image to the next message (/image none drops them)")
+        if len(self.pending) >= MAX_IMAGES:
+            raise UsageError(f"at most {MAX_IMAGES} images a message: send it first (/image none drops them)")
+        path = Path(arg).expanduser().absolute()
+        image = read_image_arg(str(path), io.BytesIO())  # an absolute path: never "-", stdin
+        for warning in image.warnings:
+            ui.warn(warning)
+        self._decoded[image.sha256] = image
+        self.pending.append(ImageRef(image.sha256, image.size, str(path)))
+        ui.info(
+            f"attached {path.name} ({image.width}x{image.height}, {ui.count(image.size, 'byte')}): "
+            "it goes with your next message"
+        )
+
+    def show(self) -> str:
+        """/image alone: what the next message will carry."""
+        if not self.pending:
+            return "no image attached; /image PATH attaches one to the next message"
+        return "the next message carries " + ", ".join(Path(r.path).name for r in self.pending)
+
+    def drop(self) -> None:
+        """/image none: the next message carries none."""
+        ui.info(f"dropped {ui.count(len(self.pending), 'image')}" if self.pending else "no image attached")
+        self.pending.clear()
+
+    def images_for(self, turns: Sequence[StoredMessage]) -> list[list[Image]]:
+        """Each turn's images, decoded (read again where not yet); none without a projector."""
+        if not self.vision:
+            return [[] for _ in turns]
+        return [[i for i in map(self._image, t.images) if i is not None] for t in turns]
+
+    def resumed(self, turns: Sequence[StoredMessage]) -> None:
+        """A resumed or loaded conversation: which images it referred to, each read again if still there."""
+        refs = list({r.sha256: r for t in turns for r in t.images}.values())
+        if not refs:
+            return
+        said = f"this conversation refers to {ui.count(len(refs), 'image')}"
+        if not self.vision:
+            names = ", ".join(Path(r.path).name for r in refs)
+            ui.info(f"{said} ({names}); without a projector they are not sent (--mmproj FILE sends them)")
+            return
+        problems = {r.sha256: self._read(r) for r in refs if r.sha256 not in self._decoded}
+        states = [
+            f"{Path(r.path).name} ({'not sent' if problems.get(r.sha256) else 'read again'})" for r in refs
+        ]
+        ui.info(f"{said}: {', '.join(states)}")
+        for problem in filter(None, problems.values()):
+            ui.warn(problem)
+
+    def _image(self, ref: ImageRef) -> Image | None:
+        if ref.sha256 not in self._decoded:
+            problem = self._read(ref)
+            if problem:
+                ui.warn(problem)
+        return self._decoded[ref.sha256]
+
+    def _read(self, ref: ImageRef) -> str | None:
+        """An image a message carried, read from its file again and decoded; what is wrong, if it is
+        gone or changed since (it is then left out: the message goes on text only)."""
+        self._decoded[ref.sha256] = None
+        without = "the message that carried it goes on without it (text only)"
+        try:
+            image = read_image_arg(ref.path, io.BytesIO())
+        except ImageError as exc:
+            return f"{exc}; {without}"
+        if image.sha256 != ref.sha256:
+            return f"{ref.path}: changed since it was attached (its sha256 differs); {without}"
+        self._decoded[ref.sha256] = image
+        return None
+
+
+def pasted_path(line: str) -> Path | None:
+    """The image file a line names, when the line is nothing else: a path as typed, quoted or with
+    backslashed spaces (as terminals paste a dragged file), or a file:// URL; None for anything else."""
+    text = line.strip()
+    if not text or "\n" in text or len(text) > 4096:
+        return None
+    candidates = [text]
+    try:
+        words = shlex.split(text)
+    except ValueError:
+        words = []
+    if len(words) == 1:
+        candidates.append(words[0])
+    if text.startswith("file://"):
+        candidates.append(unquote(urlparse(text).path))
+    for candidate in candidates:
+        path = Path(candidate).expanduser()
+        if path.suffix.lower() in IMAGE_SUFFIXES and path.is_file():
+            return path
+    return None
