@@ -262,8 +262,9 @@ ChatMmproj = Annotated[
     Optional[str],
     typer.Option(
         "--mmproj",
-        metavar="FILE",
-        help="The model's vision projector (an mmproj GGUF): /image PATH attaches an image.",
+        metavar="FILE|REF",
+        help="The model's vision projector, an mmproj GGUF or its Hub reference (user/repo:FILE.gguf): "
+        "/image PATH attaches an image [default: the one pulled with MODEL].",
         show_default=False,
     ),
 ]

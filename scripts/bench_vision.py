@@ -6,11 +6,12 @@
    answer alone;
 2. time to first token of a one-image prompt on warm servers (`runner serve --mmproj` and
    llama-server, one slot each, a request answered first), streamed, as a client sees it over
-   loopback; the same question without an image beside it; rounds interleaved;
+   loopback, --asks of each a server; the same question without an image beside it; rounds
+   interleaved;
 3. --images clients at once, each sending its own image to `runner serve --mmproj` and to
    llama-server (a slot each): aggregate answer tokens/s, rounds interleaved.
 
-    python scripts/bench_vision.py [--projector mlp|gemma3] [--images 8] [--rounds 5] [--tokens 24]
+    python scripts/bench_vision.py [--projector mlp|gemma3] [--images 8] [--rounds 5] [--asks 4] [--tokens 24]
 
 The projector is scripts/make_test_projector.py's (random weights: answers mean nothing, but every
 token must match); the images are random PNGs (PNG: both read the same pixels; JPEG decoders may
@@ -181,23 +182,27 @@ async def first_token(client: httpx.AsyncClient, body: dict[str, Any]) -> float:
 
 async def warm_ttft(
     kind: str, args: argparse.Namespace, model: Path, projector: Path, round_: int, log: Path
-) -> tuple[float, float]:
-    """Time to first token on a warm server (one request answered first), as a client sees it over
-    loopback: a one-image prompt (an image it has not seen), then the same question with no image
-    (text it has not seen). Each server keeps what it may of the chat's head (the template's text)."""
+) -> tuple[list[float], list[float]]:
+    """Times to first token on a warm server (one request answered first), as a client sees it over
+    loopback, args.asks of each: a one-image prompt (an image it has not seen), then the same question
+    with no image (text it has not seen). Each server keeps what it may of the chat's head (the
+    template's text)."""
     port = free_port()
     server = start(server_command(kind, args, model, projector, port, 1), log)
+    images, texts = [], []
     try:
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=600) as client:
             await wait_ready(client, server, 120)
             await first_token(client, request(args.model, png(20_000), QUESTION, 2, stream=True))
-            image = await first_token(
-                client, request(args.model, png(30_000 + round_), QUESTION, 2, stream=True)
-            )
-            text = await first_token(
-                client, request(args.model, None, f"{QUESTION} ({round_})", 2, stream=True)
-            )
-            return image, text
+            for ask in range(args.asks):
+                n = round_ * args.asks + ask
+                images.append(
+                    await first_token(client, request(args.model, png(30_000 + n), QUESTION, 2, stream=True))
+                )
+                texts.append(
+                    await first_token(client, request(args.model, None, f"{QUESTION} ({n})", 2, stream=True))
+                )
+            return images, texts
     finally:
         stop(server)
 
@@ -237,6 +242,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--tokens", type=int, default=24)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--asks", type=int, default=4, help="measured requests of each kind a server")
     parser.add_argument("--llama-server", type=Path, default=LLAMA_SERVER)
     args = parser.parse_args()
     model = model_file(args.model)
@@ -270,8 +276,8 @@ def main() -> None:
             image_s, text_s = asyncio.run(
                 warm_ttft(kind, args, model, projector, r, folder / f"t-{kind}-{r}.log")
             )
-            ttft[kind].append(image_s)
-            ttft[f"{kind} text"].append(text_s)
+            ttft[kind].extend(image_s)
+            ttft[f"{kind} text"].extend(text_s)
 
     progress(f"{args.images} clients at once, each its own image, interleaved rounds")
     rates: dict[str, list[float]] = {"runner": [], "llama-server": []}
@@ -302,7 +308,8 @@ def main() -> None:
         if a["ids"] != b["ids"]:
             print(f"  differs: runner {a['text']!r} / llama-server {b['text']!r}")
     med = {k: statistics.median(v) for k, v in ttft.items()}
-    print(f"TTFT (median of {args.rounds}), one image: runner {med['runner'] * 1000:.1f} ms,"
+    print(f"TTFT (median of {args.rounds} servers x {args.asks} asks), one image:"
+          f" runner {med['runner'] * 1000:.1f} ms,"
           f" llama-server {med['llama-server'] * 1000:.1f} ms; the text alone: runner"
           f" {med['runner text'] * 1000:.1f} ms,"
           f" llama-server {med['llama-server text'] * 1000:.1f} ms")  # fmt: skip
