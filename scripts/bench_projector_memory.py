@@ -55,7 +55,7 @@ mtp = _make_test_projector()
 class Sizes:
     """A projector's shape: what scaled_spec changes in make_test_projector's spec."""
 
-    kind: str  # mlp or gemma3
+    kind: str  # mlp, gemma3 or idefics3
     image: int
     patch: int
     width: int
@@ -64,7 +64,7 @@ class Sizes:
     blocks: int
     dtype: str = "f32"  # the matrices' type: f32 or f16 (vectors stay f32)
     class_embd: bool = False  # mlp: a class embedding (CLIP's), one more position
-    merge: int = 2  # gemma3: clip.vision.projector.scale_factor
+    merge: int = 2  # gemma3, idefics3: clip.vision.projector.scale_factor
 
 
 # name -> sizes; "mlp" and "gemma3" are make_test_projector's own files
@@ -73,6 +73,8 @@ SYNTHETIC: dict[str, Sizes] = {
     "mlp-336-f16": Sizes("mlp", 336, 14, 1024, 16, 4096, 3, dtype="f16", class_embd=True),
     "gemma3-448": Sizes("gemma3", 448, 14, 512, 8, 2048, 3, dtype="f16", merge=4),
     "gemma3-896": Sizes("gemma3", 896, 14, 1152, 16, 4304, 2, dtype="f16", merge=4),
+    # SmolVLM 256M's and 500M's SigLIP: 512 px tiles in patches of 16, width 768, shuffled by 4 (64 tokens)
+    "idefics3-512": Sizes("idefics3", 512, 16, 768, 12, 3072, 2, dtype="f16", merge=4),
 }
 
 
@@ -88,6 +90,7 @@ def scaled_spec(sizes: Sizes, text_n_embd: int, seed: int = 0) -> tuple[list, di
         "clip.vision.attention.head_count": sizes.heads,
         "clip.vision.block_count": sizes.blocks,
         "clip.vision.projector.scale_factor": sizes.merge,
+        "clip.vision.preproc_image_size": 2 * sizes.image,
     }
     kvs = [replace(kv, value=values[kv.key]) if kv.key in values else kv for kv in kvs]
     e, f, p = sizes.width, sizes.ffn, sizes.patch
@@ -100,6 +103,7 @@ def scaled_spec(sizes: Sizes, text_n_embd: int, seed: int = 0) -> tuple[list, di
         "ffn_up.bias": (f,),
         "ffn_down.weight": (e, f),
         "mm.input_projection.weight": (e, text_n_embd),
+        "mm.model.fc.weight": (text_n_embd, e * sizes.merge * sizes.merge),
         "mm.0.weight": (e, e),
         "mm.2.weight": (text_n_embd, e),
         "mm.2.bias": (text_n_embd,),

@@ -11,10 +11,13 @@
 3. --images clients at once, each sending its own image to `runner serve --mmproj` and to
    llama-server (a slot each): aggregate answer tokens/s, rounds interleaved.
 
-    python scripts/bench_vision.py [--projector mlp|gemma3] [--images 8] [--rounds 5] [--asks 4] [--tokens 24]
+    python scripts/bench_vision.py [--projector mlp|gemma3|idefics3] [--images 8] [--rounds 5] [--asks 4]
+        [--tokens 24]
 
 The projector is scripts/make_test_projector.py's (random weights: answers mean nothing, but every
-token must match); the images are random PNGs (PNG: both read the same pixels; JPEG decoders may
+token must match); with idefics3, the model is a copy of --model's file with SmolVLM's image tokens
+(make_test_projector.py --vocab-out), and each 64 x 48 image is 5 image chunks (4 tiles and the whole
+image), text between them; the images are random PNGs (PNG: both read the same pixels; JPEG decoders may
 differ by a pixel). Sampling: greedy, no penalties, flash attention off in both. llama-server is a
 build of the pinned llama.cpp (--llama-server PATH, default /tmp/peers/build/bin/llama-server).
 Figures: docs/vision.md.
@@ -168,14 +171,16 @@ def request(model: str, image: bytes | None, text: str, tokens: int, stream: boo
 
 
 async def first_token(client: httpx.AsyncClient, body: dict[str, Any]) -> float:
-    """Seconds from sending the request to its first streamed piece of answer text (client side)."""
+    """Seconds from sending the request to its first streamed piece of answer text (client side), or
+    to its end where the first token sampled ended the answer (a random projector's answer may be
+    empty: the prompt's work is the same)."""
     began = time.perf_counter()
     async with client.stream("POST", "/v1/chat/completions", json=body) as reply:
         async for line in reply.aiter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
             choices = json.loads(line[6:]).get("choices") or [{}]
-            if choices[0].get("delta", {}).get("content"):
+            if choices[0].get("delta", {}).get("content") or choices[0].get("finish_reason"):
                 return time.perf_counter() - began
     raise RuntimeError("no answer text came")
 
@@ -193,14 +198,14 @@ async def warm_ttft(
     try:
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=600) as client:
             await wait_ready(client, server, 120)
-            await first_token(client, request(args.model, png(20_000), QUESTION, 2, stream=True))
+            await first_token(client, request(args.served, png(20_000), QUESTION, 2, stream=True))
             for ask in range(args.asks):
                 n = round_ * args.asks + ask
                 images.append(
-                    await first_token(client, request(args.model, png(30_000 + n), QUESTION, 2, stream=True))
+                    await first_token(client, request(args.served, png(30_000 + n), QUESTION, 2, stream=True))
                 )
                 texts.append(
-                    await first_token(client, request(args.model, None, f"{QUESTION} ({n})", 2, stream=True))
+                    await first_token(client, request(args.served, None, f"{QUESTION} ({n})", 2, stream=True))
                 )
             return images, texts
     finally:
@@ -220,7 +225,7 @@ async def clients_at_once(
             await wait_ready(client, server, 120)
 
             async def one(image: bytes) -> int:
-                body = request(args.model, image, QUESTION, args.tokens)
+                body = request(args.served, image, QUESTION, args.tokens)
                 reply = (await client.post("/v1/chat/completions", json=body)).json()
                 return int(reply["usage"]["completion_tokens"])
 
@@ -237,7 +242,7 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--model", default="smollm2")
-    parser.add_argument("--projector", choices=("mlp", "gemma3"), default="mlp")
+    parser.add_argument("--projector", choices=("mlp", "gemma3", "idefics3"), default="mlp")
     parser.add_argument("--images", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--tokens", type=int, default=24)
@@ -248,9 +253,14 @@ def main() -> None:
     model = model_file(args.model)
     folder = Path(tempfile.mkdtemp(prefix="bench-vision-"))
     projector = folder / f"{args.projector}.gguf"
+    vocab = ["--vocab-out", str(folder / "model.gguf")] if args.projector == "idefics3" else []
     subprocess.run([sys.executable, str(ROOT / "scripts" / "make_test_projector.py"), str(projector),
-                    "--for", str(model), "--type", args.projector],
+                    "--for", str(model), "--type", args.projector, *vocab],
                    check=True, capture_output=True)  # fmt: skip
+    if vocab:  # both run the copy: runner by its path
+        model = folder / "model.gguf"
+        args.model = str(model)
+    args.served = Path(args.model).stem if vocab else args.model  # a file by path is served by its stem
     images = [png(seed) for seed in range(args.images)]
     paths = []
     for i, data in enumerate(images):
@@ -266,6 +276,7 @@ def main() -> None:
     progress("parity: runner's loop, every image in one batch")
     batch = batched(model, projector, images, args.tokens)
     batch_same = sum(b == a["ids"] for a, b in zip(ours, batch, strict=True))
+    progress(f"parity: {same} of {len(ours)} as llama-server's, {batch_same} of {len(batch)} batched")
 
     progress("time to first token on warm servers, one image and the text alone, interleaved rounds")
     ttft: dict[str, list[float]] = {

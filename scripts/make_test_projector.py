@@ -11,11 +11,17 @@ clip.cpp (tools/mtmd/clip.cpp in the pinned llama.cpp) takes for its projector t
   clip.vision.projector.scale_factor 2 into 4 image tokens, an RMS norm and mm.input_projection into
   the text model's width; F16 matrices and F32 vectors, as the converter writes them. libmtmd
   decodes its image tokens non-causally. 90 KB for SmolLM2.
+- idefics3 (SmolVLM's): the same ViT (F32 throughout) at tiles of 32 px in patches of 8, pixel-shuffled
+  by scale_factor 2 into 4 image tokens a tile and mm.model.fc into the text model's width. Its
+  preproc_image_size 64 makes libmtmd cut an image into up to 2 x 2 tiles plus the whole image: a
+  64 x 48 image is 5 image chunks, with text between. libmtmd marks them with SmolVLM's own tokens
+  (<fake_token_around_image>, <global-img>): --vocab-out writes a copy of the text model that has them.
 
 The projection's output width is the text model's embedding width, read from MODEL.gguf's header
 (runner's own bounded reader). Weights are random but deterministic: the same seed, the same bytes.
 
-    python scripts/make_test_projector.py OUT.gguf --for MODEL.gguf [--type mlp|gemma3] [--seed N]
+    python scripts/make_test_projector.py OUT.gguf --for MODEL.gguf [--type mlp|gemma3|idefics3] [--seed N]
+        [--vocab-out MODEL-idefics3.gguf]
 
 Tests build malformed variants from projector_spec's output (a key's type changed, a tensor
 dropped or transposed) and write them with write_projector.
@@ -35,7 +41,9 @@ from gguf import GGUFValueType, GGUFWriter
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-KINDS = ("mlp", "gemma3")
+KINDS = ("mlp", "gemma3", "idefics3")
+# SmolVLM's tokens that libmtmd looks up for an idefics3 image (mtmd.cpp 750), in place of unused ones
+IDEFICS3_TOKENS = {"<repo_name>": "<fake_token_around_image>", "<reponame>": "<global-img>"}
 VIT_WIDTH = 32
 HEADS = 2
 FFN_WIDTH = 64  # unlike the ViT width: clip.cpp swaps ffn_up and ffn_down when ffn_down's rows are n_embd
@@ -64,8 +72,8 @@ def projector_spec(kind: str, text_n_embd: int, seed: int = 0) -> tuple[list[KV]
     if kind not in KINDS:
         raise ValueError(f"unknown projector type {kind!r}: one of {', '.join(KINDS)}")
     rng = np.random.default_rng(seed)
-    gemma = kind == "gemma3"
-    image, patch, blocks = (32, 8, 2) if gemma else (28, 14, 2)
+    gemma, siglip = kind == "gemma3", kind in ("gemma3", "idefics3")
+    image, patch, blocks = (32, 8, 2) if siglip else (28, 14, 2)
     n_patches = (image // patch) ** 2
     e, f = VIT_WIDTH, FFN_WIDTH
 
@@ -79,7 +87,7 @@ def projector_spec(kind: str, text_n_embd: int, seed: int = 0) -> tuple[list[KV]
         KV("general.name", f"runner test projector ({kind})", GGUFValueType.STRING),
         KV("clip.has_vision_encoder", True, GGUFValueType.BOOL),
         KV("clip.projector_type", kind, GGUFValueType.STRING),
-        KV("clip.use_gelu", gemma, GGUFValueType.BOOL),  # SigLIP's GELU; CLIP's quick GELU for mlp
+        KV("clip.use_gelu", siglip, GGUFValueType.BOOL),  # SigLIP's GELU; CLIP's quick GELU for mlp
         _u32("clip.vision.image_size", image),
         _u32("clip.vision.patch_size", patch),
         _u32("clip.vision.embedding_length", e),
@@ -91,15 +99,17 @@ def projector_spec(kind: str, text_n_embd: int, seed: int = 0) -> tuple[list[KV]
         KV("clip.vision.image_mean", MEAN_STD, GGUFValueType.ARRAY, GGUFValueType.FLOAT32),
         KV("clip.vision.image_std", MEAN_STD, GGUFValueType.ARRAY, GGUFValueType.FLOAT32),
     ]
-    if gemma:
+    if siglip:
         kvs.append(_u32("clip.vision.projector.scale_factor", 2))
+    if kind == "idefics3":
+        kvs.append(_u32("clip.vision.preproc_image_size", 2 * image))
 
     tensors: dict[str, np.ndarray] = {
         "v.patch_embd.weight": weight(e, 3, patch, patch),  # ggml [P, P, 3, E]
         "v.patch_embd.bias": weight(e),
         "v.position_embd.weight": weight(n_patches, e),  # ggml [E, n_patches]
     }
-    if not gemma:
+    if not siglip:
         tensors["v.pre_ln.weight"], tensors["v.pre_ln.bias"] = ones(e), weight(e)
     for i in range(blocks):
         blk = f"v.blk.{i}"
@@ -109,8 +119,11 @@ def projector_spec(kind: str, text_n_embd: int, seed: int = 0) -> tuple[list[KV]
             tensors[f"{blk}.{norm}.weight"], tensors[f"{blk}.{norm}.bias"] = ones(e), weight(e)
         tensors[f"{blk}.ffn_up.weight"], tensors[f"{blk}.ffn_up.bias"] = weight(f, e), weight(f)
         tensors[f"{blk}.ffn_down.weight"], tensors[f"{blk}.ffn_down.bias"] = weight(e, f), weight(e)
-    if gemma:
+    if siglip:
         tensors["v.post_ln.weight"], tensors["v.post_ln.bias"] = ones(e), weight(e)
+    if kind == "idefics3":  # ggml [4 E, n_embd_text]: the pixel shuffle's 2 x 2 patches in a row
+        tensors["mm.model.fc.weight"] = weight(text_n_embd, 4 * e)
+    elif gemma:
         tensors["mm.soft_emb_norm.weight"] = ones(e)
         # ggml [n_embd_text, E]: the graph multiplies by its transpose (models/siglip.cpp)
         tensors["mm.input_projection.weight"] = weight(e, text_n_embd)
@@ -138,6 +151,37 @@ def write_projector(path: str | Path, kvs: list[KV], tensors: dict[str, np.ndarr
     return Path(path)
 
 
+def with_idefics3_tokens(model: str | Path, out: str | Path) -> Path:
+    """A copy of the text model whose two unused control tokens are SmolVLM's image markers
+    (IDEFICS3_TOKENS): libmtmd looks them up by their text for an idefics3 image, and a vocabulary
+    without them gives it LLAMA_TOKEN_NULL in their place (mtmd.cpp lookup_token)."""
+    from gguf import GGUFReader
+
+    reader = GGUFReader(str(model))
+    arch = reader.fields["general.architecture"].contents()
+    writer = GGUFWriter(str(out), arch=arch)
+    for field in reader.fields.values():
+        if field.name == "general.architecture" or field.name.startswith("GGUF."):
+            continue
+        value, vtype = field.contents(), field.types[0]
+        if field.name == "tokenizer.ggml.tokens":
+            missing = set(IDEFICS3_TOKENS) - set(value)
+            if missing:
+                raise SystemExit(f"{model} has no {', '.join(sorted(missing))} to rename: use SmolLM2")
+            value = [IDEFICS3_TOKENS.get(t, t) for t in value]
+        sub_type = field.types[-1] if vtype == GGUFValueType.ARRAY else None
+        writer.add_key_value(field.name, value, vtype, sub_type)
+    for t in reader.tensors:
+        writer.add_tensor_info(t.name, t.data.shape, t.data.dtype, t.data.nbytes, t.tensor_type)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+    for t in reader.tensors:
+        writer.write_tensor_data(t.data)
+    writer.close()
+    return Path(out)
+
+
 def text_width(model: str | Path) -> int:
     """The text model's embedding width ({arch}.embedding_length), from its header."""
     from runner.gguf import read_header
@@ -155,10 +199,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--for", dest="model", type=Path, required=True, help="the text model's GGUF")
     parser.add_argument("--type", dest="kind", choices=KINDS, default="mlp")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--vocab-out", type=Path, help="idefics3: also write the text model with its tokens")
     args = parser.parse_args(argv)
     kvs, tensors = projector_spec(args.kind, text_width(args.model), args.seed)
     path = write_projector(args.out, kvs, tensors)
     print(f"{path}: {args.kind} projector, {path.stat().st_size} bytes")
+    if args.vocab_out is not None:
+        vocab = with_idefics3_tokens(args.model, args.vocab_out)
+        print(f"{vocab}: {args.model.name} with {', '.join(IDEFICS3_TOKENS.values())}")
     return 0
 
 

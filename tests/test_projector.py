@@ -128,12 +128,37 @@ MALFORMED: dict[str, tuple[str, Callable[[Spec], Spec], str]] = {
     "unknown projector type": (
         "mlp",
         _retyped("clip.projector_type", value="ldp"),
-        r"projector type 'ldp' is not supported \(runner supports mlp and gemma3\)$",
+        r"projector type 'ldp' is not supported \(runner supports mlp, gemma3 and idefics3\)$",
     ),
     "scale factor not dividing the patches": (
         "gemma3",
         _retyped("clip.vision.projector.scale_factor", value=3),
         r"scale_factor 3 does not divide the 4 patches a side$",
+    ),
+    "idefics3 without a scale factor": (
+        "idefics3",
+        lambda spec: ([kv for kv in spec[0] if kv.key != "clip.vision.projector.scale_factor"], spec[1]),
+        r"scale_factor 1 is not over 1 or does not divide the 4 patches a side$",
+    ),
+    "idefics3 scale factor not dividing the patches": (
+        "idefics3",
+        _retyped("clip.vision.projector.scale_factor", value=3),
+        r"scale_factor 3 is not over 1 or does not divide the 4 patches a side$",
+    ),
+    "missing mm.model.fc": (
+        "idefics3",
+        _without("mm.model.fc.weight"),
+        r"it has no tensor mm\.model\.fc\.weight$",
+    ),
+    "transposed mm.model.fc": (
+        "idefics3",
+        _transposed("mm.model.fc.weight"),
+        r"tensor mm\.model\.fc\.weight has shape \[576, 128\], clip\.cpp's graph needs \[128, 576\]$",
+    ),
+    "i32 preproc image size": (
+        "idefics3",
+        _retyped("clip.vision.preproc_image_size", vtype=GGUFValueType.INT32),
+        r"clip\.vision\.preproc_image_size is i32, clip\.cpp reads it as u32 and would abort$",
     ),
     "f16 bias": (
         "mlp",
@@ -159,6 +184,8 @@ def projectors(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     [
         ("mlp", ProjectorInfo("mlp", 28, 14, 4, TEXT_WIDTH, 224_768, non_causal=False)),
         ("gemma3", ProjectorInfo("gemma3", 32, 8, 4, TEXT_WIDTH, 87_296, non_causal=True)),
+        # f32: 4 tokens a tile (4 x 4 patches shuffled by 2); mm.model.fc 128 x 576
+        ("idefics3", ProjectorInfo("idefics3", 32, 8, 4, TEXT_WIDTH, 390_272, non_causal=False)),
     ],
 )
 def test_generated_projectors_pass_the_check(projectors: dict[str, Path], kind: str, expected: ProjectorInfo):
@@ -193,20 +220,28 @@ def test_the_script_writes_the_same_bytes_for_the_same_seed(smollm2_path: Path, 
 def test_generated_projectors_load_in_libmtmd(
     smollm2_path: Path, projectors: dict[str, Path], tmp_path: Path
 ):
-    """Both kinds load beside SmolLM2, a prompt with one image tokenizes into an image chunk of 4
-    tokens, and the image encodes; a transposed or too narrow projection is refused by libmtmd too."""
+    """Each kind loads beside SmolLM2, a prompt with one image tokenizes into an image chunk of 4
+    tokens (idefics3: 5, the 40 x 30 image resized to 64 x 48, cut into 2 x 2 tiles of 32, then the
+    whole image), and the image encodes; a transposed or too narrow projection is refused by libmtmd
+    too."""
     narrow = _write(tmp_path / "narrow.gguf", mtp.projector_spec("mlp", 640))
     transposed = _write(
         tmp_path / "t.gguf", _transposed("mm.2.weight")(mtp.projector_spec("mlp", TEXT_WIDTH))
     )
-    rc, results = _libmtmd(smollm2_path, projectors["mlp"], projectors["gemma3"], narrow, transposed)
+    kinds = (projectors["mlp"], projectors["gemma3"], projectors["idefics3"])
+    rc, results = _libmtmd(smollm2_path, *kinds, narrow, transposed)
     assert rc == 0
-    mlp, gemma3, *refused = results
+    mlp, gemma3, idefics3, *refused = results
     text, image = 0, 1  # MTMD_INPUT_CHUNK_TYPE_TEXT, _IMAGE
     assert mlp["vision"] and mlp["tokenize"] == 0 and mlp["encode"] == 0 and not mlp["non_causal"]
     assert [kind for kind, _ in mlp["chunks"]] == [text, image, text] and mlp["chunks"][1][1] == 4
     assert gemma3["vision"] and gemma3["tokenize"] == 0 and gemma3["encode"] == 0 and gemma3["non_causal"]
     assert [n for kind, n in gemma3["chunks"] if kind == image] == [4]  # between <start_of_image> and its end
+    assert idefics3["vision"] and idefics3["tokenize"] == 0 and idefics3["encode"] == 0
+    assert not idefics3["non_causal"]
+    kinds_of = [kind for kind, _ in idefics3["chunks"]]
+    assert [n for kind, n in idefics3["chunks"] if kind == image] == [4] * 5
+    assert kinds_of == [text, image, text, image, text, image, text, image, text, image, text]
     assert refused == [{"loaded": False}, {"loaded": False}]
 
 
@@ -241,6 +276,7 @@ def test_a_text_model_is_not_a_projector(smollm2_path: Path):
         ("f64 epsilon", signal.SIGABRT),  # gguf_get_val_f32 asserts the key's type
         ("i32 image size", signal.SIGABRT),  # gguf_get_val_u32 likewise
         ("missing v.position_embd", signal.SIGSEGV),  # loads and tokenizes; encoding reads NULL rows
+        ("idefics3 without a scale factor", signal.SIGABRT),  # build_patch_merge_permute asserts it
     ],
 )
 def test_libmtmd_itself_dies_on_what_the_check_refuses(

@@ -27,14 +27,16 @@ LOG_ROUNDING_MIB = 0.005
 
 
 bench = load_script("bench_projector_memory")
+NAMES = ("mlp", "gemma3", "idefics3", "mlp-224", "gemma3-448", "idefics3-512")
 
 
 @pytest.fixture(scope="module")
 def projectors(tmp_path_factory: pytest.TempPathFactory, smollm2_path: Path) -> dict[str, Path]:
     """The two test projectors and two larger synthetic ones (224 px mlp with a class embedding, 4
-    blocks of width 256; 448 px gemma3, 3 f16 blocks of width 512, 64 image tokens) for SmolLM2."""
+    blocks of width 256; 448 px gemma3, 3 f16 blocks of width 512, 64 image tokens; SmolVLM's 512 px
+    idefics3 tiles, 2 f16 blocks of width 768, 64 tokens a tile) for SmolLM2."""
     out = tmp_path_factory.mktemp("projectors")
-    return {name: bench.write(name, smollm2_path, out) for name in ("mlp", "gemma3", "mlp-224", "gemma3-448")}
+    return {name: bench.write(name, smollm2_path, out) for name in NAMES}
 
 
 def _memory(path: Path) -> ProjectorMemory:
@@ -66,6 +68,18 @@ def test_the_test_mlp_projectors_weights_and_graph(projectors: dict[str, Path]) 
     assert len(vit_graph(vit_of(header, info)).nodes) == 54
     assert memory.compute_cpu == 14_176
     assert memory.work_cpu == 0  # f32 weights: no matmul converts its input
+
+
+def test_the_idefics3_graph_shuffles_patches_into_tokens(projectors: dict[str, Path]) -> None:
+    """idefics3-512: 32 x 32 patches of width 768, shuffled by 4 into 64 rows of 12,288, times
+    mm.model.fc into SmolLM2's 576; ffn_down's f16 input (3,072 x 1,024 patches) is the widest the
+    CPU converts, not mm.model.fc's (12,288 x 64)."""
+    header = read_header(projectors["idefics3-512"])
+    info = check_projector(header)
+    graph = vit_graph(vit_of(header, info))
+    assert info.image_tokens == 64 and graph.nodes[-1].ne[:2] == (576, 64)
+    assert graph.nodes[-2].ne[:2] == (768 * 16, 64)  # the shuffle's last cont
+    assert estimate_projector(header, info).work_cpu == 3072 * 1024 * 2
 
 
 def test_f16_matrices_give_the_cpu_a_work_buffer(projectors: dict[str, Path]) -> None:
@@ -142,7 +156,7 @@ def test_plan_gives_up_context_for_the_projector(projectors: dict[str, Path], sm
 # -- against libmtmd's own figures ----------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", ["mlp", "gemma3", "mlp-224", "gemma3-448"])
+@pytest.mark.parametrize("name", NAMES)
 def test_estimate_agrees_with_libmtmds_log(
     name: str, projectors: dict[str, Path], smollm2_path: Path
 ) -> None:

@@ -215,3 +215,42 @@ def test_input_rows_name_their_images(files: dict[str, Path], tmp_path: Path) ->
         images = [x for path in row.get("images", []) for x in ("--image", path)]
         alone = answer(run(row["prompt"], *images, *(("--mmproj", mlp) if images else ()), "--json"))
         assert got["text"] == alone["text"], row
+
+
+@pytest.fixture(scope="module")
+def idefics3(tmp_path_factory: pytest.TempPathFactory, smollm2_path: Path) -> tuple[Path, Path]:
+    """The idefics3 test projector and SmolLM2 with SmolVLM's image tokens (--vocab-out)."""
+    folder = tmp_path_factory.mktemp("idefics3")
+    projector, model = folder / "idefics3.gguf", folder / "model.gguf"
+    subprocess.run(
+        [sys.executable, str(SCRIPT), str(projector), "--for", str(smollm2_path), "--type", "idefics3",
+         "--vocab-out", str(model)],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    return projector, model
+
+
+def test_an_idefics3_image_is_its_tiles_and_the_whole_image(idefics3: tuple[Path, Path]) -> None:
+    """A 64 x 48 image is 2 x 2 tiles and the whole image: 5 spans of 4 positions, text between them,
+    each evaluated in its place; the same image gives the same logits again."""
+    projector, model = idefics3
+    with Engine(model, n_ctx=2048, n_threads=2) as engine:
+        engine.attach_projector(projector)
+        prompt = prompt_with(engine, model, "Describe it.", [png(1)])
+        spans = prompt.media.spans
+        assert [s.n_tokens for s in spans] == [IMAGE_TOKENS] * 5
+        assert all(b.start > a.start + a.n_tokens for a, b in zip(spans, spans[1:], strict=False))
+        engine.prefill(prompt.tokens, 0, media=prompt.media)
+        seen = last_logits(engine)
+        engine.reset()
+        again = prompt_with(engine, model, "Describe it.", [png(1)])
+        engine.prefill(again.tokens, 0, media=again.media)
+        assert last_logits(engine) == seen
+
+
+def test_an_idefics3_projector_on_a_model_without_its_tokens_is_one_line(
+    idefics3: tuple[Path, Path], files: dict[str, Path]
+) -> None:
+    done = run("Hi", "--image", str(files["a.png"]), "--mmproj", str(idefics3[0]))
+    lines = done.stderr.decode().strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 1 and "vocabulary lacks" in lines[0], lines

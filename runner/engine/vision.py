@@ -169,8 +169,15 @@ class Vision:
             kind = lib.mtmd_input_chunk_get_type(chunk)
             if kind == CHUNK_TEXT:
                 n = ctypes.c_size_t(0)
-                tokens = lib.mtmd_input_chunk_get_tokens_text(chunk, ctypes.byref(n))
-                prompt.tokens.extend(tokens[j] for j in range(n.value))
+                found = lib.mtmd_input_chunk_get_tokens_text(chunk, ctypes.byref(n))
+                tokens = [found[j] for j in range(n.value)]
+                if any(t < 0 for t in tokens):  # LLAMA_TOKEN_NULL: a marker lookup_token did not find
+                    prompt.close()
+                    raise UsageError(
+                        f"{self.projector} marks images with tokens the model's vocabulary lacks "
+                        "(SmolVLM's <fake_token_around_image>, say): is it this model's projector?"
+                    )
+                prompt.tokens.extend(tokens)
                 continue
             if kind != CHUNK_IMAGE:
                 prompt.close()

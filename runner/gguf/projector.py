@@ -3,8 +3,9 @@
 The pinned libmtmd (tools/mtmd/clip.cpp) trusts the file: a key of another GGUF type than the one it
 reads aborts the process in gguf's getters (an f64 epsilon, an i32 image size), and a tensor its
 graph needs but loads as optional is dereferenced as NULL (a missing mm.2.weight segfaults in
-clip_n_mmproj_embd). So check_projector compares the header with what clip.cpp reads for the two
-projector types runner supports, mlp (LLaVA's) and gemma3, refuses everything else in one line
+clip_n_mmproj_embd). So check_projector compares the header with what clip.cpp reads for the three
+projector types runner supports, mlp (LLaVA's), gemma3 and idefics3 (SmolVLM's), refuses everything
+else in one line
 (InvalidModelFile, naming the file and its problem), and says what an image costs (ProjectorInfo).
 
 Line numbers are the pinned clip.cpp's (llama-cpp-python 0.3.36), models/llava.cpp's and
@@ -23,7 +24,8 @@ from runner.gguf.header import DEFAULT_LIMITS, GGML_TYPES, GGUF_MAGIC, GGUFError
 from runner.gguf.reader import _ARRAY, _I32, _I64, _U32, VALUE_TYPES, _Reader
 from runner.gguf.sources import RangeSource, open_source
 
-SUPPORTED = ("mlp", "gemma3")
+SUPPORTED = ("mlp", "gemma3", "idefics3")
+SIGLIP = ("gemma3", "idefics3")  # build_vit then a projection (models/siglip.cpp); the rest: llava.cpp
 
 # Every key clip.cpp reads for a vision projector of these types, with the GGUF type its getter
 # asserts (gguf_get_val_u32 and friends abort on any other) and whether it must be there.
@@ -55,7 +57,8 @@ KEYS: dict[str, tuple[str, bool]] = {
     "clip.vision.image_mean":                   ("arr[f32]", True),   # 1406; 1408: at least 3
     "clip.vision.image_std":                    ("arr[f32]", True),   # 1407
     "clip.vision.feature_layer":                ("arr[i32]", False),  # 1419
-    "clip.vision.projector.scale_factor":       ("u32", False),       # 1641 (read for gemma3)
+    "clip.vision.projector.scale_factor":       ("u32", False),       # 1641 (gemma3), 1511 (idefics3)
+    "clip.vision.preproc_image_size":           ("u32", False),       # 1512 (idefics3: the longest edge)
 }
 # fmt: on
 INT32_MAX = (1 << 31) - 1  # get_u32 refuses more (3882)
@@ -69,8 +72,9 @@ DENSE = frozenset({"F32", "F16", "BF16"})  # gemma3's input projection is transp
 QUANT = frozenset(name for name, block, _ in GGML_TYPES.values() if block > 1) - {"Q8_1", "Q8_K"}
 MATRIX = DENSE | QUANT
 
-# Per-block tensors build_vit (clip.cpp 337-568) uses when present, which gemma3 files never have.
-GEMMA3_NEVER = ("attn_qkv", "attn_q_norm", "attn_k_norm", "ls1", "ls2", "out_scale", "attn_post_norm",
+# Per-block tensors build_vit (clip.cpp 337-568) uses when present, which gemma3 and idefics3 files
+# never have (runner.memory.projector's graph leaves them out).
+SIGLIP_NEVER = ("attn_qkv", "attn_q_norm", "attn_k_norm", "ls1", "ls2", "out_scale", "attn_post_norm",
                 "ffn_post_norm", "ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps",
                 "attn_sinks")  # fmt: skip
 
@@ -79,10 +83,10 @@ GEMMA3_NEVER = ("attn_qkv", "attn_q_norm", "attn_k_norm", "ls1", "ls2", "out_sca
 class ProjectorInfo:
     """What one image costs through this projector."""
 
-    projector_type: str  # "mlp" or "gemma3"
-    image_size: int  # every image is resized to image_size x image_size pixels
+    projector_type: str  # "mlp", "gemma3" or "idefics3"
+    image_size: int  # every image (idefics3: every tile of one) is resized to image_size x image_size
     patch_size: int
-    image_tokens: int  # embeddings one image becomes in the text model's context
+    image_tokens: int  # embeddings one image (idefics3: one tile) becomes in the text model's context
     projection_width: int  # each embedding's width: the text model's n_embd
     weights_bytes: int  # the tensors' bytes, as clip.cpp counts its model size (1244)
     non_causal: bool  # the text model attends to image tokens non-causally (mtmd_decode_use_non_causal)
@@ -186,7 +190,8 @@ def check_projector(
     c = _Check(header, read_key_types(header.source) if key_types is None else key_types)
     kind = c.key("clip.projector_type") or c.key("clip.vision.projector_type")
     if kind not in SUPPORTED:
-        c.fail(f"projector type {kind!r} is not supported (runner supports {' and '.join(SUPPORTED)})")
+        names = f"{', '.join(SUPPORTED[:-1])} and {SUPPORTED[-1]}"
+        c.fail(f"projector type {kind!r} is not supported (runner supports {names})")
     if c.key("clip.has_vision_encoder") is not True:
         c.fail("clip.has_vision_encoder is not true: it has no vision encoder")
     if c.key("clip.has_audio_encoder") or c.key("clip.has_gen_audio_encoder"):
@@ -223,11 +228,11 @@ def check_projector(
     # The vision transformer (load_tensors 2253-2330; build_inp 572; llava.cpp and build_vit use them)
     n_side = image // patch
     n_patches = n_side * n_side
-    gemma = kind == "gemma3"
+    gemma, siglip = kind == "gemma3", kind in SIGLIP
     c.tensor("v.patch_embd.weight", (patch, patch, 3, e), CONV)  # optional at 2262, used at 574
     c.tensor("v.patch_embd.bias", (e,), VECTOR, required=False)
-    class_embd = not gemma and c.tensor("v.class_embd", (e,), VECTOR, required=False) is not None
-    if gemma:  # added to the patches as they are (build_vit 349)
+    class_embd = not siglip and c.tensor("v.class_embd", (e,), VECTOR, required=False) is not None
+    if siglip:  # added to the patches as they are (build_vit 349)
         c.tensor("v.position_embd.weight", (e, n_patches), VECTOR)
     else:  # rows 0..n_pos-1 taken (llava.cpp 39-43): at least n_pos rows
         n_pos = n_patches + class_embd
@@ -238,12 +243,12 @@ def check_projector(
         for part in ("weight", "bias"):
             c.tensor(f"v.{norm}.{part}", (e,), VECTOR, required=False)
     qkv = n_head * d_head
-    kv = (n_head_kv if gemma else n_head) * d_head  # llava.cpp 88 reshapes K and V by n_head
-    if gemma:
+    kv = (n_head_kv if siglip else n_head) * d_head  # llava.cpp 88 reshapes K and V by n_head
+    if siglip:
         for name in c.by_name:
             parts = name.split(".")
-            if parts[:2] == ["v", "blk"] and len(parts) > 3 and parts[3] in GEMMA3_NEVER:
-                c.fail(f"it has {name}, which a gemma3 projector does not have")
+            if parts[:2] == ["v", "blk"] and len(parts) > 3 and parts[3] in SIGLIP_NEVER:
+                c.fail(f"it has {name}, which a {kind} projector does not have")
     for i in range(n_layer):
         blk = f"v.blk.{i}"
         # llava.cpp 72-89 takes separate q, k and v; so does build_vit (424-447) without attn_qkv
@@ -276,6 +281,20 @@ def check_projector(
         width = _out_width(proj, 1, e, text_n_embd)  # its ne[0]: clip_n_mmproj_embd 6009
         c.tensor("mm.input_projection.weight", (width, e), DENSE)
         tokens = n_patches // (merge * merge)  # clip_n_output_tokens 4213-4223
+    elif kind == "idefics3":
+        # n_merge defaults to 1 (1511), which build_patch_merge_permute asserts against (902); a side
+        # it does not divide is padded there but not in clip_n_output_tokens (4223): more embeddings
+        # than libmtmd's buffer for them
+        merge = meta.get("clip.vision.projector.scale_factor", 1)
+        if not 1 < merge < 65536 or n_side % merge:
+            c.fail(f"scale_factor {merge} is not over 1 or does not divide the {n_side} patches a side")
+        longest = meta.get("clip.vision.preproc_image_size", 0)  # mtmd-image.cpp 1060: tiles of it
+        if not 0 <= longest <= 8192:
+            c.fail(f"preproc_image_size {longest} is not in 0..8192")
+        fc = c.by_name.get("mm.model.fc.weight")  # required at 2764; siglip.cpp 45: the pixel shuffle's
+        width = _out_width(fc, 0, e * merge * merge, text_n_embd)  # rows times it; its ne[1] (6016)
+        c.tensor("mm.model.fc.weight", (e * merge * merge, width), MATRIX)
+        tokens = n_patches // (merge * merge)  # per tile (clip_n_output_tokens 4216)
     else:
         if "mm.3.weight" in c.by_name:  # 2384: then it is MLP_NORM
             c.fail("it has mm.3.weight, which makes it an mlp_norm projector (not supported)")
@@ -293,4 +312,4 @@ def check_projector(
     if text_n_embd is not None and width != text_n_embd:  # mtmd.cpp 604 refuses it
         c.fail(f"it projects into width {width}, the text model's is {text_n_embd}")
     weights = sum(t.nbytes for t in header.tensors)
-    return ProjectorInfo(kind, image, patch, tokens, width, weights, non_causal=gemma)
+    return ProjectorInfo(kind, image, patch, tokens, width, weights, non_causal=gemma)  # mtmd.cpp 2188

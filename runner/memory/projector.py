@@ -15,7 +15,9 @@ The pinned clip.cpp (tools/mtmd/clip.cpp of llama-cpp-python 0.3.36; line number
   (3741) and kept where the backend runs it (the CPU always does).
 - the graph: build_inp (572: the patch embedding as im2col and a matmul) then the ViT, as models/
   llava.cpp builds it for mlp (n_layer - 1 blocks, the llava projector mm.0 -> GELU -> mm.2) and
-  build_vit (337) with models/siglip.cpp's pooling and projection for gemma3. vit_graph() builds it
+  build_vit (337) with models/siglip.cpp's pooling and projection for gemma3, and its pixel shuffle
+  (build_patch_merge_permute 901) and mm.model.fc for idefics3, whose every tile and the whole image
+  are each one such image_size graph (the warmup size is image_size, 1373). vit_graph() builds it
   node for node in the order ggml visits it (build_attn 770 fixes Q, K, V in that order), and
   graph.py replays ggml-alloc's placement over it, as for the text model's compute buffer.
 
@@ -78,7 +80,7 @@ class ProjectorMemory:
 class Vit:
     """What the graph of one image depends on, from the projector's header."""
 
-    kind: str  # mlp or gemma3
+    kind: str  # mlp, gemma3 or idefics3
     image: int
     patch: int
     n_embd: int
@@ -88,7 +90,7 @@ class Vit:
     n_ff: int
     n_layer: int
     width: int  # the projection's output: the text model's n_embd
-    merge: int  # gemma3's pooling kernel
+    merge: int  # gemma3's pooling kernel, idefics3's pixel shuffle
     feature_layers: tuple[int, ...]
     present: frozenset[str]  # tensor names, for the optional biases and norms
     conv_type: str  # the patch embedding's type ("f16" or "f32"): im2col writes f16 unless bf16
@@ -116,7 +118,7 @@ def vit_of(header: Any, info: Any) -> Vit:
         n_ff=meta["clip.vision.feed_forward_length"],
         n_layer=meta["clip.vision.block_count"],
         width=info.projection_width,
-        merge=meta.get("clip.vision.projector.scale_factor", 4),
+        merge=meta.get("clip.vision.projector.scale_factor", 4 if info.projector_type == "gemma3" else 1),
         feature_layers=tuple(meta.get("clip.vision.feature_layer") or ()),
         present=frozenset(t.name for t in header.tensors),
         conv_type=type_of("v.patch_embd.weight"),
@@ -169,7 +171,7 @@ class _Vit:
     def attn(self, blk: str, x: Tensor, n_pos: int) -> Tensor:
         """Q, K, V, then build_attn (770): flash attention with K and V cast to f16, or softmax(KQ)V."""
         c, v = self.c, self.v
-        heads_kv = v.n_head_kv if v.kind == "gemma3" else v.n_head
+        heads_kv = v.n_head_kv if v.kind != "mlp" else v.n_head
         q = self.linear(f"{blk}.attn_q", x, v.n_head * v.d_head)
         k = self.linear(f"{blk}.attn_k", x, heads_kv * v.d_head)
         val = self.linear(f"{blk}.attn_v", x, heads_kv * v.d_head)
@@ -247,9 +249,9 @@ class _Vit:
         x = c.unary("UNARY", self.linear("mm.0", x, v.mlp_hidden))  # GELU
         return self.linear("mm.2", x, v.width)
 
-    def siglip(self) -> Tensor:
-        """build_vit (337) and models/siglip.cpp's gemma3 projection."""
-        c, v, n = self.c, self.v, self.n_side
+    def vit(self) -> Tensor:
+        """build_vit (337), with the learned position embeddings added as they are."""
+        c, v = self.c, self.v
         x = c.unary("ADD", self.inp(), c.weight((v.n_embd, self.n_patches), name="v.position_embd.weight"))
         x = c.reshape(x, v.n_embd, self.n_patches)
         if "v.pre_ln.weight" in v.present:
@@ -258,7 +260,22 @@ class _Vit:
             x = self.block(il, x, self.n_patches)
         if "v.post_ln.weight" in v.present:
             x = self.norm(x, "v.post_ln")
-        x = c.reshape(x, v.n_embd, self.n_patches, 1)
+        return c.reshape(x, v.n_embd, self.n_patches, 1)
+
+    def idefics3(self) -> Tensor:
+        """models/siglip.cpp's idefics3: the pixel shuffle (build_patch_merge_permute 901; check_projector
+        made the side a multiple of the scale, so nothing is padded), then mm.model.fc."""
+        c, v, n, s = self.c, self.v, self.n_side, self.v.merge
+        x = c.reshape(self.vit(), v.n_embd, n, n)
+        x = c.permute(c.reshape(x, v.n_embd * s, n // s, n), 0, 2, 1, 3)
+        x = c.permute(c.cont(x, (v.n_embd * s * s, n // s, n // s)), 0, 2, 1, 3)
+        x = c.cont(x, (x.ne[0], x.ne[1] * x.ne[2]))
+        return c.mul_mat(c.weight((x.ne[0], v.width), name="mm.model.fc.weight"), x)
+
+    def siglip(self) -> Tensor:
+        """build_vit (337) and models/siglip.cpp's gemma3 projection."""
+        c, v, n = self.c, self.v, self.n_side
+        x = self.vit()
         x = c.cont(c.transpose(x), (n, n, v.n_embd, 1))
         side = (n - v.merge) // v.merge + 1
         x = c.new("f32", (side, side, v.n_embd, 1), "POOL_2D", (x,))
@@ -269,7 +286,8 @@ class _Vit:
         return c.mul_mat(c.cont(c.transpose(proj)), x)
 
     def build(self) -> Graph:
-        out = self.llava() if self.v.kind == "mlp" else self.siglip()
+        builders = {"mlp": self.llava, "gemma3": self.siglip, "idefics3": self.idefics3}
+        out = builders[self.v.kind]()
         self.g.expand(out)
         return self.g
 
@@ -287,15 +305,17 @@ def weight_bytes(header: Any, gpu: bool) -> int:
     return sum(pad(t.nbytes, CPU_ALIGNMENT) for t in header.tensors)
 
 
-def work_bytes(header: Any, n_pos: int) -> int:
+def work_bytes(header: Any, n_pos: int, merge: int = 1) -> int:
     """ggml-cpu's work buffer for the encoder (ggml_graph_plan, ggml-cpu.c): a matmul converts its
     input to the weight's dot-product type (f16 and bf16: 2 bytes an element; a quantized weight's
-    Q8_0/Q8_1/Q8_K: at most 1.14), for the widest input of n_pos rows; f32 weights convert nothing."""
+    Q8_0/Q8_1/Q8_K: at most 1.14), for the widest input of n_pos rows (idefics3's mm.model.fc: n_pos /
+    merge**2 rows, merge**2 times as wide); f32 weights convert nothing."""
     widest = 0.0
     for t in header.tensors:
         if len(t.shape) != 2 or t.type_name == "F32" or not t.name.startswith(("v.blk.", "mm.")):
             continue
-        widest = max(widest, t.shape[0] * n_pos * (2 if t.type_name in ("F16", "BF16") else 292 / 256))
+        rows = n_pos // (merge * merge) if t.name == "mm.model.fc.weight" else n_pos
+        widest = max(widest, t.shape[0] * rows * (2 if t.type_name in ("F16", "BF16") else 292 / 256))
     return int(widest)
 
 
@@ -310,9 +330,13 @@ def estimate_projector(header: Any, info: Any) -> ProjectorMemory:
     n_pos = n_patches + (vit.kind == "mlp" and "v.class_embd" in vit.present)
     image = 3 * vit.image * vit.image * 4  # the preprocessed image, f32: the graph's input inp_raw
     inputs = [image, n_pos * 4, n_patches * 4] if vit.kind == "mlp" else [image]  # mlp: positions, patches
+    # idefics3: the whole image and up to ceil(preproc_image_size / image_size)**2 tiles of it, each
+    # preprocessed and kept in its chunk (mtmd-image.cpp 1076)
+    longest = header.metadata.get("clip.vision.preproc_image_size", 0) if vit.kind == "idefics3" else 0
+    tiles = (-(-longest // vit.image)) ** 2 if longest else 0
     # the image preprocessed (kept in its chunk) and copied plane by plane for the input (clip_encode
     # 4596), the embeddings the encode writes (mtmd.cpp 1791), the graph's metadata, the fixed rest
-    host = 2 * image + info.image_tokens * info.projection_width * 4 + COMPUTE_META + HOST_FIXED
+    host = (2 + tiles) * image + info.image_tokens * info.projection_width * 4 + COMPUTE_META + HOST_FIXED
     return ProjectorMemory(
         projector_type=info.projector_type,
         image_tokens=info.image_tokens,
@@ -324,5 +348,5 @@ def estimate_projector(header: Any, info: Any) -> ProjectorMemory:
         compute_gpu=gpu,
         inputs_gpu_host=sum(pad(n, CPU_ALIGNMENT) for n in inputs),
         host_bytes=host,
-        work_cpu=work_bytes(header, n_pos),
+        work_cpu=work_bytes(header, n_pos, vit.merge if vit.kind == "idefics3" else 1),
     )
