@@ -312,7 +312,7 @@ def test_corrupt_gguf_header(tmp_path: Path, smollm2_path: Path) -> None:
 def test_unknown_alias_suggests_the_closest() -> None:
     done = run_cli("run", "smolm2", "Hi")
     assert done.returncode == 2
-    assert "unknown model 'smolm2'; did you mean smollm2 or smollm3?" in done.stderr.decode()
+    assert "unknown model 'smolm2'; did you mean smollm2, smollm3 or smolvlm:256m?" in done.stderr.decode()
 
 
 def test_prompt_longer_than_the_context() -> None:

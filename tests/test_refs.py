@@ -67,7 +67,7 @@ def test_a_local_path_always_wins(catalog, tmp_path: Path, monkeypatch: pytest.M
     [
         ("./missing.gguf", "no such file: ./missing.gguf"),
         ("model.gguf", "no such file: model.gguf"),
-        ("smolm2", "did you mean smollm2 or smollm3?"),
+        ("smolm2", "did you mean smollm2, smollm3 or smolvlm:256m?"),
         ("", "MODEL is empty"),
         ("u/r@a:Q4@b", "give the revision once"),
     ],

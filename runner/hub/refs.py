@@ -99,7 +99,8 @@ def resolve(text: str, catalog: Catalog) -> ModelRef:
 
 def _unknown_alias(text: str, catalog: Catalog) -> str:
     close = difflib.get_close_matches(text.lower(), list(catalog.entries), n=3, cutoff=0.6)
-    hint = f"; did you mean {' or '.join(close)}?" if close else ""
+    named = f"{', '.join(close[:-1])} or {close[-1]}" if len(close) > 1 else "".join(close)
+    hint = f"; did you mean {named}?" if close else ""
     return (
         f"unknown model {text!r}{hint} (MODEL is an alias from models.toml, a .gguf path, "
         "or a Hub repo such as user/repo:Q4_K_M)"
