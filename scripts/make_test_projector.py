@@ -16,12 +16,25 @@ clip.cpp (tools/mtmd/clip.cpp in the pinned llama.cpp) takes for its projector t
   preproc_image_size 64 makes libmtmd cut an image into up to 2 x 2 tiles plus the whole image: a
   64 x 48 image is 5 image chunks, with text between. libmtmd marks them with SmolVLM's own tokens
   (<fake_token_around_image>, <global-img>): --vocab-out writes a copy of the text model that has them.
+- qwen2vl (qwen2vl_merger) and qwen25vl (qwen2.5vl_merger): Qwen2-VL's and Qwen2.5-VL's dynamic-
+  resolution ViT (models/qwen2vl.cpp) of the same width, 2 blocks, in Qwen's patches of 14 px, two
+  patch kernels (the converter's two frames) and no position embeddings (the graph ropes Q and K by
+  each patch's row and column instead), then mm.0 -> GELU -> mm.2 over each 2 x 2 patches merged:
+  one image token per 28 x 28 px. libmtmd sizes each image itself (mtmd-image.cpp 772: rounded to
+  28 px, between 8 and 4096 tokens): 112 x 112 px is 4 x 4 tokens, 112 x 56 is 4 x 2, and the 40 x 30
+  image of tests/test_projector.py 4 x 3 (raised to 8 tokens at least: 112 x 84). qwen2vl has
+  LayerNorms and a GELU FFN; qwen25vl RMS norms, a gated SiLU FFN (ffn_gate) and window attention
+  in every other block (clip.vision.n_wa_pattern 2; windows of 112 px, 4 x 4 tokens). F16 matrices,
+  F32 vectors; about 300 KB for SmolLM2. They are made for a text model with M-RoPE positions: --mrope-out
+  writes a qwen2vl-architecture copy of the text model (as_qwen2vl), with which libmtmd gives an
+  image of nx x ny tokens max(nx, ny) positions (mtmd.cpp 2536).
 
 The projection's output width is the text model's embedding width, read from MODEL.gguf's header
 (runner's own bounded reader). Weights are random but deterministic: the same seed, the same bytes.
 
-    python scripts/make_test_projector.py OUT.gguf --for MODEL.gguf [--type mlp|gemma3|idefics3] [--seed N]
-        [--vocab-out MODEL-idefics3.gguf]
+    python scripts/make_test_projector.py OUT.gguf --for MODEL.gguf [--seed N]
+        [--type mlp|gemma3|idefics3|qwen2vl|qwen25vl] [--vocab-out MODEL-idefics3.gguf]
+        [--mrope-out MODEL-qwen2vl.gguf]
 
 Tests build malformed variants from projector_spec's output (a key's type changed, a tensor
 dropped or transposed) and write them with write_projector.
@@ -41,7 +54,8 @@ from gguf import GGUFValueType, GGUFWriter
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-KINDS = ("mlp", "gemma3", "idefics3")
+KINDS = ("mlp", "gemma3", "idefics3", "qwen2vl", "qwen25vl")
+QWEN = {"qwen2vl": "qwen2vl_merger", "qwen25vl": "qwen2.5vl_merger"}  # --type -> clip.projector_type
 # SmolVLM's tokens that libmtmd looks up for an idefics3 image (mtmd.cpp 750), in place of unused ones
 IDEFICS3_TOKENS = {"<repo_name>": "<fake_token_around_image>", "<reponame>": "<global-img>"}
 VIT_WIDTH = 32
@@ -49,6 +63,11 @@ HEADS = 2
 FFN_WIDTH = 64  # unlike the ViT width: clip.cpp swaps ffn_up and ffn_down when ffn_down's rows are n_embd
 EPS = 1e-6
 MEAN_STD = [0.5, 0.5, 0.5]
+QWEN_PATCH = 14  # Qwen's own: a token is 2 x 2 patches, 28 x 28 px
+QWEN_IMAGE = 112  # image_size: only what check_projector counts an image at (4 x 4 tokens)
+# as_qwen2vl's M-RoPE sections (t, h, w, e) over a head's 32 rotated pairs: Qwen2-VL's 16, 24, 24 of
+# 64, halved; llama.cpp rotates pair i by the section's position that i falls in (ops.cpp 6237)
+MROPE_SECTIONS = [8, 12, 12, 0]
 
 
 @dataclass(frozen=True)
@@ -71,6 +90,8 @@ def projector_spec(kind: str, text_n_embd: int, seed: int = 0) -> tuple[list[KV]
     (n_out, n_in) here."""
     if kind not in KINDS:
         raise ValueError(f"unknown projector type {kind!r}: one of {', '.join(KINDS)}")
+    if kind in QWEN:
+        return _qwen_spec(kind, text_n_embd, seed)
     rng = np.random.default_rng(seed)
     gemma, siglip = kind == "gemma3", kind in ("gemma3", "idefics3")
     image, patch, blocks = (32, 8, 2) if siglip else (28, 14, 2)
@@ -137,6 +158,59 @@ def projector_spec(kind: str, text_n_embd: int, seed: int = 0) -> tuple[list[KV]
     return kvs, tensors
 
 
+def _qwen_spec(kind: str, text_n_embd: int, seed: int) -> tuple[list[KV], dict[str, np.ndarray]]:
+    """projector_spec's qwen2vl and qwen25vl: the tensors clip.cpp loads for them (2262-2320, 2496-
+    2503) as the converter writes them (conversion/qwenvl.py), no patch bias nor class embedding
+    (the graph asserts there are none, qwen2vl.cpp 33)."""
+    rng = np.random.default_rng(seed)
+    rms = kind == "qwen25vl"
+    e, f, p = VIT_WIDTH, FFN_WIDTH, QWEN_PATCH
+
+    def weight(*shape: int, scale: float = 0.05) -> np.ndarray:
+        return (rng.standard_normal(shape) * scale).astype(np.float32)
+
+    kvs = [
+        KV("general.name", f"runner test projector ({kind})", GGUFValueType.STRING),
+        KV("clip.has_vision_encoder", True, GGUFValueType.BOOL),
+        KV("clip.projector_type", QWEN[kind], GGUFValueType.STRING),
+        _u32("clip.vision.image_size", QWEN_IMAGE),
+        _u32("clip.vision.patch_size", p),
+        _u32("clip.vision.embedding_length", e),
+        _u32("clip.vision.feed_forward_length", f),
+        _u32("clip.vision.projection_dim", text_n_embd),
+        _u32("clip.vision.attention.head_count", HEADS),
+        KV("clip.vision.attention.layer_norm_epsilon", EPS, GGUFValueType.FLOAT32),
+        _u32("clip.vision.block_count", 2),
+        KV("clip.vision.image_mean", MEAN_STD, GGUFValueType.ARRAY, GGUFValueType.FLOAT32),
+        KV("clip.vision.image_std", MEAN_STD, GGUFValueType.ARRAY, GGUFValueType.FLOAT32),
+    ]
+    if rms:  # SiLU (Qwen2-VL's QuickGELU is clip.cpp's default); full attention every 2nd block
+        kvs += [KV("clip.use_silu", True, GGUFValueType.BOOL), _u32("clip.vision.n_wa_pattern", 2)]
+    tensors: dict[str, np.ndarray] = {
+        "v.patch_embd.weight": weight(e, 3, p, p),  # ggml [P, P, 3, E], one kernel a frame
+        "v.patch_embd.weight.1": weight(e, 3, p, p),
+    }
+    for i in range(2):
+        blk = f"v.blk.{i}"
+        for part in ("attn_q", "attn_k", "attn_v", "attn_out"):
+            tensors[f"{blk}.{part}.weight"], tensors[f"{blk}.{part}.bias"] = weight(e, e), weight(e)
+        for norm in ("ln1", "ln2"):
+            tensors[f"{blk}.{norm}.weight"] = np.ones(e, dtype=np.float32)
+            if not rms:
+                tensors[f"{blk}.{norm}.bias"] = weight(e)
+        ffn = ("ffn_gate", "ffn_up") if rms else ("ffn_up",)
+        for part in ffn:
+            tensors[f"{blk}.{part}.weight"], tensors[f"{blk}.{part}.bias"] = weight(f, e), weight(f)
+        tensors[f"{blk}.ffn_down.weight"], tensors[f"{blk}.ffn_down.bias"] = weight(e, f), weight(e)
+    tensors["v.post_ln.weight"] = np.ones(e, dtype=np.float32)  # the merger's ln_q
+    if not rms:
+        tensors["v.post_ln.bias"] = weight(e)
+    # the merger: each 2 x 2 patches' embeddings in a row (ggml [4 E, 4 E]), then into the text width
+    tensors["mm.0.weight"], tensors["mm.0.bias"] = weight(4 * e, 4 * e), weight(4 * e)
+    tensors["mm.2.weight"], tensors["mm.2.bias"] = weight(text_n_embd, 4 * e), weight(text_n_embd)
+    return kvs, {k: a.astype(np.float16) if a.ndim > 1 else a for k, a in tensors.items()}
+
+
 def write_projector(path: str | Path, kvs: list[KV], tensors: dict[str, np.ndarray]) -> Path:
     """Write the metadata and tensors as a GGUF file of architecture clip."""
     writer = GGUFWriter(str(path), arch="clip")
@@ -182,6 +256,60 @@ def with_idefics3_tokens(model: str | Path, out: str | Path) -> Path:
     return Path(out)
 
 
+def as_qwen2vl(model: str | Path, out: str | Path) -> Path:
+    """A copy of a llama-architecture text model (SmolLM2) as architecture qwen2vl, whose rope is
+    M-RoPE (llama-model.cpp 3187): libmtmd then gives its images (t, y, x) positions and advances the
+    text max(nx, ny) positions past an image. Keys llama.* become qwen2vl.*, with rope.dimension_
+    sections (MROPE_SECTIONS; src/models/qwen2vl.cpp 4 requires it) and zero Q, K and V biases as
+    Qwen2's (optional there, llama-model.cpp 3428). The converter permuted Q's and K's rows for
+    llama's rope, which rotates adjacent pairs; M-RoPE rotates pairs half a head apart as NeoX does
+    (ggml-cpu ops.cpp 6440), so those rows are put back in Hugging Face's order. For text alone all
+    sections have the same position, so the copy answers nearly as the model does: the pinned
+    llama.cpp reads no RMS epsilon for qwen2vl (src/models/qwen2vl.cpp 3-5; 0 for SmolLM2's 1e-5),
+    which moves the logits a little. Its tokenizer and chat template are the model's."""
+    from gguf import GGUFReader
+
+    reader = GGUFReader(str(model))
+    arch = reader.fields["general.architecture"].contents()
+    if arch != "llama":
+        raise SystemExit(f"{model} is {arch}, not llama: use SmolLM2")
+    n_head = reader.fields["llama.attention.head_count"].contents()
+    n_head_kv = reader.fields["llama.attention.head_count_kv"].contents()  # SmolLM2's is there
+    heads = {"attn_q": n_head, "attn_k": n_head_kv}
+    writer = GGUFWriter(str(out), arch="qwen2vl")
+    for field in reader.fields.values():
+        if field.name == "general.architecture" or field.name.startswith("GGUF."):
+            continue
+        value, vtype = field.contents(), field.types[0]
+        if field.name == "general.name":
+            value = f"{value} (qwen2vl)"
+        sub_type = field.types[-1] if vtype == GGUFValueType.ARRAY else None
+        writer.add_key_value(field.name.replace("llama.", "qwen2vl.", 1), value, vtype, sub_type)
+    writer.add_key_value(
+        "qwen2vl.rope.dimension_sections", MROPE_SECTIONS, GGUFValueType.ARRAY, GGUFValueType.INT32
+    )
+    tensors: list[tuple[str, np.ndarray, Any]] = []
+    for t in reader.tensors:
+        data, kind = t.data, t.name.split(".")[-2] if t.name.startswith("blk.") else ""
+        if kind in heads:  # rows (a quantized row is its blocks' bytes): head, pair, half -> head, half, pair
+            rows = data.shape[0]
+            data = data.reshape(heads[kind], -1, 2, *data.shape[1:]).swapaxes(1, 2).reshape(data.shape)
+            bias = np.zeros(rows, dtype=np.float32)
+            tensors.append((t.name.replace(".weight", ".bias"), bias, None))
+            if kind == "attn_k":  # V's bias, as wide as K
+                tensors.append((t.name.replace("attn_k.weight", "attn_v.bias"), bias, None))
+        tensors.append((t.name, np.ascontiguousarray(data), t.tensor_type))
+    for name, data, raw in tensors:
+        writer.add_tensor_info(name, data.shape, data.dtype, data.nbytes, raw)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+    for _, data, _ in tensors:
+        writer.write_tensor_data(data)
+    writer.close()
+    return Path(out)
+
+
 def text_width(model: str | Path) -> int:
     """The text model's embedding width ({arch}.embedding_length), from its header."""
     from runner.gguf import read_header
@@ -200,6 +328,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--type", dest="kind", choices=KINDS, default="mlp")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--vocab-out", type=Path, help="idefics3: also write the text model with its tokens")
+    parser.add_argument("--mrope-out", type=Path, help="also write the text model as qwen2vl (M-RoPE)")
     args = parser.parse_args(argv)
     kvs, tensors = projector_spec(args.kind, text_width(args.model), args.seed)
     path = write_projector(args.out, kvs, tensors)
@@ -207,6 +336,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.vocab_out is not None:
         vocab = with_idefics3_tokens(args.model, args.vocab_out)
         print(f"{vocab}: {args.model.name} with {', '.join(IDEFICS3_TOKENS.values())}")
+    if args.mrope_out is not None:
+        print(f"{as_qwen2vl(args.model, args.mrope_out)}: {args.model.name} as qwen2vl (M-RoPE)")
     return 0
 
 

@@ -3,18 +3,25 @@
 The pinned libmtmd (tools/mtmd/clip.cpp) trusts the file: a key of another GGUF type than the one it
 reads aborts the process in gguf's getters (an f64 epsilon, an i32 image size), and a tensor its
 graph needs but loads as optional is dereferenced as NULL (a missing mm.2.weight segfaults in
-clip_n_mmproj_embd). So check_projector compares the header with what clip.cpp reads for the three
-projector types runner supports, mlp (LLaVA's), gemma3 and idefics3 (SmolVLM's), refuses everything
-else in one line
+clip_n_mmproj_embd). So check_projector compares the header with what clip.cpp reads for the
+projector types runner supports, mlp (LLaVA's), gemma3, idefics3 (SmolVLM's), qwen2vl_merger
+(Qwen2-VL's) and qwen2.5vl_merger (Qwen2.5-VL's), refuses everything else in one line
 (InvalidModelFile, naming the file and its problem), and says what an image costs (ProjectorInfo).
 
-Line numbers are the pinned clip.cpp's (llama-cpp-python 0.3.36), models/llava.cpp's and
-models/siglip.cpp's. Shapes are in ggml order (ne[0] first), trailing 1s ignored.
+The Qwen ones size each image themselves (mtmd-image.cpp 772: rounded to 2 x 2 patches, between 8
+and 4096 such tokens) and are made for text models with M-RoPE positions (Qwen2-VL's): an image of
+nx x ny tokens takes max(nx, ny) positions there (mtmd.cpp 2536).
+
+Line numbers are the pinned clip.cpp's (llama-cpp-python 0.3.36), models/llava.cpp's,
+models/siglip.cpp's and models/qwen2vl.cpp's. Shapes are in ggml order (ne[0] first), trailing 1s
+ignored.
 """
 
 from __future__ import annotations
 
+import math
 import os
+import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, NoReturn
@@ -24,8 +31,11 @@ from runner.gguf.header import DEFAULT_LIMITS, GGML_TYPES, GGUF_MAGIC, GGUFError
 from runner.gguf.reader import _ARRAY, _I32, _I64, _U32, VALUE_TYPES, _Reader
 from runner.gguf.sources import RangeSource, open_source
 
-SUPPORTED = ("mlp", "gemma3", "idefics3")
-SIGLIP = ("gemma3", "idefics3")  # build_vit then a projection (models/siglip.cpp); the rest: llava.cpp
+SUPPORTED = ("mlp", "gemma3", "idefics3", "qwen2vl_merger", "qwen2.5vl_merger")
+SIGLIP = ("gemma3", "idefics3")  # build_vit then a projection (models/siglip.cpp)
+QWEN = ("qwen2vl_merger", "qwen2.5vl_merger")  # models/qwen2vl.cpp; mlp: models/llava.cpp
+# The Qwen ones' image tokens: between 8 and 4096 (clip.cpp 1678), each 2 x 2 patches (qwen2vl.cpp 181)
+QWEN_MIN_TOKENS, QWEN_MAX_TOKENS, QWEN_WARMUP_SIDE = 8, 4096, 46  # warmup: 46 x 46 tokens (1679)
 
 # Every key clip.cpp reads for a vision projector of these types, with the GGUF type its getter
 # asserts (gguf_get_val_u32 and friends abort on any other) and whether it must be there.
@@ -59,6 +69,8 @@ KEYS: dict[str, tuple[str, bool]] = {
     "clip.vision.feature_layer":                ("arr[i32]", False),  # 1419
     "clip.vision.projector.scale_factor":       ("u32", False),       # 1641 (gemma3), 1511 (idefics3)
     "clip.vision.preproc_image_size":           ("u32", False),       # 1512 (idefics3: the longest edge)
+    "clip.vision.spatial_merge_size":           ("u32", False),       # 1675 (qwen)
+    "clip.vision.n_wa_pattern":                 ("u32", False),       # 1676 (required for qwen2.5vl)
 }
 # fmt: on
 INT32_MAX = (1 << 31) - 1  # get_u32 refuses more (3882)
@@ -83,13 +95,21 @@ SIGLIP_NEVER = ("attn_qkv", "attn_q_norm", "attn_k_norm", "ls1", "ls2", "out_sca
 class ProjectorInfo:
     """What one image costs through this projector."""
 
-    projector_type: str  # "mlp", "gemma3" or "idefics3"
-    image_size: int  # every image (idefics3: every tile of one) is resized to image_size x image_size
+    projector_type: str  # one of SUPPORTED
+    # every image (idefics3: every tile of one) is resized to image_size x image_size; the Qwen ones
+    # size each image themselves, and image_size is only the square image_tokens is counted for (the
+    # file's image_size, or where it is 0, "dynamic", libmtmd's warmup image: 46 x 46 tokens)
+    image_size: int
     patch_size: int
-    image_tokens: int  # embeddings one image (idefics3: one tile) becomes in the text model's context
+    # embeddings one image (idefics3: one tile) becomes in the text model's context; the Qwen ones:
+    # one image of image_size x image_size (others: more or fewer, from 8 up to 4096)
+    image_tokens: int
     projection_width: int  # each embedding's width: the text model's n_embd
     weights_bytes: int  # the tensors' bytes, as clip.cpp counts its model size (1244)
     non_causal: bool  # the text model attends to image tokens non-causally (mtmd_decode_use_non_causal)
+    # made for a text model with M-RoPE positions (qwen2vl): its images then take max(nx, ny) positions
+    # for nx x ny tokens. libmtmd decides by the text model's rope (mtmd.cpp 549), not by this
+    mrope: bool = False
 
 
 def read_key_types(source: str | os.PathLike[str] | RangeSource) -> dict[str, str]:
@@ -174,6 +194,29 @@ def _squeeze(shape: tuple[int, ...]) -> tuple[int, ...]:
     return shape
 
 
+def qwen_image_tokens(side: int, patch: int) -> tuple[int, int]:
+    """The tokens a square picture of `side` px becomes through a Qwen projector, and its side as
+    resized: calc_size_preserved_ratio (mtmd-image.cpp 122) in its float arithmetic, rounded to whole
+    tokens of 2 x 2 patches and kept between QWEN_MIN_TOKENS and QWEN_MAX_TOKENS of them (clip.cpp
+    1678, clip-model.h 192)."""
+    align = 2 * patch
+    min_pixels, max_pixels = QWEN_MIN_TOKENS * align * align, QWEN_MAX_TOKENS * align * align
+    bar = max(align, math.floor(_f32(side / align) + 0.5) * align)  # std::round: half away from zero
+    if bar * bar > max_pixels:
+        beta = _f32(math.sqrt(_f32(_f32(side * side) / max_pixels)))
+        bar = max(align, math.floor(_f32(_f32(side / beta) / align)) * align)
+    elif bar * bar < min_pixels:
+        beta = _f32(math.sqrt(_f32(min_pixels / _f32(side * side))))
+        bar = math.ceil(_f32(_f32(side * beta) / align)) * align
+    return (bar // align) ** 2, bar
+
+
+def _f32(x: float) -> float:
+    """x rounded to a C float, as each float operation of clip.cpp's rounds it (a double's exact
+    result rounded once more is the float's for + - * / and sqrt)."""
+    return float(struct.unpack("f", struct.pack("f", x))[0])
+
+
 def check_projector(
     header: GGUFHeader, text_n_embd: int | None = None, *, key_types: Mapping[str, str] | None = None
 ) -> ProjectorInfo:
@@ -211,10 +254,12 @@ def check_projector(
         c.fail(f"embedding_length {e} is not a multiple of head_count {n_head}")
     if not (n_head_kv > 0 and n_head % n_head_kv == 0):
         c.fail(f"head_count {n_head} is not a multiple of head_count_kv {n_head_kv}")
-    if not 0 < image <= 8192:  # 2043-2049; 0 is a dynamic size, which these fixed-size types lack
-        c.fail(f"image_size {image} is not in 1..8192")
-    if not 0 < patch <= min(image, 65535):  # 2051
-        c.fail(f"patch_size {patch} is not in 1..image_size ({image})")
+    qwen = kind in QWEN
+    lowest = 0 if qwen else 1  # 2043-2049; 0: a dynamic size, which only qwen's have
+    if not lowest <= image <= 8192:
+        c.fail(f"image_size {image} is not in {lowest}..8192")
+    if not 0 < patch <= (65535 if qwen else min(image, 65535)):  # 2051
+        c.fail(f"patch_size {patch} is not in 1..{65535 if qwen else f'image_size ({image})'}")
     if len(meta["clip.vision.image_mean"]) < 3 or len(meta["clip.vision.image_std"]) < 3:  # 1408
         c.fail("image_mean and image_std need 3 values each")
     if meta.get("clip.use_gelu") and meta.get("clip.use_silu"):  # 1380
@@ -224,17 +269,25 @@ def check_projector(
     layers = meta.get("clip.vision.feature_layer") or []
     if any(v > n_layer for v in layers):  # 1421
         c.fail(f"clip.vision.feature_layer {list(layers)} goes past block_count {n_layer}")
+    if qwen:
+        _check_qwen_keys(c, kind, d_head)
 
     # The vision transformer (load_tensors 2253-2330; build_inp 572; llava.cpp and build_vit use them)
     n_side = image // patch
     n_patches = n_side * n_side
     gemma, siglip = kind == "gemma3", kind in SIGLIP
     c.tensor("v.patch_embd.weight", (patch, patch, 3, e), CONV)  # optional at 2262, used at 574
-    c.tensor("v.patch_embd.bias", (e,), VECTOR, required=False)
-    class_embd = not siglip and c.tensor("v.class_embd", (e,), VECTOR, required=False) is not None
+    if qwen:  # the second frame's kernel, optional at 2263, used for a still image too (qwen2vl.cpp 16)
+        c.tensor("v.patch_embd.weight.1", (patch, patch, 3, e), CONV)
+        for name in ("v.patch_embd.bias", "v.class_embd"):  # no position embeddings: M-RoPE (qwen2vl.cpp 130)
+            if name in c.by_name:
+                c.fail(f"it has {name}, which {kind}'s graph asserts it has not (qwen2vl.cpp 33-34)")
+    else:
+        c.tensor("v.patch_embd.bias", (e,), VECTOR, required=False)
+    class_embd = kind == "mlp" and c.tensor("v.class_embd", (e,), VECTOR, required=False) is not None
     if siglip:  # added to the patches as they are (build_vit 349)
         c.tensor("v.position_embd.weight", (e, n_patches), VECTOR)
-    else:  # rows 0..n_pos-1 taken (llava.cpp 39-43): at least n_pos rows
+    elif not qwen:  # rows 0..n_pos-1 taken (llava.cpp 39-43): at least n_pos rows
         n_pos = n_patches + class_embd
         pos = c.by_name.get("v.position_embd.weight")
         rows = pos.shape[1] if pos is not None and len(pos.shape) == 2 and pos.shape[1] >= n_pos else n_pos
@@ -251,10 +304,11 @@ def check_projector(
                 c.fail(f"it has {name}, which a {kind} projector does not have")
     for i in range(n_layer):
         blk = f"v.blk.{i}"
-        # llava.cpp 72-89 takes separate q, k and v; so does build_vit (424-447) without attn_qkv
+        # llava.cpp 72-89 takes separate q, k and v; so does build_vit (424-447) without attn_qkv, and
+        # qwen2vl.cpp 114-119, which adds their biases whether there are any (a missing one segfaults)
         for part, width_in, width_out in (("attn_q", e, qkv), ("attn_k", e, kv), ("attn_v", e, kv)):
             c.tensor(f"{blk}.{part}.weight", (width_in, width_out), MATRIX)
-            c.tensor(f"{blk}.{part}.bias", (width_out,), VECTOR, required=False)
+            c.tensor(f"{blk}.{part}.bias", (width_out,), VECTOR, required=qwen)
         c.tensor(f"{blk}.attn_out.weight", (qkv, e), MATRIX)  # required at 2283
         c.tensor(f"{blk}.attn_out.bias", (e,), VECTOR, required=False)
         for norm in ("ln1", "ln2"):
@@ -295,11 +349,12 @@ def check_projector(
         width = _out_width(fc, 0, e * merge * merge, text_n_embd)  # rows times it; its ne[1] (6016)
         c.tensor("mm.model.fc.weight", (e * merge * merge, width), MATRIX)
         tokens = n_patches // (merge * merge)  # per tile (clip_n_output_tokens 4216)
-    else:
-        if "mm.3.weight" in c.by_name:  # 2384: then it is MLP_NORM
+    else:  # mm.0 -> GELU -> mm.2: LLaVA's projection, or Qwen's merger (required at 2499-2502)
+        if kind == "mlp" and "mm.3.weight" in c.by_name:  # 2384: then it is MLP_NORM
             c.fail("it has mm.3.weight, which makes it an mlp_norm projector (not supported)")
         stacked = len({v for v in layers if v >= 0})  # llava.cpp 29, 133-146: feature layers concatenated
-        width_in = e * max(stacked, 1)
+        # qwen: each 2 x 2 patches' embeddings in a row (qwen2vl.cpp 181), whatever feature_layer says
+        width_in = 4 * e if qwen else e * max(stacked, 1)
         mm0 = c.by_name.get("mm.0.weight")  # optional at 2371, used at llava.cpp 166
         hidden = mm0.shape[1] if mm0 is not None and len(mm0.shape) > 1 else 0
         c.tensor("mm.0.weight", (width_in, hidden), MATRIX)
@@ -307,9 +362,34 @@ def check_projector(
         mm2 = c.by_name.get("mm.2.weight")  # optional at 2377, dereferenced by clip_n_mmproj_embd 5979
         width = _out_width(mm2, 0, hidden, text_n_embd)  # its ne[1]
         c.tensor("mm.2.weight", (hidden, width), MATRIX)
-        c.tensor("mm.2.bias", (width,), VECTOR)  # llava.cpp 172
+        c.tensor("mm.2.bias", (width,), VECTOR)  # llava.cpp 172; qwen's width: its ne[0] (5997)
         tokens = n_patches  # clip_n_output_tokens 4139: one per patch
+        if qwen:  # one per 2 x 2 patches of the image as resized (4199); image_size 0: the warmup's
+            image = image or QWEN_WARMUP_SIDE * 2 * patch
+            tokens = qwen_image_tokens(image, patch)[0]
     if text_n_embd is not None and width != text_n_embd:  # mtmd.cpp 604 refuses it
         c.fail(f"it projects into width {width}, the text model's is {text_n_embd}")
     weights = sum(t.nbytes for t in header.tensors)
-    return ProjectorInfo(kind, image, patch, tokens, width, weights, non_causal=gemma)  # mtmd.cpp 2188
+    # mtmd.cpp 2188: gemma3's image tokens are decoded non-causally
+    return ProjectorInfo(kind, image, patch, tokens, width, weights, non_causal=gemma, mrope=qwen)
+
+
+def _check_qwen_keys(c: _Check, kind: str, d_head: int) -> None:
+    """What qwen2vl_merger and qwen2.5vl_merger files must have beyond the common keys: what their
+    graph (models/qwen2vl.cpp) and its inputs (clip.cpp 4833-5022) take for granted."""
+    patch = c.header.metadata["clip.vision.patch_size"]
+    if QWEN_MAX_TOKENS * (2 * patch) ** 2 > INT32_MAX:  # clip-model.h 193-195 count pixels in an int
+        c.fail(f"patch_size {patch} is too large: clip.cpp's image limits (in pixels) would overflow")
+    merge = c.header.metadata.get("clip.vision.spatial_merge_size", 2)  # 1673-1675
+    if merge != 2:  # qwen2vl.cpp 6-7 asserts sides of 2 patches (aligned to `merge` ones, mtmd-image.cpp
+        # 779), 181 and clip.cpp 4846 merge 2 x 2 whatever it says: 1 or 3 abort, 4 misplaces them
+        c.fail(f"clip.vision.spatial_merge_size is {merge}; clip.cpp's {kind} graph merges 2 x 2 patches")
+    windows = c.key("clip.vision.n_wa_pattern")
+    if kind == "qwen2.5vl_merger" and windows is None:  # 1676: libmtmd refuses it
+        c.fail("it has no clip.vision.n_wa_pattern (u32), which clip.cpp requires of qwen2.5vl_merger")
+    if kind == "qwen2vl_merger" and windows:  # qwen2vl.cpp 81-97, whose indices clip.cpp 4833 never sets
+        c.fail(f"clip.vision.n_wa_pattern is {windows}: qwen2vl_merger's window attention would abort")
+    if windows == 1:  # every block attends fully (qwen2vl.cpp 104): no window_mask for 4994 to set (4509)
+        c.fail("clip.vision.n_wa_pattern is 1: clip.cpp would abort setting a window mask no block uses")
+    if d_head % 4:  # qwen2vl.cpp 46, 132: ropes d_head / 2 dims in 4 sections; ops.cpp 6356 asserts even
+        c.fail(f"its head dimension {d_head} is not a multiple of 4, as its ViT's M-RoPE needs")
