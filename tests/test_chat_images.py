@@ -273,7 +273,7 @@ def test_a_conversation_file_with_a_malformed_image_is_refused() -> None:
 def test_the_disk_cache_passes_over_a_prompt_with_an_image(engine, tmp_path: Path) -> None:
     """A head stored on disk is found for a prompt only before its first image (an image's state
     depends on the projector, which the cache's identity does not name), and never crashes on one."""
-    from runner.engine.context import image_tokens
+    from runner.engine.positions import image_tokens
     from runner.engine.promptcache import MIN_HEAD, PromptCache
 
     cache = PromptCache(tmp_path, 1 << 30, lambda _warning: None)

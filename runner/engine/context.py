@@ -18,6 +18,7 @@ from typing import Any
 
 from runner import interrupt
 from runner.engine.llamacpp import LLAMA_LOG, context_params, interrupt_callbacks, llama
+from runner.engine.positions import Positions, outside_image
 from runner.engine.threads import Threads, set_threads
 from runner.errors import EngineError, PromptTooLong
 
@@ -64,6 +65,7 @@ class KVContext:
     _settings: tuple[str | None, bool | None]  # KV type, flash attention
     _allocated: int  # cells the context has now; it may grow to n_ctx (one sequence)
     cells: list[list[int]]  # per sequence: the tokens whose keys and values its cells hold
+    positions: Positions  # where those cells sit (an M-RoPE image takes fewer positions than cells)
     _batch: Any  # the llama_batch every evaluation fills (batch_for)
     _batch_size: int
     threads: Threads  # the decode thread count, chosen again between steps (runner.engine.threads)
@@ -224,14 +226,15 @@ class KVContext:
         held = self.cells[seq]
         self.reserve(len(held) + len(tokens))
         batch = self.batch_for(len(tokens))
-        add_tokens(batch, seq, tokens, len(held), logits=logits)
+        n, pos = len(held), self.position(seq)
+        add_tokens(batch, seq, tokens, pos, logits=logits)
         if rows_from is not None:
             for row in range(rows_from, len(tokens)):
                 batch.logits[row] = 1
         rc = self.decode(batch, len(tokens))
         if rc == DECODE_ABORTED:  # Ctrl-C: llama.cpp kept the ubatches it finished, dropped the rest
             held.extend(tokens)
-            del held[max(0, llama().llama_memory_seq_pos_max(self._memory, seq) + 1) :]
+            del held[n + max(0, llama().llama_memory_seq_pos_max(self._memory, seq) + 1 - pos) :]
             raise Interrupted
         if rc != 0:
             self._failed(rc)
@@ -277,13 +280,24 @@ class KVContext:
         """One image of a prompt into sequence `seq` (encoded, its embeddings decoded alone)."""
         if interrupt.requested():
             raise Interrupted
-        held = self.cells[seq]
-        if not media.evaluate(self._ctx, span, len(held), seq, self.n_batch):
-            llama().llama_memory_seq_rm(self._memory, seq, len(held), -1)  # what it decoded of the image
+        pos = self.position(seq)
+        if not media.evaluate(self._ctx, span, pos, seq, self.n_batch):
+            llama().llama_memory_seq_rm(self._memory, seq, pos, -1)  # what it decoded of the image
             if interrupt.requested():
                 raise Interrupted  # Ctrl-C waited for the encode, then stopped the decode
             self._failed(-1, f"llama.cpp could not decode an image: {LLAMA_LOG.last_error() or 'no log'}")
-        held.extend(tokens[span.start : span.start + span.n_tokens])
+        cells = tokens[span.start : span.start + span.n_tokens]
+        self.positions.learn(cells[0], span.n_tokens, span.n_pos)
+        self.cells[seq].extend(cells)
+
+    def position(self, seq: int = 0, n: int | None = None) -> int:
+        """The position of cell n of sequence `seq` (by default the next one's)."""
+        held = self.cells[seq]
+        return self.positions.at(held, len(held) if n is None else n)
+
+    def last_position(self, tokens: Sequence[int]) -> int:
+        """What llama_memory_seq_pos_max says of a sequence whose cells hold `tokens`."""
+        return self.positions.last(tokens)
 
     def keep_head(self, tokens: Sequence[int], seq: int = 0) -> int:
         """Drop what sequence `seq` holds past its common head with `tokens` (leaving at least the last
@@ -291,7 +305,8 @@ class KVContext:
         cleared: 0."""
         held = self.cells[seq]
         keep = outside_image(tokens, min(common_prefix(held, tokens), len(tokens) - 1))
-        if keep < len(held) and not llama().llama_memory_seq_rm(self._memory, seq, keep, -1):
+        cut = self.position(seq, keep)
+        if keep < len(held) and not llama().llama_memory_seq_rm(self._memory, seq, cut, -1):
             llama().llama_memory_seq_rm(self._memory, seq, -1, -1)
             keep = 0
         del held[keep:]
@@ -305,7 +320,7 @@ class KVContext:
         """Keep the first n tokens of sequence `seq` only; False where the memory cannot drop a suffix."""
         held = self.cells[seq]
         if n < len(held):
-            if not llama().llama_memory_seq_rm(self._memory, seq, n, -1):
+            if not llama().llama_memory_seq_rm(self._memory, seq, self.position(seq, n), -1):
                 return False
             del held[n:]
         return True
@@ -347,7 +362,7 @@ class KVContext:
         if (
             not data
             or not self._set_state(data, seq)
-            or llama().llama_memory_seq_pos_max(self._memory, seq) != len(tokens) - 1
+            or llama().llama_memory_seq_pos_max(self._memory, seq) != self.last_position(tokens)
         ):
             self.forget(seq)  # refused, or not the tokens it claims: never trusted
             return False
@@ -445,23 +460,6 @@ def add_tokens(batch: Any, seq: int, tokens: Sequence[int], pos: int, *, logits:
     if logits is True and tokens:
         batch.logits[n + len(tokens) - 1] = 1
     batch.n_tokens = n + len(tokens)
-    return n
-
-
-IMAGE_SLOT = 1 << 16  # the most positions one image may take: its pseudo-tokens' index part
-
-
-def image_tokens(sha256: str, n: int) -> list[int]:
-    """An image's positions in a prompt's tokens (runner.engine.vision): negative, never a vocabulary
-    id, the same for the same image (its sha256), so a prefix compares images as it compares tokens."""
-    key = int(sha256[:10] or "0", 16) if all(c in "0123456789abcdef" for c in sha256[:10]) else 0
-    return [-(1 + key * IMAGE_SLOT + i) for i in range(n)]
-
-
-def outside_image(tokens: Sequence[int], n: int) -> int:
-    """n, or the start of the image whose positions it falls inside: a kept head never splits one."""
-    if 0 < n < len(tokens) and tokens[n] < 0:
-        n -= (-tokens[n] - 1) % IMAGE_SLOT
     return n
 
 

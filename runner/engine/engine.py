@@ -35,6 +35,7 @@ from runner.engine.llamacpp import (
     workers_in_use,
 )
 from runner.engine.loop import Loop
+from runner.engine.positions import Positions
 from runner.engine.prefix import PrefixStore
 from runner.engine.promptcache import PromptCache
 from runner.engine.sampling import SamplingConfig
@@ -74,6 +75,7 @@ class Engine(KVContext):
         LLAMA_LOG.echo = debug
         self.flash_attn = flash_attn  # None: llama.cpp's "auto"
         self.cells = [[] for _ in range(n_seq)]  # per sequence: the tokens its KV cells hold
+        self.positions = Positions()
         self._batch: Any = None  # the llama_batch every evaluation fills (KVContext.batch_for)
         self._batch_size = 0
         self.speculation: Speculation | None = None  # runner.engine.speculate; None: one token a step

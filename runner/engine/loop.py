@@ -168,7 +168,7 @@ class Loop:
             slot = self._start(seq, job, keep, found)
             if slot is None:
                 continue
-            slot.pending = job.tokens[slot.pos :]
+            slot.pending = job.tokens[len(self.cells[seq]) :]
             room -= len(slot.pending)
             started.append(slot)
         for slot in self.active:
@@ -182,7 +182,7 @@ class Loop:
         # sequences ran at 0.68x llama-server's aggregate, measured
         slots = sorted([*self.active, *started], key=lambda s: s.seq)
         total = sum(len(s.pending) + len(s.drafts) for s in slots)
-        engine.reserve(max(s.pos + len(s.pending) + len(s.drafts) for s in slots))
+        engine.reserve(max(len(self.cells[s.seq]) + len(s.pending) + len(s.drafts) for s in slots))
         batch = engine.batch_for(total)
         for slot in slots:
             tokens = slot.pending + slot.drafts
@@ -213,7 +213,7 @@ class Loop:
             kept = i < len(drafts) and token == drafts[i] and not self.engine.is_end(token)
             if token < 0 or not self._take(slot, token):
                 if drafts:
-                    self._drop_tail(slot, held)
+                    self._drop_tail(slot)
                 return False
             if not kept:
                 break
@@ -222,7 +222,7 @@ class Loop:
         if drafts:
             if slot.speculator is not None:
                 slot.speculator.verified(len(drafts), i, *slot.verify_s, measured=self.parallel == 1)
-            self._drop_tail(slot, held)
+            self._drop_tail(slot)
         return True
 
     def _sample(self, slot: Slot, row: int) -> int:
@@ -245,9 +245,9 @@ class Loop:
         n_top = slot.job.logprobs or 0
         return logprobs.read(logprobs.row(self.engine.ctx, row, self.engine.n_vocab), token, n_top)
 
-    def _drop_tail(self, slot: Slot, held: list[int]) -> None:
-        """The rejected drafts out of the sequence's cells."""
-        if not self.lib.llama_memory_seq_rm(self.engine.memory, slot.seq, len(held), -1):
+    def _drop_tail(self, slot: Slot) -> None:
+        """The rejected drafts out of the sequence's cells (those at its next position and after)."""
+        if not self.lib.llama_memory_seq_rm(self.engine.memory, slot.seq, slot.pos, -1):
             self.engine.reset()
             raise EngineError("llama.cpp could not drop the rejected draft tokens")
 
@@ -276,7 +276,7 @@ class Loop:
                 continue
             job = slot.job
             left = job.max_tokens - slot.n_out if job.max_tokens else self.n_ctx_seq
-            most = min(left - 1, self.n_ctx_seq - slot.pos - 2, room - total)
+            most = min(left - 1, self.n_ctx_seq - slot.pos - slot.fewer - 2, room - total)
             started = time.perf_counter()
             slot.drafts = spec.draft(slot.history, most, n)
             slot.verify_s = (0.0, time.perf_counter() - started)  # (step share, drafting) set in _measure
@@ -380,7 +380,8 @@ class Loop:
             keep = 0
         self.used[seq] = time.perf_counter()
         speculator = self._speculator(seq) if job.media is None else None  # no drafts after images
-        slot = Slot(seq, job, sampler, speculator, time.perf_counter(), guide, pos=keep, cache_use=use)
+        slot = Slot(seq, job, sampler, speculator, time.perf_counter(), guide, cache_use=use)
+        self._placed(slot)
         slot.threads_mark = engine.threads.mark()
         if slot.speculator is not None:
             slot.history = list(job.tokens)
@@ -403,7 +404,8 @@ class Loop:
             stored = self.store.store(engine, head, seq)
             slot.cache_use = CacheUse(use.loaded_tokens, stored.stored_tokens, stored.write_s, use.read_s)
             slot.prefill += len(head) - keep
-            slot.pos = keep = len(head)
+            keep = len(head)
+            self._placed(slot)
         slot.prefill += len(job.tokens) - keep
         self.stats.prefill_tokens += len(job.tokens) - keep
         self.stats.cached_tokens += keep
@@ -430,7 +432,7 @@ class Loop:
         finally:
             if job.media is not None:
                 job.media.close()  # its images are in the cells now (or never will be)
-        slot.pos = len(self.cells[seq])
+        self._placed(slot)
         self.stats.steps += 1
         if job.max_tokens == 0:  # echo's prompt scores alone (an evaluation harness's log-likelihood)
             self._finish(slot, FINISH_LENGTH)
@@ -441,6 +443,11 @@ class Loop:
             self.active.append(slot)
         else:
             self.free.append(seq)
+
+    def _placed(self, slot: Slot) -> None:
+        """The slot's next position from what its sequence holds now (cells, less what images saved)."""
+        slot.pos = self.engine.position(slot.seq)
+        slot.fewer = len(self.cells[slot.seq]) - slot.pos
 
     def _interrupted(self, slot: Slot) -> None:
         """Ctrl-C stopped its prefill: the answer ends before its first token."""

@@ -43,6 +43,8 @@ class Sequences(Cacheable, Protocol):
 
     def forget(self, seq: int) -> None: ...
 
+    def last_position(self, tokens: Sequence[int]) -> int: ...
+
 
 class StateCache:
     """The RAM tier: each entry is llama_state_seq_get_data's bytes (the sequence's own cells only)
@@ -88,14 +90,15 @@ class StateCache:
         self.held += size
         self.saved += 1
 
-    def load(self, ctx: Any, memory: Any, key: int, seq: int) -> list[int]:
+    def load(self, engine: Sequences, key: int, seq: int) -> list[int]:
         """Entry `key` into sequence `seq` (whatever it held is gone); the tokens it now holds
-        (none where llama.cpp refused the state, or it did not hold what the entry says)."""
+        (none where llama.cpp refused the state, or it did not end where the entry's tokens do)."""
         tokens, buffer = self._entries[key]
         self._entries.move_to_end(key)
         lib = llama()
-        ok = lib.llama_state_seq_set_data(ctx, buffer, len(buffer), seq)
-        if not ok or int(lib.llama_memory_seq_pos_max(memory, seq)) != len(tokens) - 1:
+        memory = engine.memory
+        ok = lib.llama_state_seq_set_data(engine.ctx, buffer, len(buffer), seq)
+        if not ok or int(lib.llama_memory_seq_pos_max(memory, seq)) != engine.last_position(tokens):
             lib.llama_memory_seq_rm(memory, seq, -1, -1)
             self._drop(key)  # never trusted again
             return []
@@ -166,7 +169,7 @@ class PrefixStore:
     def load(self, engine: Sequences, tokens: Sequence[int], found: Found, seq: int) -> CacheUse:
         """What `found` holds into sequence `seq` (engine.cells[seq] says what it then holds)."""
         if found.entry is not None and self.ram is not None:
-            engine.cells[seq][:] = self.ram.load(engine.ctx, engine.memory, found.entry, seq)
+            engine.cells[seq][:] = self.ram.load(engine, found.entry, seq)
             return CacheUse()
         if found.disk and self.disk is not None:
             start = time.perf_counter()

@@ -86,7 +86,8 @@ class Slot:
     speculator: Speculator | None
     start: float  # when its sequence took it
     guide: Any = None  # runner.engine.guide.Guide: the job's schema, as a mask before each sample
-    pos: int = 0  # the next token's position (the tokens its cells hold)
+    pos: int = 0  # the next token's position (the tokens its cells hold, less what images saved)
+    fewer: int = 0  # positions fewer than cells: an M-RoPE model's images (runner.engine.positions)
     last: int = 0  # the token sampled last, not yet in the cells
     n_out: int = 0
     prefill: int = 0  # prompt tokens evaluated for it (the rest were held, copied or restored)
@@ -138,7 +139,7 @@ class Slot:
             return FINISH_LENGTH
         if job.stop_loops and self._looping():
             return FINISH_REPEAT
-        if self.pos + 1 >= room:
+        if self.pos + self.fewer + 1 >= room:  # the context is counted in cells
             self.context_full = True
             return FINISH_LENGTH
         self.last = token

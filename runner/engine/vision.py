@@ -15,9 +15,9 @@ model's attention for the image); the answer's tokens then join the shared batch
 The pixels come decoded and bounded (runner.images: Pillow, never libmtmd's own loader, which tries
 audio, stb_image, then ffmpeg on whatever bytes it gets); the projector file is checked before libmtmd
 opens it (runner.gguf.projector: libmtmd aborts the process on a malformed one). The marker is random
-per process, so no text a user sends can move an image. M-RoPE models (Qwen2-VL's positions advance
-by an image's size, not its token count) are refused for now. Importing llama_cpp.mtmd_cpp loads
-libmtmd: it happens only when a projector is attached.
+per process, so no text a user sends can move an image. On M-RoPE models (Qwen2-VL, Qwen2.5-VL) an
+image takes fewer positions than cells: runner.engine.positions keeps the two apart. Importing
+llama_cpp.mtmd_cpp loads libmtmd: it happens only when a projector is attached.
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ from pathlib import Path
 from typing import Any
 
 from runner import interrupt, ui
-from runner.engine.context import IMAGE_SLOT, image_tokens
 from runner.engine.llamacpp import LLAMA_LOG, default_threads
+from runner.engine.positions import IMAGE_SLOT, image_tokens
 from runner.errors import EngineError, UsageError
 from runner.images import Image
 
@@ -57,7 +57,8 @@ class ImageSpan:
     """One image in a prompt: where its positions start, how many, and libmtmd's chunk to evaluate."""
 
     start: int
-    n_tokens: int
+    n_tokens: int  # its cells
+    n_pos: int  # its positions: as many, but for an M-RoPE model's (max(nx, ny), runner.engine.positions)
     chunk: Any  # an mtmd_input_chunk* copy this prompt owns until it is evaluated
     sha256: str
 
@@ -119,11 +120,7 @@ class Vision:
         if not lib.mtmd_support_vision(self._ctx):
             self.close()
             raise UsageError(f"{projector} is not a vision projector (it takes no images)")
-        if lib.mtmd_decode_use_mrope(self._ctx):
-            self.close()
-            raise UsageError(
-                f"{projector}: models with M-RoPE positions (Qwen2-VL and later) are not supported yet"
-            )
+        self.mrope = bool(lib.mtmd_decode_use_mrope(self._ctx))  # Qwen2-VL's: positions apart from cells
 
     def close(self) -> None:
         if getattr(self, "_ctx", None):
@@ -183,11 +180,12 @@ class Vision:
                 prompt.close()
                 raise EngineError("libmtmd gave a chunk that is neither text nor an image")
             n_tokens = int(lib.mtmd_input_chunk_get_n_tokens(chunk))
+            n_pos = int(lib.mtmd_input_chunk_get_n_pos(chunk))
             sha = (lib.mtmd_input_chunk_get_id(chunk) or b"").decode()
-            if not 0 < n_tokens < IMAGE_SLOT:
+            if not 0 < n_tokens < IMAGE_SLOT or not 0 < n_pos <= n_tokens:
                 prompt.close()
-                raise EngineError(f"an image of {n_tokens} tokens")
-            span = ImageSpan(len(prompt.tokens), n_tokens, lib.mtmd_input_chunk_copy(chunk), sha)
+                raise EngineError(f"an image of {n_tokens} tokens over {n_pos} positions")
+            span = ImageSpan(len(prompt.tokens), n_tokens, n_pos, lib.mtmd_input_chunk_copy(chunk), sha)
             prompt.spans.append(span)
             prompt.tokens.extend(image_tokens(sha, n_tokens))
             prompt.images += 1
@@ -206,6 +204,6 @@ class Vision:
             ),
             lambda: ui.info(ENCODE_WAIT),
         )
-        if rc == 0 and new_past.value != n_past + span.n_tokens:
-            raise EngineError(f"an image took {new_past.value - n_past} positions for {span.n_tokens} tokens")
+        if rc == 0 and new_past.value != n_past + span.n_pos:
+            raise EngineError(f"an image took {new_past.value - n_past} positions, not {span.n_pos}")
         return rc == 0
