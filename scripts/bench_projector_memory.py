@@ -6,7 +6,12 @@ at the first encode, clip.cpp clip_encode -> warmup), encodes one image, and pri
 logged: `clip_model_loader: model size: N MiB` (every tensor's bytes) and `reserve_compute_meta: CPU
 compute buffer size = N MiB`. The parent prints a markdown table of estimate against log, MiB.
 
-Projectors: the two test projectors of scripts/make_test_projector.py, and larger synthetic ones
+The image: a fixed-size projector resizes any image to its own size (a 64 px square is sent). A Qwen
+projector takes each at its own size, so it is measured with the image the plan counts, its largest
+(64 x 64 tokens: 1792 px for patches of 14), and with a 1024 x 768 photo (PHOTO), which the replay
+(runner.memory.projector.vit_graph) sizes as libmtmd resizes it (qwen_size).
+
+Projectors: the test projectors of scripts/make_test_projector.py, and larger synthetic ones
 written from its projector_spec with other sizes (scaled_spec: the same keys and tensors, another
 image size, patch size, width, depth, weight type).
 
@@ -55,7 +60,7 @@ mtp = _make_test_projector()
 class Sizes:
     """A projector's shape: what scaled_spec changes in make_test_projector's spec."""
 
-    kind: str  # mlp, gemma3 or idefics3
+    kind: str  # mlp, gemma3, idefics3, qwen2vl or qwen25vl
     image: int
     patch: int
     width: int
@@ -75,7 +80,12 @@ SYNTHETIC: dict[str, Sizes] = {
     "gemma3-896": Sizes("gemma3", 896, 14, 1152, 16, 4304, 2, dtype="f16", merge=4),
     # SmolVLM 256M's and 500M's SigLIP: 512 px tiles in patches of 16, width 768, shuffled by 4 (64 tokens)
     "idefics3-512": Sizes("idefics3", 512, 16, 768, 12, 3072, 2, dtype="f16", merge=4),
+    # Qwen2-VL's and Qwen2.5-VL's ViT width and heads (d_head 80: CUDA's flash attention takes it), 2 blocks
+    "qwen2vl-1280": Sizes("qwen2vl", 112, 14, 1280, 16, 5120, 2, dtype="f16"),
+    "qwen25vl-1280": Sizes("qwen25vl", 112, 14, 1280, 16, 3420, 2, dtype="f16"),
 }
+QWEN = ("qwen2vl", "qwen25vl")
+PHOTO = (1024, 768)  # a typical image: for a Qwen projector, 37 x 27 tokens (1036 x 756 px)
 
 
 def scaled_spec(sizes: Sizes, text_n_embd: int, seed: int = 0) -> tuple[list, dict[str, np.ndarray]]:
@@ -108,6 +118,10 @@ def scaled_spec(sizes: Sizes, text_n_embd: int, seed: int = 0) -> tuple[list, di
         "mm.2.weight": (text_n_embd, e),
         "mm.2.bias": (text_n_embd,),
     }
+    if sizes.kind in QWEN:  # the second frame's kernel, the gate, the merger over 2 x 2 patches
+        four = 4 * e
+        shapes |= {"v.patch_embd.weight.1": (e, 3, p, p), "ffn_gate.weight": (f, e), "ffn_gate.bias": (f,)}
+        shapes |= {"mm.0.weight": (four, four), "mm.0.bias": (four,), "mm.2.weight": (text_n_embd, four)}
     names = [n for n in small if not n.startswith("v.blk.")]
     names += [
         n.replace("v.blk.0.", f"v.blk.{i}.")
@@ -130,8 +144,36 @@ def scaled_spec(sizes: Sizes, text_n_embd: int, seed: int = 0) -> tuple[list, di
     return kvs, tensors
 
 
+def qwen_size(width: int, height: int, patch: int = 14, merge: int = 2) -> tuple[int, int]:
+    """The size libmtmd resizes a width x height image to for a Qwen projector (clip.cpp 1678:
+    between 8 and 4,096 tokens of (patch x merge)**2 px; mtmd-image.cpp 122: calc_size_preserved_
+    ratio, float32 as there): each side rounded to a token, scaled down if the image is over the
+    tokens (each side rounded down) or up if under (rounded up)."""
+    f32, align = np.float32, patch * merge
+    max_pixels, min_pixels = 4096 * align * align, 8 * align * align
+    w = max(align, int(np.floor(f32(width) / f32(align) + f32(0.5))) * align)  # std::round: half away
+    h = max(align, int(np.floor(f32(height) / f32(align) + f32(0.5))) * align)
+    if w * h > max_pixels:
+        beta = np.sqrt(f32(height) * f32(width) / f32(max_pixels), dtype=f32)
+        h = max(align, int(np.floor(f32(height) / beta / f32(align))) * align)
+        w = max(align, int(np.floor(f32(width) / beta / f32(align))) * align)
+    elif w * h < min_pixels:
+        beta = np.sqrt(f32(min_pixels) / (f32(height) * f32(width)), dtype=f32)
+        h = int(np.ceil(f32(height) * beta / f32(align))) * align
+        w = int(np.ceil(f32(width) * beta / f32(align))) * align
+    return w, h
+
+
+def largest(kind: str, patch: int = 14, merge: int = 2) -> tuple[int, int]:
+    """The image the plan counts: a Qwen projector's largest (64 x 64 tokens), else a 64 px square
+    (any size: a fixed-size projector resizes it to its own)."""
+    side = 64 * patch * merge
+    return (side, side) if kind in QWEN else (64, 64)
+
+
 def write(name: str, model: Path, out_dir: Path) -> Path:
-    """The projector `name` for the text model: a test projector (mlp, gemma3) or a SYNTHETIC one."""
+    """The projector `name` for the text model: a test projector (make_test_projector's KINDS) or a
+    SYNTHETIC one."""
     width = mtp.text_width(model)
     spec = mtp.projector_spec(name, width) if name in mtp.KINDS else scaled_spec(SYNTHETIC[name], width)
     return mtp.write_projector(out_dir / f"{name}.gguf", *spec)
@@ -169,9 +211,9 @@ if sys.argv[4] == "nofa":
 ctx = mtmd.mtmd_init_from_file(sys.argv[2].encode(), model, params)
 assert ctx
 at_init = len(lines)
-side = 64
-pixels = bytes(range(256)) * (side * side * 3 // 256) + bytes(side * side * 3 % 256)
-bitmap = mtmd.mtmd_bitmap_init(side, side, (ctypes.c_ubyte * len(pixels)).from_buffer_copy(pixels))
+nx, ny = int(sys.argv[6]), int(sys.argv[7])
+pixels = bytes(range(256)) * (nx * ny * 3 // 256) + bytes(nx * ny * 3 % 256)
+bitmap = mtmd.mtmd_bitmap_init(nx, ny, (ctypes.c_ubyte * len(pixels)).from_buffer_copy(pixels))
 prompt = mtmd.mtmd_default_marker()
 text = mtmd.mtmd_input_text()
 text.text, text.text_len, text.add_special, text.parse_special = prompt, len(prompt), False, True
@@ -198,15 +240,22 @@ class Logged:
 
 
 def measure(
-    model: Path, projector: Path, *, use_gpu: bool = False, flash_attn: bool = True, warmup: bool = False
+    model: Path,
+    projector: Path,
+    *,
+    use_gpu: bool = False,
+    flash_attn: bool = True,
+    warmup: bool = False,
+    image: tuple[int, int] = (64, 64),
 ) -> Logged:
     """libmtmd's own figures for this projector, loaded in a child process as runner loads it (by
-    default: CPU, flash attention "auto", no warmup)."""
+    default: CPU, flash attention "auto", no warmup), after encoding one image of image (width,
+    height) pixels."""
     env = {**os.environ, "GGML_NO_BACKTRACE": "1"}
     where = "gpu" if use_gpu else "cpu"
     fa, warm = "fa" if flash_attn else "nofa", "warmup" if warmup else "nowarmup"
     proc = subprocess.run(
-        [sys.executable, "-c", PROBE, str(model), str(projector), where, fa, warm],
+        [sys.executable, "-c", PROBE, str(model), str(projector), where, fa, warm, *map(str, image)],
         capture_output=True,
         text=True,
         env=env,
@@ -230,17 +279,19 @@ def measure(
 
 @dataclass(frozen=True)
 class Estimated:
-    """runner's figures for a projector on the CPU (as a CPU-only plan places it)."""
+    """runner's figures for a projector on the CPU (as a CPU-only plan places it), for one image."""
 
     tensor_bytes: int  # what the log's model size counts
     weights_bytes: int  # the weights' buffer (padded)
     compute_bytes: int  # with flash attention, as runner's "auto" gets on the CPU
     compute_no_fa_bytes: int  # without: what a GPU whose flash attention does not take the head size gets
     nodes: int
-    held_bytes: int  # what the plan counts on the CPU: weights, compute, memory in no buffer
+    held_bytes: int  # what the plan counts on the CPU: weights, compute, memory in no buffer (its image)
 
 
-def estimated(projector: Path) -> Estimated:
+def estimated(projector: Path, image: tuple[int, int] | None = None) -> Estimated:
+    """The estimate, and the graph's replay for an image of image's (width, height) pixels (a Qwen
+    projector's, as libmtmd resizes it: qwen_size) where given, else for the image the plan counts."""
     from runner.gguf import check_projector, read_header
     from runner.memory.graph import compute_buffer_size
     from runner.memory.kv import CPU_ALIGNMENT
@@ -249,29 +300,47 @@ def estimated(projector: Path) -> Estimated:
     header = read_header(projector)
     info = check_projector(header)
     est = estimate_projector(header, info)
-    no_fa = compute_buffer_size(vit_graph(vit_of(header, info), flash_attn=False), CPU_ALIGNMENT)
-    nodes = len(vit_graph(vit_of(header, info)).nodes)
+    vit = vit_of(header, info)
+    size = qwen_size(*image, vit.patch, vit.merge) if image is not None and vit.mrope else None
+    graph = vit_graph(vit, image=size)
+    compute = compute_buffer_size(graph, CPU_ALIGNMENT) if size else est.compute_bytes
+    no_fa = compute_buffer_size(vit_graph(vit, flash_attn=False, image=size), CPU_ALIGNMENT)
     held = est.weights_cpu + est.compute_cpu + est.host(on_gpu=False)
-    return Estimated(est.tensor_bytes, est.weights_bytes, est.compute_bytes, no_fa, nodes, held)
+    return Estimated(est.tensor_bytes, est.weights_bytes, compute, no_fa, len(graph.nodes), held)
 
 
-def row(name: str, model: Path, projector: Path) -> dict[str, Any]:
-    est = estimated(projector)
-    logged, no_fa = measure(model, projector), measure(model, projector, flash_attn=False)
+def row(
+    name: str, model: Path, projector: Path, image: tuple[int, int], no_fa: bool = True
+) -> dict[str, Any]:
+    """Estimate and log for one image of image's (width, height) pixels, with flash attention and
+    (no_fa) without."""
+    kind = name.split("-")[0]
+    est = estimated(projector, image if kind in QWEN else None)
+    logged = measure(model, projector, image=image)
+    unflashed = measure(model, projector, flash_attn=False, image=image) if no_fa else None
     return {
         "name": name,
+        "image": f"{image[0]} x {image[1]}",
         "weights_est_mib": est.tensor_bytes / MiB,
         "weights_buffer_mib": est.weights_bytes / MiB,
         "weights_log_mib": logged.model_size_mib,
         "compute_est_mib": est.compute_bytes / MiB,
         "compute_log_mib": logged.compute_mib.get("CPU", 0.0),
         "no_fa_est_mib": est.compute_no_fa_bytes / MiB,
-        "no_fa_log_mib": no_fa.compute_mib.get("CPU", 0.0),
+        "no_fa_log_mib": unflashed.compute_mib.get("CPU", 0.0) if unflashed else None,
         "nodes": f"{est.nodes} / {logged.nodes}",
         "rss_est_mib": est.held_bytes / MiB,
         "rss_mib": logged.rss_growth_bytes / MiB,
         "compute_at_init": logged.compute_at_init,
     }
+
+
+def images(name: str) -> list[tuple[tuple[int, int], bool]]:
+    """The images a projector is measured with, and whether without flash attention too: the one the
+    plan counts; for a Qwen projector also PHOTO (without flash attention only there: at the largest
+    image softmax(KQ) is 1 GiB a head)."""
+    kind = name.split("-")[0]
+    return [(largest(kind), kind not in QWEN)] + ([(PHOTO, True)] if kind in QWEN else [])
 
 
 def smollm2() -> Path:
@@ -304,20 +373,23 @@ def main(argv: list[str] | None = None) -> int:
     if args.only:
         names = [n for n in names if n in args.only.split(",")]
     print(
-        "| projector | weights: estimate / log | compute: estimate / log | without flash attention | nodes "
-        "| held on the CPU: estimate / peak RSS growth |"
+        "| projector | image | weights: estimate / log | compute: estimate / log | without flash attention "
+        "| nodes | held on the CPU: estimate / peak RSS growth |"
     )
-    print("|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as tmp:
         for name in names:
-            r = row(name, args.model, write(name, args.model, Path(tmp)))
-            cells = [
-                _cell(r["weights_est_mib"], r["weights_log_mib"]),
-                _cell(r["compute_est_mib"], r["compute_log_mib"]),
-                _cell(r["no_fa_est_mib"], r["no_fa_log_mib"]),
-            ]
-            rss = f"{r['rss_est_mib']:.1f} / {r['rss_mib']:.1f} ({_pct(r['rss_est_mib'], r['rss_mib'])})"
-            print(f"| {name} | {' | '.join(cells)} | {r['nodes']} | {rss} |", flush=True)
+            path = write(name, args.model, Path(tmp))
+            for i, (image, no_fa) in enumerate(images(name)):
+                r = row(name, args.model, path, image, no_fa)
+                cells = [
+                    _cell(r["weights_est_mib"], r["weights_log_mib"]),
+                    _cell(r["compute_est_mib"], r["compute_log_mib"]),
+                    _cell(r["no_fa_est_mib"], r["no_fa_log_mib"]) if r["no_fa_log_mib"] is not None else "-",
+                ]
+                held = r["rss_est_mib"], r["rss_mib"]  # the plan's figure: for the first image only
+                rss = f"{held[0]:.1f} / {held[1]:.1f} ({_pct(*held)})" if i == 0 else "-"
+                print(f"| {name} | {r['image']} | {' | '.join(cells)} | {r['nodes']} | {rss} |", flush=True)
     return 0
 
 

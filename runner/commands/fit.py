@@ -247,7 +247,7 @@ def projector_parts(plan: Plan) -> dict[str, tuple[int, int, int]]:
 def _projector_json(plan: Plan, projector: ProjectorMemory) -> dict[str, Any]:
     return {
         "type": projector.projector_type,
-        "image_tokens": projector.image_tokens,
+        "image_tokens": projector.most_tokens,  # the most one image takes
         "image_size": projector.image_size,
         "tensor_bytes": projector.tensor_bytes,
         "devices": [
@@ -355,7 +355,7 @@ def _describe(
 def _projector_lines(plan: Plan, projector: ProjectorMemory) -> list[str]:
     """What the table's projector column holds: per device its weights and encoder compute buffer
     (and on the CPU its memory in no buffer), as libmtmd would place them for this plan."""
-    kind = f"{projector.projector_type}, {projector.image_tokens:,} image tokens an image"
+    kind = f"{projector.projector_type}, {projector.per_image()}"
     lines = []
     for device, (weights, compute, other) in projector_parts(plan).items():
         parts = [f"{ui.human_bytes(weights)} of weights"] if weights else []

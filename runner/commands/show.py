@@ -90,8 +90,9 @@ def _vision(projector: ProjectorMemory, path: str) -> dict[str, Any]:
     return {
         "projector": path,
         "type": projector.projector_type,
-        "image_tokens": projector.image_tokens,
+        "image_tokens": projector.most_tokens,  # the most one image takes
         "image_size": projector.image_size,
+        "per_image": projector.per_image(),
         "weights_bytes": projector.weights_bytes,
         "compute_bytes": projector.compute_bytes,
     }
@@ -131,8 +132,7 @@ def _lines(s: dict[str, Any], model: str) -> list[tuple[str, str]]:
 
 def _vision_line(v: dict[str, Any]) -> str:
     return (
-        f"yes (projector {v['type']}, {v['image_tokens']:,} image tokens an image of "
-        f"{v['image_size']} x {v['image_size']} px; {ui.human_bytes(v['weights_bytes'])} of weights, "
+        f"yes (projector {v['type']}, {v['per_image']}; {ui.human_bytes(v['weights_bytes'])} of weights, "
         f"a {ui.human_bytes(v['compute_bytes'])} encoder compute buffer)"
     )
 
