@@ -11,16 +11,19 @@
 3. --images clients at once, each sending its own image to `runner serve --mmproj` and to
    llama-server (a slot each): aggregate answer tokens/s, rounds interleaved.
 
-    python scripts/bench_vision.py [--projector mlp|gemma3|idefics3] [--images 8] [--rounds 5] [--asks 4]
+    python scripts/bench_vision.py [--projector mlp|gemma3|idefics3|qwen2vl|qwen25vl] [--images 8]
+        [--rounds 5] [--asks 4]
         [--tokens 24]
 
 The projector is scripts/make_test_projector.py's (random weights: answers mean nothing, but every
 token must match); with idefics3, the model is a copy of --model's file with SmolVLM's image tokens
 (make_test_projector.py --vocab-out), and each 64 x 48 image is 5 image chunks (4 tiles and the whole
-image), text between them; the images are random PNGs (PNG: both read the same pixels; JPEG decoders may
-differ by a pixel). Sampling: greedy, no penalties, flash attention off in both. llama-server is a
-build of the pinned llama.cpp (--llama-server PATH, default /tmp/peers/build/bin/llama-server).
-Figures: docs/vision.md.
+image), text between them; with qwen2vl and qwen25vl, a copy written as a qwen2vl model (--mrope-out:
+M-RoPE, each image of nx x ny tokens max(nx, ny) positions) and images of 112 x 112 to 224 x 112
+(16 to 32 tokens over 4 to 8 positions); the images are random PNGs (PNG: both read the same pixels;
+JPEG decoders may differ by a pixel). Sampling: greedy, no penalties, flash attention off in both.
+llama-server is a build of the pinned llama.cpp (--llama-server PATH, default
+/tmp/peers/build/bin/llama-server). Figures: docs/vision.md.
 """
 
 from __future__ import annotations
@@ -48,12 +51,18 @@ QUESTION = "What is in this picture?"
 GREEDY = {"temperature": 0, "repeat_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0}
 
 
+QWEN = ("qwen2vl", "qwen25vl")
+QWEN_SIZES = [(112, 112), (224, 112), (112, 224), (168, 112)]  # 4x4, 8x4, 4x8, 6x4 tokens: 4-8 positions
+SIZES = [(64, 48)]
+
+
 def png(seed: int) -> bytes:
     from PIL import Image
 
     rng = random.Random(seed)
-    image = Image.new("RGB", (64, 48))
-    image.putdata([tuple(rng.randrange(256) for _ in range(3)) for _ in range(64 * 48)])
+    width, height = SIZES[seed % len(SIZES)]
+    image = Image.new("RGB", (width, height))
+    image.putdata([tuple(rng.randrange(256) for _ in range(3)) for _ in range(width * height)])
     out = BytesIO()
     image.save(out, "PNG")
     return out.getvalue()
@@ -242,7 +251,7 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--model", default="smollm2")
-    parser.add_argument("--projector", choices=("mlp", "gemma3", "idefics3"), default="mlp")
+    parser.add_argument("--projector", choices=("mlp", "gemma3", "idefics3", *QWEN), default="mlp")
     parser.add_argument("--images", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--tokens", type=int, default=24)
@@ -254,6 +263,9 @@ def main() -> None:
     folder = Path(tempfile.mkdtemp(prefix="bench-vision-"))
     projector = folder / f"{args.projector}.gguf"
     vocab = ["--vocab-out", str(folder / "model.gguf")] if args.projector == "idefics3" else []
+    if args.projector in QWEN:  # the model written as qwen2vl: M-RoPE positions
+        vocab = ["--mrope-out", str(folder / "model.gguf")]
+        SIZES[:] = QWEN_SIZES
     subprocess.run([sys.executable, str(ROOT / "scripts" / "make_test_projector.py"), str(projector),
                     "--for", str(model), "--type", args.projector, *vocab],
                    check=True, capture_output=True)  # fmt: skip
