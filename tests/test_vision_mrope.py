@@ -4,17 +4,20 @@ make_test_projector.py --type qwen2vl, random weights) on SmolLM2 written as a q
 cells (runner.engine.positions). Held against libmtmd's own evaluation (mtmd_helper_eval_chunks, which
 tracks n_past itself, as llama-server does) on the same context: the same next position, the same
 last position in the KV cache, the same logits; a 5-turn conversation that re-sends the image
-evaluates only each turn's new text and still agrees with libmtmd's evaluation of the whole prompt; a
-batch of sequences each with its own image gives each one's answer alone; `runner run --image` works
-from the CLI. Token for token against llama-server: scripts/bench_vision.py --projector qwen2vl."""
+evaluates only each turn's new text and agrees with libmtmd's turn 1 followed by each turn's text at
+the positions libmtmd's count gives; a batch of sequences each with its own image gives each one's
+answer alone; `runner run --image` and `runner serve` (5 turns, the openai client) take the image.
+Token for token against llama-server: scripts/bench_vision.py --projector qwen2vl."""
 
 from __future__ import annotations
 
+import base64
 import ctypes
 import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -31,6 +34,7 @@ from runner.gguf import read_header
 from runner.images import Image, load_image
 from tests.conftest import run_cli
 from tests.helpers import random_png as png
+from tests.serving import model_server, openai_client
 
 SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "make_test_projector.py"
 GREEDY = SamplingConfig(temperature=0)
@@ -217,3 +221,39 @@ def test_run_image_on_an_m_rope_model(qwen: tuple[Path, Path], tmp_path: Path) -
         usage[name] = json.loads(done.stdout)["usage"]["prompt_tokens"]
     # the prompt counts the image's cells (16 and 32), as the context holds them, not its positions
     assert usage["wide"] - usage["square"] == 16
+
+
+def test_serve_keeps_an_m_rope_image_over_five_turns(qwen: tuple[Path, Path], tmp_path: Path) -> None:
+    """`runner serve` with the openai client: a 5-turn chat re-sending its image (8 x 4 tokens over
+    8 positions) each turn reuses the whole turn before it, the image in it, and evaluates only what
+    is new; turn 1 answers as `runner run --image` does."""
+    projector, model = qwen
+    image = tmp_path / "wide.png"
+    image.write_bytes(png(5, WIDE))
+    url = "data:image/png;base64," + base64.b64encode(image.read_bytes()).decode()
+    alone = run_cli(
+        "run", str(model), "What is this?", "--image", str(image), "--mmproj", str(projector),
+        "--temperature", "0", "--max-tokens", "8", "--json", "--threads", "1",
+    )  # fmt: skip
+    assert alone.returncode == 0, alone.stderr
+    with model_server(tmp_path, "--mmproj", str(projector), model=str(model)) as server:
+        client = openai_client(server)
+        name = client.models.list().data[0].id
+        content = [
+            {"type": "image_url", "image_url": {"url": url}},
+            {"type": "text", "text": "What is this?"},
+        ]
+        messages: list[Any] = [{"role": "user", "content": content}]
+        usages = []
+        for turn in range(5):
+            reply = client.chat.completions.create(model=name, messages=messages, max_tokens=8, temperature=0)
+            assert reply.usage is not None and reply.usage.prompt_tokens_details is not None
+            if turn == 0:
+                assert reply.choices[0].message.content == json.loads(alone.stdout)["text"]
+            usages.append(reply.usage)
+            messages += [{"role": "assistant", "content": reply.choices[0].message.content}]
+            messages += [{"role": "user", "content": f"And corner {turn}?"}]
+    for before, after in zip(usages, usages[1:], strict=False):
+        cached = after.prompt_tokens_details.cached_tokens  # type: ignore[union-attr]
+        assert cached >= before.prompt_tokens, (before, after)  # the turn before, its image in it
+        assert after.prompt_tokens - cached < 30  # only the answer and the new question evaluated
