@@ -36,7 +36,7 @@ from runner.memory.plan import (
     trained_context,
 )
 from runner.projector import attach as attach_projector
-from runner.projector import find as find_projector
+from runner.projector import fetched, planned
 from runner.projector import memory as projector_memory
 
 if TYPE_CHECKING:
@@ -423,6 +423,7 @@ def open_model(
     output_rows: int = 0,
     mmproj: str | None = None,
     vision: bool = False,
+    images: bool = False,
     generates: bool = True,
 ) -> LoadedModel:
     """Resolve, fetch if needed, check the header, plan, then load. flash_attn None: the plan's
@@ -432,26 +433,21 @@ def open_model(
     `chat_template`: the caller will render the file's chat template, so it is compiled beside the
     load (--raw does not). `output_rows`: the most rows of logits one decode will ask for (the plan
     counts the output buffer that large). `mmproj`: a vision projector for images, a file or a Hub
-    reference; without it, `vision` takes the projector pulled with the model (runner.projector.find).
+    reference; without it, `vision` takes the projector pulled with the model (runner.projector.find);
+    `images`: the prompt has some, so a projector is needed (fetched once the plan fits).
     `generates`: a reranker or an encoder is refused before it loads (CannotGenerate) unless False."""
     check_asked(ctx=ctx, gpu_layers=gpu_layers)
     if threads is not None:
         check_range(threads, "--threads", 1, MAX_THREADS)
     ref = resolve(model, load_catalog())
-    mmproj = find_projector(mmproj, ref, paired=vision, offline=offline)  # a path (fetched if need be)
+    paired = dict(paired=vision or images, needed=images, offline=offline)
+    found = planned(mmproj, ref, **paired)  # a path, or the Hub URL of one fetched once the plan fits
     plan = None
     asked: dict[str, Any] = dict(  # plan_for's options, for the remote header and the file alike
-        ctx=ctx,
-        gpu_layers=gpu_layers,
-        kv_type=kv_type,
-        flash_attn=flash_attn,
-        growing=growing,
-        parallel=parallel,
-        most_parallel=most_parallel,
-        force=force,
-        output_rows=output_rows,
-        projector=projector_memory(mmproj) if mmproj is not None else None,  # counted in the plan
-    )
+        ctx=ctx, gpu_layers=gpu_layers, kv_type=kv_type, flash_attn=flash_attn, growing=growing,
+        parallel=parallel, most_parallel=most_parallel, force=force, output_rows=output_rows,
+        projector=projector_memory(found) if found is not None else None,  # counted in the plan
+    )  # fmt: skip
     if isinstance(ref, HubRef):
         from runner.hub import fetch
 
@@ -461,6 +457,7 @@ def open_model(
             remote = read_model(ref)  # the header only: refuse before downloading what will not fit
             smaller = smaller_quants(ref, remote.size, ctx=ctx, kv_type=kv_type)
             plan = plan_for(remote.merged, ref.display, smaller=smaller, **asked)
+    mmproj = fetched(found, mmproj, ref, **paired)
     path, header = _checked_file(ref, offline)
     if generates and (why := arch.cannot_generate(header.architecture, header.arch_get("pooling_type"))):
         raise CannotGenerate(ref.display, why)

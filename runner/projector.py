@@ -65,18 +65,26 @@ def _file(mmproj: str | Path) -> Path:
     return path
 
 
-def projector_for(model: str, mmproj: str | None, *, offline: bool = False) -> str:
-    """The projector images in a prompt to `model` go through (--mmproj, else the one pulled with
-    the model, fetched if its repository offers one and the cache has none), or why there is none."""
-    from runner.hub.catalog import load_catalog
-    from runner.hub.refs import resolve
-
-    ref = resolve(model, load_catalog())
-    found = find(mmproj, ref, paired=True, offline=offline, fetch_missing=True)
-    if found is None:
+def planned(mmproj: str | None, ref: ModelRef, *, paired: bool, needed: bool, offline: bool) -> str | None:
+    """The projector a load plans with: a path, or the Hub URL of one not downloaded yet (its header
+    read remotely; fetched() downloads it once the plan fits, so a pair that will not fit is refused
+    before either file comes). `needed`: the prompt has images, so one is fetched if the cache has
+    none, and having none is the error."""
+    found = find(mmproj, ref, paired=paired, offline=offline, download=False, fetch_missing=needed)
+    if found is None and needed:
         how = "" if isinstance(ref, LocalRef) else f"; none was pulled with {ref.display}"
         raise UsageError(f"--image needs the model's vision projector{how}: give --mmproj FILE|REF")
     return found
+
+
+def fetched(
+    found: str | None, mmproj: str | None, ref: ModelRef, *, paired: bool, needed: bool, offline: bool
+) -> str | None:
+    """planned()'s projector as a file: downloaded now where it was a Hub URL (verified as every
+    download is)."""
+    if found is None or not found.startswith(("http://", "https://")):
+        return found
+    return find(mmproj, ref, paired=paired, offline=offline, fetch_missing=needed)
 
 
 def pulled_with(model: str) -> str | None:

@@ -283,3 +283,31 @@ def test_chat_takes_images_through_the_pulled_projector(
     alone = run_cli("run", REFERENCE, QUESTION, "--image", str(image), *same, env=offline)
     assert alone.returncode == 0, alone.stderr
     assert done.stdout.decode().split("\n\n")[0].strip() == alone.stdout.decode().strip() != ""
+
+
+def test_run_image_refuses_a_pair_that_will_not_fit_before_fetching_either(
+    fake_hub: FakeHub, files: dict[str, Path], smollm2_path: Path
+) -> None:
+    """Neither file cached, and room for the model but not for its projector beside it (--ctx and
+    --kv-type asked, so the plan cannot make room): the refusal
+    comes from both headers read remotely, and neither file is downloaded (before: the projector
+    was fetched first, then the model's plan refused)."""
+    from runner.memory.plan import CPU_MARGIN
+
+    repo = "user/tight-vis-GGUF"
+    fake_hub.add_repo(repo, {MODEL_FILE: smollm2_path, F16: files[F16]})
+    alone = json.loads(run_cli("fit", str(smollm2_path), "--ctx", "2048", "--json").stdout)
+    cap = str(int((alone["needs_bytes"] + (1 << 20)) / (1 - CPU_MARGIN)))  # the projector's share is ~4 MB
+    done = cli(
+        fake_hub, "run", f"{repo}:Q4_K_M", QUESTION, "--image", str(files["a.png"]), "--ctx", "2048",
+        "--kv-type", "f16", RUNNER_MEMORY=cap,
+    )  # fmt: skip
+    err = done.stderr.decode()
+    assert done.returncode == 1 and "does not fit" in err and "for the projector" in err, err
+    assert not list((hub_cache_dir() / "models--user--tight-vis-GGUF").rglob("*.gguf"))
+    # with room, the same command fetches both and answers
+    again = cli(fake_hub, "run", f"{repo}:Q4_K_M", QUESTION, "--image", str(files["a.png"]), "--ctx", "2048")
+    assert again.returncode == 0, again.stderr
+    assert sorted(
+        p.name for p in (hub_cache_dir() / "models--user--tight-vis-GGUF").rglob("*.gguf")
+    ) == sorted([F16, MODEL_FILE])

@@ -30,7 +30,6 @@ from runner.errors import UsageError
 from runner.images import MAX_IMAGES, read_image_arg
 from runner.limits import check_answer_limits, check_range, flash_attn_setting, spec_setting
 from runner.loader import LoadedModel, open_model
-from runner.projector import projector_for
 
 
 @dataclass(frozen=True)
@@ -77,7 +76,6 @@ def run_once(request: RunRequest, *, stdin: BinaryIO | None, out: TextIO) -> Res
     cache = open_prompt_cache(request.prompt_cache, request.prompt_cache_size)
     constrained = constraint(schema=request.schema, format=request.format, grammar=request.grammar)
     images = read_images(request.images, request.mmproj, stdin)
-    mmproj = projector_for(request.model, request.mmproj, offline=request.offline) if images else None
     prompt = read_prompt(request.prompt, None if "-" in request.images else stdin)
     loaded = open_model(
         request.model,
@@ -92,7 +90,8 @@ def run_once(request: RunRequest, *, stdin: BinaryIO | None, out: TextIO) -> Res
         spec=spec,
         draft=request.draft,
         chat_template=not request.raw,
-        mmproj=mmproj,
+        mmproj=request.mmproj if images else None,
+        images=bool(images),
     )
     try:
         sampling, sources = sampling_for(loaded, request.sampling)
