@@ -446,7 +446,6 @@ def open_model(
     asked: dict[str, Any] = dict(  # plan_for's options, for the remote header and the file alike
         ctx=ctx, gpu_layers=gpu_layers, kv_type=kv_type, flash_attn=flash_attn, growing=growing,
         parallel=parallel, most_parallel=most_parallel, force=force, output_rows=output_rows,
-        projector=projector_memory(found) if found is not None else None,  # counted in the plan
     )  # fmt: skip
     if isinstance(ref, HubRef):
         from runner.hub import fetch
@@ -455,15 +454,19 @@ def open_model(
             from runner.hub.headers import read_model
 
             remote = read_model(ref)  # the header only: refuse before downloading what will not fit
+            # the projector counted in the plan, its width checked against the model's, from its header
+            asked["projector"] = projector_memory(found, remote.merged) if found is not None else None
             smaller = smaller_quants(ref, remote.size, ctx=ctx, kv_type=kv_type)
             plan = plan_for(remote.merged, ref.display, smaller=smaller, **asked)
-    mmproj = fetched(found, mmproj, ref, **paired)
     path, header = _checked_file(ref, offline)
     if generates and (why := arch.cannot_generate(header.architecture, header.arch_get("pooling_type"))):
         raise CannotGenerate(ref.display, why)
     drafting = _draft_file(draft, header, path, offline) if spec == SPEC_DRAFT and draft else None
     if plan is None or not plan.estimate.exact:  # again with the file, unless the remote plan was exact
+        if "projector" not in asked:
+            asked["projector"] = projector_memory(found, header) if found is not None else None
         plan = plan_for(header, ref.display, path=path, **asked)
+    mmproj = fetched(found, mmproj, ref, **paired)  # downloaded once the plan with it fits
     if chat_template:
         compile_ahead(header.get(TEMPLATE_KEY))
     engine = Engine(

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from runner import ui
-from runner.errors import DownloadError, ModelNotFound, RunnerError, UsageError
+from runner.errors import DownloadError, InvalidModelFile, ModelNotFound, RunnerError, UsageError
 from runner.gguf import GGUFHeader, read_header
 from runner.hub.refs import HubRef, LocalRef, ModelRef
 
@@ -84,7 +84,10 @@ def fetched(
     download is)."""
     if found is None or not found.startswith(("http://", "https://")):
         return found
-    return find(mmproj, ref, paired=paired, offline=offline, fetch_missing=needed)
+    got = find(mmproj, ref, paired=paired, offline=offline, fetch_missing=needed)
+    if got is None and needed:  # gone from the Hub between the plan and the download
+        raise DownloadError(f"the projector planned for {ref.display} is no longer on the Hub: {found}")
+    return got
 
 
 def pulled_with(model: str) -> str | None:
@@ -125,7 +128,7 @@ def find(
         return found
     try:
         check(found, None)
-    except RunnerError as exc:
+    except InvalidModelFile as exc:  # a file runner cannot use; a Hub that fails to answer is the error
         ui.warn(f"{ref.display} takes no images in runner yet: {exc}")
         return None
     return found

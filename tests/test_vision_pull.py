@@ -295,8 +295,9 @@ def test_run_image_refuses_a_pair_that_will_not_fit_before_fetching_either(
     from runner.memory.plan import CPU_MARGIN
 
     repo = "user/tight-vis-GGUF"
-    fake_hub.add_repo(repo, {MODEL_FILE: smollm2_path, F16: files[F16]})
-    alone = json.loads(run_cli("fit", str(smollm2_path), "--ctx", "2048", "--json").stdout)
+    fake_hub.add_repo(repo, {MODEL_FILE: smollm2_path, F16: files[F16], Q8: files[Q8]})
+    fit = ("fit", str(smollm2_path), "--ctx", "2048", "--kv-type", "f16", "--json")
+    alone = json.loads(run_cli(*fit).stdout)
     cap = str(int((alone["needs_bytes"] + (1 << 20)) / (1 - CPU_MARGIN)))  # the projector's share is ~4 MB
     done = cli(
         fake_hub, "run", f"{repo}:Q4_K_M", QUESTION, "--image", str(files["a.png"]), "--ctx", "2048",
@@ -308,6 +309,12 @@ def test_run_image_refuses_a_pair_that_will_not_fit_before_fetching_either(
     # with room, the same command fetches both and answers
     again = cli(fake_hub, "run", f"{repo}:Q4_K_M", QUESTION, "--image", str(files["a.png"]), "--ctx", "2048")
     assert again.returncode == 0, again.stderr
-    assert sorted(
-        p.name for p in (hub_cache_dir() / "models--user--tight-vis-GGUF").rglob("*.gguf")
-    ) == sorted([F16, MODEL_FILE])
+    cached = hub_cache_dir() / "models--user--tight-vis-GGUF"
+    assert sorted(p.name for p in cached.rglob("*.gguf")) == sorted([F16, MODEL_FILE])
+    # the model cached, another projector named by its Hub reference: refused before it is fetched
+    other = cli(
+        fake_hub, "run", f"{repo}:Q4_K_M", QUESTION, "--image", str(files["a.png"]), "--ctx", "2048",
+        "--kv-type", "f16", "--mmproj", f"{repo}:{Q8}", RUNNER_MEMORY=cap,
+    )  # fmt: skip
+    assert other.returncode == 1 and "does not fit" in other.stderr.decode(), other.stderr
+    assert Q8 not in {p.name for p in cached.rglob("*.gguf")}
