@@ -5,7 +5,9 @@ M-RoPE model: tests/test_vision_mrope.py."""
 
 from __future__ import annotations
 
-from runner.engine.positions import Positions, image_index, image_tokens, outside_image
+import hashlib
+
+from runner.engine.positions import KEPT, Positions, image_index, image_tokens, outside_image
 
 A = "ab" * 32
 B = "cd" * 32
@@ -14,7 +16,7 @@ B = "cd" * 32
 def test_a_model_without_m_rope_positions_are_cells() -> None:
     positions = Positions()
     image = image_tokens(A, 4)
-    positions.learn(image[0], 4, 4)  # a normal image: as many positions as cells, nothing recorded
+    positions.learn(image[0], 4, 4, mrope=False)  # a normal image: a position a cell, nothing recorded
     tokens = [1, 2, *image, 3]
     assert not positions.fewer
     assert [positions.at(tokens, n) for n in (0, 2, 6, 7)] == [0, 2, 6, 7]
@@ -26,8 +28,8 @@ def test_a_model_without_m_rope_positions_are_cells() -> None:
 def test_an_m_rope_image_takes_fewer_positions_than_cells() -> None:
     positions = Positions()
     a, b = image_tokens(A, 16), image_tokens(B, 6)
-    positions.learn(a[0], 16, 4)  # 4 x 4 tokens: max(nx, ny) = 4 positions
-    positions.learn(b[0], 6, 3)  # 3 x 2
+    positions.learn(a[0], 16, 4, mrope=True)  # 4 x 4 tokens: max(nx, ny) = 4 positions
+    positions.learn(b[0], 6, 3, mrope=True)  # 3 x 2
     tokens = [1, 2, *a, 3, 4, *b, 5]
     assert positions.at(tokens, 2) == 2  # before the image
     assert positions.at(tokens, 18) == 2 + 4  # after it: its 4 positions, not its 16 cells
@@ -39,6 +41,27 @@ def test_an_m_rope_image_takes_fewer_positions_than_cells() -> None:
     # the same image again counts again
     twice = [*a, *a]
     assert positions.at(twice, 32) == 8 and positions.last(twice) == 4
+
+
+def test_a_one_row_m_rope_image_still_sits_at_its_first_position() -> None:
+    """36 x 1 tokens take 36 positions, as many as cells, but libmtmd puts every cell at the image's
+    first temporal position: a sequence ending on it ends there."""
+    positions = Positions()
+    row = image_tokens(A, 36)
+    positions.learn(row[0], 36, 36, mrope=True)
+    tokens = [1, 2, *row]
+    assert positions.at(tokens, len(tokens)) == 38 and positions.last(tokens) == 2
+    assert positions.last([*tokens, 3]) == 38
+
+
+def test_past_kept_images_those_no_sequence_holds_are_forgotten() -> None:
+    positions = Positions()
+    held = image_tokens(A, 16)
+    for i in range(KEPT + 1):
+        first = held[0] if i == 0 else image_tokens(hashlib.sha256(b"%d" % i).hexdigest(), 16)[0]
+        positions.learn(first, 16, 4, mrope=True)
+    positions.prune([[5, *held, 6], [7]])
+    assert positions.fewer == {held[0]: 12}
 
 
 def test_a_kept_head_never_ends_inside_an_image() -> None:

@@ -287,7 +287,8 @@ class KVContext:
                 raise Interrupted  # Ctrl-C waited for the encode, then stopped the decode
             self._failed(-1, f"llama.cpp could not decode an image: {LLAMA_LOG.last_error() or 'no log'}")
         cells = tokens[span.start : span.start + span.n_tokens]
-        self.positions.learn(cells[0], span.n_tokens, span.n_pos)
+        self.positions.learn(cells[0], span.n_tokens, span.n_pos, mrope=media.vision.mrope)
+        self.positions.prune(self.cells)
         self.cells[seq].extend(cells)
 
     def position(self, seq: int = 0, n: int | None = None) -> int:
@@ -319,6 +320,7 @@ class KVContext:
     def drop_after(self, n: int, seq: int = 0) -> bool:
         """Keep the first n tokens of sequence `seq` only; False where the memory cannot drop a suffix."""
         held = self.cells[seq]
+        n = outside_image(held, n)  # never inside an image: its cells go together
         if n < len(held):
             if not llama().llama_memory_seq_rm(self._memory, seq, self.position(seq, n), -1):
                 return False

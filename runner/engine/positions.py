@@ -40,16 +40,28 @@ def outside_image(tokens: Sequence[int], n: int) -> int:
     return n
 
 
+KEPT = 4096  # M-RoPE images remembered before those no sequence holds are let go
+
+
 class Positions:
-    """The positions an engine's M-RoPE images save: n_tokens - n_pos, by the image's first cell."""
+    """The positions an engine's M-RoPE images save: n_tokens - n_pos, by the image's first cell
+    (0 for a one-row image: its cells still all sit at its first position)."""
 
     def __init__(self) -> None:
         self.fewer: dict[int, int] = {}
 
-    def learn(self, first: int, n_tokens: int, n_pos: int) -> None:
-        """An image (its first pseudo-token) of n_tokens cells took n_pos positions."""
-        if n_pos != n_tokens:
+    def learn(self, first: int, n_tokens: int, n_pos: int, *, mrope: bool) -> None:
+        """An image (its first pseudo-token) of n_tokens cells took n_pos positions; only M-RoPE
+        images are recorded (every other model's take a position a cell)."""
+        if mrope:
             self.fewer[first] = n_tokens - n_pos
+
+    def prune(self, held: Sequence[Sequence[int]]) -> None:
+        """Past KEPT images (a server's), those no sequence holds are forgotten: a state restored
+        with one then fails its position check and is evaluated again, never trusted."""
+        if len(self.fewer) > KEPT:
+            kept = {t for tokens in held for t in tokens if t in self.fewer}
+            self.fewer = {t: n for t, n in self.fewer.items() if t in kept}
 
     def at(self, tokens: Sequence[int], n: int) -> int:
         """The position of cell n of a sequence holding `tokens` (n outside an image; n == len(tokens):
