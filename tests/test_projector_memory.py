@@ -268,6 +268,8 @@ def test_fit_mmproj_shows_the_projector(projectors: dict[str, Path], smollm2_pat
     assert report["projector"] == {
         "type": "mlp",
         "image_tokens": 4,
+        "tiles": 0,
+        "most_image_tokens": 4,
         "image_size": 28,
         "tensor_bytes": memory.tensor_bytes,
         "devices": [

@@ -247,7 +247,9 @@ def projector_parts(plan: Plan) -> dict[str, tuple[int, int, int]]:
 def _projector_json(plan: Plan, projector: ProjectorMemory) -> dict[str, Any]:
     return {
         "type": projector.projector_type,
-        "image_tokens": projector.most_tokens,  # the most one image takes
+        "image_tokens": projector.image_tokens,  # an image of image_size (idefics3: a tile of it)
+        "tiles": projector.tiles,
+        "most_image_tokens": projector.most_tokens,  # the most one image takes
         "image_size": projector.image_size,
         "tensor_bytes": projector.tensor_bytes,
         "devices": [

@@ -90,9 +90,11 @@ def _vision(projector: ProjectorMemory, path: str) -> dict[str, Any]:
     return {
         "projector": path,
         "type": projector.projector_type,
-        "image_tokens": projector.most_tokens,  # the most one image takes
-        "image_size": projector.image_size,
-        "per_image": projector.per_image(),
+        "image_tokens": projector.image_tokens,  # an image of image_size (idefics3: a tile of it)
+        "image_size": projector.image_size,  # the Qwen ones: the largest image, sized as it comes
+        "tiles": projector.tiles,  # idefics3: the most tiles an image is cut into, besides the whole
+        "sized": projector.sized,
+        "most_image_tokens": projector.most_tokens,  # the most one image takes
         "weights_bytes": projector.weights_bytes,
         "compute_bytes": projector.compute_bytes,
     }
@@ -131,8 +133,11 @@ def _lines(s: dict[str, Any], model: str) -> list[tuple[str, str]]:
 
 
 def _vision_line(v: dict[str, Any]) -> str:
+    from runner.memory.projector import per_image
+
+    cost = per_image(v["image_tokens"], v["image_size"], v["tiles"], v["sized"])
     return (
-        f"yes (projector {v['type']}, {v['per_image']}; {ui.human_bytes(v['weights_bytes'])} of weights, "
+        f"yes (projector {v['type']}, {cost}; {ui.human_bytes(v['weights_bytes'])} of weights, "
         f"a {ui.human_bytes(v['compute_bytes'])} encoder compute buffer)"
     )
 

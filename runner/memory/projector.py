@@ -66,15 +66,7 @@ class ProjectorMemory:
 
     def per_image(self) -> str:
         """What one image costs in the text model's context, as fit and show say it."""
-        side = f"{self.image_size} x {self.image_size} px"
-        if self.sized:
-            return f"up to {self.image_tokens:,} image tokens an image (sized as it comes, up to {side})"
-        if self.tiles:
-            return (
-                f"up to {self.most_tokens:,} image tokens an image (up to {self.tiles} tiles of {side} "
-                f"and the whole image, {self.image_tokens:,} each)"
-            )
-        return f"{self.image_tokens:,} image tokens an image of {side}"
+        return per_image(self.image_tokens, self.image_size, self.tiles, self.sized)
 
     def host(self, on_gpu: bool) -> int:
         """Host memory in no buffer: the work buffer only where the CPU runs the graph. inputs_host
@@ -99,6 +91,19 @@ class ProjectorMemory:
         if not on_gpu:
             return {"cpu": (self.weights_cpu, self.compute_cpu)}
         return {"cpu": (0, self.inputs_gpu_host), "gpu": (self.weights_gpu, self.compute_gpu)}
+
+
+def per_image(image_tokens: int, image_size: int, tiles: int, sized: bool) -> str:
+    """ProjectorMemory.per_image from its numbers (show --json carries them)."""
+    side = f"{image_size} x {image_size} px"
+    if sized:
+        return f"up to {image_tokens:,} image tokens an image (sized as it comes, up to {side})"
+    if tiles:
+        most = image_tokens * (tiles + 1)
+        cut = f"{tiles} tiles" if tiles > 1 else "1 tile"
+        whole = f"the whole image, {image_tokens:,} each"
+        return f"up to {most:,} image tokens an image (up to {cut} of {side} and {whole})"
+    return f"{image_tokens:,} image tokens an image of {side}"
 
 
 def weight_bytes(header: Any, gpu: bool) -> int:
