@@ -33,6 +33,7 @@ from __future__ import annotations
 import os
 import select
 import signal
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -47,6 +48,7 @@ _depth = 0
 _previous: dict[int, Any] = {}  # each signal's handler before the outermost deferred block
 _stop: int | None = None  # SIGTERM or SIGHUP, once one came: the process is ending
 _stop_raised = False  # Stopped was raised for it
+_hook_before: Any = None  # sys.unraisablehook before install()
 
 
 class Stopped(BaseException):
@@ -86,10 +88,25 @@ def exit_code() -> int:
 
 
 def install() -> None:
-    """At the CLI's start: SIGTERM and SIGHUP raise Stopped wherever no deferred block defers them."""
+    """At the CLI's start: SIGTERM and SIGHUP raise Stopped wherever no deferred block defers them,
+    and a Ctrl-C Python could not raise where it landed is kept (_unraisable)."""
+    global _hook_before
     for signum in STOP_SIGNALS:
         if signal.getsignal(signum) is not signal.SIG_IGN:
             signal.signal(signum, _raise)
+    if sys.unraisablehook is not _unraisable:
+        _hook_before, sys.unraisablehook = sys.unraisablehook, _unraisable
+
+
+def _unraisable(info: Any) -> None:
+    """A KeyboardInterrupt raised where Python cannot raise (a callback: importlib's module-lock
+    weakref during an import, seen in CI; a ctypes one): Python printed "Exception ignored ...
+    Traceback ... KeyboardInterrupt" and dropped the Ctrl-C. It is kept instead, as inside a deferred
+    block: the flag set, honoured at the next safe point (the token loop, a deferred block's end)."""
+    if isinstance(info.exc_value, KeyboardInterrupt):
+        _flag.set()
+        return
+    (_hook_before or sys.__unraisablehook__)(info)
 
 
 def uninstall() -> None:
@@ -101,6 +118,8 @@ def uninstall() -> None:
             signal.signal(signum, signal.SIG_DFL)
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
         signal.signal(signal.SIGINT, signal.SIG_DFL)
+    if sys.unraisablehook is _unraisable:
+        sys.unraisablehook = _hook_before or sys.__unraisablehook__
 
 
 def _handler(signum: int, _frame: Any) -> None:

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import threading
 import time
+import weakref
 from pathlib import Path
 
 import pytest
@@ -108,6 +109,42 @@ def _run(args: list[str]) -> subprocess.Popen[bytes]:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )
+
+
+def test_a_ctrl_c_python_cannot_raise_where_it_lands_is_kept_not_printed(
+    monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """A KeyboardInterrupt raised inside a callback (CI saw one in importlib's module-lock weakref,
+    mid-import): Python would print "Exception ignored ... KeyboardInterrupt" and drop it. After
+    install() the Ctrl-C is kept as the flag, nothing printed; any other such exception still goes
+    to the hook that was there."""
+    seen: list = []
+    monkeypatch.setattr(sys, "unraisablehook", seen.append)
+    handlers = {signum: signal.getsignal(signum) for signum in interrupt.STOP_SIGNALS}
+
+    class Held:
+        pass
+
+    def drop(error: BaseException) -> None:
+        held = Held()
+        ref = weakref.ref(held, lambda _: (_ for _ in ()).throw(error))
+        del held  # the callback runs here, where Python cannot raise what it raises
+        assert ref() is None
+
+    interrupt.clear()
+    interrupt.install()
+    try:
+        drop(KeyboardInterrupt())
+        assert interrupt.requested() and not seen
+        drop(ValueError("other"))
+        assert [type(u.exc_value) for u in seen] == [ValueError]
+    finally:
+        interrupt.uninstall()
+        interrupt.clear()
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
+    assert sys.unraisablehook == seen.append
+    assert "Exception ignored" not in capfd.readouterr().err
 
 
 @pytest.mark.timeout(300)
