@@ -440,8 +440,8 @@ def open_model(
     if threads is not None:
         check_range(threads, "--threads", 1, MAX_THREADS)
     ref = resolve(model, load_catalog())
-    paired = dict(paired=vision or images, needed=images, offline=offline)
-    found = planned(mmproj, ref, **paired)  # a path, or the Hub URL of one fetched once the plan fits
+    # a path, or (runner.projector.OnHub) one on the Hub, fetched once the plan fits
+    found = planned(mmproj, ref, paired=vision or images, needed=images, offline=offline)
     plan = None
     asked: dict[str, Any] = dict(  # plan_for's options, for the remote header and the file alike
         ctx=ctx, gpu_layers=gpu_layers, kv_type=kv_type, flash_attn=flash_attn, growing=growing,
@@ -466,7 +466,7 @@ def open_model(
         if "projector" not in asked:
             asked["projector"] = projector_memory(found, header) if found is not None else None
         plan = plan_for(header, ref.display, path=path, **asked)
-    mmproj = fetched(found, mmproj, ref, **paired)  # downloaded once the plan with it fits
+    mmproj = fetched(found)  # downloaded once the plan with it fits
     if chat_template:
         compile_ahead(header.get(TEMPLATE_KEY))
     engine = Engine(

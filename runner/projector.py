@@ -77,17 +77,22 @@ def planned(mmproj: str | None, ref: ModelRef, *, paired: bool, needed: bool, of
     return found
 
 
-def fetched(
-    found: str | None, mmproj: str | None, ref: ModelRef, *, paired: bool, needed: bool, offline: bool
-) -> str | None:
-    """planned()'s projector as a file: downloaded now where it was a Hub URL (verified as every
-    download is)."""
-    if found is None or not found.startswith(("http://", "https://")):
+def fetched(found: str | None) -> str | None:
+    """planned()'s projector as a file: downloaded now where it was on the Hub (the file the plan
+    read, at the commit it read it), verified as every download is."""
+    if not isinstance(found, OnHub):
         return found
-    got = find(mmproj, ref, paired=paired, offline=offline, fetch_missing=needed)
-    if got is None and needed:  # gone from the Hub between the plan and the download
-        raise DownloadError(f"the projector planned for {ref.display} is no longer on the Hub: {found}")
-    return got
+    from runner.hub.projectors import pull_projector
+
+    return str(pull_projector(found.ref, found.commit, found.file))
+
+
+class OnHub(str):
+    """The Hub URL of a projector not downloaded (read remotely: its header), with what fetches it."""
+
+    ref: HubRef
+    commit: str
+    file: Any
 
 
 def pulled_with(model: str) -> str | None:
@@ -158,7 +163,7 @@ def _pulled(ref: HubRef, *, offline: bool, download: bool, fetch_missing: bool) 
     if picked is None:
         return None
     if not download:
-        return _url(ref.repo, commit, picked.path)
+        return _on_hub(ref, commit, picked)
     return str(pull_projector(ref, commit, picked))
 
 
@@ -189,7 +194,7 @@ def _named(mmproj: str, model: ModelRef, *, offline: bool, download: bool) -> st
     commit, files = fetch.remote_listing(ref)
     picked = pick_in_repo(files, ref, name)
     if not download:
-        return _url(ref.repo, commit, picked.path)
+        return _on_hub(ref, commit, picked)
     return str(pull_projector(ref, commit, picked))
 
 
@@ -209,7 +214,9 @@ def _model_file(ref: ModelRef) -> str | None:
     return f"model-{ref.quant or DEFAULT_TAGS[0]}.gguf"
 
 
-def _url(repo: str, commit: str, path: str) -> str:
+def _on_hub(ref: HubRef, commit: str, file: Any) -> OnHub:
     from huggingface_hub import constants, hf_hub_url
 
-    return str(hf_hub_url(repo, path, revision=commit, endpoint=constants.ENDPOINT))
+    url = OnHub(hf_hub_url(ref.repo, file.path, revision=commit, endpoint=constants.ENDPOINT))
+    url.ref, url.commit, url.file = ref, commit, file
+    return url
