@@ -17,7 +17,7 @@ from runner import ui
 from runner.engine.context import CTX_PAD
 from runner.engine.engine import Engine
 from runner.engine.speculate import SPEC_DRAFT, draft_mismatch
-from runner.engine.template import TEMPLATE_KEY, compile_ahead
+from runner.engine.text.template import TEMPLATE_KEY, compile_ahead
 from runner.errors import CannotGenerate, InvalidSetting, WontFit
 from runner.gguf import GGUFHeader, read_header
 from runner.hub.catalog import CatalogEntry, load_catalog

@@ -85,8 +85,8 @@ def main() -> None:
     from runner.engine.batch import Job, run_batch, shared_prefix
     from runner.engine.engine import Engine
     from runner.engine.prompt import render_prompt
-    from runner.engine.sampling import SamplingConfig
-    from runner.engine.template import Message
+    from runner.engine.text.sampling import SamplingConfig
+    from runner.engine.text.template import Message
     from runner.gguf import read_header
     from runner.hub.catalog import load_catalog
     from runner.hub.fetch import locate

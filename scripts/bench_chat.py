@@ -53,8 +53,8 @@ def chat_turns(
     """The conversation `repeats` times (greedy: the same each time), per turn the median TTFT."""
     from runner.engine.conversation import fit
     from runner.engine.engine import Engine
-    from runner.engine.sampling import SamplingConfig
-    from runner.engine.template import Message
+    from runner.engine.text.sampling import SamplingConfig
+    from runner.engine.text.template import Message
     from runner.gguf import read_header
 
     header = read_header(path)

@@ -125,7 +125,7 @@ class Runner:
 
     def __init__(self, path: Path, threads: int) -> None:
         from runner.engine.engine import Engine
-        from runner.engine.sampling import SamplingConfig
+        from runner.engine.text.sampling import SamplingConfig
 
         self.engine = Engine(path, n_ctx=CTX, n_threads=threads)
         self.sampling = SamplingConfig(temperature=0)

@@ -80,8 +80,8 @@ TASKS = {
 def speculation(path: Path, repeats: int, max_tokens: int) -> list[dict]:
     from runner.engine.engine import Engine
     from runner.engine.prompt import render_prompt
-    from runner.engine.sampling import SamplingConfig
-    from runner.engine.template import Message
+    from runner.engine.text.sampling import SamplingConfig
+    from runner.engine.text.template import Message
     from runner.gguf import read_header
 
     header = read_header(path)

@@ -15,8 +15,8 @@ from runner.engine.llamacpp import llama
 from runner.engine.loop import Loop
 from runner.engine.prefix import PrefixStore, StateCache
 from runner.engine.prompt import render_prompt
-from runner.engine.sampling import SamplingConfig
-from runner.engine.template import Message
+from runner.engine.text.sampling import SamplingConfig
+from runner.engine.text.template import Message
 from runner.gguf import read_header
 from tests.conftest import run_cli
 from tests.serving import QUESTIONS, same_unless_near_tie

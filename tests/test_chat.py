@@ -206,7 +206,7 @@ def test_a_long_conversation_in_a_small_context_drops_the_oldest_turns() -> None
 
 def test_what_is_sent_after_dropping_keeps_the_system_message(engine) -> None:
     from runner.engine.conversation import fit
-    from runner.engine.template import Message
+    from runner.engine.text.template import Message
     from runner.gguf import read_header
 
     header = read_header(engine.path)

@@ -206,8 +206,8 @@ def test_ctrl_c_during_an_image_encode_is_said_at_once_and_ends_the_answer_after
     from runner.engine import vision
     from runner.engine.engine import Engine
     from runner.engine.prompt import render_prompt
-    from runner.engine.sampling import SamplingConfig
-    from runner.engine.template import Message
+    from runner.engine.text.sampling import SamplingConfig
+    from runner.engine.text.template import Message
     from runner.gguf import read_header
     from runner.images import load_image
 
@@ -258,7 +258,7 @@ def test_a_database_from_before_images_is_migrated_and_its_messages_read(tmp_pat
 
 
 def test_a_conversation_file_with_a_malformed_image_is_refused() -> None:
-    from runner.conversation_file import from_json
+    from runner.store.file import from_json
     from runner.errors import UsageError
 
     good = {"sha256": "ab" * 32, "size": 10, "path": "/p.png"}

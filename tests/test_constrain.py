@@ -9,11 +9,11 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from runner.engine import constrain
+from runner.engine.text import constrain
 from runner.engine.answer import FINISH_STOP
-from runner.engine.constrain import ConstraintError, constraint, subschemas
-from runner.engine.sampling import SamplingConfig
-from runner.engine.template import Message
+from runner.engine.text.constrain import ConstraintError, constraint, subschemas
+from runner.engine.text.sampling import SamplingConfig
+from runner.engine.text.template import Message
 from runner.errors import InvalidSetting
 from tests.conftest import run_cli
 

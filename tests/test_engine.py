@@ -9,8 +9,8 @@ import pytest
 
 from runner.engine.answer import FINISH_LENGTH, FINISH_STOP, TextAssembler
 from runner.engine.engine import Engine
-from runner.engine.sampling import SamplingConfig
-from runner.engine.template import build_messages, render
+from runner.engine.text.sampling import SamplingConfig
+from runner.engine.text.template import build_messages, render
 from runner.errors import PromptTooLong
 
 GREEDY = SamplingConfig(temperature=0)

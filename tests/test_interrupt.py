@@ -24,7 +24,7 @@ import pytest
 from runner import interrupt
 from runner.engine.answer import FINISH_INTERRUPTED
 from runner.engine.engine import Engine
-from runner.engine.sampling import SamplingConfig
+from runner.engine.text.sampling import SamplingConfig
 
 GREEDY = SamplingConfig(temperature=0)
 PROMPTS = [

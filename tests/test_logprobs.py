@@ -19,7 +19,7 @@ import pytest
 
 from runner.engine.logprobs import FLOOR, score_prompt
 from runner.engine.quality import score_text
-from runner.engine.sampling import SamplingConfig
+from runner.engine.text.sampling import SamplingConfig
 from tests.conftest import run_cli
 from tests.serving import MODEL, Server, model_server, openai_client
 
@@ -50,7 +50,7 @@ def test_an_answers_logprobs_are_its_tokens_scored_as_a_prompt(engine) -> None:
 def test_a_schemas_mask_is_in_the_logprobs(engine) -> None:
     """With a schema, the refused tokens have no probability: every alternative listed with any is a
     token the enum can start with, and the chosen ones share the whole mass between them."""
-    from runner.engine.constrain import schema_guide_of
+    from runner.engine.text.constrain import schema_guide_of
 
     guide = schema_guide_of(json.dumps({"enum": ["yes", "no"]}))
     prompt = engine.tokenize("Is the sky blue? Answer yes or no:")

@@ -24,10 +24,10 @@ from runner.engine.loop import Loop
 from runner.engine.prefix import PrefixStore
 from runner.engine.prompt import render_prompt
 from runner.engine.promptcache import MIN_HEAD, PromptCache
-from runner.engine.reasoning import ANSWER, REASONING
-from runner.engine.sampling import SamplingConfig
+from runner.engine.text.reasoning import ANSWER, REASONING
+from runner.engine.text.sampling import SamplingConfig
 from runner.engine.sequence import Job, Slot
-from runner.engine.template import Message
+from runner.engine.text.template import Message
 from runner.gguf import read_header
 
 GREEDY = SamplingConfig(temperature=0)

@@ -14,7 +14,7 @@ import pytest
 from runner.engine import promptcache
 from runner.engine.engine import Engine
 from runner.engine.promptcache import MIN_HEAD, PromptCache
-from runner.engine.sampling import SamplingConfig
+from runner.engine.text.sampling import SamplingConfig
 from tests.conftest import run_cli
 from tests.serving import same_unless_near_tie
 
@@ -89,7 +89,7 @@ def test_greedy_answers_are_the_same_with_and_without_the_cache(
     engine: Engine, smollm2_path: Path, tmp_path: Path
 ) -> None:
     from runner.engine.prompt import render_prompt
-    from runner.engine.template import Message
+    from runner.engine.text.template import Message
     from runner.gguf import read_header
 
     cache = PromptCache(tmp_path, promptcache.DEFAULT_LIMIT, pytest.fail)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from runner.engine.reasoning import ANSWER, REASONING, Splitter, opens_reasoning, style_of
+from runner.engine.text.reasoning import ANSWER, REASONING, Splitter, opens_reasoning, style_of
 from tests.conftest import run_cli
 
 THINKING = (
@@ -119,7 +119,7 @@ def test_earlier_reasoning_is_not_sent_back(thinking_model: Path) -> None:
     """A chat keeps each answer's reasoning in the store, and sends only the answers back."""
     from runner.engine.conversation import fit
     from runner.engine.engine import Engine
-    from runner.engine.template import Message
+    from runner.engine.text.template import Message
     from runner.gguf import read_header
 
     header = read_header(thinking_model)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from runner.engine.sampling import SamplingConfig, model_defaults, resolve
-from runner.engine.template import build_messages, render
+from runner.engine.text.sampling import SamplingConfig, model_defaults, resolve
+from runner.engine.text.template import build_messages, render
 from runner.errors import InvalidModelFile, InvalidSetting
 
 SMOL = (
@@ -97,7 +97,7 @@ def test_template_errors_are_the_model_files_fault() -> None:
 def test_a_template_compiled_ahead_renders_the_same_and_fails_the_same() -> None:
     """compile_ahead (beside the model load) only fills the compile cache: the render that follows
     gives the same text, and a template that does not compile still fails at the render."""
-    from runner.engine import template
+    from runner.engine.text import template
 
     source = "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}<ahead>"
     template.compile_ahead(source)

@@ -13,10 +13,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from runner.engine.answer import FINISH_STOP
-from runner.engine.constrain import constraint
+from runner.engine.text.constrain import constraint
 from runner.engine.prompt import render_prompt
-from runner.engine.sampling import SamplingConfig
-from runner.engine.template import Message
+from runner.engine.text.sampling import SamplingConfig
+from runner.engine.text.template import Message
 from runner.gguf import read_header
 
 NAMES = ["name", "age", "city", "tags", "id", "score", "kind", "note", "when", "ok"]

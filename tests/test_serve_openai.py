@@ -215,7 +215,7 @@ def test_concurrent_answers_do_not_cross(client: openai.OpenAI, engine: Any, smo
     """16 greedy chats at once (4 sequences decoding, 12 waiting) each get the answer their question
     gets alone: no answer carries another's tokens."""
     from runner.engine.prompt import render_prompt
-    from runner.engine.template import Message
+    from runner.engine.text.template import Message
     from runner.gguf import read_header
 
     def one(question: str) -> str:

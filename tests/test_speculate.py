@@ -9,9 +9,9 @@ import pytest
 
 from runner.engine.engine import Engine
 from runner.engine.prompt import render_prompt
-from runner.engine.sampling import SamplingConfig
+from runner.engine.text.sampling import SamplingConfig
 from runner.engine.speculate import CONTINUING, NGRAM_KEYS, NgramDrafter, Speculator, draft_mismatch
-from runner.engine.template import Message
+from runner.engine.text.template import Message
 from runner.gguf import read_header
 from tests.conftest import run_cli
 from tests.serving import same_unless_near_tie

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from runner.conversation_file import from_json, to_json
+from runner.store.file import from_json, to_json
 from runner.errors import UsageError
 from runner.store import MIGRATIONS, Store, StoredConversation, StoredMessage, StoreError
 

@@ -240,7 +240,7 @@ def test_an_aborted_probe_step_leaves_the_answer_as_one_thread_gives_it(engine, 
     token, and every token was decoded on one thread."""
     from runner.engine import threads as module
     from runner.engine.llamacpp import llama
-    from runner.engine.sampling import SamplingConfig
+    from runner.engine.text.sampling import SamplingConfig
     from runner.engine.threads import set_threads
 
     prompt = engine.tokenize("The history of the old harbour town begins")

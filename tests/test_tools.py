@@ -1,12 +1,12 @@
-"""Tools for a model (runner.engine.tools), hand-picked: the tools in the system message of a template
+"""Tools for a model (runner.engine.text.tools), hand-picked: the tools in the system message of a template
 that has no place for them, the schema a forced call must match, and calls read back out of answers."""
 
 from __future__ import annotations
 
 import json
 
-from runner.engine.template import Message
-from runner.engine.tools import forced_call_schema, parse_tool_calls, tools_as_system
+from runner.engine.text.template import Message
+from runner.engine.text.tools import forced_call_schema, parse_tool_calls, tools_as_system
 
 SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
 TOOLS = [
@@ -59,7 +59,7 @@ def test_a_forced_calls_refs_point_where_its_parameters_went() -> None:
     TOOLS mode got a 400, "Pointer '/$defs/Address' does not exist"). Data is left as it is."""
     import jsonschema
 
-    from runner.engine.constrain import constraint
+    from runner.engine.text.constrain import constraint
 
     address = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
     params = {

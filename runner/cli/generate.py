@@ -9,7 +9,7 @@ from typing import Any
 
 import typer
 
-from runner import options as o
+from runner.cli import options as o
 from runner.cli.app import app, edge
 from runner.errors import UsageError
 

@@ -8,7 +8,7 @@ import sys
 
 import typer
 
-from runner import options as o
+from runner.cli import options as o
 from runner.cli.app import app, edge
 
 history_app = typer.Typer(

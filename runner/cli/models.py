@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import sys
 
-from runner import options as o
+from runner.cli import options as o
 from runner.cli.app import app, edge
 
 

@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from runner import options as o
+from runner.cli import options as o
 from runner.cli.app import app, edge
 from runner.cli.generate import SAMPLING_FLAGS
 

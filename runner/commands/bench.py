@@ -26,8 +26,8 @@ from runner import ui
 from runner.commands.output import describe_load
 from runner.engine.batch import Job, run_batch
 from runner.engine.prompt import render_prompt
-from runner.engine.sampling import SamplingConfig
-from runner.engine.template import Message
+from runner.engine.text.sampling import SamplingConfig
+from runner.engine.text.template import Message
 from runner.errors import RunnerError, WontFit
 from runner.limits import check_range
 from runner.loader import LoadedModel, open_model

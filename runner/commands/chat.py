@@ -20,9 +20,9 @@ from runner.commands.lineinput import QUIT_HINT, PipeInput, TerminalInput
 from runner.commands.output import describe_load, to_json
 from runner.commands.session import ChatRequest, Session, user_turns
 from runner.commands.slash import COMMANDS, command, is_command, recap
-from runner.conversation_file import read_conversation
+from runner.store.file import read_conversation
 from runner.engine import rpc
-from runner.engine.template import TEMPLATE_KEY
+from runner.engine.text.template import TEMPLATE_KEY
 from runner.errors import PromptTooLong, RunnerError, UsageError
 from runner.hub.catalog import load_catalog
 from runner.limits import check_answer_limits, flash_attn_setting, spec_setting

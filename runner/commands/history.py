@@ -8,7 +8,7 @@ import json
 from typing import Any, TextIO
 
 from runner import ui
-from runner.conversation_file import iso_time, to_json
+from runner.store.file import iso_time, to_json
 from runner.errors import UsageError
 from runner.store import ORIGIN_SERVE, Store, StoredConversation, StoredResponse, StoreError, saving_disabled
 

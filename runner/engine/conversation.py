@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from runner.engine.engine import CTX_STEP, Engine
 from runner.engine.prompt import Prompt, render_prompt
-from runner.engine.template import Message
+from runner.engine.text.template import Message
 from runner.errors import PromptTooLong
 
 if TYPE_CHECKING:

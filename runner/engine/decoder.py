@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 from runner.engine.prefix import Sequences
-from runner.engine.sampling import SamplingConfig
+from runner.engine.text.sampling import SamplingConfig
 from runner.engine.speculate import SpecCosts, Speculation, Speculator
 from runner.engine.threads import Threads
 from runner.errors import PromptTooLong

@@ -38,7 +38,7 @@ from runner.engine.loop import Loop
 from runner.engine.positions import Positions
 from runner.engine.prefix import PrefixStore
 from runner.engine.promptcache import PromptCache
-from runner.engine.sampling import SamplingConfig
+from runner.engine.text.sampling import SamplingConfig
 from runner.engine.sequence import Job
 from runner.engine.speculate import (
     SPEC_DRAFT,
@@ -347,7 +347,7 @@ class Engine(KVContext):
         Ctrl-C (runner.interrupt) ends it within one token, or mid-prefill, with finish_reason
         "interrupted": what was generated is kept, and the interrupt counts as reported (the flag is
         cleared). `grammar` (GBNF, root rule "root") or `guide` (an llguidance grammar: a JSON
-        Schema's) constrains every token (runner.engine.constrain). `logprobs`: each answer token's
+        Schema's) constrains every token (runner.engine.text.constrain). `logprobs`: each answer token's
         log-probability and this many alternatives, in the Result (runner.engine.logprobs).
         `stop_loops` (by default: when no `max_tokens` is given) ends an answer that goes round in a
         loop, finish_reason "repetition" (runner.engine.answer.looping), not at the context's end.

@@ -43,7 +43,7 @@ class _LlamaLog:
     def muted(self) -> Iterator[bool]:
         """llama.cpp's log sent nowhere in C, for a call that logs a lot: a model load writes ~1,200
         lines, and each would call into Python and take the GIL, so no other Python thread could run
-        beside the load (the chat template's compile does: runner.engine.template.compile_ahead).
+        beside the load (the chat template's compile does: runner.engine.text.template.compile_ahead).
         Yields whether it muted: not while the log is echoed (--debug) or listened to. The lines are
         lost, so a caller that fails under it and wants llama.cpp's reason asks again unmuted.
 

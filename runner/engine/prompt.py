@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 from runner import ui
-from runner.engine.reasoning import opens_reasoning, style_of
-from runner.engine.template import TEMPLATE_KEY, Message, render
+from runner.engine.text.reasoning import opens_reasoning, style_of
+from runner.engine.text.template import TEMPLATE_KEY, Message, render
 from runner.errors import UsageError
 
 if TYPE_CHECKING:
@@ -41,7 +41,7 @@ class Prompt:
 
     tokens: list[int]
     text: str
-    reasoning_style: str | None = None  # runner.engine.reasoning.style_of the template
+    reasoning_style: str | None = None  # runner.engine.text.reasoning.style_of the template
     opens_reasoning: bool = False  # the template opened a <think> block: the answer starts in it
     media: Any = None  # its images (runner.engine.vision.MediaPrompt): tokens holds their positions
 

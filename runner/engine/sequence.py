@@ -28,8 +28,8 @@ from runner.engine.answer import (
 )
 from runner.engine.logprobs import TokenLogprob
 from runner.engine.promptcache import CacheUse
-from runner.engine.reasoning import ANSWER, Splitter
-from runner.engine.sampling import SamplingConfig
+from runner.engine.text.reasoning import ANSWER, Splitter
+from runner.engine.text.sampling import SamplingConfig
 from runner.engine.speculate import SpecStats, Speculator
 
 LOOP_CHECK_EVERY = 16  # tokens between two looks for a loop (each costs ~0.1 ms)
@@ -53,7 +53,7 @@ class Job:
     sampling: SamplingConfig
     max_tokens: int | None = None
     stop: tuple[str, ...] = ()
-    grammar: str | None = None  # GBNF, root rule "root" (runner.engine.constrain): llama.cpp's sampler
+    grammar: str | None = None  # GBNF, root rule "root" (runner.engine.text.constrain): llama.cpp's sampler
     guide: str | None = None  # an llguidance grammar (a JSON Schema's): masks (runner.engine.guide)
     sampler: Any = None  # a chain built beforehand (Engine.sampler): the loop owns and frees it
     reasoning: str | None = None  # the template's reasoning style ("think" | "channels"), split out

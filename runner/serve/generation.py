@@ -10,11 +10,11 @@ from typing import Any
 
 from runner import ui
 from runner.engine.answer import FINISH_STOP, Result
-from runner.engine.constrain import ConstraintError, answer_mismatch
+from runner.engine.text.constrain import ConstraintError, answer_mismatch
 from runner.engine.logprobs import TokenLogprob
-from runner.engine.reasoning import ANSWER
+from runner.engine.text.reasoning import ANSWER
 from runner.engine.sequence import Job
-from runner.engine.tools import parse_tool_calls
+from runner.engine.text.tools import parse_tool_calls
 from runner.serve.backend import Outcome, Scored
 
 Parts = asyncio.Queue[Any]  # an answer's parts, then None

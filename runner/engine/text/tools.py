@@ -18,7 +18,7 @@ import re
 from dataclasses import replace
 from typing import Any
 
-from runner.engine.schemawalk import subschemas
+from runner.engine.text.schemawalk import subschemas
 
 TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from runner.engine.schemawalk import DATA, MAPS, subschemas
+from runner.engine.text.schemawalk import DATA, MAPS, subschemas
 from runner.errors import InvalidSetting, RunnerError
 
 FORMATS = ("json",)

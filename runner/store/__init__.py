@@ -1,0 +1,38 @@
+"""Conversations kept: the SQLite store (conversations), its schema's migrations, and a conversation
+as a JSON file (file: /save, /load, history export). `from runner.store import Store` is the way in."""
+
+from runner.store.conversations import (
+    DB_NAME,
+    NO_SAVE_ENV,
+    ORIGIN_CHAT,
+    ORIGIN_SERVE,
+    Store,
+    StoredConversation,
+    StoredMessage,
+    StoredResponse,
+    StoreError,
+    Summary,
+    default_path,
+    first_words,
+    inspect,
+    saving_disabled,
+)
+from runner.store.migrations import MIGRATIONS
+
+__all__ = [
+    "DB_NAME",
+    "MIGRATIONS",
+    "NO_SAVE_ENV",
+    "ORIGIN_CHAT",
+    "ORIGIN_SERVE",
+    "Store",
+    "StoreError",
+    "StoredConversation",
+    "StoredMessage",
+    "StoredResponse",
+    "Summary",
+    "default_path",
+    "first_words",
+    "inspect",
+    "saving_disabled",
+]
