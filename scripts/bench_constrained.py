@@ -100,9 +100,9 @@ def runner_side(
     args: argparse.Namespace, found: list[dict[str, Any]]
 ) -> tuple[list[dict[str, Any]], list[float]]:
     from runner.engine.answer import FINISH_STOP
-    from runner.engine.text.constrain import constraint
     from runner.engine.engine import Engine
     from runner.engine.prompt import render_prompt
+    from runner.engine.text.constrain import constraint
     from runner.engine.text.sampling import SamplingConfig
     from runner.engine.text.template import Message
     from runner.errors import RunnerError
@@ -180,11 +180,11 @@ def shares(results: list[dict[str, Any]]) -> dict[str, Any]:
 def speed(args: argparse.Namespace) -> dict[str, list[float]]:
     """Constrained over unconstrained decode tok/s, at 1 and 16 sequences, --rounds interleaved."""
     from runner.engine.batch import run_batch
-    from runner.engine.text.constrain import constraint
     from runner.engine.engine import Engine
     from runner.engine.prompt import render_prompt
-    from runner.engine.text.sampling import SamplingConfig
     from runner.engine.sequence import Job
+    from runner.engine.text.constrain import constraint
+    from runner.engine.text.sampling import SamplingConfig
     from runner.engine.text.template import Message
     from runner.gguf import read_header
 

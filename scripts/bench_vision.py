@@ -131,8 +131,8 @@ def batched(model: Path, projector: Path, images: list[bytes], tokens: int) -> l
     from runner.engine.batch import run_batch
     from runner.engine.engine import Engine
     from runner.engine.prompt import render_prompt
-    from runner.engine.text.sampling import SamplingConfig
     from runner.engine.sequence import Job
+    from runner.engine.text.sampling import SamplingConfig
     from runner.engine.text.template import Message
     from runner.gguf import read_header
     from runner.images import load_image

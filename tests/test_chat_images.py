@@ -258,8 +258,8 @@ def test_a_database_from_before_images_is_migrated_and_its_messages_read(tmp_pat
 
 
 def test_a_conversation_file_with_a_malformed_image_is_refused() -> None:
-    from runner.store.file import from_json
     from runner.errors import UsageError
+    from runner.store.file import from_json
 
     good = {"sha256": "ab" * 32, "size": 10, "path": "/p.png"}
     data = {"messages": [{"role": "user", "content": "Hi", "images": [good]}]}

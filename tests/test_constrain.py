@@ -9,8 +9,8 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from runner.engine.text import constrain
 from runner.engine.answer import FINISH_STOP
+from runner.engine.text import constrain
 from runner.engine.text.constrain import ConstraintError, constraint, subschemas
 from runner.engine.text.sampling import SamplingConfig
 from runner.engine.text.template import Message

@@ -24,9 +24,9 @@ from runner.engine.loop import Loop
 from runner.engine.prefix import PrefixStore
 from runner.engine.prompt import render_prompt
 from runner.engine.promptcache import MIN_HEAD, PromptCache
+from runner.engine.sequence import Job, Slot
 from runner.engine.text.reasoning import ANSWER, REASONING
 from runner.engine.text.sampling import SamplingConfig
-from runner.engine.sequence import Job, Slot
 from runner.engine.text.template import Message
 from runner.gguf import read_header
 

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from runner.engine.answer import FINISH_STOP
-from runner.engine.text.constrain import constraint, mismatch
 from runner.engine.prompt import render_prompt
+from runner.engine.text.constrain import constraint, mismatch
 from runner.engine.text.sampling import SamplingConfig
 from runner.engine.text.template import Message
 from runner.errors import InvalidSetting

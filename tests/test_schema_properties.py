@@ -13,8 +13,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from runner.engine.answer import FINISH_STOP
-from runner.engine.text.constrain import constraint
 from runner.engine.prompt import render_prompt
+from runner.engine.text.constrain import constraint
 from runner.engine.text.sampling import SamplingConfig
 from runner.engine.text.template import Message
 from runner.gguf import read_header

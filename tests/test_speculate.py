@@ -9,8 +9,8 @@ import pytest
 
 from runner.engine.engine import Engine
 from runner.engine.prompt import render_prompt
-from runner.engine.text.sampling import SamplingConfig
 from runner.engine.speculate import CONTINUING, NGRAM_KEYS, NgramDrafter, Speculator, draft_mismatch
+from runner.engine.text.sampling import SamplingConfig
 from runner.engine.text.template import Message
 from runner.gguf import read_header
 from tests.conftest import run_cli

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from runner.store.file import from_json, to_json
 from runner.errors import UsageError
 from runner.store import MIGRATIONS, Store, StoredConversation, StoredMessage, StoreError
+from runner.store.file import from_json, to_json
 
 
 def test_a_conversation_round_trips(tmp_path: Path) -> None:

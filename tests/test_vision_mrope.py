@@ -26,8 +26,8 @@ from runner.engine.context import add_tokens, common_prefix
 from runner.engine.engine import Engine
 from runner.engine.llamacpp import llama
 from runner.engine.prompt import Prompt, render_prompt
-from runner.engine.text.sampling import SamplingConfig
 from runner.engine.sequence import Job
+from runner.engine.text.sampling import SamplingConfig
 from runner.engine.text.template import Message
 from runner.engine.vision import mtmd
 from runner.gguf import read_header

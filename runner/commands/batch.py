@@ -22,9 +22,9 @@ from runner import ui
 from runner.commands.output import LOOP_WARNING, describe_load, open_prompt_cache, sampling_for
 from runner.engine.answer import FINISH_REPEAT, Result
 from runner.engine.batch import Job, run_batch
-from runner.engine.text.constrain import Constraint, ConstraintError, constraint
 from runner.engine.prefix import PrefixStore
 from runner.engine.prompt import render_prompt
+from runner.engine.text.constrain import Constraint, ConstraintError, constraint
 from runner.engine.text.template import build_messages
 from runner.errors import RunnerError, UsageError
 from runner.limits import check_answer_limits, check_range, flash_attn_setting

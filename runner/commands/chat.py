@@ -20,7 +20,6 @@ from runner.commands.lineinput import QUIT_HINT, PipeInput, TerminalInput
 from runner.commands.output import describe_load, to_json
 from runner.commands.session import ChatRequest, Session, user_turns
 from runner.commands.slash import COMMANDS, command, is_command, recap
-from runner.store.file import read_conversation
 from runner.engine import rpc
 from runner.engine.text.template import TEMPLATE_KEY
 from runner.errors import PromptTooLong, RunnerError, UsageError
@@ -29,6 +28,7 @@ from runner.limits import check_answer_limits, flash_attn_setting, spec_setting
 from runner.loader import LoadedModel, open_model
 from runner.paths import data_dir
 from runner.store import Store, StoredConversation, StoreError, saving_disabled
+from runner.store.file import read_conversation
 
 HISTORY_FILE = "chat_input_history"
 

@@ -8,9 +8,9 @@ import json
 from typing import Any, TextIO
 
 from runner import ui
-from runner.store.file import iso_time, to_json
 from runner.errors import UsageError
 from runner.store import ORIGIN_SERVE, Store, StoredConversation, StoredResponse, StoreError, saving_disabled
+from runner.store.file import iso_time, to_json
 
 COLUMNS = ("ID", "FROM", "MODEL", "TURNS", "UPDATED", "FIRST WORDS")
 RESPONSE_FORMAT = "runner-response"

@@ -23,9 +23,9 @@ from runner.engine.llamacpp import supports_gpu_offload
 from runner.engine.logprobs import TokenLogprob
 from runner.engine.prompt import Prompt
 from runner.engine.promptcache import CacheUse, PromptCache
+from runner.engine.speculate import SpecStats
 from runner.engine.text.reasoning import ANSWER
 from runner.engine.text.sampling import SamplingConfig, catalog_defaults, resolve_sources
-from runner.engine.speculate import SpecStats
 from runner.limits import flash_attn_name
 from runner.loader import LoadedModel
 

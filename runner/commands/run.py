@@ -21,10 +21,10 @@ from runner.commands.output import (
     to_json,
 )
 from runner.engine.answer import FINISH_INTERRUPTED, FINISH_REPEAT, Result
-from runner.engine.text.constrain import constraint
 from runner.engine.context import common_prefix
 from runner.engine.logprobs import MAX_TOP
 from runner.engine.prompt import read_prompt, render_prompt
+from runner.engine.text.constrain import constraint
 from runner.engine.text.template import build_messages
 from runner.errors import UsageError
 from runner.images import MAX_IMAGES, read_image_arg

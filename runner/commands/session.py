@@ -34,9 +34,9 @@ from runner.commands.output import (
     stream_answer,
 )
 from runner.engine.answer import FINISH_INTERRUPTED, FINISH_REPEAT
-from runner.engine.text.constrain import Constraint, ConstraintError, constraint
 from runner.engine.conversation import Fitted, fit
 from runner.engine.promptcache import MIN_HEAD, text_head
+from runner.engine.text.constrain import Constraint, ConstraintError, constraint
 from runner.engine.text.template import Message
 from runner.errors import RunnerError, UsageError
 from runner.limits import check_answer_limits

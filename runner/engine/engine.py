@@ -38,7 +38,6 @@ from runner.engine.loop import Loop
 from runner.engine.positions import Positions
 from runner.engine.prefix import PrefixStore
 from runner.engine.promptcache import PromptCache
-from runner.engine.text.sampling import SamplingConfig
 from runner.engine.sequence import Job
 from runner.engine.speculate import (
     SPEC_DRAFT,
@@ -49,6 +48,7 @@ from runner.engine.speculate import (
     Speculation,
     Speculator,
 )
+from runner.engine.text.sampling import SamplingConfig
 from runner.engine.threads import Threads, competing_others, free_threads
 from runner.errors import EngineError, InvalidModelFile, InvalidSetting, UsageError
 from runner.limits import DEFAULT_CTX

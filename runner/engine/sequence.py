@@ -28,9 +28,9 @@ from runner.engine.answer import (
 )
 from runner.engine.logprobs import TokenLogprob
 from runner.engine.promptcache import CacheUse
+from runner.engine.speculate import SpecStats, Speculator
 from runner.engine.text.reasoning import ANSWER, Splitter
 from runner.engine.text.sampling import SamplingConfig
-from runner.engine.speculate import SpecStats, Speculator
 
 LOOP_CHECK_EVERY = 16  # tokens between two looks for a loop (each costs ~0.1 ms)
 LOOP_TAIL = 3 * LOOP_PERIOD_MAX  # the answer's tokens a look reads: three turns of the longest loop

@@ -25,13 +25,13 @@ from typing import Any
 
 from runner import ui
 from runner.engine.answer import Result
-from runner.engine.text.constrain import checked_schema, json_guide, schema_guide_of
 from runner.engine.loop import Loop
 from runner.engine.prefix import PrefixStore, StateCache
 from runner.engine.prompt import Prompt, render_prompt
 from runner.engine.promptcache import PromptCache
-from runner.engine.text.sampling import SamplingConfig
 from runner.engine.sequence import Job, dropped
+from runner.engine.text.constrain import checked_schema, json_guide, schema_guide_of
+from runner.engine.text.sampling import SamplingConfig
 from runner.engine.text.template import TEMPLATE_KEY, Message
 from runner.engine.text.tools import forced_call_schema, tools_as_system
 from runner.errors import InvalidSetting, RunnerError

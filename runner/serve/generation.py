@@ -10,10 +10,10 @@ from typing import Any
 
 from runner import ui
 from runner.engine.answer import FINISH_STOP, Result
-from runner.engine.text.constrain import ConstraintError, answer_mismatch
 from runner.engine.logprobs import TokenLogprob
-from runner.engine.text.reasoning import ANSWER
 from runner.engine.sequence import Job
+from runner.engine.text.constrain import ConstraintError, answer_mismatch
+from runner.engine.text.reasoning import ANSWER
 from runner.engine.text.tools import parse_tool_calls
 from runner.serve.backend import Outcome, Scored
 

@@ -33,6 +33,7 @@ from runner.store.migrations import MIGRATIONS
 DB_NAME = "conversations.db"
 NO_SAVE_ENV = "RUNNER_NO_SAVE"  # set to 1: nothing is stored, as --no-save
 
+
 class StoreError(RunnerError):
     """The conversation database cannot be opened or written (corrupt, unwritable, from a newer runner)."""
 
