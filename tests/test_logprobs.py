@@ -223,7 +223,7 @@ def test_perplexity_is_the_second_halves_scored(engine) -> None:
     for c in range(3):
         chunk = tokens[c * 128 : (c + 1) * 128]
         engine.forget(0)
-        engine.extend(chunk, 0, logits="all")
+        engine.extend(chunk, 0, all_logits=True)
         logits = rows(engine.ctx, 128, engine.n_vocab).astype(np.float64)
         for i in range(64, 127):  # row i predicts token i + 1
             row = logits[i] - logits[i].max()

@@ -5,7 +5,7 @@ context that grows), the llama_batch the loop fills, and why a prompt does not f
 
 KVContext is the Engine's base: runner.engine.engine loads the model and the first context;
 runner.engine.loop runs the generation over these steps. A one-sequence context is allocated small
-and grows as it fills (_reserve).
+and grows as it fills (reserve).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from runner.errors import EngineError, PromptTooLong
 
 CTX_PAD = 256  # llama.cpp rounds a context up to this
 CTX_STEP = 256  # a suggested --ctx is rounded up to this
-START_CTX = 512  # a one-sequence context is first allocated at most this large, then grows (_reserve)
+START_CTX = 512  # a one-sequence context is first allocated at most this large, then grows (reserve)
 DECODE_ABORTED = 2  # llama_decode's status when the abort callback stopped it
 
 
@@ -195,8 +195,6 @@ class KVContext:
                 self.cells[0].clear()
                 raise EngineError("llama.cpp could not move the KV cache into a larger context")
 
-    _reserve = reserve
-
     # -- the batch ------------------------------------------------------------------------------
 
     def batch_for(self, n: int) -> Any:
@@ -219,15 +217,21 @@ class KVContext:
     # -- one sequence ---------------------------------------------------------------------------
 
     def extend(
-        self, tokens: Sequence[int], seq: int = 0, *, logits: bool | str = True, rows_from: int | None = None
+        self,
+        tokens: Sequence[int],
+        seq: int = 0,
+        *,
+        logits: bool = True,
+        all_logits: bool = False,
+        rows_from: int | None = None,
     ) -> None:
-        """Evaluate tokens after those sequence `seq` holds (at most n_batch); logits for the last, for
-        every one ("all"), none (False), or those from index `rows_from` on."""
+        """Evaluate tokens after those sequence `seq` holds (at most n_batch); logits for the last (True),
+        none (False), for every one (all_logits), or for those from index `rows_from` on."""
         held = self.cells[seq]
         self.reserve(len(held) + len(tokens))
         batch = self.batch_for(len(tokens))
         n, pos = len(held), self.position(seq)
-        add_tokens(batch, seq, tokens, pos, logits=logits)
+        add_tokens(batch, seq, tokens, pos, logits=logits, all_logits=all_logits)
         if rows_from is not None:
             for row in range(rows_from, len(tokens)):
                 batch.logits[row] = 1
@@ -381,10 +385,6 @@ class KVContext:
         """Tokens sequence 0 holds now (how full a one-sequence context is)."""
         return len(self.cells[0])
 
-    @property
-    def _cached(self) -> list[int]:
-        return self.cells[0]
-
     def reset(self) -> None:
         """Forget every sequence (a new conversation; benchmarks that measure a cold prefill)."""
         llama().llama_memory_clear(self._memory, True)
@@ -447,19 +447,21 @@ def restream(data: bytes, n_stream: int) -> bytes:
     return data[:at] + struct.pack("<I", n_stream) + section + b"\0" * (4 * (n_stream - 1))
 
 
-def add_tokens(batch: Any, seq: int, tokens: Sequence[int], pos: int, *, logits: bool | str) -> int:
-    """Tokens of one sequence into the batch at positions from `pos`; logits for the last (True), for
-    every one ("all") or none (False). Returns the row of the first token."""
+def add_tokens(
+    batch: Any, seq: int, tokens: Sequence[int], pos: int, *, logits: bool = True, all_logits: bool = False
+) -> int:
+    """Tokens of one sequence into the batch at positions from `pos`; logits for the last (True) or none
+    (False), or with all_logits for every one (whatever `logits` says). Returns the row of the first
+    token."""
     n = batch.n_tokens
-    every = logits == "all"
     for i, token in enumerate(tokens):
         row = n + i
         batch.token[row] = token
         batch.pos[row] = pos + i
         batch.n_seq_id[row] = 1
         batch.seq_id[row][0] = seq
-        batch.logits[row] = every
-    if logits is True and tokens:
+        batch.logits[row] = all_logits
+    if logits and tokens:
         batch.logits[n + len(tokens) - 1] = 1
     batch.n_tokens = n + len(tokens)
     return n

@@ -7,8 +7,8 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 from runner.engine.prefix import Sequences
-from runner.engine.text.sampling import SamplingConfig
 from runner.engine.speculate import SpecCosts, Speculation, Speculator
+from runner.engine.text.sampling import SamplingConfig
 from runner.engine.threads import Threads
 from runner.errors import PromptTooLong
 
@@ -33,7 +33,13 @@ class Decoder(Sequences, Protocol):
     def prefill(self, tokens: Sequence[int], seq: int = 0, media: Any = None) -> int: ...
 
     def extend(
-        self, tokens: Sequence[int], seq: int = 0, *, logits: bool | str = True, rows_from: int | None = None
+        self,
+        tokens: Sequence[int],
+        seq: int = 0,
+        *,
+        logits: bool = True,
+        all_logits: bool = False,
+        rows_from: int | None = None,
     ) -> None: ...
 
     def keep_head(self, tokens: Sequence[int], seq: int = 0) -> int: ...

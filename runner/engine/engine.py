@@ -130,7 +130,7 @@ class Engine(KVContext):
         self.threads = Threads(most, fixed=n_threads is not None, start=start, look=True)
         self._settings = (kv_type, flash_attn)
         asked = n_ctx or min(DEFAULT_CTX, self.n_ctx_train or DEFAULT_CTX)
-        # one sequence: the context is allocated small and grows as it fills (_reserve); n_ctx is the
+        # one sequence: the context is allocated small and grows as it fills (reserve); n_ctx is the
         # size it may grow to, as llama.cpp would have made it (a multiple of 256)
         growing = self.n_seq == 1
         self.n_ctx = -(-asked // CTX_PAD) * CTX_PAD if growing else asked

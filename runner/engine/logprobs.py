@@ -107,7 +107,13 @@ class Scoring(Protocol):
     def reserve(self, tokens: int) -> None: ...
 
     def extend(
-        self, tokens: Sequence[int], seq: int = 0, *, logits: bool | str = True, rows_from: int | None = None
+        self,
+        tokens: Sequence[int],
+        seq: int = 0,
+        *,
+        logits: bool = True,
+        all_logits: bool = False,
+        rows_from: int | None = None,
     ) -> None: ...
 
 
@@ -120,7 +126,7 @@ def score_prompt(engine: Scoring, tokens: Sequence[int], seq: int, n_top: int) -
     out: list[TokenLogprob] = []
     for start in range(0, len(tokens), ROWS):
         chunk = tokens[start : start + ROWS]
-        engine.extend(chunk, seq, logits="all")
+        engine.extend(chunk, seq, all_logits=True)
         logits = rows(engine.ctx, len(chunk), engine.n_vocab)
         for i in range(len(chunk)):
             if start + i + 1 < len(tokens):

@@ -186,7 +186,7 @@ class Loop:
         batch = engine.batch_for(total)
         for slot in slots:
             tokens = slot.pending + slot.drafts
-            slot.row = add_tokens(batch, slot.seq, tokens, slot.pos, logits="all" if slot.drafts else True)
+            slot.row = add_tokens(batch, slot.seq, tokens, slot.pos, all_logits=bool(slot.drafts))
         began = time.perf_counter()
         engine.evaluate(batch)
         seconds = time.perf_counter() - began

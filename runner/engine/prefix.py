@@ -138,7 +138,7 @@ def copy_sequence(engine: Sequences, source: int, seq: int) -> bool:
 class Found:
     """Where a longer head of a prompt is: another sequence, a RAM entry, or the disk tier."""
 
-    tokens: int  # how many of the prompt's tokens it holds
+    n_tokens: int  # how many of the prompt's tokens it holds
     source: int | None = None  # a sequence
     entry: int | None = None  # a RAM entry
     disk: bool = False
@@ -173,7 +173,7 @@ class PrefixStore:
             return CacheUse()
         if found.disk and self.disk is not None:
             start = time.perf_counter()
-            for n in [found.tokens, *self.disk.lengths(engine, tokens[: found.tokens], 0)]:
+            for n in [found.n_tokens, *self.disk.lengths(engine, tokens[: found.n_tokens], 0)]:
                 if self.disk.load(engine, tokens[:n], seq):
                     return CacheUse(loaded_tokens=n, read_s=time.perf_counter() - start)
             return CacheUse(read_s=time.perf_counter() - start)
