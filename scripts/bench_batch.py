@@ -82,9 +82,10 @@ def main() -> None:
     parser.add_argument("--batched-bench", metavar="PATH", help="llama.cpp's llama-batched-bench")
     args = parser.parse_args()
 
-    from runner.engine.batch import Job, run_batch, shared_prefix
+    from runner.engine.batch import run_batch, shared_prefix
     from runner.engine.engine import Engine
     from runner.engine.prompt import render_prompt
+    from runner.engine.request import bare
     from runner.engine.text.sampling import SamplingConfig
     from runner.engine.text.template import Message
     from runner.gguf import read_header
@@ -120,7 +121,7 @@ def main() -> None:
                 start = time.perf_counter()
                 stats = run_batch(
                     many,
-                    [Job(i, t, greedy, max_tokens=args.tokens) for i, t in enumerate(prompts)],
+                    [bare(t, greedy, max_tokens=args.tokens) for t in prompts],
                     lambda _d, ends=ends: ends.append(time.perf_counter()),
                 )
                 results[f"--parallel {n}"].append(stats.completion_tokens / stats.wall_s)
@@ -158,7 +159,7 @@ def main() -> None:
             for q in questions
         ]
         head = shared_prefix(prompts)
-        jobs = [Job(i, t, greedy, max_tokens=8) for i, t in enumerate(prompts)]
+        jobs = [bare(t, greedy, max_tokens=8) for t in prompts]
         shared = run_batch(many, jobs, lambda _d: None)
         alone = run_batch(many, jobs, lambda _d: None, share_prefix=False)
     print(

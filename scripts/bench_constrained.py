@@ -182,7 +182,7 @@ def speed(args: argparse.Namespace) -> dict[str, list[float]]:
     from runner.engine.batch import run_batch
     from runner.engine.engine import Engine
     from runner.engine.prompt import render_prompt
-    from runner.engine.sequence import Job
+    from runner.engine.request import Request, bare
     from runner.engine.text.constrain import constraint
     from runner.engine.text.sampling import SamplingConfig
     from runner.engine.text.template import Message
@@ -202,7 +202,7 @@ def speed(args: argparse.Namespace) -> dict[str, list[float]]:
                 for i in range(n)
             ]
 
-            def timed(jobs: list[Job]) -> tuple[float, dict[int, int]]:
+            def timed(jobs: list[Request]) -> tuple[float, dict[int, int]]:
                 lengths: dict[int, int] = {}
                 stats = run_batch(
                     engine, jobs, lambda done: lengths.__setitem__(done.index, done.timings.completion_tokens)
@@ -210,11 +210,9 @@ def speed(args: argparse.Namespace) -> dict[str, list[float]]:
                 return stats.completion_tokens / stats.wall_s, lengths
 
             for rnd in range(args.rounds):
-                guided, lengths = timed(
-                    [Job(i, p, greedy, max_tokens=300, guide=rule.guide) for i, p in enumerate(prompts)]
-                )
+                guided, lengths = timed([bare(p, greedy, max_tokens=300, guide=rule.guide) for p in prompts])
                 free, _ = timed(
-                    [Job(i, p, greedy, max_tokens=lengths[i], ignore_end=True) for i, p in enumerate(prompts)]
+                    [bare(p, greedy, max_tokens=lengths[i], ignore_end=True) for i, p in enumerate(prompts)]
                 )
                 ratios[str(n)].append(guided / free)
                 progress(

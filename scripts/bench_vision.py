@@ -131,7 +131,7 @@ def batched(model: Path, projector: Path, images: list[bytes], tokens: int) -> l
     from runner.engine.batch import run_batch
     from runner.engine.engine import Engine
     from runner.engine.prompt import render_prompt
-    from runner.engine.sequence import Job
+    from runner.engine.request import Request
     from runner.engine.text.sampling import SamplingConfig
     from runner.engine.text.template import Message
     from runner.gguf import read_header
@@ -148,9 +148,8 @@ def batched(model: Path, projector: Path, images: list[bytes], tokens: int) -> l
                 engine, read_header(model), [Message("user", engine.vision.marker + QUESTION)],
                 images=[image],
             )  # fmt: skip
-            jobs.append(Job(i, prompt.tokens, greedy, max_tokens=tokens, media=prompt.media,
-                            on_token=lambda t, i=i: ids[i].append(t)))  # fmt: skip
-        run_batch(engine, jobs, lambda _result: None)
+            jobs.append(Request(prompt, greedy, max_tokens=tokens))
+        run_batch(engine, jobs, lambda _result: None, on_token=lambda i, t: ids[i].append(t))
         for answer in ids.values():  # on_token sees the end-of-generation token too: run's ids do not
             if answer and engine.is_end(answer[-1]):
                 answer.pop()

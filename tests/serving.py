@@ -28,6 +28,7 @@ import httpx
 import openai
 import pytest
 
+from runner.engine.answer import Result, Timings
 from runner.serve.backend import Ask, ModelInfo, Outcome, QueueFull, TooLong
 
 if TYPE_CHECKING:
@@ -379,7 +380,7 @@ class StandIn:
         too_long: int = 4000,
     ) -> None:
         self.parts = parts if parts is not None else [("answer", "Hello"), ("answer", " there")]
-        self.outcome = outcome or Outcome(text="Hello there", prompt_tokens=5, completion_tokens=2)
+        self.outcome = outcome or outcome_of("Hello there", prompt_tokens=5, completion_tokens=2)
         self.too_long = too_long
         self.full = False
         self.asks: list[Ask] = []
@@ -436,3 +437,21 @@ class StandIn:
 
     async def embed(self, model: str, texts: list[str], *, truncate: bool) -> tuple[list[list[float]], int]:
         return [[1.0] + [0.0] * 575 for _ in texts], 3 * len(texts)
+
+
+def outcome_of(
+    text: str,
+    finish_reason: str = "stop",
+    *,
+    prompt_tokens: int = 0,
+    completion_tokens: int = 0,
+    stop: str | None = None,
+    reasoning: str = "",
+    tool_calls: tuple[dict[str, Any], ...] = (),
+) -> Outcome:
+    """An engine's answer as the stand-in backend hands it out: a Result with these fields."""
+    timings = Timings(
+        prompt_tokens=prompt_tokens, prefill_tokens=prompt_tokens, completion_tokens=completion_tokens
+    )
+    result = Result(text, finish_reason, timings, reasoning=reasoning, stop=stop, tool_calls=tool_calls)
+    return Outcome(result)

@@ -9,12 +9,14 @@ from pathlib import Path
 import pytest
 
 from runner.engine.answer import Result
-from runner.engine.batch import Job, run_batch, shared_prefix
+from runner.engine.batch import run_batch, shared_prefix
 from runner.engine.engine import Engine
 from runner.engine.llamacpp import llama
 from runner.engine.loop import Loop
 from runner.engine.prefix import PrefixStore, StateCache
 from runner.engine.prompt import render_prompt
+from runner.engine.request import bare
+from runner.engine.sequence import Job
 from runner.engine.text.sampling import SamplingConfig
 from runner.engine.text.template import Message
 from runner.gguf import read_header
@@ -45,7 +47,7 @@ def test_greedy_answers_are_the_same_alone_and_batched(
     done: dict[int, object] = {}
     stats = run_batch(
         batch_engine,
-        [Job(i, t, GREEDY, max_tokens=32) for i, t in enumerate(tokens)],
+        [bare(t, GREEDY, max_tokens=32) for t in tokens],
         lambda d: done.__setitem__(d.index, d),
     )
     assert stats.completion_tokens > 0 and sorted(done) == list(range(len(QUESTIONS)))
@@ -62,7 +64,7 @@ def test_the_shared_head_is_evaluated_once(batch_engine: Engine, engine: Engine,
     tokens = prompts(batch_engine, smollm2_path, system)
     shared = shared_prefix(tokens)
     assert shared > 100
-    jobs = [Job(i, t, GREEDY, max_tokens=8) for i, t in enumerate(tokens)]
+    jobs = [bare(t, GREEDY, max_tokens=8) for t in tokens]
     texts: dict[bool, dict[int, str]] = {True: {}, False: {}}
     evaluated: dict[int, int] = {}
 

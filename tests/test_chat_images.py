@@ -206,6 +206,7 @@ def test_ctrl_c_during_an_image_encode_is_said_at_once_and_ends_the_answer_after
     from runner.engine import vision
     from runner.engine.engine import Engine
     from runner.engine.prompt import render_prompt
+    from runner.engine.request import Request
     from runner.engine.text.sampling import SamplingConfig
     from runner.engine.text.template import Message
     from runner.gguf import read_header
@@ -230,7 +231,7 @@ def test_ctrl_c_during_an_image_encode_is_said_at_once_and_ends_the_answer_after
         messages = [Message("user", engine.vision.marker + "What is this?")]
         prompt = render_prompt(engine, read_header(smollm2_path), messages, images=[image])
         greedy = SamplingConfig(temperature=0)
-        last = list(engine.stream(prompt.tokens, greedy, max_tokens=8, media=prompt.media))
+        last = list(engine.stream(Request(prompt, greedy, max_tokens=8)))
     result = last[-1].result
     assert result is not None and result.finish_reason == "interrupted" and result.text == ""
     assert timeline["said"] < timeline["encoded"] - 0.4  # said while the encode still ran

@@ -9,6 +9,7 @@ import pytest
 
 from runner.engine.answer import FINISH_LENGTH, FINISH_STOP, TextAssembler
 from runner.engine.engine import Engine
+from runner.engine.request import bare
 from runner.engine.text.sampling import SamplingConfig
 from runner.engine.text.template import build_messages, render
 from runner.errors import PromptTooLong
@@ -60,7 +61,7 @@ def test_stop_string_cuts_before_it_even_across_tokens(engine: Engine) -> None:
 
 def test_streamed_pieces_join_to_the_full_text(engine: Engine) -> None:
     prompt = chat(engine, "Name three colours.")
-    pieces = [c.text for c in engine.stream(prompt, GREEDY, max_tokens=30)]
+    pieces = [c.text for c in engine.stream(bare(prompt, GREEDY, max_tokens=30))]
     assert len([p for p in pieces if p]) > 5  # really streamed, not one blob at the end
     assert "".join(pieces) == engine.generate(prompt, GREEDY, max_tokens=30).text
 

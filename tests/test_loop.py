@@ -24,6 +24,7 @@ from runner.engine.loop import Loop
 from runner.engine.prefix import PrefixStore
 from runner.engine.prompt import render_prompt
 from runner.engine.promptcache import MIN_HEAD, PromptCache
+from runner.engine.request import bare
 from runner.engine.sequence import Job, Slot
 from runner.engine.text.reasoning import ANSWER, REASONING
 from runner.engine.text.sampling import SamplingConfig
@@ -183,7 +184,7 @@ def test_a_stop_string_is_reported_by_the_engine_alone_and_in_a_batch(
     done: dict[int, Result] = {}
     run_batch(
         four,
-        [Job(i, tokens, GREEDY, max_tokens=40, stop=("never there", stop)) for i in range(2)],
+        [bare(tokens, GREEDY, max_tokens=40, stop=("never there", stop)) for _ in range(2)],
         lambda r: done.__setitem__(r.index, r),
     )
     assert all((r.finish_reason, r.stop, r.text) == (FINISH_STOP, stop, alone.text) for r in done.values())
@@ -199,7 +200,7 @@ def test_speculation_in_a_shared_batch_keeps_every_greedy_answer(four: Engine, s
         done: dict[int, Result] = {}
         run_batch(
             four,
-            [Job(i, p, GREEDY, max_tokens=48) for i, p in enumerate(prompts)],
+            [bare(p, GREEDY, max_tokens=48) for p in prompts],
             lambda r: done.__setitem__(r.index, r),
             share_prefix=False,
         )

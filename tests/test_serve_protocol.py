@@ -21,9 +21,8 @@ import pytest
 from starlette.testclient import TestClient
 
 from runner.serve.app import create_app
-from runner.serve.backend import Outcome
 from runner.serve.responses.store import ResponseStore
-from tests.serving import HI, MODEL, WEATHER, StandIn, body, chat, check_refused
+from tests.serving import HI, MODEL, WEATHER, StandIn, body, chat, check_refused, outcome_of
 
 BIG = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "x" * (4 << 20)}]})
 DEEP = json.dumps({"model": MODEL, "messages": HI, "metadata": json.loads("[" * 70 + "]" * 70)})
@@ -390,7 +389,7 @@ def test_anthropics_stop_sequence_is_the_one_the_engine_stopped_at(
     """stop_reason "stop_sequence" and the string named, whole and streamed, when the engine reports
     it (Outcome.stop_sequence); an end token is end_turn with no stop_sequence. The request's
     stop_sequences go to the engine as its stop strings."""
-    backend.outcome = Outcome(text="Hello there", prompt_tokens=5, completion_tokens=2, stop_sequence="END")
+    backend.outcome = outcome_of("Hello there", prompt_tokens=5, completion_tokens=2, stop="END")
     client = anthropic_client(http)
     fields: dict[str, Any] = {
         "model": MODEL,
@@ -406,15 +405,13 @@ def test_anthropics_stop_sequence_is_the_one_the_engine_stopped_at(
         assert "".join(stream.text_stream) == "Hello there"
         final = stream.get_final_message()
     assert final.stop_reason == "stop_sequence" and final.stop_sequence == "END"
-    backend.outcome = Outcome(text="Hello there", prompt_tokens=5, completion_tokens=2)
+    backend.outcome = outcome_of("Hello there", prompt_tokens=5, completion_tokens=2)
     reply = client.messages.create(**fields)
     assert reply.stop_reason == "end_turn" and reply.stop_sequence is None
 
 
 def test_finish_and_done_reasons_come_from_the_outcome(http: TestClient, backend: StandIn) -> None:
-    backend.outcome = Outcome(
-        text="Hello there", finish_reason="length", prompt_tokens=5, completion_tokens=2
-    )
+    backend.outcome = outcome_of("Hello there", "length", prompt_tokens=5, completion_tokens=2)
     client = openai.OpenAI(base_url="http://testserver/v1", api_key="unused", max_retries=0, http_client=http)
     answer = client.chat.completions.create(model=MODEL, messages=HI, max_tokens=2)
     assert answer.choices[0].finish_reason == "length" and answer.choices[0].message.content == "Hello there"

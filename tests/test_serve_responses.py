@@ -16,12 +16,11 @@ import jsonschema
 import openai
 import pytest
 
-from runner.serve.backend import Outcome
 from runner.serve.responses.input import chat_messages, input_items
 from runner.serve.responses.output import Output, whole_output
 from runner.serve.responses.store import ResponseStore
 from runner.store import StoredResponse
-from tests.serving import Server, serving
+from tests.serving import Server, outcome_of, serving
 
 MODEL = "smollm2"
 ARGS = [MODEL, "--ctx", "1024", "--threads", "2"]
@@ -85,7 +84,7 @@ def test_parts_become_items_and_their_events() -> None:
     output = Output()
     kinds = [e["type"] for e in output.part("reasoning", "Hm") + output.part("answer", "Hel")]
     kinds += [e["type"] for e in output.part("answer", "lo")]
-    outcome = Outcome(text="Hello", reasoning="Hm", tool_calls=[{"name": "f", "arguments": {"a": 1}}])
+    outcome = outcome_of("Hello", reasoning="Hm", tool_calls=({"name": "f", "arguments": {"a": 1}},))
     kinds += [e["type"] for e in output.end(outcome)]
     assert kinds == [
         "response.output_item.added",
@@ -111,7 +110,7 @@ def test_parts_become_items_and_their_events() -> None:
     assert message["content"] == [{"type": "output_text", "text": "Hello", "annotations": []}]
     assert (call["name"], call["arguments"], call["status"]) == ("f", '{"a": 1}', "completed")
     assert [item["type"] for item in whole_output(outcome)] == ["reasoning", "message", "function_call"]
-    assert [item["type"] for item in whole_output(Outcome(finish_reason="length"))] == ["message"]
+    assert [item["type"] for item in whole_output(outcome_of("", "length"))] == ["message"]
 
 
 def test_a_kept_response_round_trips_through_the_store_thread(tmp_path: Path) -> None:

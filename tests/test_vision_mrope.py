@@ -26,7 +26,7 @@ from runner.engine.context import add_tokens, common_prefix
 from runner.engine.engine import Engine
 from runner.engine.llamacpp import llama
 from runner.engine.prompt import Prompt, render_prompt
-from runner.engine.sequence import Job
+from runner.engine.request import Request
 from runner.engine.text.sampling import SamplingConfig
 from runner.engine.text.template import Message
 from runner.engine.vision import mtmd
@@ -201,7 +201,7 @@ def test_a_batch_of_sequences_each_with_its_own_image(engine: Engine, qwen: tupl
     done: dict[int, str] = {}
     run_batch(
         engine,
-        [Job(i, p.tokens, GREEDY, max_tokens=12, media=p.media) for i, p in enumerate(prompts)],
+        [Request(p, GREEDY, max_tokens=12) for p in prompts],
         lambda r: done.__setitem__(r.index, r.text),
     )
     assert [done[i] for i in range(4)] == alone

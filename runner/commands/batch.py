@@ -15,16 +15,17 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, BinaryIO, TextIO
 
 from runner import ui
-from runner.commands.output import LOOP_WARNING, describe_load, open_prompt_cache, sampling_for
-from runner.engine.answer import FINISH_REPEAT, Result
-from runner.engine.batch import Job, run_batch
+from runner.commands.output import LOOP_WARNING, describe_load, open_prompt_cache, sampling_for, shape_problem
+from runner.engine.answer import FINISH_REPEAT, Result, result_json
+from runner.engine.batch import run_batch
 from runner.engine.prefix import PrefixStore
 from runner.engine.prompt import render_prompt
-from runner.engine.text.constrain import Constraint, ConstraintError, constraint
+from runner.engine.request import Request
+from runner.engine.text.constrain import Constraint, constraint
 from runner.engine.text.template import build_messages
 from runner.errors import RunnerError, UsageError
 from runner.limits import check_answer_limits, check_range, flash_attn_setting
@@ -43,6 +44,8 @@ SAMPLING_FIELDS = (
     "seed",
 )
 FIELDS = frozenset({"prompt", "system", "id", "max_tokens", "schema", "images", *SAMPLING_FIELDS})
+
+ROW_TIMINGS = ("ttft_s", "total_s", "prefill_tokens")  # what a --jsonl row shows of answer.TIMINGS
 
 
 @dataclass(frozen=True)
@@ -230,7 +233,8 @@ def _images(names: Any) -> list[Any]:
 
 def _answer(loaded: LoadedModel, request: BatchRequest, items: list[Item], out: TextIO) -> int:
     engine = loaded.engine
-    jobs: list[Job] = []
+    asked: list[Request] = []
+    rows: list[int] = []  # each request's item index
     errors: dict[int, str] = {i.index: i.error for i in items if i.error}
     for item in items:
         if item.error:
@@ -246,34 +250,22 @@ def _answer(loaded: LoadedModel, request: BatchRequest, items: list[Item], out: 
         except (RunnerError, TypeError) as exc:
             errors[item.index] = f"line {item.index + 1}: {exc}"
             continue
-        jobs.append(
-            Job(
-                item.index,
-                prompt.tokens,
-                sampling,
-                max_tokens=item.max_tokens or request.max_tokens,
-                stop=request.stop,
-                grammar=item.rule.grammar if item.rule else None,
-                guide=item.rule.guide if item.rule else None,
-                reasoning=prompt.reasoning_style,
-                in_reasoning=prompt.opens_reasoning,
-                stop_loops=not (item.max_tokens or request.max_tokens),  # as `runner run`'s answers
-                media=prompt.media,
-            )
-        )
+        max_tokens = item.max_tokens or request.max_tokens
+        asked.append(Request(prompt, sampling, max_tokens=max_tokens, stop=request.stop, shape=item.rule))
+        rows.append(item.index)
     writer = _OrderedWriter(out, items, request.jsonl, errors)
     writer.flush_ready()
     with ui.batch_progress(len(items), enabled=ui.stderr_is_tty()) as progress:
 
         def done(result: Result) -> None:
-            writer.add(result)
+            writer.add(replace(result, index=rows[result.index]))
             if progress is not None:
                 progress(writer.finished, writer.tokens)
 
-        if jobs:
+        if asked:
             # the prefix store's disk tier: a head `runner run` or `chat` stored is loaded, not evaluated
             store = PrefixStore(disk=open_prompt_cache(True, None))
-            stats = run_batch(engine, jobs, done, parallel=engine.n_seq, store=store)
+            stats = run_batch(engine, asked, done, parallel=engine.n_seq, store=store)
             if request.verbose:
                 rate = stats.completion_tokens / stats.wall_s if stats.wall_s else 0.0
                 threads = f"{stats.threads} thread{'s' if stats.threads != 1 else ''}"
@@ -313,32 +305,22 @@ class _OrderedWriter:
             self.rejected += 1
             self.ready[result.index] = {"id": item.id, "error": f"line {result.index + 1}: {result.error}"}
         else:
-            text = result.text
-            if item.rule is not None:
-                try:
-                    text = item.rule.check(text, result.finish_reason)
-                except ConstraintError as exc:
-                    self.failed += 1
-                    self.ready[result.index] = {"id": item.id, "error": f"line {result.index + 1}: {exc}"}
-                    self.flush_ready()
-                    return
+            problem = shape_problem(result)
+            if problem is not None:
+                self.failed += 1
+                self.ready[result.index] = {"id": item.id, "error": f"line {result.index + 1}: {problem}"}
+                self.flush_ready()
+                return
+            text = result.text.strip() if item.rule is not None else result.text
             if result.finish_reason == FINISH_REPEAT:
                 ui.warn(f"line {result.index + 1}: {LOOP_WARNING}")
-            self.ready[result.index] = {
-                "id": item.id,
-                "text": text,
-                **({"reasoning": result.reasoning.strip()} if result.reasoning.strip() else {}),
-                "finish_reason": result.finish_reason,
-                "usage": {
-                    "prompt_tokens": t.prompt_tokens,
-                    "completion_tokens": t.completion_tokens,
-                },
-                "timings": {
-                    "ttft_s": round(t.ttft_s, 4),
-                    "total_s": round(t.total_s, 4),
-                    "prefill_tokens": t.prefill_tokens,
-                },
+            data = result_json(replace(result, text=text), ROW_TIMINGS)
+            row: dict[str, Any] = {
+                name: data[name]
+                for name in ("text", "reasoning", "finish_reason", "usage", "timings")
+                if name in data
             }
+            self.ready[result.index] = {"id": item.id, **row}
         self.flush_ready()
 
     def flush_ready(self) -> None:

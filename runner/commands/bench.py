@@ -24,8 +24,9 @@ from typing import Any, TextIO
 
 from runner import ui
 from runner.commands.output import describe_load
-from runner.engine.batch import Job, run_batch
+from runner.engine.batch import run_batch
 from runner.engine.prompt import render_prompt
+from runner.engine.request import bare
 from runner.engine.text.sampling import SamplingConfig
 from runner.engine.text.template import Message
 from runner.errors import RunnerError, WontFit
@@ -224,8 +225,8 @@ def _parallel(model: str, n: int, threads: int | None, step: Callable[[str], Non
             render_prompt(loaded.engine, loaded.header, [Message("user", q)], quiet=True).tokens
             for q in questions
         ]
-        jobs = [Job(i, t, GREEDY, max_tokens=BATCH_TOKENS) for i, t in enumerate(prompts)]
-        stats = run_batch(loaded.engine, jobs, lambda _d: None)
+        asked = [bare(t, GREEDY, max_tokens=BATCH_TOKENS) for t in prompts]
+        stats = run_batch(loaded.engine, asked, lambda _d: None)
     finally:
         loaded.close()
     return round(stats.completion_tokens / stats.wall_s, 2)

@@ -185,7 +185,7 @@ def continue_last(request: ChatRequest, prompt: str, *, out: TextIO, as_json: bo
             session.adopt(stored, stored_here=True)
 
             def printed() -> None:  # --json: the object, whole answer or partial one (a worker gone)
-                if as_json:
+                if as_json and session.last is not None:
                     out.write(json.dumps(to_json(loaded.name, session.last), ensure_ascii=False) + "\n")
                     out.flush()
 

@@ -12,18 +12,18 @@ import sys
 import threading
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
 from runner import ui
 from runner.engine import rpc
-from runner.engine.answer import FINISH_INTERRUPTED, FINISH_LENGTH, Result, Timings
+from runner.engine.answer import FINISH_INTERRUPTED, FINISH_LENGTH, FINISH_STOP, Result, Timings, result_json
 from runner.engine.llamacpp import supports_gpu_offload
 from runner.engine.logprobs import TokenLogprob
-from runner.engine.prompt import Prompt
 from runner.engine.promptcache import CacheUse, PromptCache
+from runner.engine.request import Request
 from runner.engine.speculate import SpecStats
+from runner.engine.text.constrain import ConstraintError
 from runner.engine.text.reasoning import ANSWER
 from runner.engine.text.sampling import SamplingConfig, catalog_defaults, resolve_sources
 from runner.limits import flash_attn_name
@@ -35,11 +35,17 @@ LOOP_WARNING = (  # FINISH_REPEAT: an answer with no limit that went round in a 
 )
 
 
-@dataclass(frozen=True)
-class Answer:
-    text: str  # the answer alone
-    reasoning: str  # what the model thought first ("" when it did not, or does not)
-    result: Result  # finish reason and timings of the whole generation
+# what --json's "timings" shows of runner.engine.answer.TIMINGS
+RUN_TIMINGS = (
+    "startup_s",
+    "load_s",
+    "ttft_s",
+    "prefill_tokens_per_s",
+    "decode_tokens_per_s",
+    "total_s",
+    "threads",
+    "thread_changes",
+)
 
 
 def sampling_for(loaded: LoadedModel, overrides: dict[str, Any]) -> tuple[SamplingConfig, dict[str, str]]:
@@ -120,23 +126,16 @@ class AnswerWriter:
 
 def stream_answer(
     loaded: LoadedModel,
-    prompt: Prompt,
-    sampling: SamplingConfig,
+    request: Request,
     writer: AnswerWriter,
     *,
-    max_tokens: int | None = None,
-    stop: tuple[str, ...] = (),
-    grammar: str | None = None,
-    guide: str | None = None,
     prompt_cache: PromptCache | None = None,
-    head: int = 0,
-    logprobs: int | None = None,
-    if_lost: Callable[[Answer], None] | None = None,
-) -> Answer:
-    """What run and chat answer with: the engine's one loop for one answer, reasoning split from the
-    answer there, written as it comes. `prompt_cache` and `head`: see Engine.stream. `if_lost`: given
-    what came so far (finish_reason "interrupted", `result.error` saying why) if a worker goes away
-    mid-answer, on ggml's thread, just before the process ends (runner.engine.rpc.if_lost)."""
+    if_lost: Callable[[Result], None] | None = None,
+) -> Result:
+    """What run and chat answer with: the engine's one loop for one request, reasoning split from the
+    answer there, written as it comes. `prompt_cache`: see Engine.stream. `if_lost`: given what came
+    so far (finish_reason "interrupted", `result.error` saying why) if a worker goes away mid-answer,
+    on ggml's thread, just before the process ends (runner.engine.rpc.if_lost)."""
     answer: list[str] = []
     reasoning: list[str] = []
     generated = [0]
@@ -144,43 +143,44 @@ def stream_answer(
 
     shown = threading.Lock()  # held from keeping a piece to writing it: what is kept is what was shown
 
-    def so_far(why: str) -> Answer:
+    def so_far(why: str) -> Result:
         # on ggml's thread, while the main thread may be between a piece and its write: let the write
         # end, then keep the lock, so nothing more is written before the process ends (a write that a
         # reader who stopped reading blocks is waited for 2 s at most)
         shown.acquire(timeout=2)
-        timings = Timings(prompt_tokens=len(prompt.tokens), completion_tokens=generated[0])
-        text = "".join(answer)
-        result = Result(text, FINISH_INTERRUPTED, timings, reasoning="".join(reasoning), error=why)
-        return Answer(text=text, reasoning=result.reasoning.strip(), result=result)
+        timings = Timings(prompt_tokens=len(request.prompt.tokens), completion_tokens=generated[0])
+        return Result("".join(answer), FINISH_INTERRUPTED, timings, reasoning="".join(reasoning), error=why)
 
     # only an answer that keeps what came pays for it: the count of tokens, the hook for a lost worker
     watched = rpc.if_lost(lambda why: if_lost(so_far(why))) if if_lost is not None else nullcontext()
     counted = (lambda _token: generated.__setitem__(0, generated[0] + 1)) if if_lost is not None else None
     with watched:
-        for chunk in loaded.engine.stream(
-            prompt.tokens,
-            sampling,
-            max_tokens=max_tokens,
-            stop=stop,
-            grammar=grammar,
-            guide=guide,
-            prompt_cache=prompt_cache,
-            head=head,
-            reasoning=prompt.reasoning_style,
-            in_reasoning=prompt.opens_reasoning,
-            on_token=counted,
-            logprobs=logprobs,
-            media=prompt.media,
-        ):
+        for chunk in loaded.engine.stream(request, prompt_cache=prompt_cache, on_token=counted):
             if chunk.text:
                 with shown:
                     (answer if chunk.kind == ANSWER else reasoning).append(chunk.text)
                     writer.write(chunk.kind, chunk.text)
             last = chunk
     assert last is not None and last.result is not None
-    result = last.result
-    return Answer(text=result.text, reasoning=result.reasoning.strip(), result=result)
+    return last.result
+
+
+def shape_problem(result: Result) -> str | None:
+    """How an answer fails the --format/--schema its request asked for (runner.engine.request.finish
+    found it), said with the flag that gives a cut answer room; None where it holds."""
+    if result.invalid is None:
+        return None
+    cut = result.finish_reason != FINISH_STOP and result.invalid.endswith("before its JSON closed")
+    return result.invalid + ("; raise --max-tokens (or --ctx) for a longer answer" if cut else "")
+
+
+def shaped(result: Result) -> str:
+    """A constrained answer as it goes out: its text, trimmed; ConstraintError (exit 1) where it is
+    not the shape asked for, so a script never reads half a JSON."""
+    problem = shape_problem(result)
+    if problem is not None:
+        raise ConstraintError(problem)
+    return result.text.strip()
 
 
 def logprobs_json(engine: Any, scored: Sequence[TokenLogprob]) -> list[dict[str, Any]]:
@@ -192,39 +192,9 @@ def logprobs_json(engine: Any, scored: Sequence[TokenLogprob]) -> list[dict[str,
     return [{**token(s.token, s.logprob), "top_logprobs": [token(t, lp) for t, lp in s.top]} for s in scored]
 
 
-def to_json(model: str, answer: Answer) -> dict[str, Any]:
-    result = answer.result
-    t = result.timings
-    data: dict[str, Any] = {"model": model, "text": answer.text}
-    if answer.reasoning:
-        data["reasoning"] = answer.reasoning
-    data.update(
-        {
-            "finish_reason": result.finish_reason,
-            "usage": {"prompt_tokens": t.prompt_tokens, "completion_tokens": t.completion_tokens},
-            "timings": {
-                "startup_s": round(t.startup_s, 3),
-                "load_s": round(t.load_s, 4),
-                "ttft_s": round(t.ttft_s, 4),
-                "prefill_tokens_per_s": round(t.prefill_tokens_per_s, 2),
-                "decode_tokens_per_s": round(t.decode_tokens_per_s, 2),
-                "total_s": round(t.load_s + t.total_s, 4),
-                "threads": t.threads,
-                "thread_changes": t.thread_changes,
-            },
-        }
-    )
-    if t.speculation.mode != "none":
-        data["speculation"] = speculation_json(t.speculation)
-    if result.error:
-        data["error"] = result.error  # why an interrupted answer stopped when no signal did: a worker gone
-    if t.prompt_cache.loaded_tokens or t.prompt_cache.stored_tokens:
-        data["prompt_cache"] = {
-            "loaded_tokens": t.prompt_cache.loaded_tokens,
-            "stored_tokens": t.prompt_cache.stored_tokens,
-            "write_s": round(t.prompt_cache.write_s, 4),
-        }
-    return data
+def to_json(model: str, result: Result) -> dict[str, Any]:
+    """run --json (and run -c --json): the model as typed, then the answer's one JSON form."""
+    return {"model": model, **result_json(result, RUN_TIMINGS)}
 
 
 def open_prompt_cache(enabled: bool, size: str | None) -> PromptCache | None:
@@ -246,17 +216,6 @@ def describe_prompt_cache(use: CacheUse) -> str:
             f" · {use.stored_tokens:,} prompt tokens stored in the prompt cache ({use.write_s * 1000:.0f} ms)"
         )
     return ""
-
-
-def speculation_json(spec: SpecStats) -> dict[str, Any]:
-    return {
-        "mode": spec.mode,
-        "drafted": spec.drafted,
-        "accepted": spec.accepted,
-        "acceptance_rate": round(spec.acceptance, 4),
-        "mean_accepted": round(spec.mean_accepted, 3),
-        "stopped": spec.stopped,
-    }
 
 
 def describe_speculation(spec: SpecStats) -> str:

@@ -9,7 +9,6 @@ from typing import Any, BinaryIO, TextIO
 from runner import interrupt, ui
 from runner.commands.output import (
     LOOP_WARNING,
-    Answer,
     AnswerWriter,
     describe_load,
     describe_sampling,
@@ -17,6 +16,7 @@ from runner.commands.output import (
     logprobs_json,
     open_prompt_cache,
     sampling_for,
+    shaped,
     stream_answer,
     to_json,
 )
@@ -24,6 +24,7 @@ from runner.engine.answer import FINISH_INTERRUPTED, FINISH_REPEAT, Result
 from runner.engine.context import common_prefix
 from runner.engine.logprobs import MAX_TOP
 from runner.engine.prompt import read_prompt, render_prompt
+from runner.engine.request import Request
 from runner.engine.text.constrain import constraint
 from runner.engine.text.template import build_messages
 from runner.errors import UsageError
@@ -117,35 +118,31 @@ def run_once(request: RunRequest, *, stdin: BinaryIO | None, out: TextIO) -> Res
         quiet = request.as_json or constrained is not None
         writer = AnswerWriter(out, hide_reasoning=request.hide_reasoning, quiet=quiet)
 
-        def lost(partial: Answer) -> None:  # a worker went away: what came, as after a Ctrl-C
+        def lost(partial: Result) -> None:  # a worker went away: what came, as after a Ctrl-C
             _finish(out, writer, partial, loaded.name, request.as_json)
 
         with interrupt.deferred(), writer:  # Ctrl-C ends the answer between tokens, never mid-write
-            answer = stream_answer(
-                loaded,
+            asked = Request(
                 rendered,
                 sampling,
-                writer,
                 max_tokens=request.max_tokens,
                 stop=request.stop,
-                grammar=constrained.grammar if constrained else None,
-                guide=constrained.guide if constrained else None,
-                prompt_cache=cache,
-                head=head,
+                shape=constrained,
                 logprobs=request.logprobs,
-                if_lost=lost,
+                head=head,
             )
-            if constrained is not None and answer.result.finish_reason != FINISH_INTERRUPTED:
-                answer = replace(answer, text=constrained.check(answer.text, answer.result.finish_reason))
+            answer = stream_answer(loaded, asked, writer, prompt_cache=cache, if_lost=lost)
+            if constrained is not None and answer.finish_reason != FINISH_INTERRUPTED:
+                answer = replace(answer, text=shaped(answer))
                 if not request.as_json:
                     out.write(answer.text + "\n")
             scored = None
             if request.logprobs is not None:
-                scored = logprobs_json(loaded.engine, answer.result.logprobs)
+                scored = logprobs_json(loaded.engine, answer.logprobs)
             _finish(out, writer, answer, loaded.name, request.as_json, scored)
     finally:
         loaded.close()
-    result = answer.result
+    result = answer
     if result.finish_reason == FINISH_INTERRUPTED:
         raise KeyboardInterrupt  # what was printed stays; the CLI exits 130
     if result.context_full:
@@ -206,7 +203,7 @@ def stable_head(
 def _finish(
     out: TextIO,
     writer: AnswerWriter,
-    answer: Answer,
+    answer: Result,
     model: str,
     as_json: bool,
     scored: list[dict[str, Any]] | None = None,

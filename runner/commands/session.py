@@ -25,23 +25,33 @@ from runner import interrupt, ui
 from runner.commands.attach import Attachments
 from runner.commands.output import (
     LOOP_WARNING,
-    Answer,
     AnswerWriter,
     describe_timings,
     open_prompt_cache,
     sampling_for,
-    speculation_json,
+    shape_problem,
     stream_answer,
 )
-from runner.engine.answer import FINISH_INTERRUPTED, FINISH_REPEAT
+from runner.engine.answer import FINISH_INTERRUPTED, FINISH_REPEAT, Result, result_json
 from runner.engine.conversation import Fitted, fit
 from runner.engine.promptcache import MIN_HEAD, text_head
-from runner.engine.text.constrain import Constraint, ConstraintError, constraint
+from runner.engine.request import Request
+from runner.engine.text.constrain import Constraint, constraint
 from runner.engine.text.template import Message
 from runner.errors import RunnerError, UsageError
 from runner.limits import check_answer_limits
 from runner.loader import LoadedModel
 from runner.store import Store, StoredConversation, StoredMessage, StoreError
+
+# what a stored answer's stats keep of runner.engine.answer.TIMINGS
+STORED_TIMINGS = (
+    "prompt_tokens",
+    "prefill_tokens",
+    "completion_tokens",
+    "ttft_s",
+    "prefill_tokens_per_s",
+    "decode_tokens_per_s",
+)
 
 
 @dataclass(frozen=True)
@@ -106,7 +116,7 @@ class Session:
         self.turns: list[StoredMessage] = []
         self.conversation: int | None = None
         self.first = 0  # the first turn sent to the model (older exchanges dropped to fit)
-        self.last: Any = None  # the last Answer
+        self.last: Result | None = None  # the last answer
         self.attached = Attachments(loaded.engine)  # /image: for the next message; those the turns carried
         self._held: ExitStack | None = None  # inside a turn: where a conversation created there is held
         self.answers = 0  # answers written in this chat (piped, a blank line goes between them)
@@ -303,7 +313,7 @@ class Session:
             markdown=self.request.markdown,
         )
 
-        def lost(partial: Answer) -> None:
+        def lost(partial: Result) -> None:
             """A worker went away mid-answer: what came is kept as after a Ctrl-C. On ggml's thread,
             the process ending next (runner.engine.rpc.if_lost), so through a connection of its own."""
             writer.end()
@@ -316,27 +326,21 @@ class Session:
                 finally:
                     store.close()
 
+        asked = Request(
+            fitted.prompt,
+            self.sampling,
+            max_tokens=self.max_tokens,
+            stop=self.request.stop,
+            shape=self.constraint,
+        )
         with writer:
-            answer = stream_answer(
-                self.loaded,
-                fitted.prompt,
-                self.sampling,
-                writer,
-                max_tokens=self.max_tokens,
-                stop=self.request.stop,
-                grammar=self.constraint.grammar if self.constraint else None,
-                guide=self.constraint.guide if self.constraint else None,
-                prompt_cache=self.prompt_cache,
-                if_lost=lost,
-            )
+            answer = stream_answer(self.loaded, asked, writer, prompt_cache=self.prompt_cache, if_lost=lost)
         writer.end()
-        result = answer.result
+        result = answer
         interrupted = result.finish_reason == FINISH_INTERRUPTED
-        if self.constraint is not None and not interrupted:
-            try:
-                self.constraint.check(answer.text, result.finish_reason)
-            except ConstraintError as exc:
-                ui.warn(str(exc))
+        problem = shape_problem(result)
+        if problem is not None:
+            ui.warn(problem)
         message = self._message(answer)
         self.turns.append(message)
         self._persist(message)
@@ -352,26 +356,16 @@ class Session:
                 raise KeyboardInterrupt  # a scripted chat stops here; what came is saved
             ui.info("interrupted: the partial answer stays in the conversation (/retry answers again)")
 
-    def _message(self, answer: Answer) -> StoredMessage:
-        """An answer as stored: its text, reasoning, how it ended and the model that gave it."""
-        result, t = answer.result, answer.result.timings
-        stats: dict[str, Any] = {
-            "finish_reason": result.finish_reason,
-            "prompt_tokens": t.prompt_tokens,
-            "prefill_tokens": t.prefill_tokens,
-            "completion_tokens": t.completion_tokens,
-            "ttft_s": round(t.ttft_s, 4),
-            "prefill_tokens_per_s": round(t.prefill_tokens_per_s, 2),
-            "decode_tokens_per_s": round(t.decode_tokens_per_s, 2),
-        }
-        if t.speculation.mode != "none":
-            stats["speculation"] = speculation_json(t.speculation)
-        if result.error:
-            stats["error"] = result.error
+    def _message(self, result: Result) -> StoredMessage:
+        """An answer as stored: its text, reasoning, how it ended and the model that gave it; its
+        stats the answer's JSON (runner.engine.answer.result_json) laid flat."""
+        data = result_json(result, STORED_TIMINGS, usage=())
+        stats = {"finish_reason": result.finish_reason, **data["timings"]}
+        stats.update({name: data[name] for name in ("speculation", "error") if name in data})
         interrupted = result.finish_reason == FINISH_INTERRUPTED
-        reasoning = answer.reasoning or None
+        reasoning = result.reasoning.strip() or None
         return StoredMessage(
-            "assistant", answer.text, reasoning, interrupted, stats=stats, model=self.loaded.name
+            "assistant", result.text, reasoning, interrupted, stats=stats, model=self.loaded.name
         )
 
     def keep_state(self) -> None:

@@ -198,11 +198,11 @@ def prompt_tokens(t: Any) -> str:
 def _stats(session: Session) -> str:
     if session.last is None:
         return "no answer yet"
-    t = session.last.result.timings
+    t = session.last.timings
     return (
         f"ttft {t.ttft_s:.3f} s · prompt {prompt_tokens(t)} · prefill {t.prefill_tokens_per_s:.1f} tok/s · "
         f"{t.completion_tokens} tokens at {t.decode_tokens_per_s:.1f} tok/s{describe_threads(t)} · "
-        f"finish {session.last.result.finish_reason}{describe_speculation(t.speculation)}"
+        f"finish {session.last.finish_reason}{describe_speculation(t.speculation)}"
     )
 
 

@@ -23,6 +23,7 @@ FINISH_LENGTH = "length"  # --max-tokens reached, or the context is full
 FINISH_INTERRUPTED = "interrupted"  # Ctrl-C: the answer stopped within a token, what came is kept
 FINISH_ERROR = "error"  # the job could not run (its prompt too long, its grammar refused): Result.error
 FINISH_REPEAT = "repetition"  # no answer limit, and the answer went round in a loop (Job.stop_loops)
+FINISH_TOOL_CALLS = "tool_calls"  # the answer is tool calls (runner.engine.request.finish read them)
 LOOP_SPAN = 256  # a loop: the answer's last LOOP_SPAN tokens or more, the same LOOP_PERIOD_MAX at
 LOOP_PERIOD_MAX = 512  # most over and over, three times at least
 
@@ -114,6 +115,93 @@ class Result:
     index: int = 0  # the job's index (answers of a batch come back in any order)
     logprobs: tuple[TokenLogprob, ...] = ()  # the answer's tokens' (Job.logprobs), text-less end tokens not
     prompt_logprobs: tuple[TokenLogprob, ...] = ()  # Job.echo: each prompt token's after the first
+    tool_calls: tuple[dict[str, Any], ...] = ()  # {"name", "arguments": dict}, read by request.finish
+    invalid: str | None = None  # how the answer fails the shape its request asked for (request.finish)
+
+
+# Every field a Result's JSON may carry under "timings", in order: --json, --jsonl rows, the store's
+# stats and a server's `timings` each take the ones they show (result_json), never renaming one.
+TIMINGS = (
+    "startup_s",  # the process's start to the first prefill
+    "load_s",  # the model's load
+    "prompt_tokens",
+    "cached_tokens",  # of the prompt, not evaluated: held, copied or restored
+    "prefill_tokens",  # of the prompt, evaluated
+    "completion_tokens",
+    "ttft_s",  # the request's start (a server: its arrival) to the first token
+    "prefill_s",
+    "decode_s",  # the first token to the last
+    "total_s",  # the request's start to its last token (the load apart)
+    "prefill_tokens_per_s",
+    "decode_tokens_per_s",
+    "threads",
+    "thread_changes",
+    "drafted",  # speculative decoding: tokens drafted and verified
+    "accepted",  # of those, kept
+)
+
+
+def timings_json(t: Timings, fields: Sequence[str] = TIMINGS) -> dict[str, Any]:
+    """Timings as JSON: the `fields` asked for (TIMINGS' names), seconds to 0.1 ms, rates to 0.01."""
+    values: dict[str, Any] = {
+        "startup_s": round(t.startup_s, 3),
+        "load_s": round(t.load_s, 4),
+        "prompt_tokens": t.prompt_tokens,
+        "cached_tokens": t.cached_tokens,
+        "prefill_tokens": t.prefill_tokens,
+        "completion_tokens": t.completion_tokens,
+        "ttft_s": round(t.ttft_s, 4),
+        "prefill_s": round(t.prefill_s, 4),
+        "decode_s": round(t.decode_s, 4),
+        "total_s": round(t.total_s, 4),
+        "prefill_tokens_per_s": round(t.prefill_tokens_per_s, 2),
+        "decode_tokens_per_s": round(t.decode_tokens_per_s, 2),
+        "threads": t.threads,
+        "thread_changes": t.thread_changes,
+        "drafted": t.speculation.drafted,
+        "accepted": t.speculation.accepted,
+    }
+    return {name: values[name] for name in fields}
+
+
+def result_json(
+    result: Result,
+    timings: Sequence[str] = TIMINGS,
+    usage: Sequence[str] = ("prompt_tokens", "completion_tokens"),
+) -> dict[str, Any]:
+    """The one JSON form of a Result, for every edge (--json, --jsonl, the store, a server's
+    timings): text, reasoning (when there is any), finish_reason, tool_calls and error (when there
+    are), usage and timings (the fields each edge shows), speculation (unless off) and prompt_cache
+    (when the disk tier was used). An edge may leave fields out; none renames one."""
+    t = result.timings
+    data: dict[str, Any] = {"text": result.text}
+    if result.reasoning.strip():
+        data["reasoning"] = result.reasoning.strip()
+    data["finish_reason"] = result.finish_reason
+    if result.tool_calls:
+        data["tool_calls"] = list(result.tool_calls)
+    if result.error:
+        data["error"] = result.error  # why it failed, or why an interrupted answer stopped (a worker gone)
+    data["usage"] = {name: getattr(t, name) for name in usage}
+    data["timings"] = timings_json(t, timings)
+    spec = t.speculation
+    if spec.mode != "none":
+        data["speculation"] = {
+            "mode": spec.mode,
+            "drafted": spec.drafted,
+            "accepted": spec.accepted,
+            "acceptance_rate": round(spec.acceptance, 4),
+            "mean_accepted": round(spec.mean_accepted, 3),
+            "stopped": spec.stopped,
+        }
+    cache = t.prompt_cache
+    if cache.loaded_tokens or cache.stored_tokens:
+        data["prompt_cache"] = {
+            "loaded_tokens": cache.loaded_tokens,
+            "stored_tokens": cache.stored_tokens,
+            "write_s": round(cache.write_s, 4),
+        }
+    return data
 
 
 def since_process_start() -> float:

@@ -17,31 +17,41 @@ from runner.engine.answer import Result
 from runner.engine.decoder import Decoder
 from runner.engine.loop import Loop, LoopStats, shared_prefix
 from runner.engine.prefix import PrefixStore
-from runner.engine.sequence import Job
+from runner.engine.request import Request, finish, to_job
 
-__all__ = ["BatchStats", "Job", "Result", "run_batch", "shared_prefix"]
-
-BatchStats = LoopStats
+__all__ = ["Result", "run_batch", "shared_prefix"]
 
 
 def run_batch(
     engine: Decoder,
-    jobs: Sequence[Job],
+    requests: Sequence[Request],
     on_done: Callable[[Result], None],
     *,
     parallel: int | None = None,
     share_prefix: bool = True,
     store: PrefixStore | None = None,
+    on_token: Callable[[int, int], None] | None = None,
 ) -> LoopStats:
-    """Answer every job, up to `parallel` (default engine.n_seq) at a time; on_done as each ends.
+    """Answer every request, up to `parallel` (default engine.n_seq) at a time; on_done as each ends,
+    its Result's index the request's place in `requests`, checked as it asked (request.finish).
 
     Ctrl-C (runner.interrupt) stops between steps: the answers already done were passed on; the
-    rest are not. A job too long for a sequence's share of the context is done at once with an error.
+    rest are not. A request too long for a sequence's share of the context is done at once with an error.
+    `on_token`: (index, token) for every token sampled, end-of-generation included (benchmarks).
     """
     start = time.perf_counter()
+
+    def sampled(i: int) -> Callable[[int], None] | None:
+        return (lambda token: on_token(i, token)) if on_token is not None else None
+
+    jobs = [to_job(request, i, on_token=sampled(i)) for i, request in enumerate(requests)]
+
+    def done(result: Result) -> None:
+        on_done(finish(requests[result.index], result))
+
     with interrupt.deferred():
         engine.reset()  # the KV cache cleared, the engine's record of it too
-        loop = Loop(engine, on_done, parallel=parallel or engine.n_seq, reuse=share_prefix, store=store)
+        loop = Loop(engine, done, parallel=parallel or engine.n_seq, reuse=share_prefix, store=store)
         try:
             fitting = []
             for job in jobs:

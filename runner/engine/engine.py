@@ -38,6 +38,7 @@ from runner.engine.loop import Loop
 from runner.engine.positions import Positions
 from runner.engine.prefix import PrefixStore
 from runner.engine.promptcache import PromptCache
+from runner.engine.request import Prompt, Request, bare, finish, to_job
 from runner.engine.sequence import Job
 from runner.engine.speculate import (
     SPEC_DRAFT,
@@ -48,6 +49,7 @@ from runner.engine.speculate import (
     Speculation,
     Speculator,
 )
+from runner.engine.text.constrain import Constraint
 from runner.engine.text.sampling import SamplingConfig
 from runner.engine.threads import Threads, competing_others, free_threads
 from runner.errors import EngineError, InvalidModelFile, InvalidSetting, UsageError
@@ -286,8 +288,6 @@ class Engine(KVContext):
         add(chain, lib.llama_sampler_init_dist(seed))
         return chain
 
-    _sampler = sampler
-
     def check_grammar(self, grammar: str) -> None:
         """InvalidSetting where llama.cpp cannot parse the grammar; what the check built is freed."""
         llama().llama_sampler_free(self.sampler(SamplingConfig(temperature=0), (), grammar))
@@ -323,63 +323,31 @@ class Engine(KVContext):
 
     def stream(
         self,
-        prompt_tokens: Sequence[int],
-        sampling: SamplingConfig,
+        request: Request,
         *,
-        max_tokens: int | None = None,
-        stop: Sequence[str] = (),
-        grammar: str | None = None,
-        guide: str | None = None,
         prompt_cache: PromptCache | None = None,
-        head: int = 0,
-        reasoning: str | None = None,
-        in_reasoning: bool = False,
         on_token: Callable[[int], None] | None = None,
-        ignore_end: bool = False,
-        logprobs: int | None = None,
-        stop_loops: bool | None = None,
-        media: Any = None,
     ) -> Iterator[Chunk]:
-        """One answer as text pieces (kind "answer" or "reasoning", split by the template's `reasoning`
-        style: "think" or "channels"), UTF-8 safe, stop strings held back until they cannot match; the
-        last chunk carries the Result. A batch of one through the one loop, in sequence 0.
+        """One answer as text pieces (kind "answer" or "reasoning", split by the prompt's reasoning
+        style), UTF-8 safe, stop strings held back until they cannot match; the last chunk carries the
+        Result, checked as the request asked (runner.engine.request.finish). A batch of one through the
+        one loop, in sequence 0.
 
         Ctrl-C (runner.interrupt) ends it within one token, or mid-prefill, with finish_reason
         "interrupted": what was generated is kept, and the interrupt counts as reported (the flag is
-        cleared). `grammar` (GBNF, root rule "root") or `guide` (an llguidance grammar: a JSON
-        Schema's) constrains every token (runner.engine.text.constrain). `logprobs`: each answer token's
-        log-probability and this many alternatives, in the Result (runner.engine.logprobs).
-        `stop_loops` (by default: when no `max_tokens` is given) ends an answer that goes round in a
-        loop, finish_reason "repetition" (runner.engine.answer.looping), not at the context's end.
-        `media`: the prompt's images (runner.engine.vision.MediaPrompt, whose tokens prompt_tokens
-        are). `prompt_cache`: the prefix store's disk tier: the longest stored head of the prompt is loaded
-        from it; where none is and the prompt's stable `head` tokens are at least MIN_HEAD, they are
-        evaluated and stored first.
+        cleared). `prompt_cache`: the prefix store's disk tier: the longest stored head of the prompt is
+        loaded from it; where none is and the request's stable `head` is at least MIN_HEAD tokens, it is
+        evaluated and stored first. `on_token`: every token sampled, end-of-generation included.
         """
-        self.check_fits(prompt_tokens)
-        tokens = list(prompt_tokens)
-        job = Job(
-            0,
-            tokens,
-            sampling,
-            max_tokens=max_tokens,
-            stop=tuple(stop),
-            grammar=grammar,
-            guide=guide,
-            sampler=self.sampler(sampling, tokens, grammar),  # a grammar llama.cpp refuses: here
-            reasoning=reasoning,
-            in_reasoning=in_reasoning,
-            head=head if prompt_cache is not None and media is None else 0,
-            on_token=on_token,
-            ignore_end=ignore_end,
-            logprobs=logprobs,
-            stop_loops=max_tokens is None and not ignore_end if stop_loops is None else stop_loops,
-            media=media,
-        )
+        tokens = request.prompt.tokens
+        self.check_fits(tokens)
+        sampler = self.sampler(request.sampling, tokens, request.grammar)  # a grammar llama.cpp refuses: here
+        head = request.head if prompt_cache is not None else 0
+        job = to_job(replace(request, head=head), sampler=sampler, on_token=on_token)
         with interrupt.deferred():
-            yield from self._stream(job, prompt_cache)
+            yield from self._stream(job, request, prompt_cache)
 
-    def _stream(self, job: Job, prompt_cache: PromptCache | None) -> Iterator[Chunk]:
+    def _stream(self, job: Job, request: Request, prompt_cache: PromptCache | None) -> Iterator[Chunk]:
         start = time.perf_counter()
         startup = since_process_start()
         out: list[Chunk] = []
@@ -416,7 +384,7 @@ class Engine(KVContext):
             thread_changes=self.threads.changes,
         )
         yield from out
-        yield Chunk("", result=replace(result, timings=timings))
+        yield Chunk("", result=finish(request, replace(result, timings=timings)))
 
     def generate_step(
         self, prompt_tokens: Sequence[int], sampling: SamplingConfig, grammar: str | None = None
@@ -425,21 +393,28 @@ class Engine(KVContext):
         the context is full (benchmarks: tg128 decodes whatever comes). Ctrl-C raises
         KeyboardInterrupt in the caller: there is no answer to keep."""
         tokens: list[int] = []
-        steps = self.stream(prompt_tokens, sampling, grammar=grammar, on_token=tokens.append, ignore_end=True)
-        for chunk in steps:
+        shape = Constraint("grammar", grammar) if grammar is not None else None
+        request = Request(Prompt(list(prompt_tokens), ""), sampling, shape=shape, ignore_end=True)
+        for chunk in self.stream(request, on_token=tokens.append):
             yield from tokens
             tokens.clear()
             if chunk.finish_reason == FINISH_INTERRUPTED:
                 raise KeyboardInterrupt  # no answer to keep: Ctrl-C stops the caller (a benchmark)
         yield from tokens
 
-    def generate(self, prompt_tokens: Sequence[int], sampling: SamplingConfig, **kwargs: Any) -> Result:
-        """The whole answer (reasoning apart, where `reasoning` names the template's style)."""
+    def answer(self, request: Request, prompt_cache: PromptCache | None = None) -> Result:
+        """The whole answer to a request (reasoning apart)."""
         last = None
-        for chunk in self.stream(prompt_tokens, sampling, **kwargs):
+        for chunk in self.stream(request, prompt_cache=prompt_cache):
             last = chunk
         assert last is not None and last.result is not None
         return last.result
+
+    def generate(self, prompt_tokens: Sequence[int], sampling: SamplingConfig, **fields: Any) -> Result:
+        """The whole answer to bare tokens (benchmarks, tests): `fields` as runner.engine.request.bare
+        takes them, and `prompt_cache`."""
+        prompt_cache = fields.pop("prompt_cache", None)
+        return self.answer(bare(prompt_tokens, sampling, **fields), prompt_cache)
 
     def close(self) -> None:
         lib = llama()

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 from runner import ui
+from runner.engine.request import Prompt
 from runner.engine.text.reasoning import opens_reasoning, style_of
 from runner.engine.text.template import TEMPLATE_KEY, Message, render
 from runner.errors import UsageError
@@ -33,17 +33,6 @@ def read_prompt(argument: str | None, stdin: BinaryIO | None) -> str:
     if not prompt.strip():
         raise UsageError("the prompt is empty")
     return prompt
-
-
-@dataclass(frozen=True)
-class Prompt:
-    """What the model is given: the tokens, the text they came from, and how its answer may think."""
-
-    tokens: list[int]
-    text: str
-    reasoning_style: str | None = None  # runner.engine.text.reasoning.style_of the template
-    opens_reasoning: bool = False  # the template opened a <think> block: the answer starts in it
-    media: Any = None  # its images (runner.engine.vision.MediaPrompt): tokens holds their positions
 
 
 def render_prompt(

@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from runner.engine.answer import Result
+from runner.engine.answer import FINISH_ERROR, FINISH_STOP, Result, Timings, timings_json
 from runner.engine.logprobs import TokenLogprob
 from runner.errors import CannotGenerate, RunnerError, UsageError
 from runner.memory.arch import cannot_generate
@@ -68,63 +68,94 @@ def scored_tokens(vocab: Any, entries: Sequence[TokenLogprob | int], prompt: boo
     return [one(e) if isinstance(e, int) else one(e.token, e.logprob, e.top) for e in entries]
 
 
+SERVED_TIMINGS = (  # what an answer's `timings` field shows of runner.engine.answer.TIMINGS
+    "prompt_tokens",
+    "cached_tokens",
+    "prefill_tokens",
+    "completion_tokens",
+    "ttft_s",
+    "prefill_s",
+    "decode_s",
+    "total_s",
+    "drafted",
+    "accepted",
+    "threads",
+    "thread_changes",
+)
+
+
 @dataclass
 class Outcome:
-    """How an answer ended, once its parts are all out: the engine's Result (runner.engine.answer) as
-    the HTTP side reads it, the text parsed for tool calls."""
+    """How an answer ended, once its parts are all out: the engine's Result (runner.engine.answer),
+    checked as its request asked (runner.engine.request.finish: tool calls read, a JSON answer held
+    to its schema), and its tokens' log-probabilities as the APIs show them. The HTTP side reads the
+    Result's fields through it by the names the APIs use."""
 
-    text: str = ""  # the answer (reasoning apart)
-    reasoning: str = ""
-    finish_reason: str = "stop"  # "stop" | "length" | "tool_calls" | "interrupted" | "error"
-    error: str | None = None  # finish_reason "error": what failed
-    stop_sequence: str | None = None  # the stop string that ended it (None: an end token, or not a stop)
-    prompt_tokens: int = 0
-    cached_tokens: int = 0  # of the prompt, reused from the slot's KV cache (not evaluated)
-    completion_tokens: int = 0
-    tool_calls: list[dict[str, Any]] = field(default_factory=list)  # [{"name", "arguments": dict}]
-    ttft_s: float = 0.0  # from the request's arrival to its first token (queue wait included)
-    prefill_s: float = 0.0
-    decode_s: float = 0.0
-    total_s: float = 0.0
-    drafted: int = 0  # speculative decoding: tokens drafted and verified (llama-server's draft_n)
-    accepted: int = 0  # of those, kept (draft_n_accepted)
-    threads: int = 0  # the decode threads most of its tokens ran on (runner.engine.threads)
-    thread_changes: int = 0  # how often that count changed while it ran
-    context_full: bool = False
+    result: Result = field(default_factory=lambda: Result("", FINISH_STOP, Timings()))
     logprobs: list[Scored] = field(default_factory=list)  # Ask.logprobs: the answer's tokens'
     prompt_logprobs: list[Scored] = field(default_factory=list)  # Ask.echo: every prompt token's
 
-    def take(self, result: Result) -> None:
-        """The engine's Result, field by field (in the model's thread, before the outcome is read)."""
-        t = result.timings
-        self.text, self.reasoning = result.text, result.reasoning
-        self.finish_reason = result.finish_reason if result.error is None else "error"
-        self.error = result.error
-        self.stop_sequence = result.stop
-        self.prompt_tokens, self.completion_tokens = t.prompt_tokens, t.completion_tokens
-        self.cached_tokens = t.cached_tokens
-        self.ttft_s, self.prefill_s, self.total_s = t.ttft_s, t.prefill_s, t.total_s
-        self.decode_s = max(0.0, t.total_s - t.ttft_s)
-        self.drafted, self.accepted = t.speculation.drafted, t.speculation.accepted
-        self.threads, self.thread_changes = t.threads, t.thread_changes
-        self.context_full = result.context_full
+    @property
+    def text(self) -> str:
+        return self.result.text  # the answer (reasoning apart; tool calls read out of it)
+
+    @property
+    def reasoning(self) -> str:
+        return self.result.reasoning
+
+    @property
+    def finish_reason(self) -> str:
+        """ "stop" | "length" | "tool_calls" | "interrupted" | "error" | "repetition" """
+        return self.result.finish_reason if self.result.error is None else FINISH_ERROR
+
+    @property
+    def error(self) -> str | None:
+        return self.result.error
+
+    @property
+    def stop_sequence(self) -> str | None:
+        """The stop string that ended it (None: an end token, or not a stop)."""
+        return self.result.stop
+
+    @property
+    def tool_calls(self) -> list[dict[str, Any]]:
+        return list(self.result.tool_calls)  # [{"name", "arguments": dict}]
+
+    @property
+    def prompt_tokens(self) -> int:
+        return self.result.timings.prompt_tokens
+
+    @property
+    def cached_tokens(self) -> int:
+        return self.result.timings.cached_tokens  # of the prompt, reused (not evaluated)
+
+    @property
+    def completion_tokens(self) -> int:
+        return self.result.timings.completion_tokens
+
+    @property
+    def ttft_s(self) -> float:
+        return self.result.timings.ttft_s  # from the request's arrival (queue wait included)
+
+    @property
+    def prefill_s(self) -> float:
+        return self.result.timings.prefill_s
+
+    @property
+    def decode_s(self) -> float:
+        return self.result.timings.decode_s  # the first token to the last
+
+    @property
+    def total_s(self) -> float:
+        return self.result.timings.total_s
+
+    @property
+    def context_full(self) -> bool:
+        return self.result.context_full
 
     def timings(self) -> dict[str, Any]:
         """runner's own timings, as --json names them (the extra `timings` field of an answer)."""
-        return {
-            "prompt_tokens": self.prompt_tokens,
-            "cached_tokens": self.cached_tokens,
-            "prefill_tokens": self.prompt_tokens - self.cached_tokens,
-            "completion_tokens": self.completion_tokens,
-            "ttft_s": round(self.ttft_s, 4),
-            "prefill_s": round(self.prefill_s, 4),
-            "decode_s": round(self.decode_s, 4),
-            "total_s": round(self.total_s, 4),
-            "drafted": self.drafted,
-            "accepted": self.accepted,
-            "threads": self.threads,
-            "thread_changes": self.thread_changes,
-        }
+        return timings_json(self.result.timings, SERVED_TIMINGS)
 
 
 @dataclass(frozen=True)

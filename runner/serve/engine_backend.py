@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import itertools
-import json
 import threading
 import time
 from collections.abc import Callable
@@ -27,13 +26,14 @@ from runner import ui
 from runner.engine.answer import Result
 from runner.engine.loop import Loop
 from runner.engine.prefix import PrefixStore, StateCache
-from runner.engine.prompt import Prompt, render_prompt
+from runner.engine.prompt import render_prompt
 from runner.engine.promptcache import PromptCache
-from runner.engine.sequence import Job, dropped
-from runner.engine.text.constrain import checked_schema, json_guide, schema_guide_of
+from runner.engine.request import Prompt, Request, to_job
+from runner.engine.sequence import dropped
+from runner.engine.text.constrain import Constraint, checked_schema, json_shape, schema_shape
 from runner.engine.text.sampling import SamplingConfig
 from runner.engine.text.template import TEMPLATE_KEY, Message
-from runner.engine.text.tools import forced_call_schema, tools_as_system
+from runner.engine.text.tools import call_shape, tools_as_system
 from runner.errors import InvalidSetting, RunnerError
 from runner.loader import LoadedModel
 from runner.serve.backend import Ask, BadField, ModelInfo, QueueFull, TooLong, scored_tokens
@@ -57,8 +57,8 @@ class Served:
 class _Request:
     ask: Ask
     sampling: SamplingConfig
-    grammar: str | None  # GBNF, for llama.cpp's grammar sampler (a JSON object)
-    guide: str | None  # llguidance's grammar (a schema, a forced tool call)
+    shape: Constraint | None  # what the answer must be: JSON, a schema, a forced tool call (compiled)
+    forced: bool  # the answer is a forced tool call, as a whole JSON object
     generation: QueuedGeneration
     admitted: asyncio.Future[None]
     arrived: float
@@ -104,19 +104,12 @@ class ModelThread:
         sampling = self._sampling(ask)
         # a schema compiles off the event loop, which a big one would stall for seconds (10,000 members: 4 s)
         compiles = ask.json_schema is not None or bool(ask.tools)
-        grammar, guide, forced = (await asyncio.to_thread(_grammar, ask)) if compiles else _grammar(ask)
+        shape, forced = (await asyncio.to_thread(_shape, ask)) if compiles else _shape(ask)
         loop = self._events = asyncio.get_running_loop()
         hold = bool(ask.tools) and ask.tool_choice != "none"
         generation = QueuedGeneration(self._post, self.wake, hold=hold)
-        if ask.tools and ask.tool_choice != "none":
-            generation.tools, generation.forced = ask.tools, forced
-        generation.json = forced or ask.json_schema is not None or ask.json_object
-        if forced and ask.tools:
-            generation.schema = forced_call_schema(ask.tools, ask.tool_choice)
-        elif ask.json_schema is not None:
-            generation.schema = ask.json_schema
         admitted, now = loop.create_future(), time.perf_counter()
-        request = _Request(ask, sampling, grammar, guide, generation, admitted, now)
+        request = _Request(ask, sampling, shape, forced, generation, admitted, now)
         with self._lock:
             if self._stopping:
                 raise QueueFull("the server is stopping", retry_after=5)
@@ -142,7 +135,7 @@ class ModelThread:
         model's thread), nothing decoded."""
         loop = self._events = asyncio.get_running_loop()
         generation = QueuedGeneration(self._post, self.wake, hold=False)
-        request = _Request(ask, SamplingConfig(), None, None, generation, loop.create_future(), 0.0, True)
+        request = _Request(ask, SamplingConfig(), None, False, generation, loop.create_future(), 0.0, True)
         with self._lock:
             self._inbox.append(request)
             self._wakeup.notify()
@@ -285,10 +278,11 @@ class ModelThread:
                     prompt_tokens=n,
                     context=room,
                 )
+            asked = _asked(request, prompt)
             try:  # built once, here: the job owns it (a grammar llama.cpp cannot parse: a 400)
-                if request.guide is not None:  # compiled for this vocabulary once, and kept
-                    self.engine.guide(request.guide)
-                sampler = self.engine.sampler(request.sampling, prompt.tokens, request.grammar)
+                if asked.guide is not None:  # compiled for this vocabulary once, and kept
+                    self.engine.guide(asked.guide)
+                sampler = self.engine.sampler(asked.sampling, prompt.tokens, asked.grammar)
             except InvalidSetting as exc:
                 raise BadField("tool_choice" if ask.tools else "response_format", exc.problem) from None
         except RunnerError as exc:
@@ -300,24 +294,16 @@ class ModelThread:
         index = next(self._ids)
         generation.prompt_tokens = len(prompt.tokens)
         generation.scored = functools.partial(scored_tokens, self.engine)
-        generation.job = Job(
+        generation.request = asked
+        # streamed, each token's logprobs go with its text; whole, they come with the result only
+        streamed = generation.logprobs if ask.logprobs is not None and ask.stream else None
+        generation.job = to_job(
+            asked,
             index,
-            prompt.tokens,
-            request.sampling,
-            max_tokens=ask.max_tokens,
-            stop=ask.stop,
-            grammar=request.grammar,
-            guide=request.guide,
             sampler=sampler,
-            reasoning=prompt.reasoning_style,
-            in_reasoning=prompt.opens_reasoning,
             on_piece=generation.piece,
+            on_logprobs=streamed,
             arrived=request.arrived,
-            logprobs=ask.logprobs,
-            echo=ask.echo,
-            media=prompt.media,  # its images: evaluated alone, then freed by the loop
-            # streamed, each token's logprobs go with its text; whole, they come with the result only
-            on_logprobs=generation.logprobs if ask.logprobs is not None and ask.stream else None,
         )
         self._jobs[index] = generation
         self._loop.add(generation.job)
@@ -450,22 +436,39 @@ def _bad_field(exc: InvalidSetting, param: str) -> BadField:
     return BadField(field, f"{field} {exc.problem}" if exc.field else str(exc))
 
 
-def _grammar(ask: Ask) -> tuple[str | None, str | None, bool]:
-    """What a request's answer must be: GBNF for any JSON object, or llguidance's grammar for a
-    schema or a forced tool call; and whether the answer is then a tool call as a whole JSON object."""
+def _shape(ask: Ask) -> tuple[Constraint | None, bool]:
+    """What a request's answer must be (any JSON object, a schema's, a forced tool call's), compiled
+    as every door compiles it (runner.engine.text.constrain); and whether the answer is then a tool
+    call as a whole JSON object."""
     forced = bool(ask.tools) and ask.tool_choice not in (None, "auto", "none")
     param = "tool_choice" if forced else "response_format"
     try:
         if forced and ask.tools:
-            return None, schema_guide_of(json.dumps(forced_call_schema(ask.tools, ask.tool_choice))), True
+            return call_shape(ask.tools, ask.tool_choice), True
         if ask.json_schema is not None:
             try:
                 schema = checked_schema(ask.json_schema, "the schema")
             except InvalidSetting as exc:
                 raise BadField(param, f"the schema {exc.problem}") from None
-            return None, schema_guide_of(json.dumps(schema)), False
+            return schema_shape(schema), False
     except InvalidSetting as exc:  # what the constraint engine cannot enforce
         raise BadField(param, exc.problem) from None
-    if ask.json_object:
-        return None, json_guide(), False
-    return None, None, False
+    return (json_shape() if ask.json_object else None), False
+
+
+def _asked(request: _Request, prompt: Prompt) -> Request:
+    """The engine's Request for a served one, once its prompt is rendered: tool calls read back
+    where tools were given (and not turned off)."""
+    ask = request.ask
+    tools = tuple(ask.tools) if ask.tools and ask.tool_choice != "none" else ()
+    return Request(
+        prompt,
+        request.sampling,
+        max_tokens=ask.max_tokens,
+        stop=ask.stop,
+        shape=request.shape,
+        tools=tools,
+        forced_call=request.forced,
+        logprobs=ask.logprobs,
+        echo=ask.echo,
+    )

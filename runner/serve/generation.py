@@ -6,15 +6,16 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable
+from dataclasses import replace
 from typing import Any
 
 from runner import ui
-from runner.engine.answer import FINISH_STOP, Result
+from runner.engine.answer import FINISH_ERROR, FINISH_STOP, Result
 from runner.engine.logprobs import TokenLogprob
+from runner.engine.request import Request, finish
 from runner.engine.sequence import Job
-from runner.engine.text.constrain import ConstraintError, answer_mismatch
+from runner.engine.text.constrain import ConstraintError
 from runner.engine.text.reasoning import ANSWER
-from runner.engine.text.tools import parse_tool_calls
 from runner.serve.backend import Outcome, Scored
 
 Parts = asyncio.Queue[Any]  # an answer's parts, then None
@@ -32,10 +33,7 @@ class QueuedGeneration:
         self._ended = asyncio.Event()  # set with the last item: the outcome is complete
         self._hold = hold  # tools: the answer may be a call, so it comes whole at the end
         self.job: Job | None = None
-        self.tools: list[dict[str, Any]] | None = None
-        self.forced = False
-        self.json = False  # the answer must be JSON: checked once finished,
-        self.schema: dict[str, Any] | None = None  # against this schema (None: any object)
+        self.request: Request | None = None  # what the engine was asked: its answer checked as it asked
         self.invalid: str | None = None  # how a finished JSON answer failed its check
         self.prompt_tokens = 0
         self.outcome = Outcome()
@@ -77,21 +75,18 @@ class QueuedGeneration:
             self._put(("logprobs", self.scored(entries)))
 
     def done(self, result: Result) -> None:
+        if self.request is not None:
+            result = finish(self.request, result)  # its JSON checked, its tool calls read
+        if result.invalid is not None and result.finish_reason == FINISH_STOP:  # a cut answer is "length"
+            self.invalid = result.invalid
+            result = replace(result, finish_reason=FINISH_ERROR)
+            ui.warn(f"an answer failed its check: {self.invalid}")
         o = self.outcome
-        o.take(result)
+        o.result = result
         o.logprobs = self.scored(result.logprobs)
         if result.prompt_logprobs or self.job is not None and self.job.echo:
             first = self.job.tokens[:1] if self.job is not None else []
             o.prompt_logprobs = self.scored(first, True) + self.scored(result.prompt_logprobs, True)
-        if self.json and result.error is None and result.finish_reason == FINISH_STOP:
-            self.invalid = answer_mismatch(o.text.strip(), self.schema)
-            if self.invalid is not None:
-                o.finish_reason = "error"
-                ui.warn(f"an answer failed its check: {self.invalid}")
-        if self.tools and result.error is None and self.invalid is None:
-            o.tool_calls, rest = parse_tool_calls(o.text, self.tools, whole_json=self.forced)
-            if o.tool_calls:
-                o.text, o.finish_reason = rest, "tool_calls"
         if self._hold and o.text:
             self._put(("answer", o.text))
         self._put(None)

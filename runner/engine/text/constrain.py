@@ -42,25 +42,22 @@ class Constraint:
     def is_json(self) -> bool:
         return self.kind in ("json", "schema")
 
-    def check(self, text: str, finish_reason: str) -> str:
-        """The answer as it goes to stdout: the JSON, trimmed; ConstraintError when it is not whole."""
-        answer = text.strip()
+    def problem(self, text: str, finish_reason: str) -> str | None:
+        """How a finished answer fails this shape (not JSON, cut short, not an object, not the schema's),
+        None where it holds: a grammar's answers hold by construction. runner.engine.request.finish
+        asks it once for every door."""
         if not self.is_json:
-            return answer
+            return None
         try:
-            value = json.loads(answer)
+            value = json.loads(text)
         except json.JSONDecodeError as exc:
             if finish_reason != "stop":
-                raise ConstraintError(
-                    f"the answer ended ({finish_reason}) before its JSON closed; "
-                    "raise --max-tokens (or --ctx) for a longer answer"
-                ) from None
-            raise ConstraintError(f"the answer is not JSON ({exc})") from None
-        if self.schema is not None:
-            problem = mismatch(value, self.schema)
-            if problem:
-                raise ConstraintError(f"the answer does not match the schema {problem}")
-        return answer
+                return f"the answer ended ({finish_reason}) before its JSON closed"
+            return f"the answer is not JSON ({exc})"
+        if self.schema is None:  # json: any object, as its grammar allows and json_object asks
+            return None if isinstance(value, dict) else "the answer is not a JSON object"
+        problem = mismatch(value, self.schema)
+        return f"the answer does not match the schema {problem}" if problem else None
 
 
 def mismatch(value: Any, schema: dict[str, Any]) -> str | None:
@@ -78,18 +75,6 @@ def mismatch(value: Any, schema: dict[str, Any]) -> str | None:
     return f"at {where}: {errors[0].message}"
 
 
-def answer_mismatch(text: str, schema: dict[str, Any] | None) -> str | None:
-    """A server's finished answer checked: not JSON, or (with a schema) not valid; None when it holds."""
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as exc:
-        return f"the answer is not JSON ({exc})"
-    if schema is None:
-        return None if isinstance(value, dict) else "the answer is not a JSON object"
-    problem = mismatch(value, schema)
-    return f"the answer does not match the schema {problem}" if problem else None
-
-
 def constraint(
     *, schema: str | None = None, format: str | None = None, grammar: str | None = None
 ) -> Constraint | None:
@@ -100,10 +85,9 @@ def constraint(
     if format is not None:
         if format.strip().lower() not in FORMATS:
             raise InvalidSetting(f"--format must be json (got {format!r})")
-        return Constraint("json", None, None, json_guide())
+        return json_shape()
     if schema is not None:
-        parsed = _load_schema(schema)
-        return Constraint("schema", None, parsed, schema_guide(parsed))
+        return schema_shape(_load_schema(schema))
     if grammar is not None:
         path = Path(grammar)
         try:
@@ -127,6 +111,16 @@ def constraint(
 MAX_DEPTH = 4  # objects and arrays inside one another, the answer's own object counted
 MAX_MEMBERS = 16  # members of one object, items of one array
 MAX_CHARS = 200  # characters in one string, keys included
+
+
+def json_shape() -> Constraint:
+    """Any JSON object (--format json, a server's json_object), within the bounds below."""
+    return Constraint("json", None, None, json_guide())
+
+
+def schema_shape(schema: dict[str, Any]) -> Constraint:
+    """An answer that matches `schema` (checked_schema'd): its grammar compiled once and kept by text."""
+    return Constraint("schema", None, schema, schema_guide_of(json.dumps(schema)))
 
 
 def json_guide() -> str:

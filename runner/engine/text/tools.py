@@ -18,6 +18,7 @@ import re
 from dataclasses import replace
 from typing import Any
 
+from runner.engine.text.constrain import Constraint, schema_shape
 from runner.engine.text.schemawalk import subschemas
 
 TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
@@ -122,3 +123,8 @@ def _call(text: str, names: set[str]) -> dict[str, Any] | None:
     if not isinstance(args, dict):
         return None
     return {"name": value["name"], "arguments": args}
+
+
+def call_shape(tools: list[dict[str, Any]], choice: Any) -> Constraint:
+    """tool_choice required (or a tool's name) as an answer's shape: a call of one of the tools."""
+    return schema_shape(forced_call_schema(tools, choice))
