@@ -224,13 +224,38 @@ def check_projector(
     type, and against the text model's embedding width when given; raise InvalidModelFile in one line
     on the first problem. key_types defaults to read_key_types(header.source)."""
     header.check_complete()
+    _check_is_projector(header)
+    c = _Check(header, read_key_types(header.source) if key_types is None else key_types)
+    kind = _check_kind(c)
+    vit = _check_sizes(c, kind)
+    _check_embeddings(c, vit)
+    _check_blocks(c, vit)
+    if kind == "gemma3":
+        tokens, width = _check_gemma3_projection(c, vit, text_n_embd)
+    elif kind == "idefics3":
+        tokens, width = _check_idefics3_projection(c, vit, text_n_embd)
+    else:
+        tokens, width = _check_mlp_projection(c, vit, text_n_embd)
+    if text_n_embd is not None and width != text_n_embd:  # mtmd.cpp 604 refuses it
+        c.fail(f"it projects into width {width}, the text model's is {text_n_embd}")
+    weights = sum(t.nbytes for t in header.tensors)
+    # mtmd.cpp 2188: gemma3's image tokens are decoded non-causally
+    return ProjectorInfo(
+        kind, vit.counted_side, vit.patch, tokens, width, weights, non_causal=kind == "gemma3", mrope=vit.qwen
+    )
+
+
+def _check_is_projector(header: GGUFHeader) -> None:
+    """A file with no projector type at all: not a projector (a text model given as --mmproj?)."""
     meta = header.metadata
-    kind = meta.get("clip.projector_type") or meta.get("clip.vision.projector_type")
-    if kind is None:
+    if (meta.get("clip.projector_type") or meta.get("clip.vision.projector_type")) is None:
         arch = header.architecture
         model = f" (general.architecture is {arch}: a text model?)" if arch not in (None, "clip") else ""
         raise InvalidModelFile(f"{header.source} is not a projector: it has no clip.projector_type{model}")
-    c = _Check(header, read_key_types(header.source) if key_types is None else key_types)
+
+
+def _check_kind(c: _Check) -> str:
+    """The projector type, one runner supports, of a vision-only file; every key's type checked."""
     kind = c.key("clip.projector_type") or c.key("clip.vision.projector_type")
     if kind not in SUPPORTED:
         names = f"{', '.join(SUPPORTED[:-1])} and {SUPPORTED[-1]}"
@@ -241,7 +266,49 @@ def check_projector(
         c.fail("it also has an audio encoder, which runner does not check")
     for key in KEYS:
         c.key(key)  # every type, before any value is used
+    return str(kind)
 
+
+@dataclass(frozen=True)
+class _Vit:
+    """The vision transformer's sizes as the header gives them, once _check_sizes has checked them."""
+
+    kind: str  # one of SUPPORTED
+    e: int  # embedding_length
+    n_head: int
+    n_head_kv: int
+    d_head: int
+    n_ff: int
+    n_layer: int
+    image: int  # image_size (0: dynamic, the Qwen ones only)
+    patch: int
+    layers: list[int]  # clip.vision.feature_layer
+
+    @property
+    def qwen(self) -> bool:
+        return self.kind in QWEN
+
+    @property
+    def siglip(self) -> bool:
+        return self.kind in SIGLIP
+
+    @property
+    def n_side(self) -> int:
+        return self.image // self.patch
+
+    @property
+    def n_patches(self) -> int:
+        return self.n_side * self.n_side
+
+    @property
+    def counted_side(self) -> int:
+        """The square image_tokens is counted for: image_size; image_size 0: the warmup's (Qwen)."""
+        return (self.image or QWEN_WARMUP_SIDE * 2 * self.patch) if self.qwen else self.image
+
+
+def _check_sizes(c: _Check, kind: str) -> _Vit:
+    """The vision transformer's sizes and the image settings, as clip.cpp would take them."""
+    meta = c.header.metadata
     e, n_head = meta["clip.vision.embedding_length"], meta["clip.vision.attention.head_count"]
     n_ff, n_layer = meta["clip.vision.feed_forward_length"], meta["clip.vision.block_count"]
     image, patch = meta["clip.vision.image_size"], meta["clip.vision.patch_size"]
@@ -271,13 +338,15 @@ def check_projector(
         c.fail(f"clip.vision.feature_layer {list(layers)} goes past block_count {n_layer}")
     if qwen:
         _check_qwen_keys(c, kind, d_head)
+    return _Vit(kind, e, n_head, n_head_kv, d_head, n_ff, n_layer, image, patch, layers)
 
-    # The vision transformer (load_tensors 2253-2330; build_inp 572; llava.cpp and build_vit use them)
-    n_side = image // patch
-    n_patches = n_side * n_side
-    gemma, siglip = kind == "gemma3", kind in SIGLIP
+
+def _check_embeddings(c: _Check, vit: _Vit) -> None:
+    """The vision transformer's input: patch, class and position embeddings, and its outer norms
+    (load_tensors 2253-2330; build_inp 572; llava.cpp and build_vit use them)."""
+    e, patch, kind = vit.e, vit.patch, vit.kind
     c.tensor("v.patch_embd.weight", (patch, patch, 3, e), CONV)  # optional at 2262, used at 574
-    if qwen:  # the second frame's kernel, optional at 2263, used for a still image too (qwen2vl.cpp 16)
+    if vit.qwen:  # the second frame's kernel, optional at 2263, used for a still image too (qwen2vl.cpp 16)
         c.tensor("v.patch_embd.weight.1", (patch, patch, 3, e), CONV)
         for name in ("v.patch_embd.bias", "v.class_embd"):  # no position embeddings: M-RoPE (qwen2vl.cpp 130)
             if name in c.by_name:
@@ -285,24 +354,30 @@ def check_projector(
     else:
         c.tensor("v.patch_embd.bias", (e,), VECTOR, required=False)
     class_embd = kind == "mlp" and c.tensor("v.class_embd", (e,), VECTOR, required=False) is not None
-    if siglip:  # added to the patches as they are (build_vit 349)
-        c.tensor("v.position_embd.weight", (e, n_patches), VECTOR)
-    elif not qwen:  # rows 0..n_pos-1 taken (llava.cpp 39-43): at least n_pos rows
-        n_pos = n_patches + class_embd
+    if vit.siglip:  # added to the patches as they are (build_vit 349)
+        c.tensor("v.position_embd.weight", (e, vit.n_patches), VECTOR)
+    elif not vit.qwen:  # rows 0..n_pos-1 taken (llava.cpp 39-43): at least n_pos rows
+        n_pos = vit.n_patches + class_embd
         pos = c.by_name.get("v.position_embd.weight")
         rows = pos.shape[1] if pos is not None and len(pos.shape) == 2 and pos.shape[1] >= n_pos else n_pos
         c.tensor("v.position_embd.weight", (e, rows), MATRIX)
     for norm in ("pre_ln", "post_ln"):
         for part in ("weight", "bias"):
             c.tensor(f"v.{norm}.{part}", (e,), VECTOR, required=False)
-    qkv = n_head * d_head
-    kv = (n_head_kv if siglip else n_head) * d_head  # llava.cpp 88 reshapes K and V by n_head
-    if siglip:
+
+
+def _check_blocks(c: _Check, vit: _Vit) -> None:
+    """The vision transformer's blocks: attention, norms and feed-forward, each tensor as the graph
+    uses it."""
+    e, n_ff, qwen = vit.e, vit.n_ff, vit.qwen
+    qkv = vit.n_head * vit.d_head
+    kv = (vit.n_head_kv if vit.siglip else vit.n_head) * vit.d_head  # llava.cpp 88 reshapes K and V by n_head
+    if vit.siglip:
         for name in c.by_name:
             parts = name.split(".")
             if parts[:2] == ["v", "blk"] and len(parts) > 3 and parts[3] in SIGLIP_NEVER:
-                c.fail(f"it has {name}, which a {kind} projector does not have")
-    for i in range(n_layer):
+                c.fail(f"it has {name}, which a {vit.kind} projector does not have")
+    for i in range(vit.n_layer):
         blk = f"v.blk.{i}"
         # llava.cpp 72-89 takes separate q, k and v; so does build_vit (424-447) without attn_qkv, and
         # qwen2vl.cpp 114-119, which adds their biases whether there are any (a missing one segfaults)
@@ -326,52 +401,59 @@ def check_projector(
         c.tensor(f"{blk}.ffn_gate.weight", (e, n_ff), MATRIX, required=False)  # build_ffn 627
         c.tensor(f"{blk}.ffn_gate.bias", (n_ff,), VECTOR, required=False)
 
-    if gemma:
-        merge = meta.get("clip.vision.projector.scale_factor", 4)  # 1638-1641
-        if not 0 < merge < 65536 or n_side % merge:  # 2060; the pool (siglip.cpp 28) against 4223
-            c.fail(f"scale_factor {merge} does not divide the {n_side} patches a side")
-        c.tensor("mm.soft_emb_norm.weight", (e,), VECTOR)  # 2631; siglip.cpp 34
-        proj = c.by_name.get("mm.input_projection.weight")  # 2630; siglip.cpp 38: multiplied transposed
-        width = _out_width(proj, 1, e, text_n_embd)  # its ne[0]: clip_n_mmproj_embd 6009
-        c.tensor("mm.input_projection.weight", (width, e), DENSE)
-        tokens = n_patches // (merge * merge)  # clip_n_output_tokens 4213-4223
-    elif kind == "idefics3":
-        # n_merge defaults to 1 (1511), which build_patch_merge_permute asserts against (902); a side
-        # it does not divide is padded there but not in clip_n_output_tokens (4223): more embeddings
-        # than libmtmd's buffer for them
-        merge = meta.get("clip.vision.projector.scale_factor", 1)
-        if not 1 < merge < 65536 or n_side % merge:
-            c.fail(f"scale_factor {merge} is not over 1 or does not divide the {n_side} patches a side")
-        longest = meta.get("clip.vision.preproc_image_size", 0)  # mtmd-image.cpp 1060: tiles of it
-        if not 0 <= longest <= 8192:
-            c.fail(f"preproc_image_size {longest} is not in 0..8192")
-        fc = c.by_name.get("mm.model.fc.weight")  # required at 2764; siglip.cpp 45: the pixel shuffle's
-        width = _out_width(fc, 0, e * merge * merge, text_n_embd)  # rows times it; its ne[1] (6016)
-        c.tensor("mm.model.fc.weight", (e * merge * merge, width), MATRIX)
-        tokens = n_patches // (merge * merge)  # per tile (clip_n_output_tokens 4216)
-    else:  # mm.0 -> GELU -> mm.2: LLaVA's projection, or Qwen's merger (required at 2499-2502)
-        if kind == "mlp" and "mm.3.weight" in c.by_name:  # 2384: then it is MLP_NORM
-            c.fail("it has mm.3.weight, which makes it an mlp_norm projector (not supported)")
-        stacked = len({v for v in layers if v >= 0})  # llava.cpp 29, 133-146: feature layers concatenated
-        # qwen: each 2 x 2 patches' embeddings in a row (qwen2vl.cpp 181), whatever feature_layer says
-        width_in = 4 * e if qwen else e * max(stacked, 1)
-        mm0 = c.by_name.get("mm.0.weight")  # optional at 2371, used at llava.cpp 166
-        hidden = mm0.shape[1] if mm0 is not None and len(mm0.shape) > 1 else 0
-        c.tensor("mm.0.weight", (width_in, hidden), MATRIX)
-        c.tensor("mm.0.bias", (hidden,), VECTOR)  # llava.cpp 167
-        mm2 = c.by_name.get("mm.2.weight")  # optional at 2377, dereferenced by clip_n_mmproj_embd 5979
-        width = _out_width(mm2, 0, hidden, text_n_embd)  # its ne[1]
-        c.tensor("mm.2.weight", (hidden, width), MATRIX)
-        c.tensor("mm.2.bias", (width,), VECTOR)  # llava.cpp 172; qwen's width: its ne[0] (5997)
-        tokens = n_patches  # clip_n_output_tokens 4139: one per patch
-        if qwen:  # one per 2 x 2 patches of the image as resized (4199); image_size 0: the warmup's
-            image = image or QWEN_WARMUP_SIDE * 2 * patch
-            tokens = qwen_image_tokens(image, patch)[0]
-    if text_n_embd is not None and width != text_n_embd:  # mtmd.cpp 604 refuses it
-        c.fail(f"it projects into width {width}, the text model's is {text_n_embd}")
-    weights = sum(t.nbytes for t in header.tensors)
-    # mtmd.cpp 2188: gemma3's image tokens are decoded non-causally
-    return ProjectorInfo(kind, image, patch, tokens, width, weights, non_causal=gemma, mrope=qwen)
+
+def _check_gemma3_projection(c: _Check, vit: _Vit, text_n_embd: int | None) -> tuple[int, int]:
+    """gemma3's pooled, normed and projected patches: (tokens an image becomes, their width)."""
+    e, n_side = vit.e, vit.n_side
+    merge = c.header.metadata.get("clip.vision.projector.scale_factor", 4)  # 1638-1641
+    if not 0 < merge < 65536 or n_side % merge:  # 2060; the pool (siglip.cpp 28) against 4223
+        c.fail(f"scale_factor {merge} does not divide the {n_side} patches a side")
+    c.tensor("mm.soft_emb_norm.weight", (e,), VECTOR)  # 2631; siglip.cpp 34
+    proj = c.by_name.get("mm.input_projection.weight")  # 2630; siglip.cpp 38: multiplied transposed
+    width = _out_width(proj, 1, e, text_n_embd)  # its ne[0]: clip_n_mmproj_embd 6009
+    c.tensor("mm.input_projection.weight", (width, e), DENSE)
+    return vit.n_patches // (merge * merge), width  # clip_n_output_tokens 4213-4223
+
+
+def _check_idefics3_projection(c: _Check, vit: _Vit, text_n_embd: int | None) -> tuple[int, int]:
+    """idefics3's pixel shuffle and projection: (tokens a tile becomes, their width)."""
+    meta, e, n_side = c.header.metadata, vit.e, vit.n_side
+    # n_merge defaults to 1 (1511), which build_patch_merge_permute asserts against (902); a side
+    # it does not divide is padded there but not in clip_n_output_tokens (4223): more embeddings
+    # than libmtmd's buffer for them
+    merge = meta.get("clip.vision.projector.scale_factor", 1)
+    if not 1 < merge < 65536 or n_side % merge:
+        c.fail(f"scale_factor {merge} is not over 1 or does not divide the {n_side} patches a side")
+    longest = meta.get("clip.vision.preproc_image_size", 0)  # mtmd-image.cpp 1060: tiles of it
+    if not 0 <= longest <= 8192:
+        c.fail(f"preproc_image_size {longest} is not in 0..8192")
+    fc = c.by_name.get("mm.model.fc.weight")  # required at 2764; siglip.cpp 45: the pixel shuffle's
+    width = _out_width(fc, 0, e * merge * merge, text_n_embd)  # rows times it; its ne[1] (6016)
+    c.tensor("mm.model.fc.weight", (e * merge * merge, width), MATRIX)
+    return vit.n_patches // (merge * merge), width  # per tile (clip_n_output_tokens 4216)
+
+
+def _check_mlp_projection(c: _Check, vit: _Vit, text_n_embd: int | None) -> tuple[int, int]:
+    """mm.0 -> GELU -> mm.2: LLaVA's projection, or Qwen's merger (required at 2499-2502): (tokens an
+    image of vit.counted_side becomes, their width)."""
+    e, qwen = vit.e, vit.qwen
+    if vit.kind == "mlp" and "mm.3.weight" in c.by_name:  # 2384: then it is MLP_NORM
+        c.fail("it has mm.3.weight, which makes it an mlp_norm projector (not supported)")
+    stacked = len({v for v in vit.layers if v >= 0})  # llava.cpp 29, 133-146: feature layers concatenated
+    # qwen: each 2 x 2 patches' embeddings in a row (qwen2vl.cpp 181), whatever feature_layer says
+    width_in = 4 * e if qwen else e * max(stacked, 1)
+    mm0 = c.by_name.get("mm.0.weight")  # optional at 2371, used at llava.cpp 166
+    hidden = mm0.shape[1] if mm0 is not None and len(mm0.shape) > 1 else 0
+    c.tensor("mm.0.weight", (width_in, hidden), MATRIX)
+    c.tensor("mm.0.bias", (hidden,), VECTOR)  # llava.cpp 167
+    mm2 = c.by_name.get("mm.2.weight")  # optional at 2377, dereferenced by clip_n_mmproj_embd 5979
+    width = _out_width(mm2, 0, hidden, text_n_embd)  # its ne[1]
+    c.tensor("mm.2.weight", (hidden, width), MATRIX)
+    c.tensor("mm.2.bias", (width,), VECTOR)  # llava.cpp 172; qwen's width: its ne[0] (5997)
+    tokens = vit.n_patches  # clip_n_output_tokens 4139: one per patch
+    if qwen:  # one per 2 x 2 patches of the image as resized (4199); image_size 0: the warmup's
+        tokens = qwen_image_tokens(vit.counted_side, vit.patch)[0]
+    return tokens, width
 
 
 def _check_qwen_keys(c: _Check, kind: str, d_head: int) -> None:
