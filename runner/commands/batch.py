@@ -244,8 +244,7 @@ def _answer(loaded: LoadedModel, request: BatchRequest, items: list[Item], out: 
             system = item.system if item.system is not None else request.system
             if system is None and loaded.entry is not None:
                 system = loaded.entry.system
-            markers = engine.vision.marker * len(item.images) if item.images else ""
-            messages = build_messages(markers + item.prompt, system)
+            messages = build_messages(engine.markers(len(item.images)) + item.prompt, system)
             prompt = render_prompt(engine, loaded.header, messages, quiet=True, images=item.images)
         except (RunnerError, TypeError) as exc:
             errors[item.index] = f"line {item.index + 1}: {exc}"

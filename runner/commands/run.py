@@ -24,8 +24,9 @@ from runner.engine.answer import FINISH_INTERRUPTED, FINISH_REPEAT, Result
 from runner.engine.context import common_prefix
 from runner.engine.logprobs import MAX_TOP
 from runner.engine.prompt import read_prompt, render_prompt
+from runner.engine.promptcache import PromptCache
 from runner.engine.request import Request
-from runner.engine.text.constrain import constraint
+from runner.engine.text.constrain import Constraint, constraint
 from runner.engine.text.template import build_messages
 from runner.errors import UsageError
 from runner.images import MAX_IMAGES, read_image_arg
@@ -67,6 +68,7 @@ class RunRequest:
 
 
 def run_once(request: RunRequest, *, stdin: BinaryIO | None, out: TextIO) -> Result:
+    """Check the flags, read the prompt and images, load, ask, answer; every flag refused before a load."""
     check_answer_limits(request.max_tokens, request.stop)
     if request.logprobs is not None:
         check_range(request.logprobs, "--logprobs", 0, MAX_TOP)
@@ -95,54 +97,72 @@ def run_once(request: RunRequest, *, stdin: BinaryIO | None, out: TextIO) -> Res
         images=bool(images),
     )
     try:
-        sampling, sources = sampling_for(loaded, request.sampling)
-        system = request.system
-        if system is None and loaded.entry is not None and not request.raw:
-            system = loaded.entry.system
-        markers = loaded.engine.vision.marker * len(images) if images else ""  # llama-server's order
-        rendered = render_prompt(
-            loaded.engine,
-            loaded.header,
-            build_messages(markers + prompt, system),
-            raw=request.raw,
-            enable_thinking=request.think,
-            images=images,
-        )
-        loaded.engine.check_fits(rendered.tokens, request.max_tokens)
-        cached = cache is not None and not images
-        head = stable_head(loaded, rendered.tokens, prompt, request, system) if cached else 0
-        if request.verbose:
-            ui.info(describe_load(loaded))
-            ui.info(f"sampling: {describe_sampling(sampling, sources)}")
-        # constrained output is written whole once checked: a script never reads half a JSON
-        quiet = request.as_json or constrained is not None
-        writer = AnswerWriter(out, hide_reasoning=request.hide_reasoning, quiet=quiet)
-
-        def lost(partial: Result) -> None:  # a worker went away: what came, as after a Ctrl-C
-            _finish(out, writer, partial, loaded.name, request.as_json)
-
-        with interrupt.deferred(), writer:  # Ctrl-C ends the answer between tokens, never mid-write
-            asked = Request(
-                rendered,
-                sampling,
-                max_tokens=request.max_tokens,
-                stop=request.stop,
-                shape=constrained,
-                logprobs=request.logprobs,
-                head=head,
-            )
-            answer = stream_answer(loaded, asked, writer, prompt_cache=cache, if_lost=lost)
-            if constrained is not None and answer.finish_reason != FINISH_INTERRUPTED:
-                answer = replace(answer, text=shaped(answer))
-                if not request.as_json:
-                    out.write(answer.text + "\n")
-            scored = None
-            if request.logprobs is not None:
-                scored = logprobs_json(loaded.engine, answer.logprobs)
-            _finish(out, writer, answer, loaded.name, request.as_json, scored)
+        asked = _asked(loaded, request, prompt, images, constrained, cached=cache is not None and not images)
+        result = _answer(loaded, request, asked, cache, out)
     finally:
         loaded.close()
-    result = answer
+    _report(loaded, request, result)
+    return result
+
+
+def _asked(
+    loaded: LoadedModel,
+    request: RunRequest,
+    prompt: str,
+    images: list[Any],
+    shape: Constraint | None,
+    cached: bool,
+) -> Request:
+    """The engine's Request: the prompt rendered with the system message and images (in llama-server's
+    order), checked to fit, its stable head found where the disk cache will keep it."""
+    sampling, sources = sampling_for(loaded, request.sampling)
+    system = request.system
+    if system is None and loaded.entry is not None and not request.raw:
+        system = loaded.entry.system
+    messages = build_messages(loaded.engine.markers(len(images)) + prompt, system)
+    rendered = render_prompt(
+        loaded.engine, loaded.header, messages, raw=request.raw, enable_thinking=request.think, images=images
+    )
+    loaded.engine.check_fits(rendered.tokens, request.max_tokens)
+    head = stable_head(loaded, rendered.tokens, prompt, request, system) if cached else 0
+    if request.verbose:
+        ui.info(describe_load(loaded))
+        ui.info(f"sampling: {describe_sampling(sampling, sources)}")
+    return Request(
+        rendered,
+        sampling,
+        max_tokens=request.max_tokens,
+        stop=request.stop,
+        shape=shape,
+        logprobs=request.logprobs,
+        head=head,
+    )
+
+
+def _answer(
+    loaded: LoadedModel, request: RunRequest, asked: Request, cache: PromptCache | None, out: TextIO
+) -> Result:
+    """The answer streamed to `out` (a constrained one written whole once checked: a script never
+    reads half a JSON), or as one JSON object."""
+    quiet = request.as_json or asked.shape is not None
+    writer = AnswerWriter(out, hide_reasoning=request.hide_reasoning, quiet=quiet)
+
+    def lost(partial: Result) -> None:  # a worker went away: what came, as after a Ctrl-C
+        _finish(out, writer, partial, loaded.name, request.as_json)
+
+    with interrupt.deferred(), writer:  # Ctrl-C ends the answer between tokens, never mid-write
+        answer = stream_answer(loaded, asked, writer, prompt_cache=cache, if_lost=lost)
+        if asked.shape is not None and answer.finish_reason != FINISH_INTERRUPTED:
+            answer = replace(answer, text=shaped(answer))
+            if not request.as_json:
+                out.write(answer.text + "\n")
+        scored = logprobs_json(loaded.engine, answer.logprobs) if request.logprobs is not None else None
+        _finish(out, writer, answer, loaded.name, request.as_json, scored)
+    return answer
+
+
+def _report(loaded: LoadedModel, request: RunRequest, result: Result) -> None:
+    """What stderr says once the answer is out: a Ctrl-C (exit 130), a full context, a loop, --verbose."""
     if result.finish_reason == FINISH_INTERRUPTED:
         raise KeyboardInterrupt  # what was printed stays; the CLI exits 130
     if result.context_full:
@@ -153,7 +173,6 @@ def run_once(request: RunRequest, *, stdin: BinaryIO | None, out: TextIO) -> Res
         ui.warn(LOOP_WARNING)
     if request.verbose:
         ui.info(describe_timings(result))
-    return result
 
 
 def read_images(args: tuple[str, ...], mmproj: str | None, stdin: BinaryIO | None) -> list[Any]:

@@ -180,8 +180,9 @@ def _show(session: Session) -> str:
         ("template", source),
         ("stored", saved if session.store is not None else "off (--no-save, or the database failed)"),
     ]
-    if session.attached.vision:
-        projector = session.loaded.engine.vision.projector
+    vision = session.loaded.engine.vision
+    if session.attached.vision and vision is not None:
+        projector = vision.projector
         rows.insert(2, ("images", f"projector {projector}; {session.attached.show()}"))
     width = max(len(k) for k, _ in rows) + 2
     return "\n".join(f"{k:<{width}}{v}" for k, v in rows)

@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from runner import interrupt
 from runner.engine.answer import FINISH_INTERRUPTED, Chunk, Result, since_process_start
@@ -55,6 +55,10 @@ from runner.engine.threads import Threads, competing_others, free_threads
 from runner.errors import EngineError, InvalidModelFile, InvalidSetting, UsageError
 from runner.limits import DEFAULT_CTX
 
+if TYPE_CHECKING:
+    from runner.engine.guide import Guide, Guides
+    from runner.engine.vision import Vision
+
 __all__ = ["CTX_STEP", "Engine"]
 
 
@@ -83,8 +87,8 @@ class Engine(KVContext):
         self.speculation: Speculation | None = None  # runner.engine.speculate; None: one token a step
         self.spec_costs: SpecCosts | None = None  # what steps cost, measured, shared by the sequences
         self._own_loop: Loop | None = None  # stream()'s, kept from answer to answer
-        self._guides: Any = None  # runner.engine.guide.Guides: llguidance's, on the first schema
-        self.vision: Any = None  # runner.engine.vision.Vision: a projector attached (attach_projector)
+        self._guides: Guides | None = None  # llguidance's, on the first schema
+        self.vision: Vision | None = None  # a projector attached (attach_projector)
         self.n_seq = n_seq  # sequences the context holds at once (runner.engine.loop), n_ctx split among them
         self.path = Path(path)
         self._busy_before = competing_others()  # read again after the load: a moment's task is not a load
@@ -159,6 +163,15 @@ class Engine(KVContext):
         self.vision = Vision(
             projector, self._model, use_gpu=on_gpu, n_threads=threads, flash_attn=self.flash_attn
         )
+
+    def markers(self, n: int) -> str:
+        """The markers of n images, for a prompt's text (each where its image goes); UsageError where
+        no projector is attached."""
+        if not n:
+            return ""
+        if self.vision is None:
+            raise UsageError(f"{self.path.name} takes no images without its projector: give --mmproj")
+        return self.vision.marker * n
 
     def speculate(self, mode: str, draft: Engine | None = None, fixed: int | None = None) -> bool:
         """Turn speculative decoding on (runner.engine.speculate) for every sequence: "ngram", or a
@@ -292,7 +305,7 @@ class Engine(KVContext):
         """InvalidSetting where llama.cpp cannot parse the grammar; what the check built is freed."""
         llama().llama_sampler_free(self.sampler(SamplingConfig(temperature=0), (), grammar))
 
-    def guide(self, grammar: str) -> Any:
+    def guide(self, grammar: str) -> Guide:
         """A fresh llguidance matcher for `grammar` (runner.engine.guide): the tokenizer it needs
         built from this model's vocabulary on first use, each grammar compiled once and kept."""
         if self._guides is None:
@@ -421,8 +434,9 @@ class Engine(KVContext):
         with interrupt.deferred():  # llama_free logs through a ctypes callback: no KeyboardInterrupt there
             if hasattr(self, "speculation"):
                 self._end_speculation()  # a draft model's engine
-            if getattr(self, "vision", None) is not None:
-                self.vision.close()
+            vision = getattr(self, "vision", None)
+            if vision is not None:
+                vision.close()
                 self.vision = None
             if getattr(self, "_batch", None) is not None:
                 lib.llama_batch_free(self._batch)

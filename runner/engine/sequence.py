@@ -9,9 +9,10 @@ hands each slot the tokens it sampled.
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from runner.engine.answer import (
     FINISH_ERROR,
@@ -31,6 +32,10 @@ from runner.engine.promptcache import CacheUse
 from runner.engine.speculate import SpecStats, Speculator
 from runner.engine.text.reasoning import ANSWER, Splitter
 from runner.engine.text.sampling import SamplingConfig
+
+if TYPE_CHECKING:
+    from runner.engine.guide import Guide
+    from runner.engine.vision import MediaPrompt
 
 LOOP_CHECK_EVERY = 16  # tokens between two looks for a loop (each costs ~0.1 ms)
 LOOP_TAIL = 3 * LOOP_PERIOD_MAX  # the answer's tokens a look reads: three turns of the longest loop
@@ -63,7 +68,7 @@ class Job:
     stop_loops: bool = False  # an answer going round in a loop ends (FINISH_REPEAT): no limit was given
     logprobs: int | None = None  # each answer token's log-probability, with this many alternatives
     echo: bool = False  # the prompt's own log-probabilities: evaluated whole, logits at every position
-    media: Any = None  # the prompt's images (runner.engine.vision.MediaPrompt): evaluated alone, no drafts
+    media: MediaPrompt | None = None  # the prompt's images: evaluated alone, no drafts
     on_piece: Callable[[str, str], None] | None = None  # (kind, text) as they come, in the loop's thread
     on_token: Callable[[int], None] | None = None  # every token sampled, end-of-generation included
     on_logprobs: Callable[[list[TokenLogprob]], None] | None = None  # before the answer piece they made
@@ -85,7 +90,7 @@ class Slot:
     sampler: Any
     speculator: Speculator | None
     start: float  # when its sequence took it
-    guide: Any = None  # runner.engine.guide.Guide: the job's schema, as a mask before each sample
+    guide: Guide | None = None  # the job's schema, as a mask before each sample
     pos: int = 0  # the next token's position (the tokens its cells hold, less what images saved)
     fewer: int = 0  # positions fewer than cells: an M-RoPE model's images (runner.engine.positions)
     last: int = 0  # the token sampled last, not yet in the cells
@@ -99,7 +104,7 @@ class Slot:
     row: int = 0  # the batch row of its first token in this step
     verify_s: tuple[float, float] = (0.0, 0.0)  # this step's verify: (its share, drafting), seconds
     context_full: bool = False
-    threads_mark: Any = None  # the thread counts' record as it began (Threads.mark), for its timings
+    threads_mark: tuple[Counter[int], int] | None = None  # the thread counts as it began (Threads.mark)
     scored: TokenLogprob | None = None  # the token just sampled, scored (job.logprobs), not yet taken
     scored_held: list[TokenLogprob] = field(default_factory=list)  # taken, their text not yet out
     logprobs: list[TokenLogprob] = field(default_factory=list)  # the answer's tokens', in order

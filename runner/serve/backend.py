@@ -3,7 +3,7 @@
 The HTTP side hands over an `Ask` (what a request asks, already validated for shape) and gets a
 `Generation` back: an async iterator of ("answer" | "reasoning", text) parts, then its `Outcome`.
 Everything that calls llama.cpp (the template's tokens, the sampler chain, the decode) happens in the
-model's own thread: runner.engine.batch's loop, fed by this module as requests come and go.
+model's own thread: runner.engine.loop's Loop, fed by runner.serve.engine_backend as requests come and go.
 """
 
 from __future__ import annotations

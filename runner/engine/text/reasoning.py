@@ -6,8 +6,8 @@ Two styles, told apart by the model's chat template:
               model's first token is already reasoning: `start_in_reasoning`.
   "channels"  gpt-oss's harmony format: <|channel|>analysis<|message|> … <|end|> then
               <|start|>assistant<|channel|>final<|message|> …; analysis (and commentary) is
-              reasoning, final is the answer. Its markers are control tokens, so the engine renders
-              special tokens for these models (Engine.stream(special=True)).
+              reasoning, final is the answer. Its markers are control tokens, so the loop renders
+              special tokens for these models (runner.engine.sequence.Job.special).
 The splitter takes text in any pieces (a tag may arrive split at any byte) and returns
 ("reasoning" | "answer", text) parts as soon as they cannot be part of a marker.
 """
