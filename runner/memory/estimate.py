@@ -161,56 +161,41 @@ def estimate(
     """
     hp = hparams_from_header(header)
     cs = context_size(hp, n_ctx, n_seq=n_seq, n_batch=n_batch, n_ubatch=n_ubatch)
-    type_k, type_v = check_kv_type(type_k), check_kv_type(type_v)
     gpu = n_gpu_layers != 0 if gpu is None else gpu
     start = gpu_start(hp.n_layer, n_gpu_layers) if gpu else hp.n_layer + 1
+    kw = _attention(hp, gpu, flash_attn, type_k, type_v)
+    buffers, resident, touched = _local_buffers(
+        header, hp, cs, start, gpu, bool(workers), repack_types, output_rows, **kw
+    )
+    if gpu and workers:  # the workers' buffers for the GPU's; the host's named as without a GPU
+        buffers, resident = _onto_workers(header, hp, cs, start, workers, buffers, resident, **kw)
+    offload = None  # where a projector's weights go, other than here
+    if projector is not None:  # the first GPU-type device: the GPU, else the first worker (ggml-rpc's type)
+        offload = (workers[0][0] if workers else "gpu") if gpu and start <= hp.n_layer else None
+        buffers += projector_buffers(projector, offload)
+    host_extra = host_overhead(hp, cs, flash_attn=kw["flash_attn"], type_v=kw["type_v"])
+    held = _Held(buffers, resident, projector, offload)
+    offloaded = [held.usage(w, 0) for w, _ in workers] if workers else [held.usage("gpu", GPU_OVERHEAD)]
+    devices = [held.usage("cpu", host_extra)] + (offloaded if gpu else [])
+    return _summed(hp, cs, start, gpu, held, devices, touched + host_extra)
+
+
+def _attention(hp: Hparams, gpu: bool, flash_attn: bool | None, type_k: str, type_v: str) -> dict[str, Any]:
+    """The attention settings the context is made with: flash_attn resolved, whether the V cache is
+    transposed, and the cache types checked."""
+    type_k, type_v = check_kv_type(type_k), check_kv_type(type_v)
     fa = auto_flash_attn(hp, gpu) if flash_attn is None else flash_attn
     v_trans = flash_attn is False  # the cache is made before "auto" is resolved (llama-context.cpp:230)
     if type_v not in ("f32", "f16", "bf16") and not fa:
         raise ValueError("a quantized V cache needs flash attention (llama-context.cpp:466)")
+    return dict(flash_attn=fa, v_trans=v_trans, type_k=type_k, type_v=type_v)
 
-    # a GPU's host buffer type comes first in the CPU's list and stops repacking; ggml-rpc has none,
-    # so with workers the layers kept here are repacked as on a CPU-only load (llama-model.cpp:1093)
-    buffers, resident = weight_buffers(header, hp, start, gpu and not workers, repack_types)
-    buffers += state_buffers(hp, cs, start, type_k=type_k, type_v=type_v, v_trans=v_trans)
-    # output_reserve(n_seq_max) at creation (llama-context.cpp:377, 2116): host memory, pinned
-    # when the output layer is offloaded
-    out_on_gpu = start <= hp.n_layer
-    rows = max(cs.n_seq, output_rows)
-    buffers.append(Buffer("CUDA_Host" if out_on_gpu else "CPU", "output", "cpu", hp.n_vocab * rows * 4))
-    kw: dict[str, Any] = dict(flash_attn=fa, v_trans=v_trans, type_k=type_k, type_v=type_v)
-    if gpu:
-        buffers += _gpu_compute(header, hp, cs, start, **kw)
-        touched = sum(b.nbytes for b in buffers if b.kind == "compute" and b.device == "cpu")
-    else:
-        buffers.append(Buffer("CPU", "compute", "cpu", compute_bytes(hp, cs, **kw)))
-        touched = compute_bytes(hp, cs, touched=True, **kw)
 
-    def total(device: str, *kinds: str) -> int:
-        return sum(b.nbytes for b in buffers if b.device == device and b.kind in kinds)
-
-    def usage(device: str, overhead: int) -> DeviceUsage:
-        state, compute, out = total(device, "KV", "RS"), total(device, "compute"), total(device, "output")
-        vision = total(device, *PROJECTOR_KINDS)
-        if projector is not None and device == "cpu":  # its graph's metadata, an image, its embeddings
-            vision += projector.host(on_gpu=offload is not None)
-        return DeviceUsage(device, resident[device], state, compute, out, overhead, vision)
-
-    host_extra = host_overhead(hp, cs, flash_attn=fa, type_v=type_v)
-    offload = None  # where a projector's weights go, other than here
-    if gpu and workers:  # the workers' buffers for the GPU's; the host's named as without a GPU
-        on_workers, held = across_workers(header, hp, cs, start, workers, **kw)
-        host = [
-            replace(b, name="CPU") if b.name.endswith("_Host") else b for b in buffers if b.device == "cpu"
-        ]
-        buffers = host + [Buffer(*b) for b in on_workers]
-        resident = {"cpu": resident["cpu"], **held}
-    if projector is not None:  # the first GPU-type device: the GPU, else the first worker (ggml-rpc's type)
-        offload = (workers[0][0] if workers else "gpu") if gpu and start <= hp.n_layer else None
-        buffers += projector_buffers(projector, offload)
-    offloaded = [usage(w, 0) for w, _ in workers] if workers else [usage("gpu", GPU_OVERHEAD)]
-    devices = [usage("cpu", host_extra)] + (offloaded if gpu else [])
-    host_held = total("cpu", "model", "KV", "RS", "output")
+def _summed(
+    hp: Hparams, cs: ContextSize, start: int, gpu: bool, held: _Held, devices: list[DeviceUsage], host: int
+) -> Estimate:
+    """The estimate: every device's parts summed. host: the host's compute bytes a batch touches and
+    its memory in no buffer."""
     return Estimate(
         weights_bytes=sum(d.weights_bytes for d in devices),
         kv_bytes=sum(d.kv_bytes for d in devices),
@@ -221,11 +206,81 @@ def estimate(
         n_ctx=cs.n_ctx,
         n_gpu_layers=hp.n_layer + 1 - start if gpu else 0,
         n_layers=hp.n_layer + 1,
-        buffers=tuple(buffers),
+        buffers=tuple(held.buffers),
         exact=hp.exact_graph and not gpu,  # with workers too: each one's compute buffer is approximated
-        host_rss_bytes=host_held + touched + host_extra + devices[0].projector_bytes,
+        host_rss_bytes=held.total("cpu", "model", "KV", "RS", "output") + host + devices[0].projector_bytes,
         projector_bytes=sum(d.projector_bytes for d in devices),
     )
+
+
+def _local_buffers(
+    header: Any,
+    hp: Hparams,
+    cs: ContextSize,
+    start: int,
+    gpu: bool,
+    workers: bool,
+    repack_types: frozenset[str],
+    output_rows: int,
+    **kw: Any,
+) -> tuple[list[Buffer], dict[str, int], int]:
+    """The buffers of this machine's devices (the host and a GPU): weights, state, output and compute;
+    the weight bytes each device holds; and the bytes of the host's compute buffers a batch touches."""
+    # a GPU's host buffer type comes first in the CPU's list and stops repacking; ggml-rpc has none,
+    # so with workers the layers kept here are repacked as on a CPU-only load (llama-model.cpp:1093)
+    buffers, resident = weight_buffers(header, hp, start, gpu and not workers, repack_types)
+    buffers += state_buffers(hp, cs, start, type_k=kw["type_k"], type_v=kw["type_v"], v_trans=kw["v_trans"])
+    # output_reserve(n_seq_max) at creation (llama-context.cpp:377, 2116): host memory, pinned
+    # when the output layer is offloaded
+    out_on_gpu = start <= hp.n_layer
+    rows = max(cs.n_seq, output_rows)
+    buffers.append(Buffer("CUDA_Host" if out_on_gpu else "CPU", "output", "cpu", hp.n_vocab * rows * 4))
+    if gpu:
+        buffers += _gpu_compute(header, hp, cs, start, **kw)
+        touched = sum(b.nbytes for b in buffers if b.kind == "compute" and b.device == "cpu")
+    else:
+        buffers.append(Buffer("CPU", "compute", "cpu", compute_bytes(hp, cs, **kw)))
+        touched = compute_bytes(hp, cs, touched=True, **kw)
+    return buffers, resident, touched
+
+
+def _onto_workers(
+    header: Any,
+    hp: Hparams,
+    cs: ContextSize,
+    start: int,
+    workers: tuple[tuple[str, float], ...],
+    buffers: list[Buffer],
+    resident: dict[str, int],
+    **kw: Any,
+) -> tuple[list[Buffer], dict[str, int]]:
+    """The buffers and resident weights with --rpc workers in place of the GPU (runner.memory.split):
+    the workers' buffers for the GPU's, the host's named as without a GPU."""
+    on_workers, held = across_workers(header, hp, cs, start, workers, **kw)
+    host = [replace(b, name="CPU") if b.name.endswith("_Host") else b for b in buffers if b.device == "cpu"]
+    return host + [Buffer(*b) for b in on_workers], {"cpu": resident["cpu"], **held}
+
+
+@dataclass(frozen=True)
+class _Held:
+    """Every buffer and the resident weights by device, and a vision projector with where its weights
+    go (None: here): what each device holds."""
+
+    buffers: list[Buffer]
+    resident: dict[str, int]
+    projector: ProjectorMemory | None
+    offload: str | None
+
+    def total(self, device: str, *kinds: str) -> int:
+        return sum(b.nbytes for b in self.buffers if b.device == device and b.kind in kinds)
+
+    def usage(self, device: str, overhead: int) -> DeviceUsage:
+        total = self.total
+        state, compute, out = total(device, "KV", "RS"), total(device, "compute"), total(device, "output")
+        vision = total(device, *PROJECTOR_KINDS)
+        if self.projector is not None and device == "cpu":  # its graph's metadata, an image, its embeddings
+            vision += self.projector.host(on_gpu=self.offload is not None)
+        return DeviceUsage(device, self.resident[device], state, compute, out, overhead, vision)
 
 
 def projector_buffers(projector: ProjectorMemory, offload: str | None) -> list[Buffer]:
