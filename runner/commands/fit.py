@@ -19,6 +19,7 @@ from runner.limits import check_range, flash_attn_name, flash_attn_setting
 from runner.memory import speed
 from runner.memory.devices import Machine
 from runner.memory.plan import (
+    Held,
     Plan,
     check_asked,
     departures,
@@ -271,6 +272,28 @@ def _describe(
     beside: dict[str, int] | None = None,
     projector: ProjectorMemory | None = None,
 ) -> None:
+    """fit's report: what was planned, the device table and what its columns hold, then the verdict."""
+    rows = _summary_rows(ref, model, plan, machine, asked_ctx, beside)
+    width = max(len(r[0]) for r in rows) + 2
+    out.writelines(f"{label:<{width}}{value}\n" for label, value in rows)
+    out.write("\n")
+    out.writelines(line + "\n" for line in device_table(plan, beside, "embedding"))
+    out.write("\n")
+    parts = held(plan, beside)
+    out.writelines(_table_notes(plan, parts, beside, projector))
+    out.writelines(_verdict_lines(plan, parts, beside, decode, chose))
+
+
+def _summary_rows(
+    ref: LocalRef | HubRef,
+    model: ModelHeaders,
+    plan: Plan,
+    machine: Machine,
+    asked_ctx: int | None,
+    beside: dict[str, int] | None,
+) -> list[tuple[str, str]]:
+    """The report's head, (label, value) a row: the model, its context, KV cache, flash attention,
+    the offload, and with --serve what serve would plan."""
     h, est = model.headers[0], plan.estimate
     trained = trained_context(h)
     per_seq = plan.n_ctx // plan.n_seq
@@ -293,65 +316,74 @@ def _describe(
             plan.type_k if est.kv_bytes else f"none: llama.cpp keeps no KV cache for {h.architecture}",
         ),
         ("flash attention", flash_attn_name(plan.flash_attn)),
+        ("offload", _offload(plan, machine)),
     ]
-    if machine.workers:
-        spread = ", ".join(f"{n} on {e}" for e, n in layers_per_worker(plan, machine)) if plan.use_gpu else ""
-        rows.append(("offload", f"{plan.n_gpu_layers} of {est.n_layers} layers: {spread or 'none'}"))
-    elif machine.usable_gpus:
-        rows.append(
-            ("offload", f"{plan.n_gpu_layers} of {est.n_layers} layers on {machine.usable_gpus[0].name}")
-        )
-    else:
-        rows.append(
-            (
-                "offload",
-                "none: " + ("no GPU found" if not machine.gpus else "this llama.cpp build is CPU-only"),
-            )
-        )
     if beside:
         rows.append(("served", "as runner serve plans it with these flags: " + _serving(plan)))
-    width = max(len(r[0]) for r in rows) + 2
-    out.writelines(f"{label:<{width}}{value}\n" for label, value in rows)
-    out.write("\n")
-    out.writelines(line + "\n" for line in device_table(plan, beside, "embedding"))
-    out.write("\n")
-    parts = held(plan, beside)
+    return rows
+
+
+def _offload(plan: Plan, machine: Machine) -> str:
+    """The layers the plan offloads, and where: the workers, the GPU, or none and why."""
+    est = plan.estimate
+    if machine.workers:
+        spread = ", ".join(f"{n} on {e}" for e, n in layers_per_worker(plan, machine)) if plan.use_gpu else ""
+        return f"{plan.n_gpu_layers} of {est.n_layers} layers: {spread or 'none'}"
+    if machine.usable_gpus:
+        return f"{plan.n_gpu_layers} of {est.n_layers} layers on {machine.usable_gpus[0].name}"
+    return "none: " + ("no GPU found" if not machine.gpus else "this llama.cpp build is CPU-only")
+
+
+def _table_notes(
+    plan: Plan, parts: list[Held], beside: dict[str, int] | None, projector: ProjectorMemory | None
+) -> list[str]:
+    """What the device table's columns hold, a line each, where that needs saying."""
+    lines = []
     for part in parts:
         if part.partly_held:
-            out.write(
+            lines.append(
                 f"compute: of the {ui.human_bytes(part.compute_reserved_bytes)} llama.cpp reserves on the "
                 f"{part.device.upper()}, the process holds only the pages a batch writes\n"
             )
-    out.write("other: in no buffer (vocabulary, KV cell bookkeeping, work buffers, a GPU's context)\n")
+    lines.append("other: in no buffer (vocabulary, KV cell bookkeeping, work buffers, a GPU's context)\n")
     if projector is not None:
-        out.writelines(_projector_lines(plan, projector))
+        lines += _projector_lines(plan, projector)
     if beside:
-        out.write(
+        lines.append(
             "embedding: the context runner serve makes at a model's first embedding request, counted "
             "against its budget from the load on; not counted: prompt states kept between requests "
             "(--cache-ram), made from memory free then\n"
         )
+    return lines
+
+
+def _verdict_lines(
+    plan: Plan, parts: list[Held], beside: dict[str, int] | None, decode: Decode | None, chose: list[str]
+) -> list[str]:
+    """What it needs in all, what llama.cpp reserves, the verdict, and what the plan chose or would."""
+    est = plan.estimate
     needs = sum(p.verdict.needed_bytes for p in parts)
     counted = "what runner serve counts against its budget" if beside else "what the verdict counts"
-    out.write(f"needs: {needs / 1e6:,.0f} MB in all (--json needs_bytes: {counted})\n")
-    out.write(
+    lines = [
+        f"needs: {needs / 1e6:,.0f} MB in all (--json needs_bytes: {counted})\n",
         f"llama.cpp reserves: {est.total_bytes / 1e6:,.0f} MB for this context (--json estimate.total_bytes:"
-        " its buffers, the compute buffers whole)\n"
-    )
-    out.write(f"verdict: {verdict(plan, beside)}\n")
+        " its buffers, the compute buffers whole)\n",
+        f"verdict: {verdict(plan, beside)}\n",
+    ]
     if est.compute_from_engine:
-        out.write("compute buffers: llama.cpp's own figures, from a dry run of this load\n")
+        lines.append("compute buffers: llama.cpp's own figures, from a dry run of this load\n")
     if chose:
-        out.write(f"chosen for this machine: {'; '.join(chose)}\n")
+        lines.append(f"chosen for this machine: {'; '.join(chose)}\n")
     if plan.alternatives:
-        out.write(f"would fit: {' or '.join(plan.alternatives)}\n")
+        lines.append(f"would fit: {' or '.join(plan.alternatives)}\n")
     if decode and fits(plan, beside):
-        out.write(f"decode: {decode.describe()}\n")
+        lines.append(f"decode: {decode.describe()}\n")
     if plan.n_seq > 1 and not beside:
-        out.write(
+        lines.append(
             "served: runner serve counts more with these flags (logprob rows, an embedding context): "
             "add --serve\n"
         )
+    return lines
 
 
 def _projector_lines(plan: Plan, projector: ProjectorMemory) -> list[str]:
