@@ -108,78 +108,122 @@ def score_text(
     it; `keep`: this pass's own top tokens kept, to be a reference later."""
     import time
 
-    import numpy as np
-
     started = time.perf_counter()
     n_chunks = chunks_of(tokens, ctx)
-    first = ctx // 2
-    per_chunk = ctx - 1 - first
-    total = n_chunks * per_chunk
+    total = n_chunks * (ctx - 1 - ctx // 2)
     if reference is not None and (reference.tokens_hash != tokens_hash(tokens) or reference.ctx != ctx):
         raise UsageError("the reference scored other tokens: its vocabulary or its --ctx differs")
-    nll = np.zeros(total)
-    kld = np.zeros(total) if reference is not None else None
-    same = np.zeros(total, dtype=bool) if reference is not None else None
-    kept_ids = np.zeros((total, TOP_K), dtype=np.int32) if keep else None
-    kept_logp = np.zeros((total, TOP_K), dtype=np.float32) if keep else None
-    at = 0  # the scored position the next row fills
+    scores = _Scores.empty(total, compare=reference is not None, keep=keep)
     for c in range(n_chunks):
-        chunk = list(tokens[c * ctx : (c + 1) * ctx])
-        if engine.adds_bos:
-            chunk[0] = engine.bos
-        engine.forget(0)
-        engine.reserve(ctx)
-        for begin in range(0, ctx, engine.n_batch):
-            piece = chunk[begin : begin + engine.n_batch]
-            asked = max(0, first - begin)  # logits from this index of the piece on
-            engine.extend(piece, 0, logits=False, rows_from=asked if asked < len(piece) else None)
-            start = begin + asked  # the chunk position of the first row
-            n = min(begin + len(piece), ctx - 1) - start  # rows that score a token (not the last)
-            if n <= 0:
-                continue
-            everything = rows(engine.ctx, n, engine.n_vocab)
-            for i in range(0, n, ROWS):  # the float64 copies a block at a time, not n_batch rows at once
-                logits = everything[i : i + ROWS]
-                m = logits.shape[0]
-                shifted = logits.astype(np.float64) - logits.max(axis=1, keepdims=True)
-                logp = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
-                first_next = c * ctx + start + i + 1
-                nll[at : at + m] = -logp[np.arange(m), np.asarray(tokens[first_next : first_next + m])]
-                if reference is not None and kld is not None and same is not None:
-                    kld[at : at + m] = _kl(reference, logp, at)
-                    same[at : at + m] = logits.argmax(axis=1) == reference.ids[at : at + m, 0]
-                if kept_ids is not None and kept_logp is not None:
-                    ids = np.argpartition(logp, -TOP_K, axis=1)[:, -TOP_K:]
-                    ids.sort(axis=1)  # ties in id order, as argmax breaks them
-                    order = np.argsort(-np.take_along_axis(logp, ids, axis=1), axis=1, kind="stable")
-                    ids = np.take_along_axis(ids, order, axis=1)
-                    kept_ids[at : at + m] = ids
-                    kept_logp[at : at + m] = np.take_along_axis(logp, ids, axis=1)
-                at += m
+        _score_chunk(engine, tokens, c, ctx, scores, reference)
         if progress is not None:
             progress(c + 1, n_chunks)
+    quality = _quality(scores, len(tokens), n_chunks, ctx, time.perf_counter() - started, reference)
+    kept = None
+    if scores.kept_ids is not None:
+        kept = Reference(tokens_hash(tokens), ctx, scores.kept_ids, scores.kept_logp, scores.nll)
+    return quality, kept
+
+
+@dataclass
+class _Scores:
+    """Per scored position: its negative log-likelihood, and with a reference its KL-divergence from
+    it and whether both rank the same token first, or kept to be a reference its top tokens; `at`:
+    the position the next row fills."""
+
+    nll: Any  # float64 (n,)
+    kld: Any | None = None  # float64 (n,)
+    same: Any | None = None  # bool (n,)
+    kept_ids: Any | None = None  # int32 (n, TOP_K)
+    kept_logp: Any | None = None  # float32 (n, TOP_K)
+    at: int = 0
+
+    @classmethod
+    def empty(cls, total: int, *, compare: bool, keep: bool) -> _Scores:
+        import numpy as np
+
+        return cls(
+            np.zeros(total),
+            np.zeros(total) if compare else None,
+            np.zeros(total, dtype=bool) if compare else None,
+            np.zeros((total, TOP_K), dtype=np.int32) if keep else None,
+            np.zeros((total, TOP_K), dtype=np.float32) if keep else None,
+        )
+
+    def add(self, logits: Any, coming: Any, reference: Reference | None) -> None:
+        """A block of rows of logits, each scoring the token that came after it (`coming`)."""
+        import numpy as np
+
+        at, m = self.at, logits.shape[0]
+        shifted = logits.astype(np.float64) - logits.max(axis=1, keepdims=True)
+        logp = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
+        self.nll[at : at + m] = -logp[np.arange(m), coming]
+        if reference is not None and self.kld is not None and self.same is not None:
+            self.kld[at : at + m] = _kl(reference, logp, at)
+            self.same[at : at + m] = logits.argmax(axis=1) == reference.ids[at : at + m, 0]
+        if self.kept_ids is not None and self.kept_logp is not None:
+            ids = np.argpartition(logp, -TOP_K, axis=1)[:, -TOP_K:]
+            ids.sort(axis=1)  # ties in id order, as argmax breaks them
+            order = np.argsort(-np.take_along_axis(logp, ids, axis=1), axis=1, kind="stable")
+            ids = np.take_along_axis(ids, order, axis=1)
+            self.kept_ids[at : at + m] = ids
+            self.kept_logp[at : at + m] = np.take_along_axis(logp, ids, axis=1)
+        self.at += m
+
+
+def _score_chunk(
+    engine: Engine, tokens: Sequence[int], c: int, ctx: int, scores: _Scores, reference: Reference | None
+) -> None:
+    """Chunk `c` evaluated from an empty cache, n_batch tokens a decode, its second half scored."""
+    import numpy as np
+
+    first = ctx // 2
+    chunk = list(tokens[c * ctx : (c + 1) * ctx])
+    if engine.adds_bos:
+        chunk[0] = engine.bos
+    engine.forget(0)
+    engine.reserve(ctx)
+    for begin in range(0, ctx, engine.n_batch):
+        piece = chunk[begin : begin + engine.n_batch]
+        asked = max(0, first - begin)  # logits from this index of the piece on
+        engine.extend(piece, 0, logits=False, rows_from=asked if asked < len(piece) else None)
+        start = begin + asked  # the chunk position of the first row
+        n = min(begin + len(piece), ctx - 1) - start  # rows that score a token (not the last)
+        if n <= 0:
+            continue
+        everything = rows(engine.ctx, n, engine.n_vocab)
+        for i in range(0, n, ROWS):  # the float64 copies a block at a time, not n_batch rows at once
+            logits = everything[i : i + ROWS]
+            first_next = c * ctx + start + i + 1
+            scores.add(logits, np.asarray(tokens[first_next : first_next + logits.shape[0]]), reference)
+
+
+def _quality(
+    scores: _Scores, n_tokens: int, n_chunks: int, ctx: int, seconds: float, reference: Reference | None
+) -> Quality:
+    """The perplexity and its standard error as llama-perplexity estimates them, and with a reference
+    the KL-divergence's mean, error and 99th percentile, and how often both ranked the same token first."""
+    nll, total = scores.nll, len(scores.nll)
     mean = float(nll.mean())
     var = float((nll * nll).mean()) - mean * mean
     ppl = math.exp(mean)
     error = math.sqrt(var / (total - 1)) * ppl if var > 0 else 0.0
-    quality = Quality(len(tokens), n_chunks, ctx, total, ppl, error, time.perf_counter() - started)
-    if reference is not None and kld is not None and same is not None:
-        k_mean = float(kld.mean())
-        k_var = float((kld * kld).mean()) - k_mean * k_mean
-        quality = Quality(
-            **{
-                **quality.__dict__,
-                "kld_mean": k_mean,
-                "kld_error": math.sqrt(max(k_var, 0.0) / (total - 1)),
-                "kld_p99": percentile(sorted(kld.tolist()), 0.99),
-                "same_top": float(same.mean()),
-                "reference_perplexity": math.exp(float(reference.nll.mean())),
-            }
-        )
-    kept = None
-    if kept_ids is not None:
-        kept = Reference(tokens_hash(tokens), ctx, kept_ids, kept_logp, nll)
-    return quality, kept
+    quality = Quality(n_tokens, n_chunks, ctx, total, ppl, error, seconds)
+    kld, same = scores.kld, scores.same
+    if reference is None or kld is None or same is None:
+        return quality
+    k_mean = float(kld.mean())
+    k_var = float((kld * kld).mean()) - k_mean * k_mean
+    return Quality(
+        **{
+            **quality.__dict__,
+            "kld_mean": k_mean,
+            "kld_error": math.sqrt(max(k_var, 0.0) / (total - 1)),
+            "kld_p99": percentile(sorted(kld.tolist()), 0.99),
+            "same_top": float(same.mean()),
+            "reference_perplexity": math.exp(float(reference.nll.mean())),
+        }
+    )
 
 
 def _kl(reference: Reference, logp: Any, at: int) -> Any:
