@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 
 from runner.cli import options as o
 from runner.cli.app import app, edge
 from runner.cli.generate import SAMPLING_FLAGS
+
+if TYPE_CHECKING:
+    from runner.commands.serve import ServeRequest
 
 SERVER = "Server"
 Models = Annotated[
@@ -193,40 +196,51 @@ def serve(
       runner serve MODEL --mmproj mmproj.gguf       # its requests may carry images
       OLLAMA_HOST=127.0.0.1:11434 ollama run smollm2  # Ollama's clients, pointed at runner
     """
-    from runner.commands.serve import ServeRequest
     from runner.commands.serve import serve as run_serve
 
-    given = locals()
-    run_serve(
-        ServeRequest(
-            models=list(models or []),
-            host=host,
-            port=port,
-            api_key=api_key,
-            queue=queue,
-            cors=cors,
-            parallel=parallel,
-            memory=memory,
-            keep_alive=keep_alive,
-            cache_ram=cache_ram,
-            models_dir=str(models_dir) if models_dir is not None else None,
-            mmproj=mmproj,
-            max_image_bytes=max_image_bytes,
-            max_images=max_images,
-            ctx=ctx,
-            threads=threads,
-            gpu_layers=gpu_layers,
-            kv_type=kv_type,
-            flash_attn=flash_attn,
-            spec=spec,
-            draft=draft,
-            sampling={name: given[name] for name in SAMPLING_FLAGS},
-            force=force,
-            offline=offline,
-            debug=debug,
-            rpc=rpc,
-            metrics=not no_metrics,
-        )
+    run_serve(_request(locals()))
+
+
+# serve's flags that runner.commands.serve's ServeRequest takes as they are, by the same names
+AS_GIVEN = (
+    "host",
+    "port",
+    "api_key",
+    "queue",
+    "cors",
+    "parallel",
+    "memory",
+    "keep_alive",
+    "cache_ram",
+    "mmproj",
+    "max_image_bytes",
+    "max_images",
+    "ctx",
+    "threads",
+    "gpu_layers",
+    "kv_type",
+    "flash_attn",
+    "spec",
+    "draft",
+    "force",
+    "offline",
+    "debug",
+    "rpc",
+)
+
+
+def _request(given: dict[str, Any]) -> ServeRequest:
+    """serve's flags (its parameters) as the request runner.commands.serve takes: AS_GIVEN as they are,
+    MODELS as a list, --models DIR as a string, the sampling flags together, --no-metrics turned round."""
+    from runner.commands.serve import ServeRequest
+
+    models_dir = given["models_dir"]
+    return ServeRequest(
+        models=list(given["models"] or []),
+        models_dir=str(models_dir) if models_dir is not None else None,
+        sampling={name: given[name] for name in SAMPLING_FLAGS},
+        metrics=not given["no_metrics"],
+        **{name: given[name] for name in AS_GIVEN},
     )
 
 
