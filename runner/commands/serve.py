@@ -15,17 +15,28 @@ import ipaddress
 import os
 import socket
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from runner import ui
+from runner import loader, ui
 from runner.commands.output import describe_load, open_prompt_cache, sampling_for
 from runner.errors import ModelNotFound, UsageError
 from runner.hub.catalog import load_catalog
+from runner.hub.refs import HubRef, LocalRef, resolve
 from runner.limits import check_range, flash_attn_setting, parse_duration, parse_size, spec_setting
 from runner.loader import DEFAULT_BATCH_CTX, SERVE_PARALLEL, LoadedModel, open_model, plan_for, serve_planning
+from runner.memory.plan import budgets
+from runner.projector import pulled_with
+
+if TYPE_CHECKING:
+    from runner.engine.text.sampling import SamplingConfig
+    from runner.gguf import GGUFHeader
+    from runner.memory.plan import Plan
+    from runner.serve.backend import ModelInfo
+    from runner.serve.engine_backend import Served
+    from runner.serve.pool import EngineBackend, Offer, Pool
 
 DEFAULT_PORT = 8080  # llama-server's; Ollama's 11434 is for OLLAMA_HOST=127.0.0.1:PORT users to pick
 DEFAULT_QUEUE = 64
@@ -128,7 +139,7 @@ def serve(request: ServeRequest) -> None:
 
 
 def _within_memory(
-    request: ServeRequest, memory: int | None, name: str, needs: dict[str, int], pool: Any
+    request: ServeRequest, memory: int | None, name: str, needs: dict[str, int], pool: Pool
 ) -> None:
     """A named model whose plan, with those loaded before it, is more than --memory: refused in one line
     (the models on demand are held to it as they load)."""
@@ -148,11 +159,11 @@ def _mb(n: int) -> str:
     return f"{n / 1e6:,.0f} MB"
 
 
-def _scanner(request: ServeRequest, named: dict[str, Any]) -> Any:
+def _scanner(request: ServeRequest, named: dict[str, Offer]) -> Callable[[], list[Offer]]:
     """The pool's scan: the models loaded at the start, then each found on demand (--models DIR's
     files, and unless models were named every cached one) as it is now."""
 
-    def scan() -> list[Any]:
+    def scan() -> list[Offer]:
         found = list(named.values())
         for name, (path, key) in _local_models(request, cached=not request.models).items():
             if name not in named:
@@ -162,7 +173,7 @@ def _scanner(request: ServeRequest, named: dict[str, Any]) -> Any:
     return scan
 
 
-def _run(request: ServeRequest, backend: Any, key: str | None, behind_front: bool = False) -> None:
+def _run(request: ServeRequest, backend: EngineBackend, key: str | None, behind_front: bool = False) -> None:
     import uvicorn
 
     from runner.serve.app import MAX_BODY, create_app
@@ -170,8 +181,8 @@ def _run(request: ServeRequest, backend: Any, key: str | None, behind_front: boo
 
     store = open_responses()  # where /v1/responses keeps its responses (None: it keeps none)
     images, image_bytes = image_limits(request)
-    vision = any(backend.info(name).max_images for name in backend.names())
-    body = max_body(images, image_bytes) if vision else MAX_BODY  # room for images where a model takes them
+    seeing = any(backend.info(name).max_images for name in backend.names())
+    body = max_body(images, image_bytes) if seeing else MAX_BODY  # room for images where a model takes them
     app = create_app(
         backend,
         api_key=key,
@@ -246,7 +257,6 @@ def _load(request: ServeRequest, name: str, *, offline: bool, mmproj: str | None
 def image_limits(request: ServeRequest) -> tuple[int, int]:
     """(images a request may carry, an image's bytes at most) for the models that take images: the one
     MODEL --mmproj goes with, and those pulled with a projector (runner.hub.projectors)."""
-    from runner.hub.refs import resolve
     from runner.images import MAX_IMAGE_BYTES, MAX_IMAGES
 
     if request.mmproj is not None and len(request.models) != 1:
@@ -274,12 +284,10 @@ def max_body(images: int, image_bytes: int) -> int:
     return MAX_BODY + images * (4 * -(-image_bytes // 3) + DATA_URL_HEAD)
 
 
-def _stem_if_path(name: str, taken: dict[str, Any]) -> str | None:
+def _stem_if_path(name: str, taken: dict[str, Offer]) -> str | None:
     """The name a model given as a file is served under: the file's name without .gguf, as for the files
     of --models DIR (a client sends `model: "x"` for ./x.gguf, not the path). None for an alias or a
     Hub reference, whose name is as given. A second file with the same stem is refused before it loads."""
-    from runner.hub.refs import LocalRef, resolve
-
     ref = resolve(name, load_catalog())
     if not isinstance(ref, LocalRef):
         return None
@@ -315,14 +323,13 @@ def _offer(
     *,
     path: Path | None = None,
     key: object = None,
-) -> Any:
+) -> Offer:
     """How the pool describes, prices and loads `name`: from its header, nothing downloaded."""
     from runner.serve.pool import Offer
 
-    def header_and_path() -> tuple[Any, Path]:
+    def header_and_path() -> tuple[GGUFHeader, Path]:
         from runner.gguf import read_header
         from runner.hub.fetch import locate
-        from runner.hub.refs import HubRef, resolve
 
         if path is not None:
             return read_header(path), path
@@ -331,11 +338,9 @@ def _offer(
         return read_header(file), file
 
     def paired() -> str | None:  # the projector pulled with a cached model (a file of --models: none)
-        from runner.projector import pulled_with
-
         return pulled_with(name) if path is None else None
 
-    def describe() -> Any:
+    def describe() -> ModelInfo:
         if loaded is not None:
             return _info(loaded, request)
         header, path = header_and_path()
@@ -354,7 +359,7 @@ def _offer(
         projector = memory(found, header) if (found := paired()) is not None else None
         return _needs(plan_for(header, name, **_planning(request), path=path, projector=projector), header)
 
-    def load() -> Any:
+    def load() -> Served:
         loaded = _load(request, str(path) if path is not None else name, offline=True)
         loaded.name = name  # the name requests use, not the file's path
         return _served(loaded, request)
@@ -362,26 +367,21 @@ def _offer(
     return Offer(name, describe, needs, load, key)
 
 
-def _needs(plan: Any, header: Any) -> dict[str, int]:
+def _needs(plan: Plan, header: GGUFHeader) -> dict[str, int]:
     """What a served model holds, by device (runner.loader.serve_needs: `runner fit --serve`'s)."""
-    from runner.loader import serve_needs
-
-    return serve_needs(plan, header)
+    return loader.serve_needs(plan, header)
 
 
 def _budget(memory: int | None) -> dict[str, int]:
     """What the served models may use together: this machine's as the plan sees it at the start
     (or --memory of host memory)."""
-    from runner.loader import machine
-    from runner.memory.plan import budgets
-
-    have = budgets(machine())
+    have = budgets(loader.machine())
     if memory is not None:
         have["cpu"] = memory
     return have
 
 
-def _served(loaded: LoadedModel, request: ServeRequest) -> Any:
+def _served(loaded: LoadedModel, request: ServeRequest) -> Served:
     from runner.serve.engine_backend import Served
 
     template = loaded.header.get("tokenizer.chat_template")
@@ -397,10 +397,11 @@ def _served(loaded: LoadedModel, request: ServeRequest) -> Any:
 
 
 def cache_ram_limit(given: str | None) -> int:
-    """The bytes of prompt states a model keeps (runner.engine.batch.StateCache): --cache-ram, else
-    DEFAULT_CACHE_RAM or an eighth of the host memory free now (after the model's load), the less.
-    llama-server keeps up to 8 GiB by default; runner's plan promised the rest of the memory to
-    the models, so its default is smaller. The states are allocated as prompts are set aside."""
+    """The bytes of prompt states a model keeps (runner.engine.prefix.StateCache: the RAM tier of the
+    prefix store of runner.engine.loop's Loop, which runner.serve.engine_backend's ModelThread drives):
+    --cache-ram, else DEFAULT_CACHE_RAM or an eighth of the host memory free now (after the model's
+    load), the less. llama-server keeps up to 8 GiB by default; runner's plan promised the rest of the
+    memory to the models, so its default is smaller. The states are allocated as prompts are set aside."""
     if given is not None:
         return parse_size(given, "--cache-ram")
     import psutil
@@ -408,7 +409,7 @@ def cache_ram_limit(given: str | None) -> int:
     return min(DEFAULT_CACHE_RAM, psutil.virtual_memory().available // 8)
 
 
-def _Server(config: Any, backend: Any) -> Any:
+def _Server(config: Any, backend: EngineBackend) -> Any:
     """uvicorn's Server with runner's signals (runner.serve.uvserver): the first ends every answer in
     flight and stops accepting, a second Ctrl-C exits at once."""
     from runner.serve.uvserver import make_server
@@ -447,17 +448,17 @@ def _port(host: str, port: int) -> Iterator[None]:
     yield
 
 
-def _sampling(loaded: LoadedModel, flags: dict[str, Any]) -> Any:
+def _sampling(loaded: LoadedModel, flags: dict[str, Any]) -> Callable[[dict[str, Any]], SamplingConfig]:
     given = {k: v for k, v in flags.items() if v is not None}
 
-    def make(fields: dict[str, Any]) -> Any:
+    def make(fields: dict[str, Any]) -> SamplingConfig:
         return sampling_for(loaded, {**given, **{k: v for k, v in fields.items() if v is not None}})[0]
 
     make({})  # the flags themselves checked now, not at the first request
     return make
 
 
-def _info(loaded: LoadedModel, request: ServeRequest) -> Any:
+def _info(loaded: LoadedModel, request: ServeRequest) -> ModelInfo:
     """What the API's model lists say of a loaded model: its header's, and the images it takes (with a
     projector attached: --max-images and --max-image-bytes)."""
     n_seq = loaded.engine.n_seq
@@ -468,7 +469,7 @@ def _info(loaded: LoadedModel, request: ServeRequest) -> Any:
     return replace(info, max_images=images, max_image_bytes=image_bytes)
 
 
-def _header_info(name: str, header: Any, path: Path, context: int, parallel: int) -> Any:
+def _header_info(name: str, header: GGUFHeader, path: Path, context: int, parallel: int) -> ModelInfo:
     """What the API's model lists say of a model, from its header (and, once loaded, its context)."""
     from runner.hub.quants import quant_of
     from runner.serve.backend import ModelInfo
