@@ -12,6 +12,7 @@ import wave
 from io import BytesIO
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pexpect
 
@@ -139,3 +140,14 @@ def wav(frames: int = 800) -> bytes:
         w.setframerate(8000)
         w.writeframes(b"\0\0" * frames)
     return out.getvalue()
+
+
+def checked(rule: Any, text: str, finish_reason: str) -> str:
+    """An answer held to its constraint as every door holds it (Constraint.problem): the text,
+    trimmed; ConstraintError saying how it fails."""
+    from runner.engine.text.constrain import ConstraintError
+
+    problem = rule.problem(text, finish_reason)
+    if problem is not None:
+        raise ConstraintError(problem)
+    return text.strip()

@@ -16,6 +16,7 @@ from runner.engine.text.sampling import SamplingConfig
 from runner.engine.text.template import Message
 from runner.errors import InvalidSetting
 from tests.conftest import run_cli
+from tests.helpers import checked
 
 PERSON = {
     "type": "object",
@@ -56,7 +57,7 @@ def test_schema_answers_always_parse_and_validate(engine, smollm2_path: Path, se
             tokens_for(engine, smollm2_path, prompt), sampling, max_tokens=200, guide=rule.guide
         )
         assert result.finish_reason == FINISH_STOP, (prompt, result.text)  # it closed, and said so
-        value = json.loads(rule.check(result.text, result.finish_reason))
+        value = json.loads(checked(rule, result.text, result.finish_reason))
         jsonschema.validate(value, PERSON)
 
 
@@ -129,7 +130,7 @@ def test_sampled_answers_are_one_object_and_rarely_run_on(
             if result.finish_reason != FINISH_STOP:
                 cut.append((prompt, seed, result.text[-60:]))
                 continue
-            answer = rule.check(result.text, result.finish_reason)
+            answer = checked(rule, result.text, result.finish_reason)
             assert answer.startswith("{") and answer.endswith("}"), answer
             assert isinstance(json.loads(answer), dict)
     assert len(cut) <= most_cut, cut
@@ -282,7 +283,9 @@ def test_check_says_where_an_answer_breaks_the_schema() -> None:
     rule = constraint(schema=json.dumps(PERSON))
     assert rule is not None
     with pytest.raises(ConstraintError, match="at role"):
-        rule.check('{"name": "A", "age": 5, "role": "king", "languages": [], "employed": true}', FINISH_STOP)
+        checked(
+            rule, '{"name": "A", "age": 5, "role": "king", "languages": [], "employed": true}', FINISH_STOP
+        )
     with pytest.raises(InvalidSetting):
         constraint(format="xml")
 
@@ -322,7 +325,7 @@ def test_sampled_answers_to_a_ranged_schema_validate(engine, smollm2_path: Path,
             tokens_for(engine, smollm2_path, prompt), sampling, max_tokens=200, guide=rule.guide
         )
         assert result.finish_reason == FINISH_STOP, result.text
-        jsonschema.validate(json.loads(rule.check(result.text, result.finish_reason)), CONFORMANCE)
+        jsonschema.validate(json.loads(checked(rule, result.text, result.finish_reason)), CONFORMANCE)
 
 
 def test_a_ref_that_leads_only_to_itself_is_refused() -> None:
@@ -387,13 +390,13 @@ def test_a_oneof_llguidance_cannot_tell_apart_is_sampled_as_anyof_and_checked_as
     schema = {"oneOf": branches}
     rule = constraint(schema=json.dumps(schema))
     assert rule is not None
-    assert json.loads(rule.check('{"a": "x"}', FINISH_STOP)) == {"a": "x"}
+    assert json.loads(checked(rule, '{"a": "x"}', FINISH_STOP)) == {"a": "x"}
     with pytest.raises(ConstraintError, match="does not match the schema"):
-        rule.check('{"a": "x", "b": 1}', FINISH_STOP)  # both branches at once: not oneOf
+        checked(rule, '{"a": "x", "b": 1}', FINISH_STOP)  # both branches at once: not oneOf
     tokens = tokens_for(engine, smollm2_path, "Answer with a JSON object.")
     result = engine.generate(tokens, SamplingConfig(temperature=0), max_tokens=100, guide=rule.guide)
     assert result.finish_reason == FINISH_STOP, result.text
-    jsonschema.validate(json.loads(rule.check(result.text, result.finish_reason)), schema)
+    jsonschema.validate(json.loads(checked(rule, result.text, result.finish_reason)), schema)
 
 
 def test_recursion_is_written_out_four_levels_deep_then_only_its_way_out() -> None:
@@ -419,7 +422,7 @@ def test_recursion_is_written_out_four_levels_deep_then_only_its_way_out() -> No
     five = {"value": 1, "next": None}
     for n in range(4):
         five = {"value": n, "next": five}
-    rule.check(json.dumps({"list": five}), FINISH_STOP)  # the check is the schema as given: no depth bound
+    checked(rule, json.dumps({"list": five}), FINISH_STOP)  # the check is the schema as given: no depth bound
     assert constrain._unrolled(PERSON) is PERSON  # nothing recursive: as it was
     wide = {"type": "object", "properties": {f"p{i}": {"$ref": "#"} for i in range(30)}}
     assert constrain._unrolled(wide) is wide  # 30^4 copies: left recursive, compiled as before

@@ -18,6 +18,7 @@ from runner.engine.text.constrain import constraint
 from runner.engine.text.sampling import SamplingConfig
 from runner.engine.text.template import Message
 from runner.gguf import read_header
+from tests.helpers import checked
 
 NAMES = ["name", "age", "city", "tags", "id", "score", "kind", "note", "when", "ok"]
 WORDS = st.text(alphabet="abcdefghij", min_size=1, max_size=6)
@@ -98,7 +99,7 @@ def test_every_finished_answer_to_a_random_schema_validates(engine, smollm2_path
         result = engine.generate(prompt, sampling, max_tokens=160, guide=rule.guide)
         finished.append(result.finish_reason == FINISH_STOP)
         if result.finish_reason == FINISH_STOP:
-            value = json.loads(rule.check(result.text, result.finish_reason))  # check raises on a mismatch
+            value = json.loads(checked(rule, result.text, result.finish_reason))  # check raises on a mismatch
             jsonschema.validate(value, schema, format_checker=jsonschema.FormatChecker())
 
     answers()
