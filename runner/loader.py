@@ -38,6 +38,7 @@ from runner.memory.plan import (
 from runner.projector import attach as attach_projector
 from runner.projector import fetched, planned
 from runner.projector import memory as projector_memory
+from runner.settings import DEFAULTS, LoadSettings
 
 if TYPE_CHECKING:
     from runner.memory.projector import ProjectorMemory
@@ -148,48 +149,29 @@ def dry_run_of(path: Any) -> Callable[[Plan], dict[str, int] | None]:
 def plan_for(
     header: GGUFHeader,
     name: str,
+    settings: LoadSettings = DEFAULTS,
     *,
-    ctx: int | None = None,
-    gpu_layers: int | None = None,
-    kv_type: str | None = None,
-    flash_attn: bool | None = None,
-    growing: bool = False,
-    parallel: int = 1,
-    most_parallel: bool = False,
-    force: bool = False,
-    smaller: Callable[[], list[str]] | None = None,
     path: Path | None = None,
-    output_rows: int = 0,
+    smaller: Callable[[], list[str]] | None = None,
     projector: ProjectorMemory | None = None,
 ) -> Plan:
     """The plan to load with; refuses (WontFit) what this machine cannot hold, unless forced.
 
     A refusal prints the estimate's table on stderr and names the nearest options that fit; `smaller`
     lists smaller quants of the same repo that fit (asked only when refusing: it reads remote headers).
-    The plan itself is choose_plan's (see there for the other options).
+    The plan itself is choose_plan's (see there for the rest).
     """
     here = machine()
-    for warning in setting_warnings(header, here, ctx=ctx, gpu_layers=gpu_layers):
+    for warning in setting_warnings(header, here, ctx=settings.ctx, gpu_layers=settings.gpu_layers):
         ui.warn(warning)
-    plan, asked = choose_plan(
-        header,
-        here,
-        ctx=ctx,
-        gpu_layers=gpu_layers,
-        kv_type=kv_type,
-        flash_attn=flash_attn,
-        growing=growing,
-        parallel=parallel,
-        most_parallel=most_parallel,
-        path=path,
-        output_rows=output_rows,
-        projector=projector,
-    )
-    if not plan.fits and not force:
+    plan, asked = choose_plan(header, here, settings, path=path, projector=projector)
+    if not plan.fits and not settings.force:
         ui.echo("\n".join(device_table(plan)))
         quants = smaller() if smaller is not None else []
         raise WontFit(describe_refusal(name, plan, quants))
-    chose = departures(plan, header, here, ctx=asked["ctx"], gpu_layers=gpu_layers, kv_type=kv_type)
+    chose = departures(
+        plan, header, here, ctx=asked["ctx"], gpu_layers=settings.gpu_layers, kv_type=settings.kv_type
+    )
     final = path is not None or plan.estimate.exact  # else a check with the file follows: say it then
     if chose and plan.fits and final:
         ui.info(f"{name} runs with {' and '.join(chose)}")
@@ -199,16 +181,9 @@ def plan_for(
 def choose_plan(
     header: GGUFHeader,
     here: Machine,
+    settings: LoadSettings = DEFAULTS,
     *,
-    ctx: int | None = None,
-    gpu_layers: int | None = None,
-    kv_type: str | None = None,
-    flash_attn: bool | None = None,
-    growing: bool = False,
-    parallel: int = 1,
-    most_parallel: bool = False,
     path: Path | None = None,
-    output_rows: int = 0,
     projector: ProjectorMemory | None = None,
 ) -> tuple[Plan, dict[str, Any]]:
     """The plan a load makes, fitting or not, and what make_plan was asked for it: plan_for's, and
@@ -216,11 +191,18 @@ def choose_plan(
 
     With the model's `path`, a plan whose compute buffers the estimate only approximates is checked
     by a dry run of the load (plan.confirm); without it, that check is left to a later call.
-    `growing`: the context will fill up as the model runs (a chat), see CPU_CHAT_FLASH_ATTN.
-    `parallel` sequences share the context (a batch); with `most_parallel`, the most up to that
-    which fit (halving), as the plan's n_seq. `output_rows`: the most rows of logits one decode asks for.
-    `projector`: a vision projector's memory (runner.projector.memory), counted beside the model.
+    `settings.growing`: the context will fill up as the model runs (a chat), see CPU_CHAT_FLASH_ATTN.
+    `settings.parallel` sequences share the context (a batch); with `most_parallel`, the most up to
+    that which fit (halving), as the plan's n_seq. `output_rows`: the most rows of logits one decode
+    asks for. `projector`: a vision projector's memory (runner.projector.memory), counted beside the model.
     """
+    ctx, gpu_layers, kv_type, flash_attn = (
+        settings.ctx,
+        settings.gpu_layers,
+        settings.kv_type,
+        settings.flash_attn,
+    )
+    output_rows = settings.output_rows
 
     def asking(n: int) -> dict[str, Any]:
         return dict(
@@ -233,13 +215,13 @@ def choose_plan(
             projector=projector,
         )
 
-    n_seq = parallel
-    while most_parallel and n_seq > 1 and not make_plan(header, here, **asking(n_seq)).fits:
+    n_seq = settings.parallel
+    while settings.most_parallel and n_seq > 1 and not make_plan(header, here, **asking(n_seq)).fits:
         n_seq //= 2
     asked = asking(n_seq)
     plan = make_plan(header, here, **asked)
     if (
-        growing
+        settings.growing
         and flash_attn is None
         and not here.usable_gpus
         and plan.fits
@@ -380,118 +362,114 @@ def _draft_file(
     return ref.display, path, header
 
 
-def _load_draft(
-    drafting: tuple[str, Path, GGUFHeader], target: Engine, threads: int | None, force: bool, debug: bool
-) -> Engine:
+def _load_draft(drafting: tuple[str, Path, GGUFHeader], target: Engine, settings: LoadSettings) -> Engine:
     """The draft model's engine, planned (it must fit beside the loaded target) at the target's context,
     with as many sequences as the target (runner serve: each sequence drafts in its own)."""
     name, path, header = drafting
-    per_seq = target.n_ctx_seq
-    plan = plan_for(
-        header, name, path=path, ctx=per_seq, kv_type=target.kv_type, parallel=target.n_seq, force=force
+    asked = LoadSettings(
+        ctx=target.n_ctx_seq, kv_type=target.kv_type, parallel=target.n_seq, force=settings.force
     )
+    plan = plan_for(header, name, asked, path=path)
     return Engine(
         path,
         n_ctx=target.n_ctx,
         n_seq=target.n_seq,  # each of the target's sequences drafts in its own
-        n_threads=threads,
+        n_threads=settings.threads,
         n_gpu_layers=plan.n_gpu_layers,
         kv_type=target.kv_type,
         use_gpu=plan.use_gpu,
         flash_attn=target.flash_attn,
-        debug=debug,
+        debug=settings.debug,
     )
 
 
-def open_model(
-    model: str,
-    *,
-    ctx: int | None = None,
-    threads: int | None = None,
-    gpu_layers: int | None = None,
-    kv_type: str | None = None,
-    flash_attn: bool | None = None,
-    growing: bool = False,
-    parallel: int = 1,
-    most_parallel: bool = False,
-    force: bool = False,
-    offline: bool = False,
-    debug: bool = False,
-    spec: str = "none",
-    draft: str | None = None,
-    chat_template: bool = True,
-    output_rows: int = 0,
-    mmproj: str | None = None,
-    vision: bool = False,
-    images: bool = False,
-    generates: bool = True,
-) -> LoadedModel:
-    """Resolve, fetch if needed, check the header, plan, then load. flash_attn None: the plan's
-    choice (llama.cpp's "auto", or off for a `growing` context on the CPU: CPU_CHAT_FLASH_ATTN).
-    `spec` (limits.spec_setting): speculative decoding, "ngram", "none", or "draft" with the `draft`
-    model, which is checked against the target (vocabulary, size) before either loads.
-    `chat_template`: the caller will render the file's chat template, so it is compiled beside the
-    load (--raw does not). `output_rows`: the most rows of logits one decode will ask for (the plan
-    counts the output buffer that large). `mmproj`: a vision projector for images, a file or a Hub
-    reference; without it, `vision` takes the projector pulled with the model (runner.projector.find);
-    `images`: the prompt has some, so a projector is needed (fetched once the plan fits).
-    `generates`: a reranker or an encoder is refused before it loads (CannotGenerate) unless False."""
-    check_asked(ctx=ctx, gpu_layers=gpu_layers)
-    if threads is not None:
-        check_range(threads, "--threads", 1, MAX_THREADS)
+def open_model(model: str, settings: LoadSettings = DEFAULTS) -> LoadedModel:
+    """Resolve, fetch if needed, check the header, plan, then load (runner.settings.LoadSettings says
+    how and what for). flash_attn None: the plan's choice (llama.cpp's "auto", or off for a `growing`
+    context on the CPU: CPU_CHAT_FLASH_ATTN). A --draft model is checked against the target
+    (vocabulary, size) before either loads; a projector is planned from its header and fetched once the
+    plan with it fits; a reranker or an encoder is refused before it loads (CannotGenerate) unless
+    `generates` is False."""
+    check_asked(ctx=settings.ctx, gpu_layers=settings.gpu_layers)
+    if settings.threads is not None:
+        check_range(settings.threads, "--threads", 1, MAX_THREADS)
     ref = resolve(model, load_catalog())
     # a path, or (runner.projector.OnHub) one on the Hub, fetched once the plan fits
-    found = planned(mmproj, ref, paired=vision or images, needed=images, offline=offline)
-    plan = None
-    asked: dict[str, Any] = dict(  # plan_for's options, for the remote header and the file alike
-        ctx=ctx, gpu_layers=gpu_layers, kv_type=kv_type, flash_attn=flash_attn, growing=growing,
-        parallel=parallel, most_parallel=most_parallel, force=force, output_rows=output_rows,
-    )  # fmt: skip
-    if isinstance(ref, HubRef):
-        from runner.hub import fetch
-
-        if fetch.local_copy(ref) is None and fetch.why_not_online(offline or fetch.env_offline()) is None:
-            from runner.hub.headers import read_model
-
-            remote = read_model(ref)  # the header only: refuse before downloading what will not fit
-            # the projector counted in the plan, its width checked against the model's, from its header
-            asked["projector"] = projector_memory(found, remote.merged) if found is not None else None
-            smaller = smaller_quants(ref, remote.size, ctx=ctx, kv_type=kv_type)
-            plan = plan_for(remote.merged, ref.display, smaller=smaller, **asked)
-    path, header = _checked_file(ref, offline)
-    if generates and (why := arch.cannot_generate(header.architecture, header.arch_get("pooling_type"))):
-        raise CannotGenerate(ref.display, why)
-    drafting = _draft_file(draft, header, path, offline) if spec == SPEC_DRAFT and draft else None
-    if plan is None or not plan.estimate.exact:  # again with the file, unless the remote plan was exact
-        if "projector" not in asked:
-            asked["projector"] = projector_memory(found, header) if found is not None else None
-        plan = plan_for(header, ref.display, path=path, **asked)
-    mmproj = fetched(found)  # downloaded once the plan with it fits
-    if chat_template:
-        compile_ahead(header.get(TEMPLATE_KEY))
-    engine = Engine(
-        path,
-        n_ctx=plan.n_ctx if plan.n_seq > 1 else ctx or plan.n_ctx,
-        n_threads=threads,
-        n_gpu_layers=plan.n_gpu_layers if gpu_layers is None else gpu_layers,
-        kv_type=kv_type or plan.type_k,
-        use_gpu=plan.use_gpu or gpu_layers is not None,
-        flash_attn=plan.flash_attn if flash_attn is None else flash_attn,
-        n_seq=plan.n_seq,
-        debug=debug,
+    found = planned(
+        settings.mmproj,
+        ref,
+        paired=settings.vision or settings.images,
+        needed=settings.images,
+        offline=settings.offline,
     )
-    if drafting is not None:
-        try:
-            if not engine.speculate(SPEC_DRAFT, _load_draft(drafting, engine, threads, force, debug)):
-                ui.warn(
-                    f"{ref.display} cannot drop rejected drafts (a recurrent model): decoding without --draft"
-                )
-        except BaseException:
-            engine.close()
-            raise
-    else:
-        engine.speculate(spec)
+    plan, projector = _plan_before_download(ref, settings, found)
+    path, header = _checked_file(ref, settings.offline)
+    why = arch.cannot_generate(header.architecture, header.arch_get("pooling_type"))
+    if settings.generates and why:
+        raise CannotGenerate(ref.display, why)
+    drafting = None
+    if settings.spec == SPEC_DRAFT and settings.draft:
+        drafting = _draft_file(settings.draft, header, path, settings.offline)
+    if plan is None or not plan.estimate.exact:  # again with the file, unless the remote plan was exact
+        if projector is None and found is not None:
+            projector = projector_memory(found, header)
+        plan = plan_for(header, ref.display, settings, path=path, projector=projector)
+    mmproj = fetched(found)  # downloaded once the plan with it fits
+    if settings.chat_template:
+        compile_ahead(header.get(TEMPLATE_KEY))
+    engine = _load(path, plan, settings)
+    _speculate(engine, drafting, settings, ref.display)
     if mmproj is not None:
         attach_projector(engine, mmproj, header)
     entry = ref.entry if isinstance(ref, HubRef) else None
     return LoadedModel(name=ref.display, path=path, header=header, plan=plan, engine=engine, entry=entry)
+
+
+def _plan_before_download(
+    ref: ModelRef, settings: LoadSettings, found: Any
+) -> tuple[Plan | None, ProjectorMemory | None]:
+    """A Hub model not cached, online: planned from its header (a few MB of range requests), so what
+    will not fit is refused before anything downloads; the projector counted in that plan, its width
+    checked against the model's. (None, None) where there is nothing to read ahead."""
+    if not isinstance(ref, HubRef):
+        return None, None
+    from runner.hub import fetch
+
+    if fetch.local_copy(ref) is not None or fetch.why_not_online(settings.offline or fetch.env_offline()):
+        return None, None
+    from runner.hub.headers import read_model
+
+    remote = read_model(ref)  # the header only
+    projector = projector_memory(found, remote.merged) if found is not None else None
+    smaller = smaller_quants(ref, remote.size, ctx=settings.ctx, kv_type=settings.kv_type)
+    return plan_for(remote.merged, ref.display, settings, smaller=smaller, projector=projector), projector
+
+
+def _load(path: Path, plan: Plan, settings: LoadSettings) -> Engine:
+    """The engine the plan says, the flags given winning over it."""
+    return Engine(
+        path,
+        n_ctx=plan.n_ctx if plan.n_seq > 1 else settings.ctx or plan.n_ctx,
+        n_threads=settings.threads,
+        n_gpu_layers=plan.n_gpu_layers if settings.gpu_layers is None else settings.gpu_layers,
+        kv_type=settings.kv_type or plan.type_k,
+        use_gpu=plan.use_gpu or settings.gpu_layers is not None,
+        flash_attn=plan.flash_attn if settings.flash_attn is None else settings.flash_attn,
+        n_seq=plan.n_seq,
+        debug=settings.debug,
+    )
+
+
+def _speculate(
+    engine: Engine, drafting: tuple[str, Path, GGUFHeader] | None, settings: LoadSettings, name: str
+) -> None:
+    """Speculative decoding as asked: a draft model's engine (planned beside the target), or n-grams."""
+    if drafting is None:
+        engine.speculate(settings.spec)
+        return
+    try:
+        if not engine.speculate(SPEC_DRAFT, _load_draft(drafting, engine, settings)):
+            ui.warn(f"{name} cannot drop rejected drafts (a recurrent model): decoding without --draft")
+    except BaseException:
+        engine.close()
+        raise

@@ -148,12 +148,14 @@ def main() -> None:
     from runner.hub.refs import from_entry
     from runner.limits import flash_attn_name
     from runner.loader import plan_for
+    from runner.settings import LoadSettings
 
     entry = load_catalog().get("smollm2")
     assert entry is not None
     path = locate(from_entry(entry))
     # flash attention as `runner chat` chooses it here (off on the CPU), then llama.cpp's "auto"
-    chat_fa = plan_for(read_header(path), "smollm2", ctx=4096, growing=True, path=path).flash_attn
+    chat_settings = LoadSettings(ctx=4096, growing=True)
+    chat_fa = plan_for(read_header(path), "smollm2", chat_settings, path=path).flash_attn
     if chat_fa is not None:
         auto, _, auto_limit = chat_turns(path, args.turns, args.max_tokens, None, args.repeats)
     rows, stateless, limit = chat_turns(path, args.turns, args.max_tokens, chat_fa, args.repeats)

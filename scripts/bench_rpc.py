@@ -274,11 +274,12 @@ def runner_client_main(args: argparse.Namespace) -> None:
     from runner.commands import bench
     from runner.commands.output import describe_load
     from runner.loader import connect_workers, open_model
+    from runner.settings import LoadSettings
 
     assert (bench.PP, bench.TG) == (PP, TG), (bench.PP, bench.TG)
     if args.rpc:
         connect_workers(args.rpc)
-    loaded = open_model(args.model, ctx=CTX, threads=args.threads)
+    loaded = open_model(args.model, LoadSettings(ctx=CTX, threads=args.threads))
     try:
         print(describe_load(loaded), file=sys.stderr, flush=True)
         samples = bench._single(loaded, args.repetitions, lambda _step: None)

@@ -20,6 +20,7 @@ from runner.engine.sequence import Job
 from runner.engine.text.sampling import SamplingConfig
 from runner.engine.text.template import Message
 from runner.gguf import read_header
+from runner.settings import LoadSettings
 from tests.conftest import run_cli
 from tests.serving import QUESTIONS, same_unless_near_tie
 
@@ -325,7 +326,7 @@ def test_the_plan_lowers_parallel_to_what_fits(smollm2_path: Path, monkeypatch: 
     assert four > two
     ram = int((two + four) / 2 / 0.9)  # room for two sequences, not four
     monkeypatch.setattr(devices, "probe", lambda **_: Machine(ram, ram))
-    plan = plan_for(header, "smollm2", ctx=8192, kv_type="f16", parallel=8, most_parallel=True)
+    plan = plan_for(header, "smollm2", LoadSettings(ctx=8192, kv_type="f16", parallel=8, most_parallel=True))
     assert plan.fits and (plan.n_seq, plan.n_ctx) == (2, 2 * 8192)
 
 

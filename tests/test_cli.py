@@ -474,8 +474,9 @@ def test_a_ctrl_c_during_bench_s_ttft_stops_the_bench(smollm2_path: Path) -> Non
     from runner import interrupt
     from runner.commands.bench import _single
     from runner.loader import open_model
+    from runner.settings import LoadSettings
 
-    loaded = open_model(str(smollm2_path), ctx=PP_TG_CTX)
+    loaded = open_model(str(smollm2_path), LoadSettings(ctx=PP_TG_CTX))
     steps: list[str] = []
 
     def step(name: str) -> None:

@@ -20,6 +20,7 @@ import pytest
 from runner.engine.logprobs import FLOOR, score_prompt
 from runner.engine.quality import score_text
 from runner.engine.text.sampling import SamplingConfig
+from runner.settings import LoadSettings
 from tests.conftest import run_cli
 from tests.serving import MODEL, Server, model_server, openai_client
 
@@ -288,9 +289,9 @@ def test_the_plan_counts_the_rows_of_logits_a_decode_asks_for(smollm2_path: Path
 
     header = read_header(smollm2_path)
     n_vocab = 49152
-    plain = plan_for(header, "smollm2", ctx=512)
-    scored = plan_for(header, "smollm2", ctx=512, output_rows=256)
-    served = plan_for(header, "smollm2", ctx=1024, parallel=4, output_rows=ROWS)
+    plain = plan_for(header, "smollm2", LoadSettings(ctx=512))
+    scored = plan_for(header, "smollm2", LoadSettings(ctx=512, output_rows=256))
+    served = plan_for(header, "smollm2", LoadSettings(ctx=1024, parallel=4, output_rows=ROWS))
     assert plain.estimate.output_bytes == n_vocab * 4
     assert scored.estimate.output_bytes == n_vocab * 256 * 4
     assert scored.estimate.host_rss_bytes - plain.estimate.host_rss_bytes == n_vocab * 255 * 4

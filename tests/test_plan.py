@@ -15,6 +15,7 @@ from runner.loader import plan_for
 from runner.memory.devices import Gpu, Machine
 from runner.memory.estimate import estimate
 from runner.memory.plan import CPU_MARGIN, departures, make_plan
+from runner.settings import LoadSettings
 from tests.conftest import run_cli
 
 GB = 10**9
@@ -133,7 +134,7 @@ def test_plan_for_refuses_unless_forced(header, monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setattr(devices, "probe", lambda **_: cpu_machine(100 * MB))
     with pytest.raises(WontFit, match=r"smollm2 does not fit in RAM at a 8,192-token context \(CPU needs"):
         plan_for(header, "smollm2")
-    forced = plan_for(header, "smollm2", force=True)
+    forced = plan_for(header, "smollm2", LoadSettings(force=True))
     assert not forced.fits and forced.n_ctx == 8192
 
 
@@ -332,12 +333,12 @@ def test_a_growing_context_on_the_cpu_plans_without_flash_attention(header, monk
     from runner.memory import devices
 
     monkeypatch.setattr(devices, "probe", lambda **_: cpu_machine(16 * GB))
-    chat = plan_for(header, "smollm2", growing=True)
+    chat = plan_for(header, "smollm2", LoadSettings(growing=True))
     assert (chat.flash_attn, chat.type_k, chat.n_ctx) == (False, "f16", 8192)
     one_shot = plan_for(header, "smollm2")
     assert one_shot.flash_attn is None  # llama.cpp's auto
     assert chat.estimate.compute_bytes > one_shot.estimate.compute_bytes  # the attention scores
-    asked = plan_for(header, "smollm2", growing=True, flash_attn=True)  # --flash-attn on wins
+    asked = plan_for(header, "smollm2", LoadSettings(growing=True, flash_attn=True))  # --flash-attn on wins
     assert asked.flash_attn is True
 
 
@@ -348,7 +349,7 @@ def test_a_growing_context_keeps_flash_attention_where_only_a_quantized_cache_fi
 
     machine = cpu_machine(room_for(header, 8192, "q8_0"))  # f16 at 8192 does not fit
     monkeypatch.setattr(devices, "probe", lambda **_: machine)
-    plan = plan_for(header, "smollm2", growing=True)
+    plan = plan_for(header, "smollm2", LoadSettings(growing=True))
     assert (plan.flash_attn, plan.type_k, plan.n_ctx) == (None, "q8_0", 8192)  # as a one-shot would
 
 
@@ -356,7 +357,7 @@ def test_a_growing_context_with_a_gpu_keeps_llama_cpp_s_auto(header, monkeypatch
     from runner.memory import devices
 
     monkeypatch.setattr(devices, "probe", lambda **_: gpu_machine(8 * GB))
-    assert plan_for(header, "smollm2", growing=True).flash_attn is None
+    assert plan_for(header, "smollm2", LoadSettings(growing=True)).flash_attn is None
 
 
 def test_flash_attention_off_with_a_quantized_cache_is_refused(header) -> None:
@@ -444,7 +445,7 @@ def test_a_batch_that_will_not_fit_is_told_its_context_per_sequence(
     machine = cpu_machine(room_for(header, 4 * 4096, n_seq=4))  # four sequences of 4096, not 8192
     monkeypatch.setattr(devices, "probe", lambda **_: machine)
     with pytest.raises(WontFit) as refused:
-        plan_for(header, "smollm2", ctx=8192, kv_type="f16", parallel=4)
+        plan_for(header, "smollm2", LoadSettings(ctx=8192, kv_type="f16", parallel=4))
     message = str(refused.value)
     assert "at a 8,192-token context for each of 4 sequences" in message, message
     offered = re.search(r"try --ctx (\d+)", message)
@@ -556,9 +557,12 @@ def test_serve_plans_and_counts_as_the_loader_says_fit_serve_does(header) -> Non
 
     here = machine()
     for parallel in (None, 2):
-        asked = serve._planning(serve.ServeRequest(models=[], parallel=parallel, ctx=1024))
-        assert {k: asked[k] for k in ("parallel", "most_parallel", "output_rows")} == serve_planning(parallel)
-        plan, _ = choose_plan(header, here, ctx=1024, **serve_planning(parallel))
+        asked = serve._planning(
+            serve.ServeRequest(models=[], parallel=parallel, settings=LoadSettings(ctx=1024))
+        )
+        planning = {k: getattr(asked, k) for k in ("parallel", "most_parallel", "output_rows")}
+        assert planning == serve_planning(parallel)
+        plan, _ = choose_plan(header, here, asked)
         assert serve._needs(plan, header) == serve_needs(plan, header)
 
 

@@ -5,13 +5,16 @@ when there is no prompt) and chat. Both take the sampling flags, passed on by Sa
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
 from runner.cli import options as o
 from runner.cli.app import app, edge
 from runner.errors import UsageError
+
+if TYPE_CHECKING:
+    from runner.settings import LoadSettings
 
 SAMPLING_FLAGS = (
     "temperature",
@@ -23,6 +26,10 @@ SAMPLING_FLAGS = (
     "frequency_penalty",
     "seed",
 )
+
+
+# the flags a LoadSettings takes as they are (--flash-attn and --spec are checked: LoadSettings.from_flags)
+LOAD_FLAGS = ("ctx", "threads", "gpu_layers", "kv_type", "draft", "mmproj", "force", "offline", "debug")
 
 
 def _sampling(given: dict[str, Any]) -> dict[str, Any]:
@@ -91,7 +98,7 @@ def run(
       runner run smollm2 --input prompts.jsonl --jsonl --parallel 8
       runner run smollm2 "Name a city" --schema '{"type":"object","properties":{"city":{"type":"string"}}}'
     """
-    sampling = _sampling(locals())
+    given = locals()
     tty = sys.stdin is None or sys.stdin.isatty()
     batch = each_line or input is not None
     if (image and batch) or (image and not batch and (continue_ or (prompt is None and tty))):
@@ -99,113 +106,113 @@ def run(
             '--image goes with one prompt (PROMPT, or text piped in); with --input, a row\'s "images"; '
             "in a chat, /image PATH"
         )
-    if each_line or input is not None:
-        from runner.commands.batch import BatchRequest, run_batch_command
-
-        code = run_batch_command(
-            BatchRequest(
-                model=model,
-                template=prompt,
-                each_line=each_line,
-                input_path=str(input) if input is not None else None,
-                parallel=parallel,
-                jsonl=jsonl,
-                system=system,
-                sampling=sampling,
-                max_tokens=max_tokens,
-                stop=tuple(stop or ()),
-                schema=schema,
-                format=format,
-                grammar=str(grammar) if grammar is not None else None,
-                ctx=ctx,
-                threads=threads,
-                gpu_layers=gpu_layers,
-                kv_type=kv_type,
-                flash_attn=flash_attn,
-                force=force,
-                offline=offline,
-                verbose=verbose,
-                debug=debug,
-                mmproj=mmproj,
-            ),
-            stdin=None if tty else sys.stdin.buffer,
-            out=sys.stdout,
-        )
-        raise typer.Exit(code)
+    if batch:
+        raise typer.Exit(_batch(given, tty))
     if continue_ or (prompt is None and tty and not json and not raw):
-        from runner.commands.chat import ChatRequest, chat, continue_last
-
-        # runner run -c PROMPT: the one argument is the prompt, and the model the chat's
-        text, name = (model, None) if continue_ and prompt is None else (prompt, model)
-        request = ChatRequest(
-            model=name,
-            system=system,
-            sampling=sampling,
-            max_tokens=max_tokens,
-            stop=tuple(stop or ()),
-            ctx=ctx,
-            threads=threads,
-            gpu_layers=gpu_layers,
-            kv_type=kv_type,
-            flash_attn=flash_attn,
-            spec=spec,
-            draft=draft,
-            prompt_cache=not no_prompt_cache,
-            prompt_cache_size=prompt_cache_size,
-            force=force,
-            offline=offline,
-            save=not no_save,
-            think=think,
-            hide_reasoning=hide_reasoning,
-            verbose=verbose,
-            debug=debug,
-            mmproj=mmproj,
-        )
-        if continue_:
-            from runner.engine.prompt import read_prompt
-
-            prompt_text = read_prompt(text, None if tty else sys.stdin.buffer)
-            continue_last(request, prompt_text, out=sys.stdout, as_json=json)
-        else:
-            chat(request, stdin=sys.stdin, out=sys.stdout, interactive=True)
+        _chat_or_continue(given, tty)
         return
+    _one(given, tty)
+
+
+def _settings(given: dict[str, Any], *, spec: bool = True) -> LoadSettings:
+    """runner.settings.LoadSettings from a command's flags (--flash-attn and --spec checked here)."""
+    from runner.settings import LoadSettings
+
+    fields = {name: given[name] for name in LOAD_FLAGS if name in given}
+    if not spec:  # a batch decodes without speculation
+        return LoadSettings.from_flags(given.get("flash_attn"), "none", **fields)
+    return LoadSettings.from_flags(given.get("flash_attn"), given.get("spec"), **fields)
+
+
+def _batch(given: dict[str, Any], tty: bool) -> int:
+    """run --each-line / --input: many prompts, batched (runner.commands.batch)."""
+    from runner.commands.batch import BatchRequest, run_batch_command
+
+    grammar, input_path = given["grammar"], given["input"]
+    request = BatchRequest(
+        model=given["model"],
+        template=given["prompt"],
+        each_line=given["each_line"],
+        input_path=str(input_path) if input_path is not None else None,
+        parallel=given["parallel"],
+        jsonl=given["jsonl"],
+        system=given["system"],
+        sampling=_sampling(given),
+        max_tokens=given["max_tokens"],
+        stop=tuple(given["stop"] or ()),
+        schema=given["schema"],
+        format=given["format"],
+        grammar=str(grammar) if grammar is not None else None,
+        settings=_settings({**given, "draft": None}, spec=False),
+        verbose=given["verbose"],
+    )
+    return run_batch_command(request, stdin=None if tty else sys.stdin.buffer, out=sys.stdout)
+
+
+def _chat_or_continue(given: dict[str, Any], tty: bool) -> None:
+    """run with no prompt on a terminal: the chat; run -c PROMPT: one more turn of the last one."""
+    from runner.commands.chat import ChatRequest, chat, continue_last
+
+    # runner run -c PROMPT: the one argument is the prompt, and the model the chat's
+    model, prompt = given["model"], given["prompt"]
+    text, name = (model, None) if given["continue_"] and prompt is None else (prompt, model)
+    request = ChatRequest(
+        model=name,
+        **_chat_fields(given),
+        save=not given["no_save"],
+    )
+    if given["continue_"]:
+        from runner.engine.prompt import read_prompt
+
+        prompt_text = read_prompt(text, None if tty else sys.stdin.buffer)
+        continue_last(request, prompt_text, out=sys.stdout, as_json=given["json"])
+    else:
+        chat(request, stdin=sys.stdin, out=sys.stdout, interactive=True)
+
+
+def _chat_fields(given: dict[str, Any]) -> dict[str, Any]:
+    """What run's and chat's flags say of a chat alike."""
+    return dict(
+        system=given["system"],
+        sampling=_sampling(given),
+        max_tokens=given["max_tokens"],
+        stop=tuple(given["stop"] or ()),
+        settings=_settings(given),
+        prompt_cache=not given["no_prompt_cache"],
+        prompt_cache_size=given["prompt_cache_size"],
+        think=given["think"],
+        hide_reasoning=given["hide_reasoning"],
+        verbose=given["verbose"],
+    )
+
+
+def _one(given: dict[str, Any], tty: bool) -> None:
+    """run MODEL PROMPT: one answer (runner.commands.run)."""
     from runner.commands.run import RunRequest, run_once
 
-    run_once(
-        RunRequest(
-            model=model,
-            prompt=prompt,
-            system=system,
-            raw=raw,
-            sampling=sampling,
-            max_tokens=max_tokens,
-            stop=tuple(stop or ()),
-            ctx=ctx,
-            threads=threads,
-            gpu_layers=gpu_layers,
-            kv_type=kv_type,
-            flash_attn=flash_attn,
-            spec=spec,
-            draft=draft,
-            prompt_cache=not no_prompt_cache,
-            prompt_cache_size=prompt_cache_size,
-            force=force,
-            offline=offline,
-            as_json=json,
-            verbose=verbose,
-            debug=debug,
-            think=think,
-            hide_reasoning=hide_reasoning,
-            schema=schema,
-            format=format,
-            grammar=str(grammar) if grammar is not None else None,
-            logprobs=logprobs,
-            images=tuple(image or ()),
-            mmproj=mmproj,
-        ),
-        stdin=None if tty else sys.stdin.buffer,
-        out=sys.stdout,
+    grammar = given["grammar"]
+    request = RunRequest(
+        model=given["model"],
+        prompt=given["prompt"],
+        system=given["system"],
+        raw=given["raw"],
+        sampling=_sampling(given),
+        max_tokens=given["max_tokens"],
+        stop=tuple(given["stop"] or ()),
+        settings=_settings(given),
+        prompt_cache=not given["no_prompt_cache"],
+        prompt_cache_size=given["prompt_cache_size"],
+        as_json=given["json"],
+        verbose=given["verbose"],
+        think=given["think"],
+        hide_reasoning=given["hide_reasoning"],
+        schema=given["schema"],
+        format=given["format"],
+        grammar=str(grammar) if grammar is not None else None,
+        logprobs=given["logprobs"],
+        images=tuple(given["image"] or ()),
     )
+    run_once(request, stdin=None if tty else sys.stdin.buffer, out=sys.stdout)
 
 
 @app.command()
@@ -261,32 +268,14 @@ def chat(
     from runner.commands.chat import ChatRequest
     from runner.commands.chat import chat as run_chat
 
+    given = locals()
     request = ChatRequest(
         model=model,
-        system=system,
-        sampling=_sampling(locals()),
-        max_tokens=max_tokens,
-        stop=tuple(stop or ()),
-        ctx=ctx,
-        threads=threads,
-        gpu_layers=gpu_layers,
-        kv_type=kv_type,
-        flash_attn=flash_attn,
-        spec=spec,
-        draft=draft,
-        prompt_cache=not no_prompt_cache,
-        prompt_cache_size=prompt_cache_size,
-        force=force,
-        offline=offline,
-        debug=debug,
-        verbose=verbose,
+        **_chat_fields(given),
         save=not no_save,
         resume=resume,
         load=load,
         markdown=markdown,
-        think=think,
-        hide_reasoning=hide_reasoning,
-        mmproj=mmproj,
     )
     interactive = sys.stdin is not None and sys.stdin.isatty()
     run_chat(request, stdin=sys.stdin, out=sys.stdout, interactive=interactive)
@@ -329,13 +318,8 @@ def embed(
             each_line=each_line,
             jsonl=jsonl,
             truncate=truncate,
-            ctx=ctx,
-            threads=threads,
-            gpu_layers=gpu_layers,
-            force=force,
-            offline=offline,
+            settings=_settings(locals(), spec=False),
             verbose=verbose,
-            debug=debug,
         ),
         stdin=None if tty else sys.stdin.buffer,
         out=sys.stdout,
@@ -385,13 +369,8 @@ def rerank(
             json=json_out,
             top=top,
             truncate=truncate,
-            ctx=ctx,
-            threads=threads,
-            gpu_layers=gpu_layers,
-            force=force,
-            offline=offline,
+            settings=_settings(locals(), spec=False),
             verbose=verbose,
-            debug=debug,
         ),
         stdin=None if tty else sys.stdin.buffer,
         out=sys.stdout,

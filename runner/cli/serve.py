@@ -212,30 +212,25 @@ AS_GIVEN = (
     "memory",
     "keep_alive",
     "cache_ram",
-    "mmproj",
     "max_image_bytes",
     "max_images",
-    "ctx",
-    "threads",
-    "gpu_layers",
-    "kv_type",
-    "flash_attn",
-    "spec",
-    "draft",
-    "force",
-    "offline",
-    "debug",
     "rpc",
 )
+LOAD_FLAGS = ("ctx", "threads", "gpu_layers", "kv_type", "draft", "mmproj", "force", "offline", "debug")
 
 
 def _request(given: dict[str, Any]) -> ServeRequest:
     """serve's flags (its parameters) as the request runner.commands.serve takes: AS_GIVEN as they are,
     MODELS as a list, --models DIR as a string, the sampling flags together, --no-metrics turned round."""
     from runner.commands.serve import ServeRequest
+    from runner.settings import LoadSettings
 
     models_dir = given["models_dir"]
+    settings = LoadSettings.from_flags(
+        given["flash_attn"], given["spec"], **{name: given[name] for name in LOAD_FLAGS}
+    )
     return ServeRequest(
+        settings=settings,
         models=list(given["models"] or []),
         models_dir=str(models_dir) if models_dir is not None else None,
         sampling={name: given[name] for name in SAMPLING_FLAGS},

@@ -28,8 +28,9 @@ from runner.engine.request import Request
 from runner.engine.text.constrain import Constraint, constraint
 from runner.engine.text.template import build_messages
 from runner.errors import RunnerError, UsageError
-from runner.limits import check_answer_limits, check_range, flash_attn_setting
+from runner.limits import check_answer_limits, check_range
 from runner.loader import LoadedModel, open_model
+from runner.settings import DEFAULTS, LoadSettings
 
 MAX_AUTO_PARALLEL = 8
 SAMPLING_FIELDS = (
@@ -63,16 +64,8 @@ class BatchRequest:
     schema: str | None = None
     format: str | None = None
     grammar: str | None = None
-    ctx: int | None = None
-    threads: int | None = None
-    gpu_layers: int | None = None
-    kv_type: str | None = None
-    flash_attn: str | None = None
-    force: bool = False
-    offline: bool = False
+    settings: LoadSettings = DEFAULTS  # how the model loads (--ctx, --threads, --mmproj for rows' images ...)
     verbose: bool = False
-    debug: bool = False
-    mmproj: str | None = None  # --mmproj: the vision projector rows' "images" need
 
 
 @dataclass
@@ -93,7 +86,6 @@ class Item:
 def run_batch_command(request: BatchRequest, *, stdin: BinaryIO | None, out: TextIO) -> int:
     """Answer every line; returns the exit code (0, 1 or 2, as the module says)."""
     check_answer_limits(request.max_tokens, request.stop)
-    flash_attn = flash_attn_setting(request.flash_attn)
     if request.parallel is not None:
         check_range(request.parallel, "--parallel", 1, 256)
     if request.each_line == (request.input_path is not None):
@@ -104,20 +96,8 @@ def run_batch_command(request: BatchRequest, *, stdin: BinaryIO | None, out: Tex
     if not items:
         raise UsageError("no prompts: the input is empty")
     wanted = request.parallel or min(MAX_AUTO_PARALLEL, max(1, sum(1 for i in items if i.error is None)))
-    loaded = open_model(
-        request.model,
-        ctx=request.ctx,
-        threads=request.threads,
-        gpu_layers=request.gpu_layers,
-        kv_type=request.kv_type,
-        flash_attn=flash_attn,
-        parallel=wanted,
-        most_parallel=request.parallel is None,
-        force=request.force,
-        offline=request.offline,
-        debug=request.debug,
-        mmproj=request.mmproj,
-    )
+    settings = replace(request.settings, parallel=wanted, most_parallel=request.parallel is None)
+    loaded = open_model(request.model, settings)
     try:
         if request.verbose:
             ui.info(f"{describe_load(loaded)} · {ui.count(loaded.engine.n_seq, 'sequence')} at once")

@@ -32,6 +32,7 @@ from runner.engine.text.template import Message
 from runner.errors import RunnerError, WontFit
 from runner.limits import check_range
 from runner.loader import LoadedModel, open_model
+from runner.settings import LoadSettings
 
 PP, TG = 512, 128
 PARALLEL = (1, 4, 16)
@@ -57,7 +58,7 @@ def bench(
     steps = 1 + 4 * repetitions + len(PARALLEL)  # the load, pp/tg/TTFT and end to end each time, batches
     with ui.steps_progress("bench", steps, enabled=ui.stderr_is_tty()) as step:
         step("loading the model")
-        loaded = open_model(model, ctx=PP + TG + 64, threads=threads)
+        loaded = open_model(model, LoadSettings(ctx=PP + TG + 64, threads=threads))
         try:
             ui.info(f"benchmarking {describe_load(loaded)}")
             samples = _single(loaded, repetitions, step)
@@ -217,7 +218,7 @@ def _parallel(model: str, n: int, threads: int | None, step: Callable[[str], Non
     step(f"--parallel {n}, {BATCH_PROMPTS} prompts")
     questions = [f"Tell me a fact about the number {i}." for i in range(BATCH_PROMPTS)]
     try:
-        loaded = open_model(model, ctx=BATCH_CTX, parallel=n, threads=threads)
+        loaded = open_model(model, LoadSettings(ctx=BATCH_CTX, parallel=n, threads=threads))
     except WontFit:
         return None
     try:

@@ -12,6 +12,7 @@ stays in the conversation, marked interrupted, and the prompt returns (a piped c
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Any, TextIO
 
 from runner import interrupt, ui
@@ -24,7 +25,7 @@ from runner.engine import rpc
 from runner.engine.text.template import TEMPLATE_KEY
 from runner.errors import PromptTooLong, RunnerError, UsageError
 from runner.hub.catalog import load_catalog
-from runner.limits import check_answer_limits, flash_attn_setting, spec_setting
+from runner.limits import check_answer_limits
 from runner.loader import LoadedModel, open_model
 from runner.paths import data_dir
 from runner.store import Store, StoredConversation, StoreError, saving_disabled
@@ -63,29 +64,15 @@ def _stored(store: Store | None, resume: str) -> StoredConversation:
 
 
 def _open(request: ChatRequest, model: str) -> LoadedModel:
-    return open_model(
-        model,
-        ctx=request.ctx,
-        threads=request.threads,
-        gpu_layers=request.gpu_layers,
-        kv_type=request.kv_type,
-        flash_attn=flash_attn_setting(request.flash_attn),
-        growing=request.flash_attn is None,  # a chat's context fills: the plan may turn it off on the CPU
-        force=request.force,
-        offline=request.offline,
-        debug=request.debug,
-        spec=spec_setting(request.spec, request.draft),
-        draft=request.draft,
-        mmproj=request.mmproj,
-        vision=True,  # without --mmproj, the projector pulled with the model (runner.projector.find)
-    )
+    # a chat's context fills: unless --flash-attn was given, the plan may turn it off on the CPU;
+    # without --mmproj, the projector pulled with the model (runner.projector.find)
+    growing = request.settings.flash_attn is None
+    return open_model(model, replace(request.settings, growing=growing, vision=True))
 
 
 def chat(request: ChatRequest, *, stdin: TextIO, out: TextIO, interactive: bool) -> None:
     """The chat: on a terminal, the REPL; through a pipe, one user turn per line, answers on out."""
     check_answer_limits(request.max_tokens, request.stop)
-    flash_attn_setting(request.flash_attn)  # a bad value: one line before anything opens
-    spec_setting(request.spec, request.draft)
     store = open_store(request.save)
     try:
         stored, stored_here = None, False
@@ -171,8 +158,6 @@ def _turn(session: Session, text: str, source: Any) -> bool:
 def continue_last(request: ChatRequest, prompt: str, *, out: TextIO, as_json: bool) -> None:
     """`runner run -c PROMPT`: one more turn of the last conversation, the answer alone on stdout."""
     check_answer_limits(request.max_tokens, request.stop)
-    flash_attn_setting(request.flash_attn)
-    spec_setting(request.spec, request.draft)
     store = open_store(True)
     if store is None:
         raise UsageError("-c continues the last stored conversation, and the store is off")

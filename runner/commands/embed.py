@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, BinaryIO, TextIO
 
 from runner import interrupt, ui
@@ -23,6 +23,7 @@ from runner.engine.embed import Embedder
 from runner.engine.threads import Threads
 from runner.errors import PromptTooLong, UsageError
 from runner.loader import open_model
+from runner.settings import DEFAULTS, LoadSettings
 
 
 @dataclass(frozen=True)
@@ -32,13 +33,8 @@ class EmbedRequest:
     each_line: bool = False
     jsonl: bool = False
     truncate: bool = False
-    ctx: int | None = None  # the longest input in tokens; None: runner.engine.embed.EMBED_CTX
-    threads: int | None = None
-    gpu_layers: int | None = None
-    force: bool = False
-    offline: bool = False
+    settings: LoadSettings = DEFAULTS  # its ctx: the longest input in tokens (None: embed.EMBED_CTX)
     verbose: bool = False
-    debug: bool = False
 
 
 @dataclass
@@ -52,20 +48,10 @@ class _Item:
 def embed_command(request: EmbedRequest, *, stdin: BinaryIO | None, out: TextIO) -> int:
     """Embed every text and write its vector; returns the exit code (0, or 2 when some line was bad)."""
     items = _read(request, stdin)
-    loaded = open_model(
-        request.model,
-        ctx=request.ctx,
-        threads=request.threads,
-        gpu_layers=request.gpu_layers,
-        force=request.force,
-        offline=request.offline,
-        debug=request.debug,
-        chat_template=False,
-        generates=False,
-    )
+    loaded = open_model(request.model, replace(request.settings, chat_template=False, generates=False))
     try:
         loaded.engine.free_context()  # the generation context: never used here
-        with interrupt.deferred(), Embedder(loaded.engine, request.ctx, standalone=True) as embedder:
+        with interrupt.deferred(), Embedder(loaded.engine, request.settings.ctx, standalone=True) as embedder:
             if request.verbose:
                 ui.info(
                     f"{describe_model(loaded)} · {embedder.pooling} pooling · {embedder.n_embd} dimensions · "

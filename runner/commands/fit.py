@@ -30,6 +30,7 @@ from runner.memory.plan import (
 )
 from runner.memory.projector import ProjectorMemory
 from runner.memory.speed import Decode
+from runner.settings import LoadSettings
 
 
 @dataclass(frozen=True)
@@ -46,17 +47,14 @@ class Request:
     mmproj: str | None = None  # a vision projector (a file or a Hub reference) counted beside the model
 
     @property
-    def planning(self) -> dict[str, Any]:
+    def planning(self) -> LoadSettings:
         """What the plan is asked, as loader.choose_plan takes it: the flags (with --parallel N, as
         `run --parallel`: --ctx is each sequence's, default 2048, N of them in all), and with --serve
         what runner serve asks beside them (loader.serve_planning)."""
         serving = loader.serve_planning(self.parallel) if self.serve else dict(parallel=self.parallel or 1)
-        return dict(
-            ctx=self.ctx,
-            gpu_layers=self.gpu_layers,
-            kv_type=self.kv_type,
-            flash_attn=flash_attn_setting(self.flash_attn),
-            **serving,
+        flash_attn = flash_attn_setting(self.flash_attn)
+        return LoadSettings(
+            ctx=self.ctx, gpu_layers=self.gpu_layers, kv_type=self.kv_type, flash_attn=flash_attn, **serving
         )
 
 
@@ -124,7 +122,7 @@ def _plan(
     """The plan a load with the same settings makes (loader.choose_plan: run's, or with --serve
     serve's); for a local file checked by a dry run where the estimate approximates. `projector`:
     --mmproj's memory, counted as run --mmproj counts it."""
-    return loader.choose_plan(header, machine, path=path, projector=projector, **request.planning)[0]
+    return loader.choose_plan(header, machine, request.planning, path=path, projector=projector)[0]
 
 
 def fits(plan: Plan, beside: dict[str, int] | None = None) -> bool:

@@ -16,6 +16,7 @@ from runner.hub.quants import choose, offer
 from runner.hub.refs import HubRef, LocalRef, resolve
 from runner.loader import plan_for, smaller_quants
 from runner.memory.plan import check_asked
+from runner.settings import LoadSettings
 
 
 def pull_model(
@@ -51,13 +52,8 @@ def pull_model(
     choice = choose(files, ref.repo, quant=ref.quant, file=ref.file)
     if fetch.cached_path(ref) is None:
         model_headers = read_remote(ref, commit, choice, quiet=True)
-        plan_for(
-            model_headers.merged,
-            ref.display,
-            ctx=ctx,
-            force=force,
-            smaller=smaller_quants(ref, model_headers.size, ctx=ctx, kv_type=None),
-        )
+        smaller = smaller_quants(ref, model_headers.size, ctx=ctx, kv_type=None)
+        plan_for(model_headers.merged, ref.display, LoadSettings(ctx=ctx, force=force), smaller=smaller)
     pulled = fetch.pull(ref, quiet=quiet)
     ui.info(f"{ref.display}: {pulled.choice.quant or pulled.choice.primary.path} at {pulled.commit[:12]}")
     for file, path in zip(pulled.choice.files, pulled.paths, strict=True):

@@ -21,6 +21,7 @@ from runner.engine.quality import TOP_K, Quality, Reference, check_ctx, score_te
 from runner.errors import UsageError
 from runner.loader import LoadedModel, open_model
 from runner.paths import cache_dir
+from runner.settings import LoadSettings
 
 DEFAULT_TEXT = Path(__file__).resolve().parent.parent / "data" / "quality.txt"
 DEFAULT_CTX = 512  # llama-perplexity's customary context for comparisons
@@ -74,7 +75,9 @@ def quality(
 
 def _open(model: str, ctx: int, threads: int | None) -> LoadedModel:
     # each chunk's second half scored in one decode: ctx / 2 rows of logits (the plan counts them)
-    return open_model(model, ctx=ctx, threads=threads, chat_template=False, output_rows=ctx // 2)
+    return open_model(
+        model, LoadSettings(ctx=ctx, threads=threads, chat_template=False, output_rows=ctx // 2)
+    )
 
 
 def _progress(done: int, total: int) -> None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, BinaryIO, TextIO
 
 from runner import interrupt, ui
@@ -23,6 +23,7 @@ from runner.engine.embed import EmptyInput
 from runner.engine.rerank import MAX_DOCUMENTS, PairTooLong, Reranker, check_count
 from runner.errors import PromptTooLong, UsageError
 from runner.loader import open_model
+from runner.settings import DEFAULTS, LoadSettings
 
 
 @dataclass(frozen=True)
@@ -34,13 +35,8 @@ class RerankRequest:
     json: bool = False
     top: int | None = None
     truncate: bool = False
-    ctx: int | None = None  # the longest pair in tokens; None: runner.engine.embed.EMBED_CTX
-    threads: int | None = None
-    gpu_layers: int | None = None
-    force: bool = False
-    offline: bool = False
+    settings: LoadSettings = DEFAULTS  # its ctx: the longest pair in tokens (None: embed.EMBED_CTX)
     verbose: bool = False
-    debug: bool = False
 
 
 @dataclass
@@ -59,20 +55,10 @@ def rerank_command(request: RerankRequest, *, stdin: BinaryIO | None, out: TextI
     if not request.query.strip():
         raise UsageError("the query is empty")
     documents = read_documents(request, stdin)
-    loaded = open_model(
-        request.model,
-        ctx=request.ctx,
-        threads=request.threads,
-        gpu_layers=request.gpu_layers,
-        force=request.force,
-        offline=request.offline,
-        debug=request.debug,
-        chat_template=False,
-        generates=False,
-    )
+    loaded = open_model(request.model, replace(request.settings, chat_template=False, generates=False))
     try:
         loaded.engine.free_context()  # the generation context: never used here
-        reranker = Reranker(loaded.engine, request.ctx, standalone=True, name=loaded.name)
+        reranker = Reranker(loaded.engine, request.settings.ctx, standalone=True, name=loaded.name)
         with interrupt.deferred(), reranker as r:
             if request.verbose:
                 ui.info(

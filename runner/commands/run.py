@@ -30,8 +30,9 @@ from runner.engine.text.constrain import Constraint, constraint
 from runner.engine.text.template import build_messages
 from runner.errors import UsageError
 from runner.images import MAX_IMAGES, read_image_arg
-from runner.limits import check_answer_limits, check_range, flash_attn_setting, spec_setting
+from runner.limits import check_answer_limits, check_range
 from runner.loader import LoadedModel, open_model
+from runner.settings import DEFAULTS, LoadSettings
 
 
 @dataclass(frozen=True)
@@ -43,28 +44,18 @@ class RunRequest:
     sampling: dict[str, Any] = field(default_factory=dict)  # flag values, None = not given
     max_tokens: int | None = None
     stop: tuple[str, ...] = ()
-    ctx: int | None = None
-    threads: int | None = None
-    gpu_layers: int | None = None
-    kv_type: str | None = None
-    flash_attn: str | None = None  # --flash-attn as typed: auto, on, off; None: not given
-    spec: str | None = None  # --spec as typed
-    draft: str | None = None  # --draft MODEL
+    settings: LoadSettings = DEFAULTS  # how the model loads (--ctx, --threads, --spec, --mmproj ...)
     prompt_cache: bool = True  # --no-prompt-cache: False
     prompt_cache_size: str | None = None  # --prompt-cache-size as typed
-    force: bool = False
-    offline: bool = False
     as_json: bool = False
     verbose: bool = False
-    debug: bool = False
     think: bool | None = None  # --think / --no-think: enable_thinking for templates that read it
     hide_reasoning: bool = False
     schema: str | None = None  # --schema: inline JSON or a file
     format: str | None = None  # --format json
     grammar: str | None = None  # --grammar FILE (GBNF)
     logprobs: int | None = None  # --logprobs N: each answer token's log-probability in --json
-    images: tuple[str, ...] = ()  # --image FILE (- : stdin), in order
-    mmproj: str | None = None  # --mmproj FILE|REF: the images' projector (None: the one pulled with MODEL)
+    images: tuple[str, ...] = ()  # --image FILE (- : stdin), in order; load.mmproj their projector
 
 
 def run_once(request: RunRequest, *, stdin: BinaryIO | None, out: TextIO) -> Result:
@@ -74,27 +65,14 @@ def run_once(request: RunRequest, *, stdin: BinaryIO | None, out: TextIO) -> Res
         check_range(request.logprobs, "--logprobs", 0, MAX_TOP)
         if not request.as_json:
             raise UsageError("--logprobs goes with --json (the log-probabilities are a field of it)")
-    flash_attn = flash_attn_setting(request.flash_attn)
-    spec = spec_setting(request.spec, request.draft)
     cache = open_prompt_cache(request.prompt_cache, request.prompt_cache_size)
     constrained = constraint(schema=request.schema, format=request.format, grammar=request.grammar)
-    images = read_images(request.images, request.mmproj, stdin)
+    images = read_images(request.images, request.settings.mmproj, stdin)
     prompt = read_prompt(request.prompt, None if "-" in request.images else stdin)
+    mmproj = request.settings.mmproj if images else None
     loaded = open_model(
         request.model,
-        ctx=request.ctx,
-        threads=request.threads,
-        gpu_layers=request.gpu_layers,
-        kv_type=request.kv_type,
-        flash_attn=flash_attn,
-        force=request.force,
-        offline=request.offline,
-        debug=request.debug,
-        spec=spec,
-        draft=request.draft,
-        chat_template=not request.raw,
-        mmproj=request.mmproj if images else None,
-        images=bool(images),
+        replace(request.settings, chat_template=not request.raw, mmproj=mmproj, images=bool(images)),
     )
     try:
         asked = _asked(loaded, request, prompt, images, constrained, cached=cache is not None and not images)

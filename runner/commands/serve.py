@@ -25,10 +25,11 @@ from runner.commands.output import describe_load, open_prompt_cache, sampling_fo
 from runner.errors import ModelNotFound, UsageError
 from runner.hub.catalog import load_catalog
 from runner.hub.refs import HubRef, LocalRef, resolve
-from runner.limits import check_range, flash_attn_setting, parse_duration, parse_size, spec_setting
+from runner.limits import check_range, parse_duration, parse_size
 from runner.loader import DEFAULT_BATCH_CTX, SERVE_PARALLEL, LoadedModel, open_model, plan_for, serve_planning
 from runner.memory.plan import budgets
 from runner.projector import pulled_with
+from runner.settings import DEFAULTS, LoadSettings
 
 if TYPE_CHECKING:
     from runner.engine.text.sampling import SamplingConfig
@@ -56,24 +57,14 @@ class ServeRequest:
     queue: int = DEFAULT_QUEUE
     cors: str | None = None
     parallel: int | None = None  # None: SERVE_PARALLEL, or fewer if the plan says so
-    ctx: int | None = None
-    threads: int | None = None
-    gpu_layers: int | None = None
-    kv_type: str | None = None
-    flash_attn: str | None = None
-    spec: str | None = None  # --spec: ngram (the default) or none, as `runner run` takes it
-    draft: str | None = None  # --draft MODEL: speculation with a draft model, each sequence its own
+    settings: LoadSettings = DEFAULTS  # --ctx (a sequence's), --spec, --draft, --mmproj ...
     sampling: dict[str, Any] = field(default_factory=dict)  # the flags: each request's defaults
     memory: str | None = None  # --memory: what the served models may use of host memory together
     keep_alive: str = DEFAULT_KEEP_ALIVE  # an idle model loaded on demand is unloaded after this
     cache_ram: str | None = None  # --cache-ram: each model's kept prompt states (None: cache_ram_limit)
     models_dir: str | None = None  # --models DIR: every .gguf there, served on demand
-    mmproj: str | None = None  # --mmproj FILE: the one model named takes images through it
     max_image_bytes: str | None = None  # --max-image-bytes as typed (None: runner.images.MAX_IMAGE_BYTES)
     max_images: int | None = None  # --max-images: a request's images at most (None: runner.images.MAX_IMAGES)
-    force: bool = False
-    offline: bool = False
-    debug: bool = False
     rpc: str | None = None  # --rpc: the models' layers across these workers (docs/rpc.md)
     metrics: bool = True  # GET /metrics (Prometheus), and everything counted for it; --no-metrics: neither
 
@@ -81,7 +72,6 @@ class ServeRequest:
 def serve(request: ServeRequest) -> None:
     check_range(request.port, "--port", 1, 65535)
     check_range(request.queue, "--queue", 0, 100_000)
-    spec_setting(request.spec, request.draft)  # a bad --spec before anything loads
     if request.parallel is not None:
         check_range(request.parallel, "--parallel", 1, 256)
     key = request.api_key or os.environ.get(API_KEY_ENV) or None
@@ -120,7 +110,7 @@ def serve(request: ServeRequest) -> None:
     try:
         for name in request.models:  # named: loaded now, served while the server runs
             stem = _stem_if_path(name, taken=pool.offers)
-            loaded = _load(request, name, offline=request.offline, mmproj=request.mmproj)
+            loaded = _load(request, name, offline=request.settings.offline, mmproj=request.settings.mmproj)
             loaded.name = stem or loaded.name
             pool.offers[loaded.name] = _offer(request, loaded.name, loaded)
             needs = _needs(loaded.plan, loaded.header)
@@ -129,7 +119,7 @@ def serve(request: ServeRequest) -> None:
         if request.models_dir is not None or not request.models:
             pool.scan = _scanner(request, dict(pool.offers))
         if not pool.names():  # nothing here yet: the catalog's default, fetched now (never by a request)
-            loaded = _load(request, load_catalog().default, offline=request.offline)
+            loaded = _load(request, load_catalog().default, offline=request.settings.offline)
             pool.offers[loaded.name] = _offer(request, loaded.name, loaded)
             pool.preload(_served(loaded, request), _needs(loaded.plan, loaded.header))
             pool.scan = _scanner(request, dict(pool.offers))
@@ -227,31 +217,17 @@ def _run(request: ServeRequest, backend: EngineBackend, key: str | None, behind_
         raise UsageError(f"could not serve on {host}:{request.port}")
 
 
-def _planning(request: ServeRequest) -> dict[str, Any]:
-    """What the plan is asked, the same for a load and for its price before one."""
-    return dict(
-        ctx=request.ctx,
-        gpu_layers=request.gpu_layers,
-        kv_type=request.kv_type,
-        flash_attn=flash_attn_setting(request.flash_attn),
-        force=request.force,
-        **serve_planning(request.parallel),  # --parallel, and the rows of logits a scored prompt needs
-    )
+def _planning(request: ServeRequest) -> LoadSettings:
+    """What the plan is asked, the same for a load and for its price before one: the flags, --parallel,
+    and the rows of logits a scored prompt needs."""
+    return replace(request.settings, **serve_planning(request.parallel))
 
 
 def _load(request: ServeRequest, name: str, *, offline: bool, mmproj: str | None = None) -> LoadedModel:
-    return open_model(
-        name,
-        **_planning(request),
-        threads=request.threads,
-        offline=offline,
-        debug=request.debug,
-        spec=spec_setting(request.spec, request.draft),
-        draft=request.draft,
-        mmproj=mmproj,
-        vision=True,  # without --mmproj, the projector pulled with the model (none: text only)
-        generates=False,  # a reranker is served too: a request to generate with it is refused (400)
-    )
+    # without --mmproj, the projector pulled with the model (none: text only); a reranker is served
+    # too: a request to generate with it is refused (400)
+    settings = replace(_planning(request), offline=offline, mmproj=mmproj, vision=True, generates=False)
+    return open_model(name, settings)
 
 
 def image_limits(request: ServeRequest) -> tuple[int, int]:
@@ -259,15 +235,17 @@ def image_limits(request: ServeRequest) -> tuple[int, int]:
     MODEL --mmproj goes with, and those pulled with a projector (runner.hub.projectors)."""
     from runner.images import MAX_IMAGE_BYTES, MAX_IMAGES
 
-    if request.mmproj is not None and len(request.models) != 1:
+    if request.settings.mmproj is not None and len(request.models) != 1:
         raise UsageError(
             "--mmproj is one model's projector: name that model alone (runner serve MODEL --mmproj FILE)"
         )
-    if request.mmproj is not None:
+    if request.settings.mmproj is not None:
         try:  # a path that is not there, now; a Hub reference is fetched with the model
-            resolve(request.mmproj, load_catalog())
+            resolve(request.settings.mmproj, load_catalog())
         except ModelNotFound:
-            raise UsageError(f"--mmproj {request.mmproj}: no such file, and not a Hub reference") from None
+            raise UsageError(
+                f"--mmproj {request.settings.mmproj}: no such file, and not a Hub reference"
+            ) from None
     images = MAX_IMAGES if request.max_images is None else request.max_images
     check_range(images, "--max-images", 1, MAX_IMAGES_LIMIT)
     size = request.max_image_bytes
@@ -345,7 +323,7 @@ def _offer(
             return _info(loaded, request)
         header, path = header_and_path()
         info = _header_info(
-            name, header, path, request.ctx or DEFAULT_BATCH_CTX, request.parallel or SERVE_PARALLEL
+            name, header, path, request.settings.ctx or DEFAULT_BATCH_CTX, request.parallel or SERVE_PARALLEL
         )
         if paired() is None:
             return info
@@ -357,7 +335,7 @@ def _offer(
 
         header, path = header_and_path()
         projector = memory(found, header) if (found := paired()) is not None else None
-        return _needs(plan_for(header, name, **_planning(request), path=path, projector=projector), header)
+        return _needs(plan_for(header, name, _planning(request), path=path, projector=projector), header)
 
     def load() -> Served:
         loaded = _load(request, str(path) if path is not None else name, offline=True)

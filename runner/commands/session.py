@@ -41,6 +41,7 @@ from runner.engine.text.template import Message
 from runner.errors import RunnerError, UsageError
 from runner.limits import check_answer_limits
 from runner.loader import LoadedModel
+from runner.settings import DEFAULTS, LoadSettings
 from runner.store import Store, StoredConversation, StoredMessage, StoreError
 
 # what a stored answer's stats keep of runner.engine.answer.TIMINGS
@@ -63,18 +64,9 @@ class ChatRequest:
     sampling: dict[str, Any] = field(default_factory=dict)
     max_tokens: int | None = None
     stop: tuple[str, ...] = ()
-    ctx: int | None = None
-    threads: int | None = None
-    gpu_layers: int | None = None
-    kv_type: str | None = None
-    flash_attn: str | None = None  # --flash-attn as typed: auto, on, off; None: not given
-    spec: str | None = None  # --spec as typed
-    draft: str | None = None  # --draft MODEL
+    settings: LoadSettings = DEFAULTS  # how the model loads (--ctx, --threads, --spec, --mmproj ...)
     prompt_cache: bool = True  # --no-prompt-cache: False
     prompt_cache_size: str | None = None  # --prompt-cache-size as typed
-    force: bool = False
-    offline: bool = False
-    debug: bool = False
     verbose: bool = False
     save: bool = True
     resume: str | None = None  # "last", or a conversation id
@@ -82,7 +74,6 @@ class ChatRequest:
     markdown: bool = False
     think: bool | None = None
     hide_reasoning: bool = False
-    mmproj: str | None = None  # --mmproj FILE: the vision projector /image needs
 
 
 class Session:
