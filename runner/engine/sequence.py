@@ -35,7 +35,6 @@ from runner.engine.text.sampling import SamplingConfig
 
 if TYPE_CHECKING:
     from runner.engine.guide import Guide
-    from runner.engine.vision import MediaPrompt
 
 LOOP_CHECK_EVERY = 16  # tokens between two looks for a loop (each costs ~0.1 ms)
 LOOP_TAIL = 3 * LOOP_PERIOD_MAX  # the answer's tokens a look reads: three turns of the longest loop
@@ -68,7 +67,7 @@ class Job:
     stop_loops: bool = False  # an answer going round in a loop ends (FINISH_REPEAT): no limit was given
     logprobs: int | None = None  # each answer token's log-probability, with this many alternatives
     echo: bool = False  # the prompt's own log-probabilities: evaluated whole, logits at every position
-    media: MediaPrompt | None = None  # the prompt's images: evaluated alone, no drafts
+    media: Any = None  # the prompt's images (vision.MediaPrompt, a sibling layer): evaluated alone
     on_piece: Callable[[str, str], None] | None = None  # (kind, text) as they come, in the loop's thread
     on_token: Callable[[int], None] | None = None  # every token sampled, end-of-generation included
     on_logprobs: Callable[[list[TokenLogprob]], None] | None = None  # before the answer piece they made
