@@ -26,6 +26,7 @@ from runner.limits import MAX_THREADS, check_range
 from runner.memory import arch, devices
 from runner.memory.devices import Machine
 from runner.memory.plan import (
+    Ask,
     Plan,
     check_asked,
     confirm,
@@ -216,10 +217,10 @@ def choose_plan(
         )
 
     n_seq = settings.parallel
-    while settings.most_parallel and n_seq > 1 and not make_plan(header, here, **asking(n_seq)).fits:
+    while settings.most_parallel and n_seq > 1 and not make_plan(header, here, Ask(**asking(n_seq))).fits:
         n_seq //= 2
     asked = asking(n_seq)
-    plan = make_plan(header, here, **asked)
+    plan = make_plan(header, here, Ask(**asked))
     if (
         settings.growing
         and flash_attn is None
@@ -229,11 +230,11 @@ def choose_plan(
     ):
         # off only where it costs nothing else: the same context and cache (its scores need memory)
         same = dict(ctx=plan.n_ctx, kv_type=plan.type_k)
-        off = make_plan(header, here, **{**asked, **same, "flash_attn": CPU_CHAT_FLASH_ATTN})
+        off = make_plan(header, here, Ask(**{**asked, **same, "flash_attn": CPU_CHAT_FLASH_ATTN}))
         if off.fits:
             plan, asked["flash_attn"] = off, CPU_CHAT_FLASH_ATTN
     if path is not None:
-        plan = confirm(plan, header, here, dry_run_of(path), **asked)
+        plan = confirm(plan, header, here, dry_run_of(path), Ask(**asked))
     return plan, asked
 
 
@@ -325,7 +326,7 @@ def smaller_quants_that_fit(
     out = []
     for choice in smaller[:most]:
         model = read_remote(ref, commit, choice, quiet=True)
-        plan = make_plan(model.merged, here, ctx=ctx, kv_type=kv_type)
+        plan = make_plan(model.merged, here, Ask(ctx=ctx, kv_type=kv_type))
         if plan.fits:
             out.append(f"{ref.repo}:{choice.quant or choice.primary.path} ({ui.human_bytes(model.size)})")
     return out

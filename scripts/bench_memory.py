@@ -30,7 +30,7 @@ MiB = 1 << 20
 LOG_LINE = re.compile(r"(\w+):\s+(\S+)\s+(model|KV|RS|output|compute) buffer size =\s+([\d.]+) MiB")
 KINDS = {"model": "weights", "KV": "kv", "RS": "kv", "output": "output", "compute": "compute"}
 GGML_TYPE = {"f32": 0, "f16": 1, "q4_0": 2, "q8_0": 8}
-# (label, estimate() kwargs) run through the low-level API with --variants, on SmolLM2 at 4096
+# (label, estimate.Load fields) run through the low-level API with --variants, on SmolLM2 at 4096
 VARIANTS = [
     ("K/V q8_0", dict(type_k="q8_0", type_v="q8_0")),
     ("K q4_0", dict(type_k="q4_0")),
@@ -175,13 +175,13 @@ def pct(est: float, real: float) -> str:
 def row(label: str, path: Path, n_ctx: int, variant: dict | None = None, fill: bool = True):
     from runner.engine.llamacpp import repack_types
     from runner.gguf import read_header
-    from runner.memory.estimate import estimate
+    from runner.memory.estimate import Load, estimate
 
     real = measure(path, n_ctx, variant, fill)
     kwargs = dict(variant or {})
     if "n_gpu_layers" in kwargs:
         kwargs["gpu"] = kwargs["n_gpu_layers"] != 0
-    est = estimate(read_header(path), n_ctx=n_ctx, repack_types=repack_types(), **kwargs)
+    est = estimate(read_header(path), Load(n_ctx=n_ctx, **kwargs), repack_types=repack_types())
     got = {k: 0.0 for k in ("weights", "kv", "compute", "output")}
     for _name, kind, mib in real["buffers"]:
         got[KINDS[kind]] += mib * MiB
@@ -215,7 +215,7 @@ def row(label: str, path: Path, n_ctx: int, variant: dict | None = None, fill: b
 
 def contexts(path: Path, spec: str) -> list[int]:
     from runner.gguf import read_header
-    from runner.memory.estimate import estimate
+    from runner.memory.estimate import Load, estimate
 
     header = read_header(path)
     out = []
@@ -223,7 +223,7 @@ def contexts(path: Path, spec: str) -> list[int]:
         n = int(header.arch_get("context_length", 8192)) if item == "max" else int(item)
         if item == "max":  # the trained maximum, when it fits in half the RAM
             ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-            if estimate(header, n_ctx=n).total_bytes > ram // 2:
+            if estimate(header, Load(n_ctx=n)).total_bytes > ram // 2:
                 continue
         if n not in out:
             out.append(n)

@@ -41,7 +41,7 @@ from runner.memory.compute import graph_params  # noqa: E402
 from runner.memory.devices import Machine, Remote  # noqa: E402
 from runner.memory.graph import Graph, Tensor  # noqa: E402
 from runner.memory.kv import context_size  # noqa: E402
-from runner.memory.plan import CPU_MARGIN, Plan, departures, make_plan  # noqa: E402
+from runner.memory.plan import CPU_MARGIN, Ask, Plan, departures, make_plan  # noqa: E402
 
 GiB = 1 << 30
 REPO = "bartowski/Llama-3.3-70B-Instruct-GGUF"
@@ -201,7 +201,7 @@ def machine(workers_gib: tuple[int, ...]) -> Machine:
 
 def show_plan(header: GGUFHeader, here: Machine, ctx: int, kv: str, out: TextIO) -> Plan:
     """make_plan's plan, printed as `runner fit REPO:Q4_K_M --ctx N --kv-type KV --rpc ...` prints it."""
-    plan = make_plan(header, here, ctx=ctx, kv_type=kv)
+    plan = make_plan(header, here, Ask(ctx=ctx, kv_type=kv))
     model = ModelHeaders((header,), header.source, header.expected_file_size)
     ref = HubRef(REPO, quant="Q4_K_M")
     chose = departures(plan, header, here, ctx=ctx, gpu_layers=None, kv_type=kv) if plan.fits else []

@@ -315,14 +315,14 @@ def test_the_plan_lowers_parallel_to_what_fits(smollm2_path: Path, monkeypatch: 
     from runner.loader import plan_for
     from runner.memory import devices
     from runner.memory.devices import Machine
-    from runner.memory.estimate import estimate
+    from runner.memory.estimate import Load, estimate
 
     header = read_header(smollm2_path)
     # a batch's --ctx is each sequence's: KV for n x 8192 tokens
     from runner.engine.llamacpp import repack_types
 
-    two = estimate(header, n_ctx=2 * 8192, n_seq=2, repack_types=repack_types()).host_rss_bytes
-    four = estimate(header, n_ctx=4 * 8192, n_seq=4, repack_types=repack_types()).host_rss_bytes
+    two = estimate(header, Load(n_ctx=2 * 8192, n_seq=2), repack_types=repack_types()).host_rss_bytes
+    four = estimate(header, Load(n_ctx=4 * 8192, n_seq=4), repack_types=repack_types()).host_rss_bytes
     assert four > two
     ram = int((two + four) / 2 / 0.9)  # room for two sequences, not four
     monkeypatch.setattr(devices, "probe", lambda **_: Machine(ram, ram))

@@ -348,12 +348,12 @@ def test_a_refusal_names_smaller_quants_of_the_repo_that_fit(
     from runner.loader import open_model
     from runner.memory import devices
     from runner.memory.devices import Machine
-    from runner.memory.estimate import estimate
+    from runner.memory.estimate import Load, estimate
 
     big = write_gguf(tmp_path / "big.gguf", padding=40_000_000)
     small = write_gguf(tmp_path / "small.gguf", layers=3, padding=4_000_000)
     fake_hub.add_repo("user/two-GGUF", {"two-Q8_0.gguf": big, "two-Q4_K_M.gguf": small})
-    need = {p: estimate(read_header(p), n_ctx=4096).host_rss_bytes for p in (big, small)}
+    need = {p: estimate(read_header(p), Load(n_ctx=4096)).host_rss_bytes for p in (big, small)}
     ram = int((need[small] + need[big]) / 2 / 0.9)  # room for the small one only, after the 10% margin
     monkeypatch.setattr(devices, "probe", lambda **_: Machine(ram, ram))
     with pytest.raises(WontFit) as refused:

@@ -96,7 +96,9 @@ def test_an_encoder_keeps_no_kv_cache(arch):
 
     assert kv_cache_bytes(shaped("llama"), n_ctx=512) == 2 * 2 * 64 * 2 * 512 == 262_144
     assert kv_cache_bytes(shaped(arch), n_ctx=512) == 0
-    llama, encoder = (memory.estimate(shaped(a), n_ctx=512, flash_attn=True) for a in ("llama", arch))
+    llama, encoder = (
+        memory.estimate(shaped(a), memory.Load(n_ctx=512, flash_attn=True)) for a in ("llama", arch)
+    )
     assert encoder.kv_bytes == 0 and not [b for b in encoder.buffers if b.kind in ("KV", "RS")]
     # the same weights, compute and output; the cache gone, and the host's bookkeeping of its cells
     assert (encoder.weights_bytes, encoder.compute_bytes, encoder.output_bytes) == (
@@ -145,7 +147,7 @@ def test_hybrid_keeps_kv_only_for_its_attention_layers():
 
 
 def test_output_buffer_is_one_logits_row_per_sequence_in_host_memory():
-    e = memory.estimate(llama_like(), n_ctx=2048, n_seq=2)
+    e = memory.estimate(llama_like(), memory.Load(n_ctx=2048, n_seq=2))
     (out,) = [b for b in e.buffers if b.kind == "output"]
     assert (out.name, out.device, out.nbytes) == ("CPU", "cpu", 49152 * 2 * 4)
 
@@ -157,7 +159,7 @@ def test_cpu_repack_takes_q4_0_matmul_weights_and_the_tied_output():
         {k.split(".", 1)[1]: v for k, v in h.metadata.items() if k.startswith("llama.")},
         [(t.name, t.shape, Q4_0 if t.name == "token_embd.weight" else t.ggml_type) for t in h.tensors],
     )
-    bufs = {b.name: b.nbytes for b in memory.estimate(h, n_ctx=512).buffers if b.kind == "model"}
+    bufs = {b.name: b.nbytes for b in memory.estimate(h, memory.Load(n_ctx=512)).buffers if b.kind == "model"}
     q4 = lambda *ne: ne[0] * ne[1] // 32 * 18  # noqa: E731
     layer = 4 * q4(256, 256) + 3 * q4(256, 512)
     assert bufs["CPU_REPACK"] == 2 * layer + q4(256, 1024)  # the output duplicate of token_embd
@@ -170,7 +172,7 @@ def test_gpu_layers_count_the_output_layer_last():
     assert gpu_start(4, 1) == 4  # only the output layer
     assert gpu_start(4, 3) == 2
     assert gpu_start(4, -1) == gpu_start(4, 99) == 0
-    e = memory.estimate(h, n_ctx=1024, n_gpu_layers=1)
+    e = memory.estimate(h, memory.Load(n_ctx=1024, n_gpu_layers=1))
     gpu = {b.kind: b.nbytes for b in e.buffers if b.device == "gpu"}
     # tied: the output layer gets a copy of token_embd, q8_0 rows padded from 576 to 1024 values for
     # the whole tensor (448 values more), and output_norm; each rounded to 128 bytes
@@ -183,7 +185,7 @@ def test_gpu_layers_count_the_output_layer_last():
 
 def test_partial_offload_splits_weights_and_kv_by_layer():
     h = llama_like(n_layer=4)
-    e = memory.estimate(h, n_ctx=1024, n_gpu_layers=3)  # layers 2, 3 and the output
+    e = memory.estimate(h, memory.Load(n_ctx=1024, n_gpu_layers=3))  # layers 2, 3 and the output
     kv = {b.device: b.nbytes for b in e.buffers if b.kind == "KV"}
     assert kv == {"cpu": 2 * 2 * 3 * 64 * 2 * 1024, "gpu": 2 * 2 * 3 * 64 * 2 * 1024}
     layer_bytes = sum(t.nbytes for t in h.tensors if t.name.startswith("blk.0."))
@@ -211,13 +213,15 @@ def test_allocator_reuses_memory_in_place_and_keeps_inputs():
 
 def test_compute_buffer_of_smollm2_matches_the_log():
     # llama.cpp logs 98.25, 102.51, 98.25 MiB: the peak depends on placement, not monotonic in n_ctx
-    sizes = [memory.estimate(llama_like(), n_ctx=n).compute_bytes / MiB for n in (512, 2048, 8192)]
+    sizes = [
+        memory.estimate(llama_like(), memory.Load(n_ctx=n)).compute_bytes / MiB for n in (512, 2048, 8192)
+    ]
     assert [round(s, 2) for s in sizes] == [98.25, 102.51, 98.25]
 
 
 def test_quantized_v_without_flash_attention_is_refused():
     with pytest.raises(ValueError, match="flash attention"):
-        memory.estimate(llama_like(), n_ctx=512, type_v="q8_0", flash_attn=False)
+        memory.estimate(llama_like(), memory.Load(n_ctx=512, type_v="q8_0", flash_attn=False))
 
 
 # -- against llama.cpp --------------------------------------------------------------------------
@@ -250,7 +254,9 @@ def logged_buffers(path: Path, n_ctx: int, flash_attn: bool | None = None) -> li
 def assert_matches_log(path: Path, n_ctx: int, flash_attn: bool | None = None) -> None:
     from runner.engine.llamacpp import repack_types
 
-    est = memory.estimate(read_header(path), n_ctx=n_ctx, repack_types=repack_types(), flash_attn=flash_attn)
+    est = memory.estimate(
+        read_header(path), memory.Load(n_ctx=n_ctx, flash_attn=flash_attn), repack_types=repack_types()
+    )
     want = sorted((b.name, b.kind, b.nbytes / MiB) for b in est.buffers)
     got = logged_buffers(path, n_ctx, flash_attn)
     assert [(n, k) for n, k, _ in want] == [(n, k) for n, k, _ in got]
@@ -267,7 +273,10 @@ def test_smollm2_estimate_without_flash_attention_matches_llama_cpp(smollm2_path
     # what a chat on the CPU loads with (loader.CPU_CHAT_FLASH_ATTN): a transposed V cache, and
     # the attention scores in the compute buffer; larger than with flash attention
     assert_matches_log(smollm2_path, 4096, flash_attn=False)
-    on, off = (memory.estimate(read_header(smollm2_path), n_ctx=4096, flash_attn=fa) for fa in (None, False))
+    on, off = (
+        memory.estimate(read_header(smollm2_path), memory.Load(n_ctx=4096, flash_attn=fa))
+        for fa in (None, False)
+    )
     assert off.compute_bytes > on.compute_bytes
 
 
@@ -288,14 +297,14 @@ def test_the_compute_replay_is_remembered_on_disk_and_a_bad_entry_is_ignored(
     real = compute.compute_buffer_size
     monkeypatch.setattr(compute, "compute_buffer_size", lambda *a, **k: calls.append(1) or real(*a, **k))
     header = read_header(smollm2_path)
-    first = memory.estimate(header, n_ctx=2048)
+    first = memory.estimate(header, memory.Load(n_ctx=2048))
     replays = len(calls)
     assert replays > 0 and list((tmp_path / "cache" / "compute").glob("*.json"))
-    again = memory.estimate(header, n_ctx=2048)
+    again = memory.estimate(header, memory.Load(n_ctx=2048))
     assert len(calls) == replays and again == first  # read back, not replayed
     for f in (tmp_path / "cache" / "compute").glob("*.json"):
         f.write_text("{not json")
-    assert memory.estimate(header, n_ctx=2048) == first and len(calls) == 2 * replays
+    assert memory.estimate(header, memory.Load(n_ctx=2048)) == first and len(calls) == 2 * replays
 
 
 def test_llama_cpp_s_log_stays_runner_s_when_the_whole_package_is_imported_later(smollm2_path: Path) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -13,8 +14,8 @@ from runner.errors import InvalidSetting, WontFit
 from runner.gguf import read_header
 from runner.loader import plan_for
 from runner.memory.devices import Gpu, Machine
-from runner.memory.estimate import estimate
-from runner.memory.plan import CPU_MARGIN, departures, make_plan
+from runner.memory.estimate import Load, estimate
+from runner.memory.plan import CPU_MARGIN, Ask, departures, make_plan
 from runner.settings import LoadSettings
 from tests.conftest import run_cli
 
@@ -44,7 +45,7 @@ def test_cpu_plan_takes_the_trained_context_up_to_the_cap(header) -> None:
 
 def room_for(header, n_ctx: int, kv: str = "f16", **kw) -> int:
     """RAM available that holds exactly this, after the margin."""
-    need = estimate(header, n_ctx=n_ctx, type_k=kv, type_v=kv, **kw).host_rss_bytes
+    need = estimate(header, Load(n_ctx=n_ctx, type_k=kv, type_v=kv, **kw)).host_rss_bytes
     return int(need / (1 - CPU_MARGIN)) + 1
 
 
@@ -68,38 +69,38 @@ def test_without_ctx_a_still_smaller_machine_gets_a_smaller_context(header) -> N
 
 def test_an_explicit_kv_type_is_kept(header) -> None:
     machine = cpu_machine(room_for(header, 8192, "q8_0"))
-    plan = make_plan(header, machine, kv_type="f16")
+    plan = make_plan(header, machine, Ask(kv_type="f16"))
     assert plan.fits and (plan.n_ctx, plan.type_k) == (4096, "f16")
-    assert make_plan(header, machine, ctx=8192, kv_type="f16").fits is False
+    assert make_plan(header, machine, Ask(ctx=8192, kv_type="f16")).fits is False
 
 
 def test_a_model_without_flash_attention_never_gets_a_quantized_cache() -> None:
     from tests.helpers import llama_like
 
     odd = llama_like(n_head=12, n_head_kv=4)  # head size 48: no CUDA flash attention, so no q8_0 V
-    full = estimate(odd, n_ctx=8192, n_gpu_layers=-1, gpu=True).device("gpu")
+    full = estimate(odd, Load(n_ctx=8192, n_gpu_layers=-1, gpu=True)).device("gpu")
     assert full is not None
     machine = gpu_machine(full.total_bytes)  # less the margin: not every layer fits
     plan = make_plan(odd, machine)
     assert plan.fits and plan.type_k == "f16" and 0 < plan.n_gpu_layers < plan.estimate.n_layers
     with pytest.raises(InvalidSetting, match="flash attention"):  # asked for: an error, not a skip
-        make_plan(odd, machine, kv_type="q8_0")
+        make_plan(odd, machine, Ask(kv_type="q8_0"))
 
 
 def test_what_will_not_fit_is_refused_with_options_that_do(header) -> None:
-    machine = cpu_machine(int(estimate(header, n_ctx=2048).host_rss_bytes / (1 - CPU_MARGIN)) + MB)
-    plan = make_plan(header, machine, ctx=8192)
+    machine = cpu_machine(int(estimate(header, Load(n_ctx=2048)).host_rss_bytes / (1 - CPU_MARGIN)) + MB)
+    plan = make_plan(header, machine, Ask(ctx=8192))
     assert not plan.fits
     assert plan.alternatives and plan.alternatives[0].startswith("--ctx ")
     smaller = int(plan.alternatives[0].split()[1])
     assert 2048 <= smaller < 8192 and smaller % 256 == 0
-    assert make_plan(header, machine, ctx=smaller).fits
+    assert make_plan(header, machine, Ask(ctx=smaller)).fits
     assert any(a.startswith("--kv-type q8_0") for a in plan.alternatives)
 
 
 def test_a_small_gpu_gets_a_quantized_cache_before_losing_layers(header) -> None:
-    q8 = estimate(header, n_ctx=8192, n_gpu_layers=-1, gpu=True, type_k="q8_0", type_v="q8_0")
-    f16 = estimate(header, n_ctx=8192, n_gpu_layers=-1, gpu=True)
+    q8 = estimate(header, Load(n_ctx=8192, n_gpu_layers=-1, gpu=True, type_k="q8_0", type_v="q8_0"))
+    f16 = estimate(header, Load(n_ctx=8192, n_gpu_layers=-1, gpu=True))
     free = q8.device("gpu").total_bytes + (256 << 20) + MB  # the 256 MiB margin of a small GPU
     assert f16.device("gpu").total_bytes > free - (256 << 20)
     plan = make_plan(header, gpu_machine(free))
@@ -145,18 +146,18 @@ def test_a_gpu_with_room_takes_every_layer(header) -> None:
 
 
 def test_a_small_gpu_gets_the_most_layers_that_fit(header) -> None:
-    full = estimate(header, n_ctx=8192, n_gpu_layers=-1, gpu=True).device("gpu")
-    half = estimate(header, n_ctx=8192, n_gpu_layers=15, gpu=True).device("gpu")
+    full = estimate(header, Load(n_ctx=8192, n_gpu_layers=-1, gpu=True)).device("gpu")
+    half = estimate(header, Load(n_ctx=8192, n_gpu_layers=15, gpu=True)).device("gpu")
     assert full is not None and half is not None
     free = half.total_bytes + 256 * 2**20 + 3 * MB  # the margin, and room for a layer or so more
-    plan = make_plan(header, gpu_machine(free), ctx=8192)
+    plan = make_plan(header, gpu_machine(free), Ask(ctx=8192))
     assert plan.fits and 15 <= plan.n_gpu_layers < 31
-    more = estimate(header, n_ctx=8192, n_gpu_layers=plan.n_gpu_layers + 1, gpu=True).device("gpu")
+    more = estimate(header, Load(n_ctx=8192, n_gpu_layers=plan.n_gpu_layers + 1, gpu=True)).device("gpu")
     assert more is not None and more.total_bytes > free - 256 * 2**20
 
 
 def test_a_gpu_with_no_room_falls_back_to_the_cpu(header) -> None:
-    plan = make_plan(header, gpu_machine(10 * MB), ctx=2048)
+    plan = make_plan(header, gpu_machine(10 * MB), Ask(ctx=2048))
     assert plan.fits and plan.n_gpu_layers == 0
 
 
@@ -258,7 +259,7 @@ def test_a_dry_run_gives_the_compute_buffers_the_estimate_replays(smollm2_path: 
     header = read_header(smollm2_path)
     for n_ctx, kv in ((2048, "f16"), (8192, "f16"), (4096, "q8_0")):
         real = dry_run(smollm2_path, n_ctx=n_ctx, n_gpu_layers=0, kv_type=kv, use_gpu=False)
-        est = estimate(header, n_ctx=n_ctx, type_k=kv, type_v=kv, repack_types=repack_types())
+        est = estimate(header, Load(n_ctx=n_ctx, type_k=kv, type_v=kv), repack_types=repack_types())
         assert real is not None and set(real) == {"CPU"}
         assert real["CPU"] == pytest.approx(est.compute_bytes, abs=0.006 * 2**20), (n_ctx, kv)
 
@@ -293,7 +294,7 @@ def test_a_plan_a_dry_run_refutes_is_made_again_from_llama_cpps_figures(tmp_path
     header = read_header(path)
     need = make_plan(header, cpu_machine(16 * GB)).estimate.host_rss_bytes  # at 8192, f16
     machine = cpu_machine(int((need - MB) / (1 - CPU_MARGIN)))  # 1 MB short of it
-    hopeful = make_plan(header, machine, adjust={"CPU": -8 * MB})  # as if the estimate were 8 MB low
+    hopeful = make_plan(header, machine, Ask(adjust={"CPU": -8 * MB}))  # as if the estimate were 8 MB low
     assert hopeful.fits and (hopeful.n_ctx, hopeful.type_k) == (8192, "f16")
     checked = confirm(hopeful, header, machine, dry_run_of(path))
     assert checked.fits and checked.estimate.compute_from_engine
@@ -315,15 +316,15 @@ def test_a_refusal_offers_only_what_fits_llama_cpps_own_figures(tmp_path: Path) 
     def dry(p):  # llama.cpp's real figures, 4 MB more compute than the estimate replays
         return {name: n + 4 * MB for name, n in real(p).items()}
 
-    asked = dict(ctx=8192, kv_type="f16", gpu_layers=None)
-    need = make_plan(header, cpu_machine(16 * GB), **asked).estimate.host_rss_bytes
+    asked = Ask(ctx=8192, kv_type="f16")
+    need = make_plan(header, cpu_machine(16 * GB), asked).estimate.host_rss_bytes
     machine = cpu_machine(int((need + MB) / (1 - CPU_MARGIN)))  # the estimate fits by 1 MB
-    refused = confirm(make_plan(header, machine, **asked), header, machine, dry, **asked)
+    refused = confirm(make_plan(header, machine, asked), header, machine, dry, asked)
     assert not refused.fits
     offered = [int(a.split()[1]) for a in refused.alternatives if a.startswith("--ctx ")]
     assert offered and offered[0] < 8192 - 256  # not the estimate's 7936, which the dry run refutes
-    retry = dict(asked, ctx=offered[0])
-    assert confirm(make_plan(header, machine, **retry), header, machine, dry, **retry).fits
+    retry = replace(asked, ctx=offered[0])
+    assert confirm(make_plan(header, machine, retry), header, machine, dry, retry).fits
 
 
 # -- flash attention: off for a chat on the CPU, where llama.cpp's kernel slows as the cache fills --
@@ -362,7 +363,7 @@ def test_a_growing_context_with_a_gpu_keeps_llama_cpp_s_auto(header, monkeypatch
 
 def test_flash_attention_off_with_a_quantized_cache_is_refused(header) -> None:
     with pytest.raises(InvalidSetting, match="flash attention"):
-        make_plan(header, cpu_machine(16 * GB), kv_type="q8_0", flash_attn=False)
+        make_plan(header, cpu_machine(16 * GB), Ask(kv_type="q8_0", flash_attn=False))
 
 
 def test_fit_reports_flash_attention(smollm2_path: Path) -> None:
@@ -452,7 +453,7 @@ def test_a_batch_that_will_not_fit_is_told_its_context_per_sequence(
     assert offered, message
     ctx = int(offered[1])  # as --ctx means it: each sequence's
     assert 4096 <= ctx < 8192
-    assert make_plan(header, machine, ctx=4 * ctx, kv_type="f16", n_seq=4).fits
+    assert make_plan(header, machine, Ask(ctx=4 * ctx, kv_type="f16", n_seq=4)).fits
 
 
 def test_layers_split_over_workers_as_llama_cpp_splits_them(header) -> None:
@@ -466,7 +467,7 @@ def test_layers_split_over_workers_as_llama_cpp_splits_them(header) -> None:
     assert layer_owners(30, 10, [3.0, 1.0]) == {il: 0 if il < 26 else 1 for il in range(10, 31)}
     workers = (Remote("10.0.0.1:50052", 1 << 30, 1 << 30), Remote("10.0.0.2:50052", 1 << 30, 1 << 30))
     small = Machine(1 << 34, 90_000_000, workers=workers)  # too little here for the model alone
-    plan = make_plan(header, small, ctx=2048)
+    plan = make_plan(header, small, Ask(ctx=2048))
     assert plan.fits and plan.full_offload, plan.verdicts
     held = {d.device: d for d in plan.estimate.devices}
     assert set(held) == {"cpu", "10.0.0.1:50052", "10.0.0.2:50052"}
@@ -475,7 +476,7 @@ def test_layers_split_over_workers_as_llama_cpp_splits_them(header) -> None:
     on_workers = held["10.0.0.1:50052"].weights_bytes + held["10.0.0.2:50052"].weights_bytes
     assert offloaded + tied <= on_workers <= offloaded + tied + 64 * len(header.tensors)
     assert held["cpu"].kv_bytes == 0 and held["10.0.0.1:50052"].kv_bytes > 0
-    alone = make_plan(header, Machine(1 << 34, 90_000_000), ctx=2048)
+    alone = make_plan(header, Machine(1 << 34, 90_000_000), Ask(ctx=2048))
     assert not alone.fits
 
 
@@ -483,10 +484,10 @@ def test_with_small_workers_the_most_layers_they_hold_and_the_rest_here(header) 
     from runner.memory.devices import Remote
 
     workers = (Remote("10.0.0.1:50052", 250_000_000, 250_000_000),)  # room for some layers only
-    plan = make_plan(header, Machine(1 << 34, 4 << 30, workers=workers), ctx=2048)
+    plan = make_plan(header, Machine(1 << 34, 4 << 30, workers=workers), Ask(ctx=2048))
     assert plan.fits and 0 < plan.n_gpu_layers < plan.estimate.n_layers, plan.n_gpu_layers
     more = make_plan(
-        header, Machine(1 << 34, 4 << 30, workers=workers), ctx=2048, gpu_layers=plan.n_gpu_layers + 1
+        header, Machine(1 << 34, 4 << 30, workers=workers), Ask(ctx=2048, gpu_layers=plan.n_gpu_layers + 1)
     )
     assert not more.fits  # the most the worker holds
     departed = departures(
@@ -610,7 +611,7 @@ def test_fit_without_a_measurement_says_its_bound_is_one_and_what_bench_measured
     monkeypatch.setenv("RUNNER_HOME", str(tmp_path / "home"))
     here = machine()
     header = read_header(smollm2_path)
-    plan = make_plan(header, here, ctx=768)
+    plan = make_plan(header, here, Ask(ctx=768))
     per_token = speed.bytes_per_token(header, plan)
     speed.remember(
         speed_where(smollm2_path, plan, here),

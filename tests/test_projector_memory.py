@@ -14,10 +14,10 @@ import pytest
 
 from runner.gguf import check_projector, read_header
 from runner.memory.devices import Machine
-from runner.memory.estimate import estimate, with_compute
+from runner.memory.estimate import Load, estimate, with_compute
 from runner.memory.graph import compute_buffer_size
 from runner.memory.kv import CPU_ALIGNMENT
-from runner.memory.plan import CPU_MARGIN, describe_refusal, device_table, make_plan
+from runner.memory.plan import CPU_MARGIN, Ask, describe_refusal, device_table, make_plan
 from runner.memory.projector import (
     COMPUTE_META,
     HOST_FIXED,
@@ -114,8 +114,8 @@ def test_estimate_counts_the_projector_where_libmtmd_puts_it(
 ) -> None:
     header = read_header(smollm2_path)
     memory = _memory(projectors["gemma3-448"])
-    plain = estimate(header, n_ctx=2048)
-    cpu = estimate(header, n_ctx=2048, projector=memory)
+    plain = estimate(header, Load(n_ctx=2048))
+    cpu = estimate(header, Load(n_ctx=2048, projector=memory))
     share = memory.weights_cpu + memory.compute_cpu + memory.host(on_gpu=False)
     assert cpu.devices[0].projector_bytes == cpu.projector_bytes == share
     assert cpu.host_rss_bytes - plain.host_rss_bytes == share
@@ -129,13 +129,15 @@ def test_estimate_counts_the_projector_where_libmtmd_puts_it(
         b for b in cpu.buffers if b.kind.startswith("mmproj")
     ]
 
-    gpu = estimate(header, n_ctx=2048, n_gpu_layers=-1, gpu=True, projector=memory)  # GPU layers: on the GPU
+    gpu = estimate(
+        header, Load(n_ctx=2048, n_gpu_layers=-1, gpu=True, projector=memory)
+    )  # GPU layers: on the GPU
     on = {d.device: d.projector_bytes for d in gpu.devices}
     assert on == {
         "gpu": memory.weights_gpu + memory.compute_gpu,
         "cpu": memory.inputs_gpu_host + memory.host(on_gpu=True),  # the image's inputs; no work buffer
     }
-    no_layers = estimate(header, n_ctx=2048, n_gpu_layers=0, gpu=True, projector=memory)
+    no_layers = estimate(header, Load(n_ctx=2048, n_gpu_layers=0, gpu=True, projector=memory))
     assert {d.device: d.projector_bytes for d in no_layers.devices} == {"cpu": share, "gpu": 0}
 
 
@@ -144,11 +146,11 @@ def test_plan_refuses_a_projector_that_does_not_fit_naming_its_share(
 ) -> None:
     header = read_header(smollm2_path)
     memory = _memory(projectors["gemma3-448"])
-    alone = make_plan(header, Machine(8 << 30, 8 << 30), ctx=2048)
+    alone = make_plan(header, Machine(8 << 30, 8 << 30), Ask(ctx=2048))
     budget = alone.verdicts[0].needed_bytes + memory.weights_cpu // 2  # room for the model, not the projector
     machine = Machine(8 << 30, int(budget / (1 - CPU_MARGIN)) + 1)
-    assert make_plan(header, machine, ctx=2048).fits
-    refused = make_plan(header, machine, ctx=2048, projector=memory)
+    assert make_plan(header, machine, Ask(ctx=2048)).fits
+    refused = make_plan(header, machine, Ask(ctx=2048, projector=memory))
     assert not refused.fits
     needs, share = _human(refused.verdicts[0].needed_bytes), _human(refused.estimate.projector_bytes)
     assert f"(CPU needs {needs}, {share} of it for the projector, has " in describe_refusal(
@@ -164,9 +166,11 @@ def test_plan_gives_up_context_for_the_projector(projectors: dict[str, Path], sm
     the plan keeps the projector and takes less context (or a q8_0 cache) than the model alone gets."""
     header = read_header(smollm2_path)
     memory = _memory(projectors["gemma3-448"])
-    needed = make_plan(header, Machine(8 << 30, 8 << 30), ctx=2048, projector=memory).verdicts[0].needed_bytes
+    needed = (
+        make_plan(header, Machine(8 << 30, 8 << 30), Ask(ctx=2048, projector=memory)).verdicts[0].needed_bytes
+    )
     machine = Machine(8 << 30, int((needed + (1 << 20)) / (1 - CPU_MARGIN)))
-    alone, chosen = make_plan(header, machine), make_plan(header, machine, projector=memory)
+    alone, chosen = make_plan(header, machine), make_plan(header, machine, Ask(projector=memory))
     assert alone.fits and chosen.fits and chosen.estimate.projector_bytes > 0
     assert (chosen.n_ctx, chosen.type_k) != (alone.n_ctx, alone.type_k)
     assert chosen.n_ctx <= alone.n_ctx

@@ -18,6 +18,7 @@ from runner.hub.refs import HubRef, LocalRef, ModelRef, resolve
 from runner.limits import check_range, flash_attn_name, flash_attn_setting
 from runner.memory import speed
 from runner.memory.devices import Machine
+from runner.memory.estimate import Load
 from runner.memory.plan import (
     Held,
     Plan,
@@ -456,12 +457,13 @@ def _largest_ctx(
     """The largest context up to the trained one that fits with the plan's offload (and --mmproj's
     projector)."""
     kv = request.kv_type or "f16"
-    return largest_context(
-        header,
-        machine,
-        upper=trained_context(header) or 4096,
+    upper = trained_context(header) or 4096  # each sequence's
+    load = Load(
+        n_ctx=upper * plan.n_seq,
         n_gpu_layers=plan.n_gpu_layers,
-        kv=(kv, kv),
         n_seq=plan.n_seq,
+        type_k=kv,
+        type_v=kv,
         projector=projector,
     )
+    return largest_context(header, machine, load)

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import functools
 import os
+from dataclasses import asdict
 from typing import Any
 
 from runner.memory.arch import Hparams
 from runner.memory.build import GraphParams, build_graph, rotation_sizes
 from runner.memory.graph import compute_buffer_size, pad
-from runner.memory.kv import CPU_ALIGNMENT, SWA_FULL, ContextSize, swa_cells
+from runner.memory.kv import CPU_ALIGNMENT, SWA_FULL, Attention, ContextSize, swa_cells
 
 
 def graph_params(hp: Hparams, cs: ContextSize, n_tokens: int, n_outputs: int, **kw: Any) -> GraphParams:
@@ -44,19 +45,19 @@ def _replays_cached(replay: Any) -> Any:
     input (frozen dataclasses, by repr) and a hash of the modelling code itself, so a changed model of
     llama.cpp's graphs never reads an old figure; an unreadable or unwritable cache is no cache."""
 
-    def cached(hp: Hparams, cs: ContextSize, **kw: Any) -> int:
+    def cached(hp: Hparams, cs: ContextSize, attn: Attention, **kw: Any) -> int:
         import hashlib
         import json
 
         from runner.paths import cache_dir
 
-        key = hashlib.sha256(repr(_canonical((_code_hash(), hp, cs, kw))).encode()).hexdigest()
+        key = hashlib.sha256(repr(_canonical((_code_hash(), hp, cs, attn, kw))).encode()).hexdigest()
         path = cache_dir() / "compute" / f"{key[:32]}.json"
         try:
             return int(json.loads(path.read_text())["bytes"])
         except (OSError, ValueError, KeyError, TypeError):
             pass
-        value = int(replay(hp, cs, **kw))
+        value = int(replay(hp, cs, attn, **kw))
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_suffix(f".{os.getpid()}.tmp")
@@ -104,17 +105,10 @@ def _code_hash() -> str:
 
 @_replays_cached
 def compute_bytes(
-    hp: Hparams,
-    cs: ContextSize,
-    *,
-    flash_attn: bool,
-    v_trans: bool,
-    type_k: str = "f16",
-    type_v: str = "f16",
-    alignment: int = CPU_ALIGNMENT,
-    touched: bool = False,
+    hp: Hparams, cs: ContextSize, attn: Attention, *, alignment: int = CPU_ALIGNMENT, touched: bool = False
 ) -> int:
-    """The compute buffer llama_context::sched_reserve() allocates (llama-context.cpp:612-760).
+    """The compute buffer llama_context::sched_reserve() allocates (llama-context.cpp:612-760), for
+    a context of cs made with the attention settings attn.
 
     The prompt-processing graph (n_ubatch tokens, all of them output: n_outputs_max defaults
     to n_batch) and the one-token graph are reserved into the same buffer, which keeps the
@@ -125,9 +119,7 @@ def compute_bytes(
     n_pp = min(cs.n_ctx, cs.n_ubatch)
     sizes = []
     for n_tokens, n_out in ((n_pp, cs.n_seq if touched else min(n_pp, cs.n_batch)), (cs.n_seq, cs.n_seq)):
-        gp = graph_params(
-            hp, cs, n_tokens, n_out, flash_attn=flash_attn, v_trans=v_trans, type_k=type_k, type_v=type_v
-        )
+        gp = graph_params(hp, cs, n_tokens, n_out, **asdict(attn))
         sizes.append(compute_buffer_size(build_graph(hp, gp), alignment))
     return max(sizes)
 

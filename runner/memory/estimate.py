@@ -1,6 +1,6 @@
 """How much memory llama.cpp will allocate for a model, before it loads it.
 
-estimate() answers for exactly the context runner's engine creates:
+estimate() answers for exactly the context runner's engine creates (a Load):
 llama_model_default_params() with n_gpu_layers, and llama_context_default_params() with
 n_ctx, threads and (when asked) type_k/type_v/n_seq_max. Each figure is the size of a
 buffer llama.cpp allocates, computed the way the pinned llama.cpp computes it (file:line
@@ -38,6 +38,7 @@ from runner.memory.kv import (
     N_BATCH,
     N_UBATCH,
     OFFLOAD_KQV,
+    Attention,
     ContextSize,
     check_kv_type,
     context_size,
@@ -116,6 +117,30 @@ class Estimate:
         return next((d for d in self.devices if d.device == name), None)
 
 
+@dataclass(frozen=True)
+class Load:
+    """What estimate() answers for: the load runner's engine asks llama.cpp for, the model's part
+    (n_gpu_layers) and its context's (the rest). The machine's part, the weight types its CPU backend
+    repacks and the --rpc workers, is estimate()'s own."""
+
+    n_ctx: int  # every sequence's cells together
+    n_gpu_layers: int = 0  # the output layer counting as the last one (n_layers in all); -1: all of them
+    n_seq: int = 1
+    type_k: str = "f16"
+    type_v: str = "f16"
+    flash_attn: bool | None = None  # None: llama.cpp's "auto"; False: off (the V cache is then transposed)
+    gpu: bool | None = None  # whether llama.cpp has a GPU device; None: n_gpu_layers != 0
+    # the most rows of logits one decode will ask for, where more than a row per sequence (a prompt
+    # scored, `echo`; `bench --quality`'s chunk halves): llama.cpp grows the output buffer to that many
+    # rows at that decode (output_reserve), and keeps it
+    output_rows: int = 0
+    # a vision projector libmtmd loads beside the model (runner.memory.projector), on the device of the
+    # GPU layers where there are any (runner asks libmtmd for the GPU only then), else here
+    projector: ProjectorMemory | None = None
+    n_ubatch: int = N_UBATCH
+    n_batch: int = N_BATCH
+
+
 # -- the estimate -------------------------------------------------------------------------------
 
 
@@ -127,75 +152,68 @@ def auto_flash_attn(hp: Hparams, gpu: bool) -> bool:
     return heads <= CUDA_FA_HEAD_DIMS
 
 
+@dataclass(frozen=True)
+class _Resolved:
+    """A load as llama.cpp makes it: the header and its hparams, the context's sizes, the first layer
+    on the GPU (n_layer + 1: none), whether there is a GPU device, and the attention settings."""
+
+    header: Any
+    hp: Hparams
+    cs: ContextSize
+    start: int
+    gpu: bool
+    attn: Attention
+
+
 def estimate(
     header: Any,
+    load: Load,
     *,
-    n_ctx: int,
-    n_gpu_layers: int = 0,
-    n_seq: int = 1,
-    type_k: str = "f16",
-    type_v: str = "f16",
-    n_ubatch: int = N_UBATCH,
-    n_batch: int = N_BATCH,
-    flash_attn: bool | None = None,
-    gpu: bool | None = None,
     repack_types: frozenset[str] = REPACK_TYPES,
     workers: tuple[tuple[str, float], ...] = (),
-    output_rows: int = 0,
-    projector: ProjectorMemory | None = None,
 ) -> Estimate:
-    """Memory llama.cpp allocates to load this model and create a context of n_ctx tokens.
+    """Memory llama.cpp allocates to load this model and create the context `load` asks for (Load:
+    the offload, the context and its cache, flash attention, the output rows, a vision projector).
 
-    n_gpu_layers counts the output layer as the last one (n_layers in all); -1 is all of them.
-    gpu says whether llama.cpp has a GPU device (default: n_gpu_layers != 0). flash_attn None
-    is llama.cpp's "auto"; False disables it explicitly (the V cache is then transposed).
     repack_types: the weight types the CPU backend repacks on this machine (REPACK_TYPES:
     x86-64 with AVX2; add "Q2_K" with AVX-512).
     workers: (endpoint, share) of the --rpc workers the offloaded layers are split over, in llama.cpp's
     device order, in place of a GPU (runner.memory.split).
-    output_rows: the most rows of logits one decode will ask for, where more than a row per sequence
-    (a prompt scored, `echo`; `bench --quality`'s chunk halves): llama.cpp grows the output buffer to
-    that many rows at that decode (output_reserve), and keeps it.
-    projector: a vision projector libmtmd loads beside the model (runner.memory.projector), on the
-    device of the GPU layers where there are any (runner asks libmtmd for the GPU only then), else here.
     """
     hp = hparams_from_header(header)
-    cs = context_size(hp, n_ctx, n_seq=n_seq, n_batch=n_batch, n_ubatch=n_ubatch)
-    gpu = n_gpu_layers != 0 if gpu is None else gpu
-    start = gpu_start(hp.n_layer, n_gpu_layers) if gpu else hp.n_layer + 1
-    kw = _attention(hp, gpu, flash_attn, type_k, type_v)
-    buffers, resident, touched = _local_buffers(
-        header, hp, cs, start, gpu, bool(workers), repack_types, output_rows, **kw
-    )
+    cs = context_size(hp, load.n_ctx, n_seq=load.n_seq, n_batch=load.n_batch, n_ubatch=load.n_ubatch)
+    gpu = load.n_gpu_layers != 0 if load.gpu is None else load.gpu
+    start = gpu_start(hp.n_layer, load.n_gpu_layers) if gpu else hp.n_layer + 1
+    at = _Resolved(header, hp, cs, start, gpu, _attention(hp, gpu, load))
+    buffers, resident, touched = _local_buffers(at, bool(workers), repack_types, load.output_rows)
     if gpu and workers:  # the workers' buffers for the GPU's; the host's named as without a GPU
-        buffers, resident = _onto_workers(header, hp, cs, start, workers, buffers, resident, **kw)
-    offload = None  # where a projector's weights go, other than here
+        buffers, resident = _onto_workers(at, workers, buffers, resident)
+    projector, offload = load.projector, None  # offload: where a projector's weights go, other than here
     if projector is not None:  # the first GPU-type device: the GPU, else the first worker (ggml-rpc's type)
         offload = (workers[0][0] if workers else "gpu") if gpu and start <= hp.n_layer else None
         buffers += projector_buffers(projector, offload)
-    host_extra = host_overhead(hp, cs, flash_attn=kw["flash_attn"], type_v=kw["type_v"])
+    host_extra = host_overhead(hp, cs, flash_attn=at.attn.flash_attn, type_v=at.attn.type_v)
     held = _Held(buffers, resident, projector, offload)
     offloaded = [held.usage(w, 0) for w, _ in workers] if workers else [held.usage("gpu", GPU_OVERHEAD)]
     devices = [held.usage("cpu", host_extra)] + (offloaded if gpu else [])
-    return _summed(hp, cs, start, gpu, held, devices, touched + host_extra)
+    return _summed(at, held, devices, touched + host_extra)
 
 
-def _attention(hp: Hparams, gpu: bool, flash_attn: bool | None, type_k: str, type_v: str) -> dict[str, Any]:
+def _attention(hp: Hparams, gpu: bool, load: Load) -> Attention:
     """The attention settings the context is made with: flash_attn resolved, whether the V cache is
     transposed, and the cache types checked."""
-    type_k, type_v = check_kv_type(type_k), check_kv_type(type_v)
-    fa = auto_flash_attn(hp, gpu) if flash_attn is None else flash_attn
-    v_trans = flash_attn is False  # the cache is made before "auto" is resolved (llama-context.cpp:230)
+    type_k, type_v = check_kv_type(load.type_k), check_kv_type(load.type_v)
+    fa = auto_flash_attn(hp, gpu) if load.flash_attn is None else load.flash_attn
+    v_trans = load.flash_attn is False  # the cache is made before "auto" is resolved (llama-context.cpp:230)
     if type_v not in ("f32", "f16", "bf16") and not fa:
         raise ValueError("a quantized V cache needs flash attention (llama-context.cpp:466)")
-    return dict(flash_attn=fa, v_trans=v_trans, type_k=type_k, type_v=type_v)
+    return Attention(flash_attn=fa, v_trans=v_trans, type_k=type_k, type_v=type_v)
 
 
-def _summed(
-    hp: Hparams, cs: ContextSize, start: int, gpu: bool, held: _Held, devices: list[DeviceUsage], host: int
-) -> Estimate:
+def _summed(at: _Resolved, held: _Held, devices: list[DeviceUsage], host: int) -> Estimate:
     """The estimate: every device's parts summed. host: the host's compute bytes a batch touches and
     its memory in no buffer."""
+    hp = at.hp
     return Estimate(
         weights_bytes=sum(d.weights_bytes for d in devices),
         kv_bytes=sum(d.kv_bytes for d in devices),
@@ -203,60 +221,46 @@ def _summed(
         output_bytes=sum(d.output_bytes for d in devices),
         overhead_bytes=sum(d.overhead_bytes for d in devices),
         devices=tuple(devices),
-        n_ctx=cs.n_ctx,
-        n_gpu_layers=hp.n_layer + 1 - start if gpu else 0,
+        n_ctx=at.cs.n_ctx,
+        n_gpu_layers=hp.n_layer + 1 - at.start if at.gpu else 0,
         n_layers=hp.n_layer + 1,
         buffers=tuple(held.buffers),
-        exact=hp.exact_graph and not gpu,  # with workers too: each one's compute buffer is approximated
+        exact=hp.exact_graph and not at.gpu,  # with workers too: each one's compute buffer is approximated
         host_rss_bytes=held.total("cpu", "model", "KV", "RS", "output") + host + devices[0].projector_bytes,
         projector_bytes=sum(d.projector_bytes for d in devices),
     )
 
 
 def _local_buffers(
-    header: Any,
-    hp: Hparams,
-    cs: ContextSize,
-    start: int,
-    gpu: bool,
-    workers: bool,
-    repack_types: frozenset[str],
-    output_rows: int,
-    **kw: Any,
+    at: _Resolved, workers: bool, repack_types: frozenset[str], output_rows: int
 ) -> tuple[list[Buffer], dict[str, int], int]:
     """The buffers of this machine's devices (the host and a GPU): weights, state, output and compute;
     the weight bytes each device holds; and the bytes of the host's compute buffers a batch touches."""
+    hp, cs, start, attn = at.hp, at.cs, at.start, at.attn
     # a GPU's host buffer type comes first in the CPU's list and stops repacking; ggml-rpc has none,
     # so with workers the layers kept here are repacked as on a CPU-only load (llama-model.cpp:1093)
-    buffers, resident = weight_buffers(header, hp, start, gpu and not workers, repack_types)
-    buffers += state_buffers(hp, cs, start, type_k=kw["type_k"], type_v=kw["type_v"], v_trans=kw["v_trans"])
+    buffers, resident = weight_buffers(at.header, hp, start, at.gpu and not workers, repack_types)
+    buffers += state_buffers(hp, cs, start, type_k=attn.type_k, type_v=attn.type_v, v_trans=attn.v_trans)
     # output_reserve(n_seq_max) at creation (llama-context.cpp:377, 2116): host memory, pinned
     # when the output layer is offloaded
     out_on_gpu = start <= hp.n_layer
     rows = max(cs.n_seq, output_rows)
     buffers.append(Buffer("CUDA_Host" if out_on_gpu else "CPU", "output", "cpu", hp.n_vocab * rows * 4))
-    if gpu:
-        buffers += _gpu_compute(header, hp, cs, start, **kw)
+    if at.gpu:
+        buffers += _gpu_compute(at)
         touched = sum(b.nbytes for b in buffers if b.kind == "compute" and b.device == "cpu")
     else:
-        buffers.append(Buffer("CPU", "compute", "cpu", compute_bytes(hp, cs, **kw)))
-        touched = compute_bytes(hp, cs, touched=True, **kw)
+        buffers.append(Buffer("CPU", "compute", "cpu", compute_bytes(hp, cs, attn)))
+        touched = compute_bytes(hp, cs, attn, touched=True)
     return buffers, resident, touched
 
 
 def _onto_workers(
-    header: Any,
-    hp: Hparams,
-    cs: ContextSize,
-    start: int,
-    workers: tuple[tuple[str, float], ...],
-    buffers: list[Buffer],
-    resident: dict[str, int],
-    **kw: Any,
+    at: _Resolved, workers: tuple[tuple[str, float], ...], buffers: list[Buffer], resident: dict[str, int]
 ) -> tuple[list[Buffer], dict[str, int]]:
     """The buffers and resident weights with --rpc workers in place of the GPU (runner.memory.split):
     the workers' buffers for the GPU's, the host's named as without a GPU."""
-    on_workers, held = across_workers(header, hp, cs, start, workers, **kw)
+    on_workers, held = across_workers(at.header, at.hp, at.cs, at.start, workers, at.attn)
     host = [replace(b, name="CPU") if b.name.endswith("_Host") else b for b in buffers if b.device == "cpu"]
     return host + [Buffer(*b) for b in on_workers], {"cpu": resident["cpu"], **held}
 
@@ -301,7 +305,7 @@ def embedding_context_bytes(header: Any, *, n_ctx: int, n_seq: int, flash_attn: 
     n_seq sequences (a row of logits and an embedding each: llama-context.cpp output_reserve). Within
     3% of llama.cpp's own figures for SmolLM2 (11.25 + 100.51 + 48.56 MiB)."""
     hp = hparams_from_header(header)
-    est = estimate(header, n_ctx=n_ctx, flash_attn=flash_attn)
+    est = estimate(header, Load(n_ctx=n_ctx, flash_attn=flash_attn))
     output = (hp.n_vocab + hp.n_embd) * n_seq * 4
     return est.kv_bytes + est.compute_bytes + output
 
@@ -397,7 +401,7 @@ def host_overhead(hp: Hparams, cs: ContextSize, *, flash_attn: bool = True, type
     return HOST_OVERHEAD + work + cells + hp.n_vocab * HOST_PER_TOKEN + hp.vocab_strings * HOST_PER_STRING
 
 
-def _gpu_compute(header: Any, hp: Hparams, cs: ContextSize, start: int, **kw: Any) -> list[Buffer]:
+def _gpu_compute(at: _Resolved) -> list[Buffer]:
     """Compute buffers with a CUDA device: an approximation, not checked against a GPU.
 
     The layers on the GPU run there, the graph inputs and the token embeddings stay in
@@ -405,8 +409,9 @@ def _gpu_compute(header: Any, hp: Hparams, cs: ContextSize, start: int, **kw: An
     ubatch of 32 tokens or more also runs the matmuls of CPU layers on the GPU, copying
     their weights into the GPU compute buffer: the largest such weight is added to it.
     """
-    host = host_inputs_bytes(hp, cs, flash_attn=kw["flash_attn"], v_trans=kw["v_trans"])
-    full = compute_bytes(hp, cs, alignment=GPU_ALIGNMENT, **kw)
+    header, hp, cs, start = at.header, at.hp, at.cs, at.start
+    host = host_inputs_bytes(hp, cs, flash_attn=at.attn.flash_attn, v_trans=at.attn.v_trans)
+    full = compute_bytes(hp, cs, at.attn, alignment=GPU_ALIGNMENT)
     buffers = []
     if start <= hp.n_layer:
         gpu = full

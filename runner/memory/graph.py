@@ -84,18 +84,20 @@ class Ctx:
         op: str = "NONE",
         src: Iterable[Tensor | None] = (),
         flags: int = 0,
-        external: bool = False,
         name: str = "",
     ) -> Tensor:
+        """A tensor of this shape the allocator places: the result of op on src (None sources left out)."""
         n4 = _ne4(ne)
         srcs = tuple(s for s in src if s is not None)
-        return Tensor(op, dtype, n4, _strides(dtype, n4), srcs, flags=flags, external=external, name=name)
+        return Tensor(op, dtype, n4, _strides(dtype, n4), srcs, flags=flags, name=name)
 
     def input(self, dtype: str, ne: Sequence[int], name: str = "") -> Tensor:
         return self.new(dtype, ne, flags=INPUT, name=name)
 
     def weight(self, ne: Sequence[int], dtype: str = "f32", name: str = "") -> Tensor:
-        return self.new(dtype, ne, external=True, name=name)
+        """A tensor with its own buffer (a weight, the KV cache): never placed in the compute buffer."""
+        n4 = _ne4(ne)
+        return Tensor("NONE", dtype, n4, _strides(dtype, n4), external=True, name=name)
 
     def view(
         self, a: Tensor, ne: Sequence[int], nb: Sequence[int] = (), offs: int = 0, op: str = "VIEW"

@@ -40,6 +40,17 @@ class ContextSize:
     n_stream: int
 
 
+@dataclass(frozen=True)
+class Attention:
+    """The attention settings a context is made with: flash attention as resolved (not "auto"),
+    whether the V cache is transposed (flash attention off), and the cache's K and V types."""
+
+    flash_attn: bool
+    v_trans: bool
+    type_k: str = "f16"
+    type_v: str = "f16"
+
+
 def context_size(
     hp: Hparams, n_ctx: int, *, n_seq: int = 1, n_batch: int = N_BATCH, n_ubatch: int = N_UBATCH
 ) -> ContextSize:

@@ -21,7 +21,7 @@ from typing import Any
 from runner.memory.arch import Hparams
 from runner.memory.compute import compute_bytes
 from runner.memory.graph import pad
-from runner.memory.kv import CPU_ALIGNMENT, ContextSize, kv_per_layer
+from runner.memory.kv import CPU_ALIGNMENT, Attention, ContextSize, kv_per_layer
 from runner.memory.weights import tensor_layer
 
 
@@ -61,10 +61,11 @@ def across_workers(
     cs: ContextSize,
     start: int,
     workers: tuple[tuple[str, float], ...],
-    **kw: Any,
+    attn: Attention,
 ) -> tuple[list[tuple[str, str, str, int]], dict[str, int]]:
     """The workers' buffers, as (buffer type, kind, device, bytes): the offloaded layers' weights and
-    KV cache per worker, a compute buffer on each; and the weight bytes each holds."""
+    KV cache per worker, a compute buffer on each; and the weight bytes each holds. attn: the
+    context's attention settings (runner.memory.kv.Attention)."""
     endpoints = [w for w, _ in workers]
     owners = layer_owners(hp.n_layer, start, [share for _, share in workers])
     weights = dict.fromkeys(endpoints, 0)
@@ -76,13 +77,12 @@ def across_workers(
         if tied and t.name == "token_embd.weight" and hp.n_layer in owners:  # the output's duplicate
             weights[endpoints[owners[hp.n_layer]]] += pad(t.nbytes, CPU_ALIGNMENT)
     kv: dict[tuple[str, str], int] = {}
-    for il, cache, nbytes in kv_per_layer(
-        hp, cs, type_k=kw["type_k"], type_v=kw["type_v"], v_trans=kw["v_trans"]
-    ):
+    state = kv_per_layer(hp, cs, type_k=attn.type_k, type_v=attn.type_v, v_trans=attn.v_trans)
+    for il, cache, nbytes in state:
         if il in owners:
             key = (endpoints[owners[il]], cache[:2])
             kv[key] = kv.get(key, 0) + nbytes
-    compute = compute_bytes(hp, cs, **kw)
+    compute = compute_bytes(hp, cs, attn)
     out = []
     for endpoint in endpoints:
         name = buffer_name(endpoint)
