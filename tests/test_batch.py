@@ -41,6 +41,7 @@ def prompts(
     return [render_prompt(engine, header, [*head, Message("user", q)]).tokens for q in QUESTIONS]
 
 
+@pytest.mark.model
 def test_greedy_answers_are_the_same_alone_and_batched(
     batch_engine: Engine, engine: Engine, smollm2_path: Path
 ):
@@ -60,6 +61,7 @@ def test_greedy_answers_are_the_same_alone_and_batched(
     assert same >= len(QUESTIONS) - 2  # measured here: all 8 the same
 
 
+@pytest.mark.model
 def test_the_shared_head_is_evaluated_once(batch_engine: Engine, engine: Engine, smollm2_path: Path) -> None:
     system = "You answer in one short sentence. " * 20  # a long system prompt every prompt shares
     tokens = prompts(batch_engine, smollm2_path, system)
@@ -101,6 +103,7 @@ def answer_all(loop: Loop, jobs: list[Job]) -> None:
             loop.step()
 
 
+@pytest.mark.model
 def test_kept_states_stay_within_their_limit_least_recently_used_out_first(batch_engine: Engine) -> None:
     """One sequence, eight prompts one after another: each takes the sequence from the one before,
     whose state goes to the StateCache, which never holds more than its limit."""
@@ -126,6 +129,7 @@ def test_kept_states_stay_within_their_limit_least_recently_used_out_first(batch
         assert found == len(t) if i >= len(tokens) - 3 else found < 4, (i, found)  # the two most recent
 
 
+@pytest.mark.model
 def test_a_prompt_back_after_its_sequence_was_taken_is_restored_and_its_longer_state_kept(
     batch_engine: Engine,
 ) -> None:
@@ -311,6 +315,7 @@ def test_a_prompt_too_long_for_its_sequence_gets_a_per_sequence_ctx_that_runs(sm
     assert "warning" not in again.stderr.decode(), again.stderr
 
 
+@pytest.mark.model
 def test_the_plan_lowers_parallel_to_what_fits(smollm2_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from runner.loader import plan_for
     from runner.memory import devices

@@ -52,6 +52,7 @@ def test_only_what_is_new_is_evaluated_each_turn() -> None:
     assert reused == prompt - evaluated
 
 
+@pytest.mark.fast
 def test_stats_say_the_kv_cache_only_when_it_gave_tokens() -> None:
     from runner.commands.slash import prompt_tokens
     from runner.engine.answer import Timings
@@ -204,6 +205,7 @@ def test_a_long_conversation_in_a_small_context_drops_the_oldest_turns() -> None
     assert sum(1 for m in conversation.messages if m.role == "user") == 12  # the store keeps them all
 
 
+@pytest.mark.model
 def test_what_is_sent_after_dropping_keeps_the_system_message(engine) -> None:
     from runner.engine.conversation import fit
     from runner.engine.text.template import Message

@@ -238,6 +238,7 @@ def test_ctrl_c_during_an_image_encode_is_said_at_once_and_ends_the_answer_after
     assert vision.ENCODE_WAIT in capfd.readouterr().err
 
 
+@pytest.mark.fast
 def test_a_database_from_before_images_is_migrated_and_its_messages_read(tmp_path: Path) -> None:
     from runner.store import MIGRATIONS
 
@@ -258,6 +259,7 @@ def test_a_database_from_before_images_is_migrated_and_its_messages_read(tmp_pat
         store.close()
 
 
+@pytest.mark.fast
 def test_a_conversation_file_with_a_malformed_image_is_refused() -> None:
     from runner.errors import UsageError
     from runner.store.file import from_json
@@ -271,6 +273,7 @@ def test_a_conversation_file_with_a_malformed_image_is_refused() -> None:
             from_json(data, "f")
 
 
+@pytest.mark.model
 def test_the_disk_cache_passes_over_a_prompt_with_an_image(engine, tmp_path: Path) -> None:
     """A head stored on disk is found for a prompt only before its first image (an image's state
     depends on the projector, which the cache's identity does not name), and never crashes on one."""

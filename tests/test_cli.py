@@ -409,6 +409,7 @@ def test_a_model_without_a_tokenizer_gets_exit_2_not_an_abort(tmp_path: Path) ->
     assert b"has no tokenizer" in done.stderr and b"Traceback" not in done.stderr and done.stdout == b""
 
 
+@pytest.mark.model
 def test_bench_says_when_its_repetitions_disagree_beyond_the_noise() -> None:
     from runner.commands.bench import NOISE, disagreement, spreads, summarize
 
@@ -468,6 +469,7 @@ def _stderr_until(args: list[str], wanted: bytes, *, terminal: bool, then: float
     return seen
 
 
+@pytest.mark.model
 def test_a_ctrl_c_during_bench_s_ttft_stops_the_bench(smollm2_path: Path) -> None:
     """The warm-up and TTFT answers go through Engine.generate, which reports a Ctrl-C as the answer's
     finish reason and clears it (a chat goes on after one): bench must stop there, not run on."""

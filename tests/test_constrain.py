@@ -47,6 +47,7 @@ def tokens_for(engine, smollm2_path: Path, text: str) -> list[int]:
     return render_prompt(engine, read_header(smollm2_path), [Message("user", text)]).tokens
 
 
+@pytest.mark.model
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_schema_answers_always_parse_and_validate(engine, smollm2_path: Path, seed: int) -> None:
     rule = constraint(schema=json.dumps(PERSON))
@@ -61,6 +62,7 @@ def test_schema_answers_always_parse_and_validate(engine, smollm2_path: Path, se
         jsonschema.validate(value, PERSON)
 
 
+@pytest.mark.model
 def test_without_the_grammar_the_same_prompts_are_not_json(engine, smollm2_path: Path) -> None:
     # the test above would pass vacuously if the model answered JSON anyway
     sampling = SamplingConfig(temperature=0)
@@ -103,6 +105,7 @@ OPEN = {
 }
 
 
+@pytest.mark.model
 @pytest.mark.parametrize(
     ("flag", "value", "prompts", "most_cut"),
     [
@@ -150,6 +153,7 @@ def _shape(value: object) -> tuple[int, int, int]:
     )
 
 
+@pytest.mark.model
 def test_json_bounds_hold_in_llguidance(engine, smollm2_path: Path, monkeypatch) -> None:
     # small bounds, so that sampled answers reach them: llguidance keeps every answer within them
     monkeypatch.setattr(constrain, "MAX_DEPTH", 2)
@@ -223,6 +227,7 @@ def test_a_grammar_llama_cpp_cannot_parse_is_exit_2(smollm2_path: Path, tmp_path
     assert "llama.cpp cannot parse the grammar" in done.stderr.decode()
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize(
     "flags",
     [
@@ -279,6 +284,7 @@ def test_a_finished_answer_that_fails_a_format_left_out_of_the_mask_is_exit_1(sm
     assert "does not match the schema at contact" in done.stderr.decode() and b"Traceback" not in done.stderr
 
 
+@pytest.mark.fast
 def test_check_says_where_an_answer_breaks_the_schema() -> None:
     rule = constraint(schema=json.dumps(PERSON))
     assert rule is not None
@@ -315,6 +321,7 @@ def test_ranges_lengths_enums_and_formats_are_enforced(smollm2_path: Path) -> No
     assert 0 <= value["age"] <= 150
 
 
+@pytest.mark.model
 @pytest.mark.parametrize("seed", range(4))
 def test_sampled_answers_to_a_ranged_schema_validate(engine, smollm2_path: Path, seed: int) -> None:
     rule = constraint(schema=json.dumps(CONFORMANCE))
@@ -328,6 +335,7 @@ def test_sampled_answers_to_a_ranged_schema_validate(engine, smollm2_path: Path,
         jsonschema.validate(json.loads(checked(rule, result.text, result.finish_reason)), CONFORMANCE)
 
 
+@pytest.mark.fast
 def test_a_ref_that_leads_only_to_itself_is_refused() -> None:
     """`{"$ref": "#"}` (the server's fuzzing found it as an Ollama format): llguidance compiled it to a
     grammar of no value, so the answer was empty and failed its own validation as a 500; now it is
@@ -362,6 +370,7 @@ BAD_SCHEMAS = {  # (the schema as --schema takes it, what the one line says)
 }
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("case", list(BAD_SCHEMAS))
 def test_a_bad_schema_is_one_clear_refusal(case: str) -> None:
     """Malformed, not an object, cycles, remote refs, deep nesting, megabytes: an InvalidSetting (the
@@ -378,6 +387,7 @@ def test_a_schema_too_deep_is_exit_2_before_the_model_loads() -> None:
     assert done.stderr.decode() == "runner: error: --schema is nested deeper than 64 levels\n"
 
 
+@pytest.mark.model
 def test_a_oneof_llguidance_cannot_tell_apart_is_sampled_as_anyof_and_checked_as_oneof(
     engine, smollm2_path: Path
 ) -> None:
@@ -399,6 +409,7 @@ def test_a_oneof_llguidance_cannot_tell_apart_is_sampled_as_anyof_and_checked_as
     jsonschema.validate(json.loads(checked(rule, result.text, result.finish_reason)), schema)
 
 
+@pytest.mark.fast
 def test_recursion_is_written_out_four_levels_deep_then_only_its_way_out() -> None:
     """A linked list SmolLM2 extended node after node until --max-tokens: the recursive $ref is written
     out MAX_NESTING deep, then `false`, so only `next: null` is left there (the corpus's linked list

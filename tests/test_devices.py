@@ -12,6 +12,8 @@ from runner import host
 from runner.loader import machine
 from runner.memory.devices import Gpu, Machine, parse_nvidia_smi
 
+pytestmark = pytest.mark.fast
+
 
 def test_nvidia_smi_csv() -> None:
     text = "0, NVIDIA H200, 143771, 142544\n1, NVIDIA GeForce RTX 4090, 24564, 1024\nbad line\n"

@@ -22,6 +22,7 @@ def _block_after(marker: str) -> str:
     return README.split(marker, 1)[1].split("```", 2)[1].split("\n", 1)[1]
 
 
+@pytest.mark.fast
 def test_ci_runs_exactly_the_readme_test_command() -> None:
     command = _block_after("<!-- test-command").strip()
     assert command.endswith("python -m pytest")
@@ -131,6 +132,7 @@ def problems(words: list[str]) -> list[str]:
     return [f"{flag} is not in `{help_command}`" for flag in flags_in(args) if flag not in flags(path)]
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("page", PAGES, ids=[str(page.relative_to(ROOT)) for page in PAGES])
 def test_every_command_and_flag_in_the_page_is_in_help(page: Path) -> None:
     found = [(line.strip(), cmd) for line in shell_lines(page.read_text()) for cmd in runner_commands(line)]
@@ -140,6 +142,7 @@ def test_every_command_and_flag_in_the_page_is_in_help(page: Path) -> None:
     assert not wrong, f"{page.relative_to(ROOT)}:\n  " + "\n  ".join(wrong)
 
 
+@pytest.mark.fast
 def test_the_docs_check_catches_a_made_up_command_or_flag() -> None:
     markdown = (
         "Try `runner run smollm2 hi\n--temprature 0`, a span over a line break.\n\n"

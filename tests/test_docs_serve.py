@@ -30,6 +30,7 @@ def address(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
         yield server.address
 
 
+@pytest.mark.fast
 def test_the_page_has_a_curl_an_openai_and_an_ollama_example() -> None:
     python = "\n".join(blocks("python"))
     assert any(line.startswith("curl ") for block in blocks("sh") for line in block.splitlines())

@@ -151,6 +151,7 @@ def test_a_secret_setting_is_never_shown(name: str) -> None:
     assert "hf_secret_value" not in json.dumps(report)
 
 
+@pytest.mark.fast
 def test_the_json_ids_are_documented() -> None:
     page = (Path(__file__).parent.parent / "docs" / "install.md").read_text()
     assert [i for i in IDS if f"| `{i}` |" not in page] == []

@@ -33,6 +33,7 @@ def vectors(embedder: Embedder) -> list[list[float]]:
 # -- pure parts ------------------------------------------------------------------------------
 
 
+@pytest.mark.fast
 def test_batches_are_consecutive_and_bounded_by_tokens_and_sequences() -> None:
     assert plan_batches([3, 3, 3], 10, 8) == [range(0, 3)]
     assert plan_batches([4, 4, 4], 10, 8) == [range(0, 2), range(2, 3)]
@@ -41,6 +42,7 @@ def test_batches_are_consecutive_and_bounded_by_tokens_and_sequences() -> None:
     assert plan_batches([], 10, 8) == []
 
 
+@pytest.mark.fast
 def test_normalized_is_unit_length_and_zero_stays_zero() -> None:
     assert normalized([3.0, 4.0]) == [0.6, 0.8]
     assert normalized([0.0, 0.0]) == [0.0, 0.0]
@@ -49,18 +51,21 @@ def test_normalized_is_unit_length_and_zero_stays_zero() -> None:
 # -- the engine ------------------------------------------------------------------------------
 
 
+@pytest.mark.model
 def test_mean_pooling_for_a_chat_model_and_its_size(embedder: Embedder) -> None:
     assert embedder.pooling == "mean"  # SmolLM2's GGUF declares no pooling
     assert embedder.n_embd == 576
     assert embedder.n_ctx == 512  # EMBED_CTX: the session engine was trained on more
 
 
+@pytest.mark.model
 def test_vectors_are_unit_length(vectors: list[list[float]]) -> None:
     for vector in vectors:
         assert len(vector) == 576
         assert math.isclose(math.hypot(*vector), 1.0, abs_tol=1e-9)
 
 
+@pytest.mark.model
 def test_same_topic_is_closer_than_any_other_topic(vectors: list[list[float]]) -> None:
     for a, b in SAME_TOPIC:
         same = cosine(vectors[a], vectors[b])
@@ -68,6 +73,7 @@ def test_same_topic_is_closer_than_any_other_topic(vectors: list[list[float]]) -
         assert same > max(others), (TEXTS[a], same, others)
 
 
+@pytest.mark.model
 def test_batched_is_one_by_one_and_repeatable(embedder: Embedder, vectors: list[list[float]]) -> None:
     alone = [embedder.embed([embedder.tokenize(t)])[0] for t in TEXTS]
     worst = max(abs(x - y) for v, w in zip(vectors, alone, strict=True) for x, y in zip(v, w, strict=True))
@@ -75,6 +81,7 @@ def test_batched_is_one_by_one_and_repeatable(embedder: Embedder, vectors: list[
     assert embedder.embed([embedder.tokenize(t) for t in TEXTS]) == vectors
 
 
+@pytest.mark.model
 def test_many_inputs_take_several_decodes_in_order(embedder: Embedder, vectors: list[list[float]]) -> None:
     tokens = [embedder.tokenize(t) for t in TEXTS] * 30  # 180 inputs, over 512 tokens: 3 decodes
     batches = list(embedder.stream(tokens))
@@ -86,6 +93,7 @@ def test_many_inputs_take_several_decodes_in_order(embedder: Embedder, vectors: 
     assert min(cosine(v, w) for v, w in zip(out, alone, strict=True)) >= BATCH_COSINE
 
 
+@pytest.mark.model
 def test_too_long_names_the_input_unless_truncated(embedder: Embedder) -> None:
     short, long = embedder.tokenize("Hello."), embedder.tokenize("word " * 600)
     with pytest.raises(InputTooLong) as raised:
@@ -163,6 +171,7 @@ def test_bad_input_is_one_line_and_exit_2(
     assert said in line
 
 
+@pytest.mark.model
 def test_the_plan_counts_an_embedding_context_as_llama_cpp_allocates_it(smollm2_path: Path) -> None:
     """runner serve prices a model with its embedding context (commands/serve._needs): within 5% of
     the buffers llama.cpp logs as it creates one."""

@@ -25,6 +25,7 @@ def chat(engine: Engine, text: str) -> list[int]:
     return engine.tokenize(render(template, build_messages(text)))
 
 
+@pytest.mark.model
 def test_fixed_seed_is_deterministic_and_seeds_differ(engine: Engine) -> None:
     prompt = chat(engine, "Write a short poem about the sea.")
     runs = [engine.generate(prompt, SamplingConfig(seed=seed), max_tokens=40).text for seed in (7, 7, 8)]
@@ -33,6 +34,7 @@ def test_fixed_seed_is_deterministic_and_seeds_differ(engine: Engine) -> None:
     assert len(runs[0]) > 20
 
 
+@pytest.mark.model
 def test_max_tokens_counts_tokens_and_reports_length(engine: Engine) -> None:
     result = engine.generate(chat(engine, "Count from one to a hundred in words."), GREEDY, max_tokens=12)
     assert result.finish_reason == FINISH_LENGTH
@@ -40,6 +42,7 @@ def test_max_tokens_counts_tokens_and_reports_length(engine: Engine) -> None:
     assert not result.context_full
 
 
+@pytest.mark.model
 def test_end_of_generation_token_finishes_with_stop(engine: Engine) -> None:
     result = engine.generate(chat(engine, "Say only the word yes."), GREEDY, max_tokens=50)
     assert result.finish_reason == FINISH_STOP
@@ -47,6 +50,7 @@ def test_end_of_generation_token_finishes_with_stop(engine: Engine) -> None:
     assert "<|im_end|>" not in result.text
 
 
+@pytest.mark.model
 def test_stop_string_cuts_before_it_even_across_tokens(engine: Engine) -> None:
     prompt = chat(engine, "Why is the sky blue? Explain in two sentences.")
     full = engine.generate(prompt, GREEDY, max_tokens=60).text
@@ -59,6 +63,7 @@ def test_stop_string_cuts_before_it_even_across_tokens(engine: Engine) -> None:
     assert cut.text == full[: full.index(stop)]
 
 
+@pytest.mark.model
 def test_streamed_pieces_join_to_the_full_text(engine: Engine) -> None:
     prompt = chat(engine, "Name three colours.")
     pieces = [c.text for c in engine.stream(bare(prompt, GREEDY, max_tokens=30))]
@@ -66,6 +71,7 @@ def test_streamed_pieces_join_to_the_full_text(engine: Engine) -> None:
     assert "".join(pieces) == engine.generate(prompt, GREEDY, max_tokens=30).text
 
 
+@pytest.mark.model
 def test_utf8_split_across_tokens_is_neither_broken_nor_dropped(engine: Engine) -> None:
     prompt = engine.tokenize(
         "<|im_start|>user\nRepeat exactly: こんにちは 😀 café<|im_end|>\n<|im_start|>assistant\n"
@@ -101,6 +107,7 @@ def _incomplete_tail(data: bytes) -> int:
     return 0
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize(
     ("pieces", "stop", "expected_out", "stopped"),
     [
@@ -126,6 +133,7 @@ def test_text_assembler_hand_picked(
     assert (out, hit) == (expected_out, stopped)
 
 
+@pytest.mark.fast
 def test_held_back_text_is_released_before_it_could_match() -> None:
     text = TextAssembler(stop=["</answer>"])
     assert text.push(b"42 <") == ("42 ", False)
@@ -133,6 +141,7 @@ def test_held_back_text_is_released_before_it_could_match() -> None:
     assert text.push(b"wer!") == ("</answer!", False)  # cannot be the stop string any more
 
 
+@pytest.mark.model
 def test_kv_cache_reuse_gives_the_same_answer(engine: Engine) -> None:
     prompt = chat(engine, "What is the capital of Italy?")
     first = engine.generate(prompt, GREEDY, max_tokens=20)
@@ -144,6 +153,7 @@ def test_kv_cache_reuse_gives_the_same_answer(engine: Engine) -> None:
     assert other.timings.prefill_tokens < len(longer)
 
 
+@pytest.mark.model
 def test_prompt_longer_than_the_context_is_refused_with_a_size_that_fits(engine: Engine) -> None:
     long_prompt = engine.tokenize("word " * 3000)
     with pytest.raises(PromptTooLong) as err:
@@ -153,6 +163,7 @@ def test_prompt_longer_than_the_context_is_refused_with_a_size_that_fits(engine:
     assert "--ctx 3328" in message  # 3000+ tokens, plus room to answer, rounded up to 256
 
 
+@pytest.mark.model
 def test_context_full_stops_with_length(smollm2_path) -> None:
     with Engine(smollm2_path, n_ctx=64, n_threads=2) as small:
         prompt = small.tokenize("1, 2, 3, 4, 5, 6, 7, 8,")  # raw text a model continues for ever
@@ -162,6 +173,7 @@ def test_context_full_stops_with_length(smollm2_path) -> None:
     assert len(prompt) + result.timings.completion_tokens == small.n_ctx  # llama.cpp rounds 64 up
 
 
+@pytest.mark.model
 def test_loading_with_no_gpu_device_runs_on_the_cpu(smollm2_path) -> None:
     with Engine(smollm2_path, n_ctx=256, n_threads=2, use_gpu=False) as cpu:
         assert cpu.n_gpu_layers == 0
@@ -169,6 +181,7 @@ def test_loading_with_no_gpu_device_runs_on_the_cpu(smollm2_path) -> None:
     assert result.text.strip().startswith("4")
 
 
+@pytest.mark.model
 def test_a_context_grows_as_it_fills_and_answers_do_not_change(
     smollm2_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -191,6 +204,7 @@ def test_a_context_grows_as_it_fills_and_answers_do_not_change(
     assert texts[256] == texts[1 << 20]
 
 
+@pytest.mark.model
 def test_a_load_runs_with_the_log_muted_and_a_failed_one_still_says_why(
     smollm2_path: Path, tmp_path: Path
 ) -> None:

@@ -74,6 +74,7 @@ def cdn_gets(hub: FakeHub) -> list:
 # --- downloads and the cache layout -------------------------------------------------------------------------
 
 
+@pytest.mark.fast
 def test_download_by_branch_fills_the_standard_cache_layout(hub: FakeHub, gguf_bytes: bytes) -> None:
     blob = hub.file(REPO, GGUF)
     path = Path(hf_hub_download(REPO, GGUF))
@@ -93,6 +94,7 @@ def test_download_by_branch_fills_the_standard_cache_layout(hub: FakeHub, gguf_b
     assert not any("xet" in r.path for r in hub.log)
 
 
+@pytest.mark.fast
 def test_download_by_commit_sha_needs_no_request_once_cached(hub: FakeHub) -> None:
     commit = huggingface_hub.model_info(REPO).sha  # the module-level HfApi follows pointed_at too
     assert commit is not None
@@ -105,6 +107,7 @@ def test_download_by_commit_sha_needs_no_request_once_cached(hub: FakeHub) -> No
     assert hub.log == []
 
 
+@pytest.mark.fast
 def test_a_second_revision_shares_the_unchanged_blob(hub: FakeHub) -> None:
     first = hub.file(REPO, GGUF)
     old = hf_hub_download(REPO, GGUF)
@@ -137,12 +140,14 @@ def test_subprocess_reads_hf_endpoint_from_hf_env(hub: FakeHub, tmp_path: Path) 
     assert done.stdout.startswith(str(tmp_path / "hub" / "models--user--tiny-GGUF" / "snapshots"))
 
 
+@pytest.mark.fast
 def test_snapshot_download_with_patterns_fetches_only_those(hub: FakeHub) -> None:
     folder = Path(huggingface_hub.snapshot_download(REPO, allow_patterns=["*.gguf"]))
     assert sorted(p.name for p in folder.iterdir()) == [GGUF]
     assert hub.count("/tree/", "GET") == 1 and len(cdn_gets(hub)) == 1
 
 
+@pytest.mark.fast
 @pytest.mark.skipif(not MODEL.exists(), reason=f"{MODEL} is not on this machine")
 def test_the_real_model_cut_at_50_mb_resumes_from_the_last_10_mib_boundary(fake_hub: FakeHub, waits) -> None:
     fake_hub.add_repo("HuggingFaceTB/SmolLM2-135M-Instruct-GGUF", {MODEL.name: MODEL})
@@ -160,6 +165,7 @@ def test_the_real_model_cut_at_50_mb_resumes_from_the_last_10_mib_boundary(fake_
 # --- metadata -----------------------------------------------------------------------------------------------
 
 
+@pytest.mark.fast
 def test_model_info_with_files_metadata_gives_sizes_and_lfs_sha256(hub: FakeHub, gguf_bytes: bytes) -> None:
     info = HfApi().model_info(REPO, files_metadata=True)
 
@@ -178,6 +184,7 @@ def test_model_info_with_files_metadata_gives_sizes_and_lfs_sha256(hub: FakeHub,
     assert HfApi().model_info(REPO, revision=first).sha == first
 
 
+@pytest.mark.fast
 def test_list_repo_files_and_tree_follow_pages_and_folders(hub: FakeHub) -> None:
     hub.page_size = 2  # three pages, through the Link header
     api = HfApi()
@@ -196,12 +203,14 @@ def test_list_repo_files_and_tree_follow_pages_and_folders(hub: FakeHub) -> None
     assert expanded[GGUF].lfs.sha256 == first.sha256  # type: ignore[union-attr]
 
 
+@pytest.mark.fast
 def test_get_paths_info_answers_files_and_folders_and_skips_missing(hub: FakeHub) -> None:
     found = HfApi().get_paths_info(REPO, [GGUF, "params", "missing.bin"])
     assert [(type(e).__name__, e.path) for e in found] == [("RepoFile", GGUF), ("RepoFolder", "params")]
     assert found[0].lfs is not None and found[0].size == SMALL_MB + 4  # type: ignore[union-attr]
 
 
+@pytest.mark.fast
 def test_verify_repo_checksums_agrees_with_the_served_ids(hub: FakeHub) -> None:
     hf_hub_download(REPO, GGUF)
     hf_hub_download(REPO, "README.md")
@@ -209,6 +218,7 @@ def test_verify_repo_checksums_agrees_with_the_served_ids(hub: FakeHub) -> None:
     assert (report.checked_count, report.mismatches) == (2, [])  # sha256 for LFS, git blob sha1 for the rest
 
 
+@pytest.mark.fast
 def test_list_models_searches_filters_and_sorts(fake_hub: FakeHub) -> None:
     fake_hub.add_repo("bartowski/Qwen-GGUF", {"q.gguf": b"q"}, downloads=50, likes=1)
     fake_hub.add_repo("unsloth/qwen-gguf", {"q.gguf": b"q"}, downloads=10, likes=9)
@@ -232,6 +242,7 @@ def test_list_models_searches_filters_and_sorts(fake_hub: FakeHub) -> None:
 # --- errors -------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize(
     ("repo", "filename", "revision", "error"),
     [
@@ -246,6 +257,7 @@ def test_not_found_raises_the_proper_error(hub: FakeHub, repo: str, filename: st
     assert raised.value.response.status_code == 404
 
 
+@pytest.mark.fast
 def test_not_found_in_the_api_raises_the_proper_error(hub: FakeHub) -> None:
     api = HfApi()
     with pytest.raises(RepositoryNotFoundError):
@@ -256,6 +268,7 @@ def test_not_found_in_the_api_raises_the_proper_error(hub: FakeHub) -> None:
         list(api.list_repo_tree(REPO, "no-such-folder"))
 
 
+@pytest.mark.fast
 def test_gated_repo_wants_an_allowed_token(fake_hub: FakeHub, gguf_bytes: bytes) -> None:
     fake_hub.add_repo("meta/gated-GGUF", {GGUF: gguf_bytes}, gated=True)
     fake_hub.allowed_tokens.add("hf_allowed")
@@ -273,6 +286,7 @@ def test_gated_repo_wants_an_allowed_token(fake_hub: FakeHub, gguf_bytes: bytes)
     assert (head.authorization, get.authorization) == (True, False)  # the token never goes to the CDN
 
 
+@pytest.mark.fast
 def test_private_repo_is_not_found_without_an_allowed_token(fake_hub: FakeHub) -> None:
     fake_hub.add_repo("me/private-GGUF", {"a.gguf": b"a"}, private=True)
     fake_hub.allowed_tokens.add("hf_me")
@@ -283,6 +297,7 @@ def test_private_repo_is_not_found_without_an_allowed_token(fake_hub: FakeHub) -
     assert HfApi().model_info("me/private-GGUF", token="hf_me").private is True
 
 
+@pytest.mark.fast
 def test_an_injected_gated_status_raises_gated_repo_error(hub: FakeHub) -> None:
     hub.add_fault("/resolve/", "status", status=403, error_code="GatedRepo", message="Ask for access.")
     with pytest.raises(GatedRepoError, match="Ask for access"):
@@ -293,6 +308,7 @@ def test_an_injected_gated_status_raises_gated_repo_error(hub: FakeHub) -> None:
 # --- faults: what huggingface_hub does about each -----------------------------------------------------------
 
 
+@pytest.mark.fast
 def test_a_cut_small_file_is_fetched_again_from_the_start(hub: FakeHub, gguf_bytes: bytes, waits) -> None:
     hub.add_fault(GGUF, "drop", drop_after=1_000_000)
     assert Path(hf_hub_download(REPO, GGUF)).read_bytes() == gguf_bytes
@@ -304,6 +320,7 @@ def test_a_cut_small_file_is_fetched_again_from_the_start(hub: FakeHub, gguf_byt
     assert waits == [1]
 
 
+@pytest.mark.fast
 def test_random_cuts_each_restart_the_download(hub: FakeHub, gguf_bytes: bytes, waits) -> None:
     hub.add_fault(GGUF, "drop", times=3, drop_after="random")
     assert Path(hf_hub_download(REPO, GGUF)).read_bytes() == gguf_bytes
@@ -311,6 +328,7 @@ def test_random_cuts_each_restart_the_download(hub: FakeHub, gguf_bytes: bytes, 
     assert len(gets) == 4 and all(0 < r.bytes_sent < len(gguf_bytes) for r in gets[:3])
 
 
+@pytest.mark.fast
 def test_a_download_cut_every_time_gives_up_after_five_resumes(hub: FakeHub, waits) -> None:
     hub.add_fault(GGUF, "drop", times=None, drop_after=1000)
     with pytest.raises(httpx2.RemoteProtocolError):  # raw httpx2, not a huggingface_hub error
@@ -319,6 +337,7 @@ def test_a_download_cut_every_time_gives_up_after_five_resumes(hub: FakeHub, wai
     assert not list((hub_cache_dir() / "models--user--tiny-GGUF" / "blobs").iterdir())  # no partial left
 
 
+@pytest.mark.fast
 def test_a_failed_download_is_not_resumed_by_the_next_call(fake_hub: FakeHub, waits) -> None:
     big = hashlib.sha256(b"big").digest() * (25_000_000 // 32)
     fake_hub.add_repo("user/big-GGUF", {"big.gguf": big})
@@ -336,6 +355,7 @@ def test_a_failed_download_is_not_resumed_by_the_next_call(fake_hub: FakeHub, wa
     assert fake_hub.ranges == [] and fake_hub.sent("big.gguf") == len(big)
 
 
+@pytest.mark.fast
 def test_a_reset_connection_is_not_retried(hub: FakeHub, waits) -> None:
     hub.add_fault(GGUF, "drop", drop_after=1_000_000, reset=True)
     with pytest.raises(httpx2.ReadError):  # an RST is a ReadError, which http_get does not resume
@@ -343,6 +363,7 @@ def test_a_reset_connection_is_not_retried(hub: FakeHub, waits) -> None:
     assert len(cdn_gets(hub)) == 1 and waits == []
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("status", [429, 500, 502, 503])
 def test_head_errors_are_retried_with_backoff(hub: FakeHub, gguf_bytes: bytes, waits, status: int) -> None:
     hub.add_fault("/resolve/", "status", times=3, method="HEAD", status=status)
@@ -351,6 +372,7 @@ def test_head_errors_are_retried_with_backoff(hub: FakeHub, gguf_bytes: bytes, w
     assert hub.count("/resolve/", "HEAD") == 4 and waits == [1, 2]
 
 
+@pytest.mark.fast
 def test_head_errors_that_last_end_in_local_entry_not_found(hub: FakeHub, waits) -> None:
     hub.add_fault("/resolve/", "status", times=None, method="HEAD", status=503)
     with pytest.raises(LocalEntryNotFoundError) as raised:
@@ -359,6 +381,7 @@ def test_head_errors_that_last_end_in_local_entry_not_found(hub: FakeHub, waits)
     assert hub.count("/resolve/", "HEAD") == 7 and waits == [1, 2, 4, 8, 8]
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("status", [500, 502, 503])
 def test_server_errors_on_the_file_bytes_are_not_retried(hub: FakeHub, waits, status: int) -> None:
     hub.add_fault("/cdn-lfs/", "status", method="GET", status=status)
@@ -368,12 +391,14 @@ def test_server_errors_on_the_file_bytes_are_not_retried(hub: FakeHub, waits, st
     assert len(cdn_gets(hub)) == 1 and waits == []
 
 
+@pytest.mark.fast
 def test_429_on_the_file_bytes_waits_retry_after_plus_one(hub: FakeHub, gguf_bytes: bytes, waits) -> None:
     hub.add_fault("/cdn-lfs/", "status", method="GET", status=429, retry_after=3)
     assert Path(hf_hub_download(REPO, GGUF)).read_bytes() == gguf_bytes
     assert len(cdn_gets(hub)) == 2 and waits == [4.0]
 
 
+@pytest.mark.fast
 def test_a_stall_shorter_than_the_read_timeout_only_slows_the_download(
     hub: FakeHub, gguf_bytes: bytes
 ) -> None:
@@ -382,6 +407,7 @@ def test_a_stall_shorter_than_the_read_timeout_only_slows_the_download(
     assert len(cdn_gets(hub)) == 1
 
 
+@pytest.mark.fast
 def test_a_stall_past_the_read_timeout_is_a_timeout_then_a_new_download(
     hub: FakeHub, gguf_bytes: bytes, waits, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -391,18 +417,21 @@ def test_a_stall_past_the_read_timeout_is_a_timeout_then_a_new_download(
     assert [r.fault for r in cdn_gets(hub)] == ["stall", None] and waits == [1]
 
 
+@pytest.mark.fast
 def test_a_stall_then_a_cut_is_resumed_like_a_cut(hub: FakeHub, gguf_bytes: bytes, waits) -> None:
     hub.add_fault(GGUF, "stall", seconds=0.2, after=100_000, then="drop")
     assert Path(hf_hub_download(REPO, GGUF)).read_bytes() == gguf_bytes
     assert [r.bytes_sent for r in cdn_gets(hub)] == [100_000, len(gguf_bytes)]
 
 
+@pytest.mark.fast
 def test_a_stalled_head_is_asked_again_with_a_longer_timeout(hub: FakeHub, waits) -> None:
     hub.add_fault("/resolve/", "stall", seconds=3, after=None, method="HEAD")
     assert Path(hf_hub_download(REPO, GGUF, etag_timeout=0.5)).exists()
     assert hub.count("/resolve/", "HEAD") == 2 and waits == []
 
 
+@pytest.mark.fast
 def test_a_head_cut_before_any_answer_escapes_even_with_the_file_cached(hub: FakeHub) -> None:
     cached = hf_hub_download(REPO, "README.md")
     hub.add_fault("/resolve/", "disconnect", method="HEAD")
@@ -413,6 +442,7 @@ def test_a_head_cut_before_any_answer_escapes_even_with_the_file_cached(hub: Fak
     assert hf_hub_download(REPO, "README.md") == cached
 
 
+@pytest.mark.fast
 def test_wrong_bytes_of_the_right_length_are_cached_unverified(hub: FakeHub, gguf_bytes: bytes) -> None:
     hub.add_fault(GGUF, "corrupt", offset=1234, data=b"XXXX")
     path = hf_hub_download(REPO, GGUF)
@@ -426,6 +456,7 @@ def test_wrong_bytes_of_the_right_length_are_cached_unverified(hub: FakeHub, ggu
     ]
 
 
+@pytest.mark.fast
 def test_a_relative_lfs_redirect_is_followed_and_then_lacks_the_commit(tmp_path: Path) -> None:
     with FakeHub(lfs_redirect="relative") as hub, pointed_at(hub.endpoint, tmp_path):
         hub.add_repo(REPO, {GGUF: b"gguf"})
@@ -438,6 +469,7 @@ def test_a_relative_lfs_redirect_is_followed_and_then_lacks_the_commit(tmp_path:
 # --- the server stopped -------------------------------------------------------------------------------------
 
 
+@pytest.mark.fast
 def test_with_the_server_stopped(hub: FakeHub, gguf_bytes: bytes, waits) -> None:
     cached = hf_hub_download(REPO, "README.md")
     endpoint = hub.endpoint
@@ -467,6 +499,7 @@ def test_with_the_server_stopped(hub: FakeHub, gguf_bytes: bytes, waits) -> None
 # --- the server's own HTTP ----------------------------------------------------------------------------------
 
 
+@pytest.mark.fast
 def test_resolve_and_cdn_headers_and_ranges(hub: FakeHub, gguf_bytes: bytes) -> None:
     lfs, readme = hub.file(REPO, GGUF), hub.file(REPO, "README.md")
     with httpx2.Client(base_url=hub.endpoint, follow_redirects=False) as client:
@@ -495,6 +528,7 @@ def test_resolve_and_cdn_headers_and_ranges(hub: FakeHub, gguf_bytes: bytes) -> 
     assert hub.requests[("HEAD", f"/{REPO}/resolve/main/{GGUF}")] == 1
 
 
+@pytest.mark.fast
 def test_files_given_as_paths_are_streamed_from_disk(fake_hub: FakeHub, tmp_path: Path) -> None:
     on_disk = tmp_path / "big.bin"
     on_disk.write_bytes(os.urandom(11 * 1024 * 1024))  # over lfs_threshold: LFS by size
@@ -503,6 +537,7 @@ def test_files_given_as_paths_are_streamed_from_disk(fake_hub: FakeHub, tmp_path
     assert Path(hf_hub_download("user/disk", "big.bin")).read_bytes() == on_disk.read_bytes()
 
 
+@pytest.mark.fast
 def test_add_fault_rejects_what_it_does_not_know(fake_hub: FakeHub) -> None:
     with pytest.raises(ValueError, match="unknown fault kind"):
         fake_hub.add_fault("x", "explode")  # type: ignore[arg-type]

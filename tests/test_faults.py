@@ -308,6 +308,7 @@ def check_cache(cache: Path, sha: str, data: bytes) -> None:
     assert not info.warnings, info.warnings
 
 
+@pytest.mark.fast
 def test_the_matrix_covers_every_path_and_fault() -> None:
     assert {p for _, p in CELLS} == set(PATHS)
     assert len(CELLS) >= 80

@@ -73,6 +73,7 @@ def test_a_mirror_without_the_member_is_a_clear_error(fresh_home: Path) -> None:
         locate(from_entry(load_catalog().get("wrongmember")))
 
 
+@pytest.mark.fast
 def test_offline_with_an_empty_cache_fails_fast(fresh_home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(DownloadError, match="not in the cache and runner is offline"):

@@ -90,6 +90,7 @@ def synthetic(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_synthetic(tmp_path_factory.mktemp("gguf") / "synthetic.gguf")
 
 
+@pytest.mark.fast
 def test_synthetic_metadata(synthetic: Path) -> None:
     h = read_header(synthetic)
     assert h.source == str(synthetic)
@@ -124,6 +125,7 @@ def test_synthetic_metadata(synthetic: Path) -> None:
     assert h.get("missing", "x") == "x"
 
 
+@pytest.mark.fast
 def test_synthetic_tensors(synthetic: Path) -> None:
     h = read_header(synthetic)
     assert h.alignment == 32
@@ -145,6 +147,7 @@ def test_synthetic_tensors(synthetic: Path) -> None:
     h.check_complete()
 
 
+@pytest.mark.fast
 def test_custom_alignment(tmp_path: Path) -> None:
     h = read_header(write_synthetic(tmp_path / "a64.gguf", alignment=64))
     assert h.alignment == 64
@@ -153,6 +156,7 @@ def test_custom_alignment(tmp_path: Path) -> None:
     assert h.data_size == 384 + 144
 
 
+@pytest.mark.fast
 def test_type_table_matches_gguf_py() -> None:
     # gguf 0.19.0 still says Q8_1 blocks are 40 bytes; the engine's block_q8_1 is 2 halves + 32 = 36.
     ours = {i: sizes for i, (_, *sizes) in GGML_TYPES.items() if i != Q.Q8_1}
@@ -200,6 +204,7 @@ def _write(tmp_path: Path, data: bytes) -> Path:
     return path
 
 
+@pytest.mark.fast
 def test_minimal_layout_by_hand(tmp_path: Path) -> None:
     # 24-byte preamble, KV "a" (8+1+4+4 = 17), tensor info "t" (8+1+4+8+4+8 = 33): 74 bytes, padded to 96.
     header = _gguf((_u32("a", 7),), (_ti("t", (32,)),))
@@ -212,11 +217,13 @@ def test_minimal_layout_by_hand(tmp_path: Path) -> None:
     assert h.arch_get("block_count", 0) == 0
 
 
+@pytest.mark.fast
 def test_no_tensors_no_padding(tmp_path: Path) -> None:
     h = read_header(_write(tmp_path, _gguf((_u32("a", 1),))))
     assert (h.tensors, h.data_offset, h.data_size) == ((), 41, 0)
 
 
+@pytest.mark.fast
 def test_version_2_and_zero_sized_tensor(tmp_path: Path) -> None:
     # gguf.cpp allows 0 in a dimension (an empty tensor) and a scalar (n_dims 0).
     header = _gguf(tis=(_ti("empty", (0, 5), Q.Q4_0), _ti("scalar", ())), version=2)
@@ -225,6 +232,7 @@ def test_version_2_and_zero_sized_tensor(tmp_path: Path) -> None:
     assert [(t.shape, t.offset, t.nbytes) for t in h.tensors] == [((0, 5), 0, 0), ((), 0, 4)]
 
 
+@pytest.mark.fast
 def test_invalid_utf8_is_replaced(tmp_path: Path) -> None:
     h = read_header(_write(tmp_path, _gguf((_kv("s", GGUFValueType.STRING, _s(b"a\xffb")),))))
     assert h.metadata == {"s": "a\ufffdb"}
@@ -356,6 +364,7 @@ BAD_HEADERS: list[tuple[str, bytes, str]] = [
 ]
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize(("data", "message"), [c[1:] for c in BAD_HEADERS], ids=[c[0] for c in BAD_HEADERS])
 def test_bad_header(tmp_path: Path, data: bytes, message: str) -> None:
     path = _write(tmp_path, data)
@@ -366,6 +375,7 @@ def test_bad_header(tmp_path: Path, data: bytes, message: str) -> None:
     assert exit_code_for(info.value) == 2
 
 
+@pytest.mark.fast
 def test_truncated_header(synthetic: Path, tmp_path: Path) -> None:
     data = synthetic.read_bytes()
     cut = read_header(synthetic).data_offset - 40  # in the last tensor info
@@ -382,6 +392,7 @@ def test_truncated_header(synthetic: Path, tmp_path: Path) -> None:
         read_header(_write(tmp_path, data[:300]))
 
 
+@pytest.mark.fast
 def test_truncated_data(synthetic: Path, tmp_path: Path) -> None:
     full = read_header(synthetic)
     cut = full.data_offset + 100
@@ -391,6 +402,7 @@ def test_truncated_data(synthetic: Path, tmp_path: Path) -> None:
         h.check_complete()
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("block", [1, 7, 100])
 def test_any_read_block_gives_the_same_header(
     synthetic: Path, monkeypatch: pytest.MonkeyPatch, block: int
@@ -400,11 +412,13 @@ def test_any_read_block_gives_the_same_header(
     assert read_header(synthetic) == expected
 
 
+@pytest.mark.fast
 def test_header_limit(synthetic: Path) -> None:
     with pytest.raises(GGUFError, match="runs past the header limit of 200 bytes"):
         read_header(synthetic, limits=Limits(max_header_bytes=200))
 
 
+@pytest.mark.fast
 def test_missing_file_and_directory(tmp_path: Path) -> None:
     with pytest.raises(ModelNotFound, match=re.escape(f"no such file: {tmp_path / 'nope.gguf'}")):
         read_header(tmp_path / "nope.gguf")
@@ -415,6 +429,7 @@ def test_missing_file_and_directory(tmp_path: Path) -> None:
 # --- the real model ----------------------------------------------------------------------
 
 
+@pytest.mark.model
 def test_real_model(smollm2_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     start = time.perf_counter()
     h = read_header(smollm2_path)
@@ -520,6 +535,7 @@ def _same(a: GGUFHeader, b: GGUFHeader) -> bool:
     return dataclasses.replace(a, source="") == dataclasses.replace(b, source="")
 
 
+@pytest.mark.model
 def test_http_synthetic_matches_file(http: _Server, synthetic: Path) -> None:
     url = _url(http, "synthetic.gguf")
     h = read_header(url)
@@ -528,6 +544,7 @@ def test_http_synthetic_matches_file(http: _Server, synthetic: Path) -> None:
     assert h.file_size == synthetic.stat().st_size
 
 
+@pytest.mark.model
 def test_http_real_model_reads_a_few_mb(http: _Server, smollm2_path: Path) -> None:
     h = read_header(HTTPSource(_url(http, "smollm2.gguf")))
     assert _same(h, read_header(smollm2_path))
@@ -535,12 +552,14 @@ def test_http_real_model_reads_a_few_mb(http: _Server, smollm2_path: Path) -> No
     assert http.served <= 3 << 20  # blocks of 1 + 2 MiB for a 1.7 MB header, of a 98 MB file
 
 
+@pytest.mark.model
 def test_http_redirect_and_range_ignored(http: _Server, synthetic: Path) -> None:
     expected = read_header(synthetic)
     assert _same(read_header(_url(http, "redirect/synthetic.gguf")), expected)
     assert _same(read_header(_url(http, "norange/synthetic.gguf")), expected)
 
 
+@pytest.mark.model
 def test_http_cache_and_end_of_file(http: _Server, synthetic: Path) -> None:
     src = HTTPSource(_url(http, "synthetic.gguf"), block_size=256)
     data = synthetic.read_bytes()
@@ -556,6 +575,7 @@ def test_http_cache_and_end_of_file(http: _Server, synthetic: Path) -> None:
     assert HTTPSource(_url(http, "synthetic.gguf")).read_at(len(data) + 10, 10) == b""  # HTTP 416
 
 
+@pytest.mark.model
 def test_http_errors(http: _Server, monkeypatch: pytest.MonkeyPatch) -> None:
     url = _url(http, "missing.gguf")
     with pytest.raises(ModelNotFound, match=re.escape(f"no such file: {url} (HTTP 404)")):
@@ -565,6 +585,7 @@ def test_http_errors(http: _Server, monkeypatch: pytest.MonkeyPatch) -> None:
         read_header(_url(http, "synthetic.gguf"))
 
 
+@pytest.mark.model
 def test_http_token_only_for_the_hub(http: _Server, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HF_TOKEN", "hf_secret")
     monkeypatch.setattr(hf_constants, "ENDPOINT", f"http://127.0.0.1:{http.server_address[1]}")
@@ -590,6 +611,7 @@ def _peak_allocation(source: BytesSource) -> int:
         tracemalloc.stop()
 
 
+@pytest.mark.fast
 def test_hostile_but_valid_header_stays_within_the_stated_bound() -> None:
     # 200,000 one-byte invalid-UTF-8 strings: the costliest Python objects per header byte.
     data = _gguf((_kv("k", GGUFValueType.ARRAY, _string_array(200_000) + _s(b"\xff") * 200_000),))
@@ -643,6 +665,7 @@ def _outcome(source: BytesSource, read_block: int) -> str:
             return f"GGUFError: {exc}"
 
 
+@pytest.mark.fast
 @settings(max_examples=300, deadline=2000, suppress_health_check=[HealthCheck.too_slow])
 @given(
     mutations=st.lists(_MUTATION, min_size=1, max_size=4),
@@ -665,6 +688,7 @@ def test_fuzz_mutated_header(
     assert _outcome(source, small_block) == result
 
 
+@pytest.mark.fast
 def test_default_limits_fit_real_models() -> None:
     assert Limits() == DEFAULT_LIMITS
     assert DEFAULT_LIMITS.max_array_len >= 500_000  # merges of the largest BPE vocabularies
@@ -672,6 +696,7 @@ def test_default_limits_fit_real_models() -> None:
     assert DEFAULT_LIMITS.max_string_bytes >= 1 << 20  # chat templates are tens of KB
 
 
+@pytest.mark.model
 def test_a_vocabulary_is_decoded_on_first_use_and_matches_an_eager_read(smollm2_path, monkeypatch) -> None:
     lazy = read_header(smollm2_path).get("tokenizer.ggml.tokens")
     assert isinstance(lazy, LazyStrings) and len(lazy) == 49152
@@ -702,6 +727,7 @@ def _walk_uses(monkeypatch: pytest.MonkeyPatch) -> list[int | None]:
     return uses
 
 
+@pytest.mark.fast
 def test_a_long_array_is_walked_once_then_its_end_is_remembered(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("RUNNER_HOME", str(tmp_path / "home"))
     lengths = [1 + i % 7 for i in range(3000)]
@@ -720,6 +746,7 @@ def test_a_long_array_is_walked_once_then_its_end_is_remembered(tmp_path, monkey
     )
 
 
+@pytest.mark.fast
 def test_a_rewritten_file_or_a_stale_entry_is_walked_again(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("RUNNER_HOME", str(tmp_path / "home"))
     path = _vocab_file(tmp_path, [3] * 2000)
@@ -744,6 +771,7 @@ def test_a_rewritten_file_or_a_stale_entry_is_walked_again(tmp_path, monkeypatch
         monkeypatch.setenv("RUNNER_HOME", str(tmp_path / "home"))
 
 
+@pytest.mark.fast
 def test_a_corrupt_or_unwritable_walk_cache_is_no_cache(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("RUNNER_HOME", str(tmp_path / "home"))
     path = _vocab_file(tmp_path, [5] * 1500)
@@ -757,6 +785,7 @@ def test_a_corrupt_or_unwritable_walk_cache_is_no_cache(tmp_path, monkeypatch) -
     assert read_header(path).get("after") == 42
 
 
+@pytest.mark.fast
 def test_lazy_strings_that_do_not_fill_their_bytes_fail_as_a_changed_file() -> None:
     good = _s("ab") + _s("c")
     assert list(LazyStrings(good, 2)) == ["ab", "c"]
@@ -765,6 +794,7 @@ def test_lazy_strings_that_do_not_fill_their_bytes_fail_as_a_changed_file() -> N
             list(LazyStrings(data, n))
 
 
+@pytest.mark.fast
 def test_the_vocabulary_size_is_the_token_count_else_the_architecture_key() -> None:
     def header(metadata: dict[str, Any]) -> GGUFHeader:
         return GGUFHeader("h", 3, {"general.architecture": "gemma3", **metadata}, (), 32, 0, None)

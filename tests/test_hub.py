@@ -44,6 +44,7 @@ def sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
@@ -64,6 +65,7 @@ def test_every_reference_form_downloads_the_right_file(fake_hub: FakeHub, text: 
     assert fake_hub.count("mmproj") == 0
 
 
+@pytest.mark.fast
 def test_a_revision_pins_the_commit_and_blobs_are_shared(fake_hub: FakeHub) -> None:
     first = fake_hub.add_repo("user/tiny-GGUF", QUANTS)
     second = fake_hub.add_revision("user/tiny-GGUF", {"tiny-Q8_0.gguf": blob("q8-v2")})
@@ -76,6 +78,7 @@ def test_a_revision_pins_the_commit_and_blobs_are_shared(fake_hub: FakeHub) -> N
     assert q4_old.resolve() == q4_new.resolve()  # one blob, two snapshots
 
 
+@pytest.mark.fast
 def test_split_models_fetch_every_shard_and_load_from_the_first(fake_hub: FakeHub) -> None:
     shards = {f"Q8_0/big-Q8_0-0000{i}-of-00003.gguf": blob(f"s{i}") for i in (1, 2, 3)}
     fake_hub.add_repo("user/big-GGUF", {**shards, "big-Q4_0.gguf": blob("q4")})
@@ -85,12 +88,14 @@ def test_split_models_fetch_every_shard_and_load_from_the_first(fake_hub: FakeHu
     assert all(p.exists() for p in pulled.paths)
 
 
+@pytest.mark.fast
 def test_a_quant_that_matches_nothing_lists_the_offer(fake_hub: FakeHub) -> None:
     fake_hub.add_repo("user/tiny-GGUF", QUANTS)
     with pytest.raises(ModelNotFound, match=r"has no Q5_K_M file; it offers: Q2_K 200.0 KB, Q4_K_M"):
         pull(ref("user/tiny-GGUF:Q5_K_M"))
 
 
+@pytest.mark.fast
 def test_unknown_repo_and_revision(fake_hub: FakeHub) -> None:
     fake_hub.add_repo("user/tiny-GGUF", QUANTS)
     with pytest.raises(ModelNotFound, match="no repo user/missing on the Hub"):
@@ -109,6 +114,7 @@ def _instant_retries(monkeypatch: pytest.MonkeyPatch):
         yield waits
 
 
+@pytest.mark.fast
 def test_wrong_bytes_are_caught_and_removed(fake_hub: FakeHub) -> None:
     fake_hub.add_repo("user/tiny-GGUF", QUANTS)
     fake_hub.add_fault("tiny-Q4_K_M.gguf", "corrupt", offset=1000, data=b"evil")
@@ -118,6 +124,7 @@ def test_wrong_bytes_are_caught_and_removed(fake_hub: FakeHub) -> None:
     assert locate(ref("user/tiny-GGUF")).read_bytes() == QUANTS["tiny-Q4_K_M.gguf"]  # next try is clean
 
 
+@pytest.mark.fast
 def test_twenty_drops_at_random_offsets_resume_and_never_leave_a_corrupt_file(fake_hub: FakeHub) -> None:
     data = blob("big", 3_000_000)
     fake_hub.add_repo("user/drop-GGUF", {"drop-Q4_K_M.gguf": data})
@@ -137,6 +144,7 @@ def test_twenty_drops_at_random_offsets_resume_and_never_leave_a_corrupt_file(fa
     assert len(ranges) == 20 and ranges[0] == f"bytes={cuts[0]}-"
 
 
+@pytest.mark.fast
 def test_an_interrupted_pull_continues_in_a_later_run(fake_hub: FakeHub) -> None:
     data = blob("resume", 2_000_000)
     fake_hub.add_repo("user/resume-GGUF", {"resume-Q4_K_M.gguf": data})
@@ -152,6 +160,7 @@ def test_an_interrupted_pull_continues_in_a_later_run(fake_hub: FakeHub) -> None
     assert fake_hub.sent("cdn-lfs") == len(data) - 1_234_567
 
 
+@pytest.mark.fast
 def test_gated_repo_says_how_to_get_access(fake_hub: FakeHub, monkeypatch: pytest.MonkeyPatch) -> None:
     fake_hub.add_repo("org/gated-GGUF", {"g-Q4_K_M.gguf": blob("g")}, gated=True)
     with pytest.raises(AccessDenied, match="is gated and no token is set.*accept its terms"):
@@ -164,6 +173,7 @@ def test_gated_repo_says_how_to_get_access(fake_hub: FakeHub, monkeypatch: pytes
     assert pull(ref("org/gated-GGUF")).path.read_bytes() == blob("g")
 
 
+@pytest.mark.fast
 def test_rate_limits_and_server_errors_are_retried(fake_hub: FakeHub) -> None:
     fake_hub.add_repo("user/tiny-GGUF", QUANTS)
     fake_hub.add_fault("tiny-Q4_K_M.gguf", "status", status=503, times=2, method="GET")
@@ -173,6 +183,7 @@ def test_rate_limits_and_server_errors_are_retried(fake_hub: FakeHub) -> None:
     assert fake_hub.count("tiny-Q4_K_M.gguf", "GET") + fake_hub.count("cdn-lfs", "GET") >= 3
 
 
+@pytest.mark.fast
 def test_a_cached_model_needs_no_network_even_with_the_hub_gone(fake_hub: FakeHub) -> None:
     fake_hub.add_repo("user/tiny-GGUF", QUANTS)
     path = locate(ref("user/tiny-GGUF:Q2_K"))
@@ -183,6 +194,7 @@ def test_a_cached_model_needs_no_network_even_with_the_hub_gone(fake_hub: FakeHu
         locate(ref("user/tiny-GGUF:Q8_0"))  # not cached: fails fast and says why
 
 
+@pytest.mark.fast
 def test_offline_uses_only_the_cache(fake_hub: FakeHub, monkeypatch: pytest.MonkeyPatch) -> None:
     fake_hub.add_repo("user/tiny-GGUF", QUANTS)
     path = locate(ref("user/tiny-GGUF"))
@@ -222,6 +234,7 @@ def test_two_processes_pulling_at_once_end_with_one_good_copy(fake_hub: FakeHub,
     assert list((path.parents[3] / ".locks" / path.parents[2].name).glob("*.lock"))
 
 
+@pytest.mark.fast
 def test_not_enough_disk_space_is_said_before_downloading(fake_hub: FakeHub, monkeypatch) -> None:
     fake_hub.add_repo("user/tiny-GGUF", QUANTS)
     import shutil
@@ -232,6 +245,7 @@ def test_not_enough_disk_space_is_said_before_downloading(fake_hub: FakeHub, mon
     assert fake_hub.count("tiny-Q4_K_M.gguf", "GET") == 0
 
 
+@pytest.mark.fast
 def test_catalog_entry_pins_its_bytes(fake_hub: FakeHub, tmp_path: Path, monkeypatch) -> None:
     fake_hub.add_repo("user/tiny-GGUF", QUANTS)
     monkeypatch.setenv("RUNNER_HOME", str(tmp_path))
@@ -340,6 +354,7 @@ def test_run_refuses_what_will_not_fit_before_downloading(fake_hub: FakeHub, tmp
     assert cached_path(ref("user/tiny-GGUF")) is None
 
 
+@pytest.mark.fast
 def test_a_refusal_names_smaller_quants_of_the_repo_that_fit(
     fake_hub: FakeHub, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -92,6 +92,7 @@ def test_importing_images_does_not_import_pillow() -> None:
     assert done.returncode == 0, done.stderr
 
 
+@pytest.mark.fast
 def test_limits_are_named() -> None:
     assert (MAX_SIDE, MAX_PIXELS, MAX_IMAGE_BYTES, MAX_IMAGES) == (8192, 32_000_000, 20_000_000, 8)
 
@@ -99,6 +100,7 @@ def test_limits_are_named() -> None:
 # -- Formats decode to the right pixels -------------------------------------------------------------
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize(
     ("fmt", "im", "options"),
     [
@@ -119,6 +121,7 @@ def test_each_format_decodes_to_exact_pixels(fmt: str, im: PIL.Image, options: d
     assert image.name == "pic" and image.warnings == ()
 
 
+@pytest.mark.fast
 def test_jpeg_decodes_within_tolerance() -> None:
     im = PIL.new("RGB", (32, 16), (200, 30, 40))
     im.paste((20, 90, 230), (16, 0, 32, 16))
@@ -127,6 +130,7 @@ def test_jpeg_decodes_within_tolerance() -> None:
     assert close(image.rgb, im.tobytes(), 8)
 
 
+@pytest.mark.fast
 def test_cmyk_jpeg_ends_as_rgb() -> None:
     im = PIL.new("CMYK", (16, 8), (0, 0, 0, 0))  # white
     im.paste((0, 255, 255, 0), (8, 0, 16, 8))  # red
@@ -136,6 +140,7 @@ def test_cmyk_jpeg_ends_as_rgb() -> None:
     assert close(image.rgb, expected.tobytes(), 8)
 
 
+@pytest.mark.fast
 def test_transparency_is_composited_on_white() -> None:
     im = PIL.new("RGBA", (3, 1))
     im.putdata([(10, 20, 30, 0), (10, 20, 30, 255), (0, 0, 0, 128)])
@@ -148,6 +153,7 @@ def test_transparency_is_composited_on_white() -> None:
     assert load_image(encode(im, "WEBP", lossless=True), name="a.webp").rgb[:6] == image.rgb[:6]
 
 
+@pytest.mark.fast
 def test_palette_transparency_is_white() -> None:
     im = PIL.new("P", (2, 1))
     im.putpalette([0, 0, 0, 200, 0, 0] + [0] * 762)
@@ -156,6 +162,7 @@ def test_palette_transparency_is_white() -> None:
         assert load_image(encode(im, fmt, transparency=0), name="p").rgb == bytes([255, 255, 255, 200, 0, 0])
 
 
+@pytest.mark.fast
 def test_sixteen_bit_samples_are_scaled_not_clipped() -> None:
     grey = PIL.new("I;16", (4, 1))
     grey.putdata([0, 65535, 32896, 400])  # 400 / 257 = 1.56 -> 2
@@ -167,6 +174,7 @@ def test_sixteen_bit_samples_are_scaled_not_clipped() -> None:
     assert (image.width, image.height, image.rgb) == (2, 1, bytes([0xAB, 0, 0xFF, 0x11, 0x22, 0x33]))
 
 
+@pytest.mark.fast
 def test_exif_orientation_is_applied() -> None:
     exif = PIL.Exif()
     exif[0x0112] = 6  # the camera was turned: rotate 90 degrees clockwise to view
@@ -179,6 +187,7 @@ def test_exif_orientation_is_applied() -> None:
     assert (image.width, image.height) == (16, 40)
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("fmt", ["GIF", "WEBP", "PNG"])
 def test_animation_gives_its_first_frame_and_a_warning(fmt: str) -> None:
     first, second = pattern(), PIL.new("RGB", (5, 3), (0, 0, 255))
@@ -191,6 +200,7 @@ def test_animation_gives_its_first_frame_and_a_warning(fmt: str) -> None:
     assert "2 frames: only the first is used" in image.warnings[0]
 
 
+@pytest.mark.fast
 def test_image_repr_leaves_the_pixels_out() -> None:
     image = load_image(encode(pattern(), "PNG"), name="a.png")
     assert "rgb" not in repr(image) and isinstance(image, Image)
@@ -225,6 +235,7 @@ NOT_IMAGES = [
 ]
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize(
     ("data", "looks"), [(d, looks) for _, d, looks in NOT_IMAGES], ids=[i for i, *_ in NOT_IMAGES]
 )
@@ -236,6 +247,7 @@ def test_what_is_not_an_image_is_refused_by_its_magic(
     assert looks in message and message.endswith(f"({ACCEPTED})")
 
 
+@pytest.mark.fast
 def test_stdin_and_api_fields_are_named() -> None:
     with pytest.raises(ImageError, match=r"^stdin: is empty") as caught:
         load_image(b"", name="-")
@@ -245,12 +257,14 @@ def test_stdin_and_api_fields_are_named() -> None:
         load_image(b"hi", name=field)
 
 
+@pytest.mark.fast
 def test_image_error_is_a_usage_error_exiting_2() -> None:
     with pytest.raises(UsageError) as caught:
         load_image(b"hi", name="x")
     assert exit_code_for(caught.value) == 2
 
 
+@pytest.mark.fast
 def test_truncated_and_corrupt_files_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     good = encode(PIL.effect_noise((64, 64), 60).convert("RGB"), "PNG")
     assert "a truncated or corrupt PNG file" in refusal(good[: len(good) // 2], name="cut.png")
@@ -268,6 +282,7 @@ def test_truncated_and_corrupt_files_are_refused(monkeypatch: pytest.MonkeyPatch
     )
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize(
     ("data", "expected"),
     [
@@ -293,6 +308,7 @@ def test_a_header_too_large_is_refused_before_pillow(
     assert expected in message and elapsed < 0.1 and peak < 100_000
 
 
+@pytest.mark.fast
 def test_a_jpeg_header_too_large_is_refused_before_pillow(monkeypatch: pytest.MonkeyPatch) -> None:
     jpeg = bytearray(encode(PIL.new("RGB", (8, 8)), "JPEG"))
     sof = jpeg.find(b"\xff\xc0")
@@ -301,6 +317,7 @@ def test_a_jpeg_header_too_large_is_refused_before_pillow(monkeypatch: pytest.Mo
     assert "6000x6000 is 36.0 megapixels" in refusal(bytes(jpeg), name="bomb.jpg")
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize(
     ("frame", "expected"),
     [
@@ -314,12 +331,14 @@ def test_the_size_pillow_reads_is_checked_too(frame: tuple[int, int], expected: 
     assert time.perf_counter() - started < 0.5
 
 
+@pytest.mark.fast
 def test_pillows_bomb_warning_is_a_refusal_too() -> None:
     """Limits set above Pillow's own: its DecompressionBombWarning is refused, not printed."""
     message = refusal(gif_claiming((2, 2), (10000, 10000)), name="g", max_side=20000, max_pixels=10**9)
     assert "refused as a decompression bomb" in message
 
 
+@pytest.mark.fast
 def test_too_many_bytes_are_refused_before_anything_is_parsed(monkeypatch: pytest.MonkeyPatch) -> None:
     data = encode(pattern(), "PNG")
     assert "is over the 10 bytes an image may be" in refusal(data, name="big", max_bytes=10)
@@ -333,6 +352,7 @@ PNG_BYTES = encode(pattern(), "PNG")
 B64 = base64.b64encode(PNG_BYTES).decode()
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize(
     "text",
     [
@@ -351,6 +371,7 @@ def test_data_urls_and_base64_decode(text: str) -> None:
     assert load_image(parse_data_url(text), name="u").rgb == pattern().tobytes()
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
@@ -377,6 +398,7 @@ def test_bad_data_urls_and_every_other_url_are_refused(text: str, expected: str)
     assert expected in message
 
 
+@pytest.mark.fast
 def test_base64_over_the_limit_is_refused_before_decoding() -> None:
     with pytest.raises(ImageError, match="over the 1,000 bytes"):
         parse_data_url("A" * 4000, max_bytes=1000)
@@ -386,6 +408,7 @@ def test_base64_over_the_limit_is_refused_before_decoding() -> None:
 # -- The command line's argument --------------------------------------------------------------------
 
 
+@pytest.mark.fast
 def test_read_image_arg_reads_files_and_stdin(tmp_path: Path) -> None:
     path = tmp_path / "cat.png"
     path.write_bytes(PNG_BYTES)
@@ -409,6 +432,7 @@ class Endless(io.RawIOBase):
         return len(buffer)
 
 
+@pytest.mark.fast
 def test_read_image_arg_stops_reading_past_the_limit() -> None:
     stdin = Endless()
     with pytest.raises(ImageError, match=r"^stdin: more than the 1.0 MB an image may be$"):
@@ -416,6 +440,7 @@ def test_read_image_arg_stops_reading_past_the_limit() -> None:
     assert stdin.read_so_far <= 1_000_001
 
 
+@pytest.mark.fast
 def test_read_image_arg_refuses_in_one_line(tmp_path: Path) -> None:
     cases = {
         str(tmp_path / "missing.png"): "no such file",
@@ -429,6 +454,7 @@ def test_read_image_arg_refuses_in_one_line(tmp_path: Path) -> None:
         assert "\n" not in str(caught.value)
 
 
+@pytest.mark.fast
 def test_read_image_arg_refuses_an_unreadable_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """As a file without read permission opens for anyone but root (who may run this suite)."""
 
@@ -462,12 +488,14 @@ def consistent_or_refused(data: bytes) -> None:
     assert image.sha256 == hashlib.sha256(data).hexdigest() and image.size == len(data)
 
 
+@pytest.mark.fast
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.binary(max_size=2048))
 def test_arbitrary_bytes_decode_or_are_refused(data: bytes) -> None:
     consistent_or_refused(data)
 
 
+@pytest.mark.fast
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     st.sampled_from(SEEDS),

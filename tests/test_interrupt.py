@@ -40,6 +40,7 @@ def _kill_later(delay: float) -> threading.Timer:
     return timer
 
 
+@pytest.mark.model
 def test_sigint_in_process_at_random_moments(engine: Engine) -> None:
     """Every interrupt ends the answer (or, after it, surfaces as KeyboardInterrupt at the block's
     end), the engine stays usable, and its KV cache stays true to what it evaluated."""
@@ -85,6 +86,7 @@ def test_sigint_in_process_at_random_moments(engine: Engine) -> None:
     assert outcomes["after the answer"] >= 30, outcomes
 
 
+@pytest.mark.model
 def test_an_interrupted_prefill_stops_at_once(engine: Engine) -> None:
     long = engine.tokenize("Tell me everything about the history of tea. " * 120)  # ~1,200 tokens
     engine.reset()
@@ -111,6 +113,7 @@ def _run(args: list[str]) -> subprocess.Popen[bytes]:
     )
 
 
+@pytest.mark.fast
 def test_a_ctrl_c_python_cannot_raise_where_it_lands_is_kept_not_printed(
     monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
 ) -> None:

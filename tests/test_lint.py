@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 LINT_IMPORTS = [sys.executable, "-c", "import importlinter.cli as c; c.lint_imports_command()"]
 
@@ -109,6 +111,7 @@ def cross_test_imports(source: str) -> list[str]:
     return found
 
 
+@pytest.mark.fast
 def test_no_test_file_imports_another() -> None:
     """Importing a test file imports its tests and fixtures too (pytest may collect them twice, and
     a fixture's scope is the wrong module's): shared helpers live in their own modules."""
@@ -120,6 +123,7 @@ def test_no_test_file_imports_another() -> None:
     assert found == {}
 
 
+@pytest.mark.fast
 def test_a_test_file_importing_another_is_caught() -> None:
     """The check can fail: each way of importing another test file is named, the shared modules are not."""
     source = """
@@ -155,6 +159,7 @@ import synth
     assert cross_test_imports(shared) == []
 
 
+@pytest.mark.fast
 def test_every_module_is_under_500_lines() -> None:
     """A module of 500 lines or more holds more than one concern (docs/development.md): split it by one."""
     long = {

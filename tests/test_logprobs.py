@@ -28,6 +28,7 @@ GREEDY = SamplingConfig(temperature=0)
 DEFAULT_TEXT = Path(__file__).resolve().parent.parent / "runner" / "data" / "quality.txt"
 
 
+@pytest.mark.model
 def test_an_answers_logprobs_are_its_tokens_scored_as_a_prompt(engine) -> None:
     """Each sampled token's log-probability (read in the decode step that chose it) equals that token
     scored in prompt + answer evaluated whole; greedy, it is the first of its alternatives, which are
@@ -48,6 +49,7 @@ def test_an_answers_logprobs_are_its_tokens_scored_as_a_prompt(engine) -> None:
         assert math.fsum(math.exp(lp) for lp in values) <= 1 + 1e-6
 
 
+@pytest.mark.model
 def test_a_schemas_mask_is_in_the_logprobs(engine) -> None:
     """With a schema, the refused tokens have no probability: every alternative listed with any is a
     token the enum can start with, and the chosen ones share the whole mass between them."""
@@ -64,6 +66,7 @@ def test_a_schemas_mask_is_in_the_logprobs(engine) -> None:
     assert abs(math.fsum(math.exp(lp) for _, lp in allowed) - 1) < 1e-6
 
 
+@pytest.mark.fast
 def test_a_reasonings_tokens_and_markers_are_not_the_answers() -> None:
     """Only the answer's tokens are listed, each with the answer text it made: not the reasoning's,
     not </think>, not the blank lines after it; a stop string's tokens are dropped."""
@@ -107,6 +110,7 @@ def test_the_start_up_line_says_each_sequences_context(server: Server) -> None:
     assert "ctx 1024 a sequence (2048 in all)" in server.stderr() and "2 sequences at once" in server.stderr()
 
 
+@pytest.mark.fast
 def test_counts_are_said_in_the_singular_for_one() -> None:
     from runner import ui
 
@@ -208,6 +212,7 @@ def test_run_json_logprobs(smollm2_path: Path) -> None:
 # -- perplexity and KL-divergence ------------------------------------------------------------------
 
 
+@pytest.mark.model
 def test_perplexity_is_the_second_halves_scored(engine) -> None:
     """score_text's perplexity and its error are llama-perplexity's formulas over each chunk's second
     half, here computed apart from the same logits (each chunk one decode, every row asked: the rows
@@ -280,6 +285,7 @@ def test_bench_quality_bad_input(
     assert b"Traceback" not in done.stderr and done.stdout == b""
 
 
+@pytest.mark.model
 def test_the_plan_counts_the_rows_of_logits_a_decode_asks_for(smollm2_path: Path) -> None:
     """A scored prompt (echo: ROWS rows a decode) and --quality (ctx/2) grow llama.cpp's output buffer
     past its row per sequence: the plan counts it that large, in the estimate and the host's RSS."""

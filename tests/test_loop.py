@@ -86,6 +86,7 @@ def take_all(job: Job, vocab: Vocab, tokens: list[int], room: int = 1000) -> tup
     return slot, reason
 
 
+@pytest.mark.fast
 def test_channels_are_split_because_the_step_renders_their_control_tokens() -> None:
     """gpt-oss's markers are control tokens: a job of the "channels" style renders them as text, so
     reasoning and answer come apart in every command (the loop's one step function); without the
@@ -104,6 +105,7 @@ def test_channels_are_split_because_the_step_renders_their_control_tokens() -> N
     assert plain_result.reasoning == "" and "<|channel|>" not in plain_result.text
 
 
+@pytest.mark.fast
 def test_the_step_reports_why_an_answer_ended() -> None:
     words = {1: "one ", 2: "two ", 3: "ST", 4: "OP here", 5: "five"}
     slot, reason = take_all(Job(0, [5], GREEDY, stop=("STOP", "TWO")), Vocab(words, set()), [1, 2, 3, 4, 5])
@@ -117,6 +119,7 @@ def test_the_step_reports_why_an_answer_ended() -> None:
     assert (reason, slot.context_full, slot.n_out) == (FINISH_LENGTH, True, 3)
 
 
+@pytest.mark.fast
 def test_an_answer_going_round_in_a_loop_ends_when_no_limit_was_given() -> None:
     """stop_loops: the same few tokens over and over end the answer as soon as 256 of them repeat
     (finish "repetition"); without it, or for an answer that does not repeat, it runs on."""
@@ -172,6 +175,7 @@ def chat_tokens(engine: Engine, path: Path, text: str, system: str | None = None
     return render_prompt(engine, read_header(path), [*head, Message("user", text)]).tokens
 
 
+@pytest.mark.model
 def test_a_stop_string_is_reported_by_the_engine_alone_and_in_a_batch(
     engine: Engine, four: Engine, smollm2_path: Path
 ) -> None:
@@ -190,6 +194,7 @@ def test_a_stop_string_is_reported_by_the_engine_alone_and_in_a_batch(
     assert all((r.finish_reason, r.stop, r.text) == (FINISH_STOP, stop, alone.text) for r in done.values())
 
 
+@pytest.mark.model
 def test_speculation_in_a_shared_batch_keeps_every_greedy_answer(four: Engine, smollm2_path: Path) -> None:
     """Four sequences, each drafting (a fixed 4 tokens a step, so every step verifies drafts of
     several sequences in one llama_decode): the answers are those without speculation."""
@@ -218,6 +223,7 @@ def test_speculation_in_a_shared_batch_keeps_every_greedy_answer(four: Engine, s
     assert same >= 3, [(plain[i].text, drafted[i].text) for i in plain]  # a near tie may flip one
 
 
+@pytest.mark.model
 def test_a_head_stored_by_a_one_shot_answer_is_restored_in_another_loops_sequence(
     engine: Engine, four: Engine, smollm2_path: Path, tmp_path: Path
 ) -> None:
@@ -247,6 +253,7 @@ def test_a_head_stored_by_a_one_shot_answer_is_restored_in_another_loops_sequenc
     assert result.text == engine.generate(second, GREEDY, max_tokens=8).text
 
 
+@pytest.mark.model
 def test_a_cancelled_job_and_an_interrupted_loop_end_with_what_they_made(
     four: Engine, smollm2_path: Path
 ) -> None:

@@ -160,6 +160,7 @@ def test_list_shows_each_model_once_split_ones_summed_and_no_mmproj(
     assert re.fullmatch(r"(today|yesterday) \d\d:\d\d", ui.human_when(used))  # yesterday: past midnight
 
 
+@pytest.mark.fast
 def test_list_names_catalog_models_by_alias_and_other_revisions_by_commit(
     fake_hub: FakeHub, files: dict[str, Path], home: Path
 ) -> None:
@@ -190,6 +191,7 @@ def test_list_shows_the_mirror_copy_of_smollm2_under_its_alias(fake_hub: FakeHub
     assert (smollm2["quant"], smollm2["size_bytes"]) == ("Q4_1", 98_362_432)
 
 
+@pytest.mark.fast
 def test_a_table_on_a_terminal_has_a_header_and_aligned_columns() -> None:
     class Terminal(io.StringIO):
         def isatty(self) -> bool:
@@ -208,6 +210,7 @@ def test_a_table_on_a_terminal_has_a_header_and_aligned_columns() -> None:
     ]
 
 
+@pytest.mark.fast
 def test_history_shows_the_time_of_a_conversation_updated_today() -> None:
     store = Store.open()
     try:
@@ -296,6 +299,7 @@ def test_show_a_local_file(files: dict[str, Path]) -> None:
     assert b"has no chat template" in none.stderr
 
 
+@pytest.mark.fast
 def test_show_a_cached_model_asks_the_hub_nothing(fake_hub: FakeHub, files: dict[str, Path]) -> None:
     add_split(fake_hub, files)
     fetch("user/big-GGUF:Q8_0")
@@ -360,6 +364,7 @@ def test_show_counts_the_tokens_of_a_file_without_the_architecture_vocab_size(tm
     assert json.loads(run_cli("show", str(path), "--json").stdout)["vocab_size"] == LAZY_STRINGS + 6
 
 
+@pytest.mark.model
 def test_show_the_real_smollm2(smollm2_path: Path) -> None:
     out = io.StringIO()
     show_model("smollm2", out=out, as_json=True)
@@ -461,6 +466,7 @@ def test_rm_a_catalog_model_removes_its_mirror_copy(
     assert not copy.parent.exists()
 
 
+@pytest.mark.fast
 def test_a_split_model_missing_a_shard_is_listed_with_a_warning_and_removable(
     fake_hub: FakeHub, files: dict[str, Path], home: Path, capsys
 ) -> None:

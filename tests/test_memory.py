@@ -21,12 +21,14 @@ MiB = 1 << 20
 # -- context sizes ------------------------------------------------------------------------------
 
 
+@pytest.mark.fast
 def test_context_is_padded_to_256_cells_but_the_batch_is_not():
     hp = hparams_from_header(llama_like())
     cs = context_size(hp, 300)
     assert (cs.n_ctx, cs.n_batch, cs.n_ubatch) == (512, 300, 300)
 
 
+@pytest.mark.fast
 def test_each_sequence_gets_a_padded_stream():
     hp = hparams_from_header(llama_like())
     cs = context_size(hp, 4096, n_seq=3)  # 4096 / 3 = 1365 -> 1536 cells a stream
@@ -36,23 +38,27 @@ def test_each_sequence_gets_a_padded_stream():
 # -- KV cache -----------------------------------------------------------------------------------
 
 
+@pytest.mark.fast
 def test_kv_cache_of_smollm2_by_hand():
     # 30 layers x (K + V) x 3 heads x 64 x f16 = 23040 bytes a cell; 2048 cells
     assert kv_cache_bytes(llama_like(), n_ctx=2048) == 30 * 2 * 3 * 64 * 2 * 2048 == 45 * MiB
     assert kv_cache_bytes(llama_like(), n_ctx=2000) == 45 * MiB  # 2000 -> 2048 cells
 
 
+@pytest.mark.fast
 def test_kv_cache_quantized_rows():
     # q8_0: 34 bytes per 32 values; K row 192 -> 204 bytes, V f16 row 384 bytes
     assert kv_cache_bytes(llama_like(), n_ctx=1024, type_k="q8_0") == 30 * (204 + 384) * 1024
 
 
+@pytest.mark.fast
 def test_kv_cache_per_layer_head_counts():
     h = llama_like(n_layer=4, n_embd=256, n_head=8, n_head_kv=[8, 2, 0, 1], arch="deci")
     # head dim 32: (8 + 2 + 0 + 1) heads x 32 x (K + V) x 2 bytes = 1408 bytes a cell
     assert kv_cache_bytes(h, n_ctx=512) == 1408 * 512
 
 
+@pytest.mark.fast
 def test_sliding_window_layers_are_full_size_under_the_defaults():
     h = llama_like(
         n_layer=6,
@@ -70,6 +76,7 @@ def test_sliding_window_layers_are_full_size_under_the_defaults():
     assert kv_cache_bytes(h, n_ctx=8192, swa_full=False) == 128 * 2 * 2 * (8192 + 5 * 1024)
 
 
+@pytest.mark.fast
 def test_mla_keeps_no_v():
     h = llama_like(
         n_layer=2,
@@ -87,6 +94,7 @@ def test_mla_keeps_no_v():
     assert kv_cache_bytes(h, n_ctx=1024) == 2 * 576 * 2 * 1024
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("arch", ["bert", "jina-bert-v2", "nomic-bert", "modern-bert", "llada"])
 def test_an_encoder_keeps_no_kv_cache(arch):
     # llama_model::create_memory() makes none for BERT and its kin (nor the diffusion models): the
@@ -110,6 +118,7 @@ def test_an_encoder_keeps_no_kv_cache(arch):
     assert llama.total_bytes - encoder.total_bytes == 262_144 + 512 * memory.HOST_PER_CELL
 
 
+@pytest.mark.fast
 def test_recurrent_state_does_not_grow_with_the_context():
     h = header(
         "mamba",
@@ -128,6 +137,7 @@ def test_recurrent_state_does_not_grow_with_the_context():
     assert kv_cache_bytes(h, n_ctx=512, n_seq=2) == 6 * per_layer
 
 
+@pytest.mark.fast
 def test_hybrid_keeps_kv_only_for_its_attention_layers():
     # qwen3next: one full-attention layer in 4 (full_attention_interval defaults to 4), the others
     # keep a gated delta-net state; counting every layer as attention would be 4x the KV cache
@@ -146,12 +156,14 @@ def test_hybrid_keeps_kv_only_for_its_attention_layers():
 # -- weights and output -------------------------------------------------------------------------
 
 
+@pytest.mark.fast
 def test_output_buffer_is_one_logits_row_per_sequence_in_host_memory():
     e = memory.estimate(llama_like(), memory.Load(n_ctx=2048, n_seq=2))
     (out,) = [b for b in e.buffers if b.kind == "output"]
     assert (out.name, out.device, out.nbytes) == ("CPU", "cpu", 49152 * 2 * 4)
 
 
+@pytest.mark.fast
 def test_cpu_repack_takes_q4_0_matmul_weights_and_the_tied_output():
     h = llama_like(n_layer=2, n_embd=256, n_head=4, n_head_kv=4, n_ff=512, n_vocab=1024, weight=Q4_0)
     h = header(
@@ -167,6 +179,7 @@ def test_cpu_repack_takes_q4_0_matmul_weights_and_the_tied_output():
     assert bufs["CPU_Mapped"] == h.tensors[-1].offset + h.tensors[-1].nbytes
 
 
+@pytest.mark.fast
 def test_gpu_layers_count_the_output_layer_last():
     h = llama_like(n_layer=4)
     assert gpu_start(4, 1) == 4  # only the output layer
@@ -183,6 +196,7 @@ def test_gpu_layers_count_the_output_layer_last():
     assert [b.name for b in e.buffers if b.kind == "output"] == ["CUDA_Host"]
 
 
+@pytest.mark.fast
 def test_partial_offload_splits_weights_and_kv_by_layer():
     h = llama_like(n_layer=4)
     e = memory.estimate(h, memory.Load(n_ctx=1024, n_gpu_layers=3))  # layers 2, 3 and the output
@@ -199,6 +213,7 @@ def test_partial_offload_splits_weights_and_kv_by_layer():
 # -- compute: the allocator replay --------------------------------------------------------------
 
 
+@pytest.mark.fast
 def test_allocator_reuses_memory_in_place_and_keeps_inputs():
     c, g = Ctx(), Graph()
     x = c.input("f32", (1000,))  # 4000 bytes, allocated first
@@ -211,6 +226,7 @@ def test_allocator_reuses_memory_in_place_and_keeps_inputs():
     assert compute_buffer_size(g) == 12000
 
 
+@pytest.mark.fast
 def test_compute_buffer_of_smollm2_matches_the_log():
     # llama.cpp logs 98.25, 102.51, 98.25 MiB: the peak depends on placement, not monotonic in n_ctx
     sizes = [
@@ -219,6 +235,7 @@ def test_compute_buffer_of_smollm2_matches_the_log():
     assert [round(s, 2) for s in sizes] == [98.25, 102.51, 98.25]
 
 
+@pytest.mark.fast
 def test_quantized_v_without_flash_attention_is_refused():
     with pytest.raises(ValueError, match="flash attention"):
         memory.estimate(llama_like(), memory.Load(n_ctx=512, type_v="q8_0", flash_attn=False))
@@ -265,10 +282,12 @@ def assert_matches_log(path: Path, n_ctx: int, flash_attn: bool | None = None) -
     assert est.n_ctx == n_ctx
 
 
+@pytest.mark.model
 def test_smollm2_estimate_matches_llama_cpp(smollm2_path: Path):
     assert_matches_log(smollm2_path, 1024)
 
 
+@pytest.mark.model
 def test_smollm2_estimate_without_flash_attention_matches_llama_cpp(smollm2_path: Path):
     # what a chat on the CPU loads with (loader.CPU_CHAT_FLASH_ATTN): a transposed V cache, and
     # the attention scores in the compute buffer; larger than with flash attention
@@ -280,6 +299,7 @@ def test_smollm2_estimate_without_flash_attention_matches_llama_cpp(smollm2_path
     assert off.compute_bytes > on.compute_bytes
 
 
+@pytest.mark.model
 def test_synthetic_sliding_window_model_matches_llama_cpp(tmp_path: Path):
     import synth
 
@@ -287,6 +307,7 @@ def test_synthetic_sliding_window_model_matches_llama_cpp(tmp_path: Path):
     assert_matches_log(path, 1024)
 
 
+@pytest.mark.model
 def test_the_compute_replay_is_remembered_on_disk_and_a_bad_entry_is_ignored(
     smollm2_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -307,6 +328,7 @@ def test_the_compute_replay_is_remembered_on_disk_and_a_bad_entry_is_ignored(
     assert memory.estimate(header, memory.Load(n_ctx=2048)) == first and len(calls) == 2 * replays
 
 
+@pytest.mark.model
 def test_llama_cpp_s_log_stays_runner_s_when_the_whole_package_is_imported_later(smollm2_path: Path) -> None:
     from runner.engine.llamacpp import llama
 

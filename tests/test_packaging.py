@@ -10,6 +10,7 @@ import sys
 import zipfile
 from pathlib import Path
 
+import pytest
 from packaging.requirements import Requirement
 
 from runner import __version__
@@ -36,11 +37,13 @@ def requirements() -> list[Requirement]:
     return [Requirement(r) for r in listed]
 
 
+@pytest.mark.fast
 def test_no_requirement_is_a_direct_reference() -> None:
     assert [str(r) for r in requirements() if r.url] == []
     assert "allow-direct-references" not in (ROOT / "pyproject.toml").read_text()
 
 
+@pytest.mark.fast
 def test_the_llama_cpp_pin_is_the_one_runner_names() -> None:
     llama = [str(r) for r in requirements() if r.name == "llama-cpp-python"]
     assert llama == [LLAMA_CPP_PIN]

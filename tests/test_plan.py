@@ -37,6 +37,7 @@ def gpu_machine(free: int, ram: int = 64 * GB) -> Machine:
     return Machine(ram, ram, (gpu,), can_offload=True)
 
 
+@pytest.mark.model
 def test_cpu_plan_takes_the_trained_context_up_to_the_cap(header) -> None:
     plan = make_plan(header, cpu_machine(16 * GB))
     assert (plan.n_ctx, plan.n_gpu_layers, plan.fits) == (8192, 0, True)
@@ -49,6 +50,7 @@ def room_for(header, n_ctx: int, kv: str = "f16", **kw) -> int:
     return int(need / (1 - CPU_MARGIN)) + 1
 
 
+@pytest.mark.model
 def test_without_ctx_a_smaller_machine_gets_a_quantized_cache_before_a_smaller_context(header) -> None:
     machine = cpu_machine(room_for(header, 8192, "q8_0"))
     assert machine.ram_available_bytes < room_for(header, 8192)  # f16 at 8192 does not fit
@@ -58,6 +60,7 @@ def test_without_ctx_a_smaller_machine_gets_a_quantized_cache_before_a_smaller_c
     assert chose == ["a q8_0 KV cache (f16 would not fit)"]
 
 
+@pytest.mark.model
 def test_without_ctx_a_still_smaller_machine_gets_a_smaller_context(header) -> None:
     available = room_for(header, 4096)
     assert available < room_for(header, 8192, "q8_0")
@@ -67,6 +70,7 @@ def test_without_ctx_a_still_smaller_machine_gets_a_smaller_context(header) -> N
     assert chose == ["a 4,096-token context (8,192 would not fit)"]
 
 
+@pytest.mark.model
 def test_an_explicit_kv_type_is_kept(header) -> None:
     machine = cpu_machine(room_for(header, 8192, "q8_0"))
     plan = make_plan(header, machine, Ask(kv_type="f16"))
@@ -74,6 +78,7 @@ def test_an_explicit_kv_type_is_kept(header) -> None:
     assert make_plan(header, machine, Ask(ctx=8192, kv_type="f16")).fits is False
 
 
+@pytest.mark.fast
 def test_a_model_without_flash_attention_never_gets_a_quantized_cache() -> None:
     from tests.helpers import llama_like
 
@@ -87,6 +92,7 @@ def test_a_model_without_flash_attention_never_gets_a_quantized_cache() -> None:
         make_plan(odd, machine, Ask(kv_type="q8_0"))
 
 
+@pytest.mark.model
 def test_what_will_not_fit_is_refused_with_options_that_do(header) -> None:
     machine = cpu_machine(int(estimate(header, Load(n_ctx=2048)).host_rss_bytes / (1 - CPU_MARGIN)) + MB)
     plan = make_plan(header, machine, Ask(ctx=8192))
@@ -98,6 +104,7 @@ def test_what_will_not_fit_is_refused_with_options_that_do(header) -> None:
     assert any(a.startswith("--kv-type q8_0") for a in plan.alternatives)
 
 
+@pytest.mark.model
 def test_a_small_gpu_gets_a_quantized_cache_before_losing_layers(header) -> None:
     q8 = estimate(header, Load(n_ctx=8192, n_gpu_layers=-1, gpu=True, type_k="q8_0", type_v="q8_0"))
     f16 = estimate(header, Load(n_ctx=8192, n_gpu_layers=-1, gpu=True))
@@ -107,6 +114,7 @@ def test_a_small_gpu_gets_a_quantized_cache_before_losing_layers(header) -> None
     assert plan.fits and plan.full_offload and (plan.n_ctx, plan.type_k) == (8192, "q8_0")
 
 
+@pytest.mark.model
 def test_the_engine_loads_the_planned_kv_cache_and_says_so(
     smollm2_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -129,6 +137,7 @@ def test_the_engine_loads_the_planned_kv_cache_and_says_so(
     assert "runs with a q8_0 KV cache (f16 would not fit)" in capsys.readouterr().err
 
 
+@pytest.mark.model
 def test_plan_for_refuses_unless_forced(header, monkeypatch: pytest.MonkeyPatch) -> None:
     from runner.memory import devices
 
@@ -139,12 +148,14 @@ def test_plan_for_refuses_unless_forced(header, monkeypatch: pytest.MonkeyPatch)
     assert not forced.fits and forced.n_ctx == 8192
 
 
+@pytest.mark.model
 def test_a_gpu_with_room_takes_every_layer(header) -> None:
     plan = make_plan(header, gpu_machine(8 * GB))
     assert plan.fits and plan.full_offload and plan.n_gpu_layers == 31  # 30 blocks + the output layer
     assert {v.device for v in plan.verdicts} == {"cpu", "gpu"}
 
 
+@pytest.mark.model
 def test_a_small_gpu_gets_the_most_layers_that_fit(header) -> None:
     full = estimate(header, Load(n_ctx=8192, n_gpu_layers=-1, gpu=True)).device("gpu")
     half = estimate(header, Load(n_ctx=8192, n_gpu_layers=15, gpu=True)).device("gpu")
@@ -156,6 +167,7 @@ def test_a_small_gpu_gets_the_most_layers_that_fit(header) -> None:
     assert more is not None and more.total_bytes > free - 256 * 2**20
 
 
+@pytest.mark.model
 def test_a_gpu_with_no_room_falls_back_to_the_cpu(header) -> None:
     plan = make_plan(header, gpu_machine(10 * MB), Ask(ctx=2048))
     assert plan.fits and plan.n_gpu_layers == 0
@@ -180,6 +192,7 @@ def test_fit_json_has_the_documented_fields() -> None:
     assert report["chosen"] == []  # nothing this machine forced on the plan
 
 
+@pytest.mark.model
 def test_fit_says_what_it_chose_for_a_small_machine(
     smollm2_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -253,6 +266,7 @@ def exaone(tmp_path: Path) -> Path:
     return synth.write_model(tmp_path / "exaone.gguf", spec)
 
 
+@pytest.mark.model
 def test_a_dry_run_gives_the_compute_buffers_the_estimate_replays(smollm2_path: Path) -> None:
     from runner.engine.llamacpp import dry_run, repack_types
 
@@ -264,6 +278,7 @@ def test_a_dry_run_gives_the_compute_buffers_the_estimate_replays(smollm2_path: 
         assert real["CPU"] == pytest.approx(est.compute_bytes, abs=0.006 * 2**20), (n_ctx, kv)
 
 
+@pytest.mark.model
 def test_a_dry_run_of_a_file_llama_cpp_refuses_says_nothing(tmp_path: Path) -> None:
     from runner.engine.llamacpp import dry_run
 
@@ -272,6 +287,7 @@ def test_a_dry_run_of_a_file_llama_cpp_refuses_says_nothing(tmp_path: Path) -> N
     assert dry_run(bad, n_ctx=512, n_gpu_layers=0, kv_type=None, use_gpu=False) is None
 
 
+@pytest.mark.model
 def test_an_approximate_estimate_is_checked_by_a_dry_run(tmp_path: Path) -> None:
     from runner.loader import dry_run_of
     from runner.memory.plan import confirm
@@ -285,6 +301,7 @@ def test_an_approximate_estimate_is_checked_by_a_dry_run(tmp_path: Path) -> None
     assert checked.estimate.compute_bytes == pytest.approx(plan.estimate.compute_bytes, abs=0.006 * 2**20)
 
 
+@pytest.mark.model
 def test_a_plan_a_dry_run_refutes_is_made_again_from_llama_cpps_figures(tmp_path: Path) -> None:
     from runner.engine.llamacpp import dry_run
     from runner.loader import dry_run_of
@@ -303,6 +320,7 @@ def test_a_plan_a_dry_run_refutes_is_made_again_from_llama_cpps_figures(tmp_path
     assert real == {b.name: b.nbytes for b in checked.estimate.buffers if b.kind == "compute"}
 
 
+@pytest.mark.model
 def test_a_refusal_offers_only_what_fits_llama_cpps_own_figures(tmp_path: Path) -> None:
     """The options a refusal names are judged with the dry run's correction, as the plan was: a
     backend whose compute buffers exceed the estimate (as a GPU's may) gets a smaller --ctx offered."""
@@ -330,6 +348,7 @@ def test_a_refusal_offers_only_what_fits_llama_cpps_own_figures(tmp_path: Path) 
 # -- flash attention: off for a chat on the CPU, where llama.cpp's kernel slows as the cache fills --
 
 
+@pytest.mark.model
 def test_a_growing_context_on_the_cpu_plans_without_flash_attention(header, monkeypatch) -> None:
     from runner.memory import devices
 
@@ -343,6 +362,7 @@ def test_a_growing_context_on_the_cpu_plans_without_flash_attention(header, monk
     assert asked.flash_attn is True
 
 
+@pytest.mark.model
 def test_a_growing_context_keeps_flash_attention_where_only_a_quantized_cache_fits(
     header, monkeypatch
 ) -> None:
@@ -354,6 +374,7 @@ def test_a_growing_context_keeps_flash_attention_where_only_a_quantized_cache_fi
     assert (plan.flash_attn, plan.type_k, plan.n_ctx) == (None, "q8_0", 8192)  # as a one-shot would
 
 
+@pytest.mark.model
 def test_a_growing_context_with_a_gpu_keeps_llama_cpp_s_auto(header, monkeypatch) -> None:
     from runner.memory import devices
 
@@ -361,6 +382,7 @@ def test_a_growing_context_with_a_gpu_keeps_llama_cpp_s_auto(header, monkeypatch
     assert plan_for(header, "smollm2", LoadSettings(growing=True)).flash_attn is None
 
 
+@pytest.mark.model
 def test_flash_attention_off_with_a_quantized_cache_is_refused(header) -> None:
     with pytest.raises(InvalidSetting, match="flash attention"):
         make_plan(header, cpu_machine(16 * GB), Ask(kv_type="q8_0", flash_attn=False))
@@ -438,6 +460,7 @@ def test_fit_table_parts_add_up_to_what_each_device_needs(tmp_path: Path, name: 
         assert row["compute"].endswith(f" of {ui.human_bytes(cpu['compute_reserved_bytes'])}"), row
 
 
+@pytest.mark.model
 def test_a_batch_that_will_not_fit_is_told_its_context_per_sequence(
     header, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -456,6 +479,7 @@ def test_a_batch_that_will_not_fit_is_told_its_context_per_sequence(
     assert make_plan(header, machine, Ask(ctx=4 * ctx, kv_type="f16", n_seq=4)).fits
 
 
+@pytest.mark.model
 def test_layers_split_over_workers_as_llama_cpp_splits_them(header) -> None:
     from runner.memory.devices import Remote
     from runner.memory.split import layer_owners
@@ -480,6 +504,7 @@ def test_layers_split_over_workers_as_llama_cpp_splits_them(header) -> None:
     assert not alone.fits
 
 
+@pytest.mark.model
 def test_with_small_workers_the_most_layers_they_hold_and_the_rest_here(header) -> None:
     from runner.memory.devices import Remote
 
@@ -550,6 +575,7 @@ def test_fit_serve_fit_json_and_serve_s_refusal_give_one_figure(tmp_path: Path) 
         assert said in message, message
 
 
+@pytest.mark.model
 def test_serve_plans_and_counts_as_the_loader_says_fit_serve_does(header) -> None:
     """runner serve's own planning options and price of a model are the loader's, which fit --serve
     shows: one definition, checked here while serve keeps a copy of its own."""
@@ -595,6 +621,7 @@ def test_fit_shows_the_decode_speed_runner_bench_measured_here(smollm2_path: Pat
     assert report["measured_at"].startswith(shown[2])
 
 
+@pytest.mark.model
 def test_fit_without_a_measurement_says_its_bound_is_one_and_what_bench_measured_nearby(
     smollm2_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

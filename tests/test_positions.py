@@ -7,7 +7,11 @@ from __future__ import annotations
 
 import hashlib
 
+import pytest
+
 from runner.engine.positions import KEPT, Positions, image_index, image_tokens, outside_image
+
+pytestmark = pytest.mark.fast
 
 A = "ab" * 32
 B = "cd" * 32

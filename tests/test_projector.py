@@ -263,6 +263,7 @@ def projectors(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return {kind: _write(out / f"{kind}.gguf", mtp.projector_spec(kind, TEXT_WIDTH)) for kind in mtp.KINDS}
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize(
     ("kind", "expected"),
     [
@@ -282,6 +283,7 @@ def test_generated_projectors_pass_the_check(projectors: dict[str, Path], kind: 
     assert expected.weights_bytes == sum(a.nbytes for a in tensors.values())
 
 
+@pytest.mark.fast
 def test_key_types_are_read_from_the_file(projectors: dict[str, Path]):
     types = read_key_types(projectors["gemma3"])
     assert types["clip.vision.image_size"] == "u32"
@@ -291,6 +293,7 @@ def test_key_types_are_read_from_the_file(projectors: dict[str, Path]):
     assert types["general.architecture"] == "str"
 
 
+@pytest.mark.model
 def test_the_script_writes_the_same_bytes_for_the_same_seed(smollm2_path: Path, tmp_path: Path, capsys):
     paths = {}
     for name, seed in (("a", "7"), ("b", "7"), ("c", "8")):
@@ -364,6 +367,7 @@ def test_the_qwen_projectors_give_an_mrope_model_nx_by_ny_tokens_on_max_position
         assert [n for kind, n in result["chunks"] if kind == 1] == [nx * ny]
 
 
+@pytest.mark.model
 def test_the_qwen2vl_copy_keeps_the_model_but_its_rope(smollm2_path: Path, smollm2_qwen2vl: Path):
     """as_qwen2vl: the same tokenizer, template and tensors (Q's and K's rows reordered), with M-RoPE
     sections and zero Q, K and V biases."""
@@ -381,6 +385,7 @@ def test_the_qwen2vl_copy_keeps_the_model_but_its_rope(smollm2_path: Path, smoll
     )
 
 
+@pytest.mark.fast
 def test_qwen_image_tokens_follow_libmtmd():
     """The tokens of a square image and its side as resized: rounded to 2 x 2 patches, 9 at least
     (3 x 3 covers the 8 the Qwen ones take at least), 64 x 64 at most; these numbers are libmtmd's."""
@@ -394,6 +399,7 @@ def test_qwen_image_tokens_follow_libmtmd():
     assert qwen_image_tokens(2040, 16) == (4096, 2048)
 
 
+@pytest.mark.fast
 def test_a_dynamic_qwen_projector_is_counted_at_its_warmup_size(tmp_path: Path):
     """image_size 0 (a dynamic size, which clip.cpp takes): the image libmtmd warms up with, 46 x 46
     tokens; the same seed gives the same file."""
@@ -406,6 +412,7 @@ def test_a_dynamic_qwen_projector_is_counted_at_its_warmup_size(tmp_path: Path):
     assert (info.image_size, info.image_tokens, info.mrope) == (46 * 28, 46 * 46, True)
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("case", list(MALFORMED))
 def test_malformed_projectors_are_refused_in_one_line(tmp_path: Path, case: str):
     kind, mutate, message = MALFORMED[case]
@@ -415,6 +422,7 @@ def test_malformed_projectors_are_refused_in_one_line(tmp_path: Path, case: str)
     assert "\n" not in str(err.value)
 
 
+@pytest.mark.fast
 def test_a_projector_for_another_width_is_refused(tmp_path: Path):
     path = _write(tmp_path / "wide.gguf", mtp.projector_spec("mlp", 640))
     assert check_projector(read_header(path)).projection_width == 640
@@ -422,6 +430,7 @@ def test_a_projector_for_another_width_is_refused(tmp_path: Path):
         check_projector(read_header(path), TEXT_WIDTH)
 
 
+@pytest.mark.model
 def test_a_text_model_is_not_a_projector(smollm2_path: Path):
     message = (
         r"is not a projector: it has no clip\.projector_type \(general\.architecture is llama: a text model"

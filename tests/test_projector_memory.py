@@ -62,6 +62,7 @@ def _close(estimated_bytes: int, logged_mib: float) -> bool:
 # -- the estimate, with hand-picked numbers -----------------------------------------------------
 
 
+@pytest.mark.model
 def test_the_test_mlp_projectors_weights_and_graph(projectors: dict[str, Path]) -> None:
     header = read_header(projectors["mlp"])
     info = check_projector(header)
@@ -81,6 +82,7 @@ def test_the_test_mlp_projectors_weights_and_graph(projectors: dict[str, Path]) 
     assert memory.work_cpu == 0  # f32 weights: no matmul converts its input
 
 
+@pytest.mark.model
 def test_the_idefics3_graph_shuffles_patches_into_tokens(projectors: dict[str, Path]) -> None:
     """idefics3-512: 32 x 32 patches of width 768, shuffled by 4 into 64 rows of 12,288, times
     mm.model.fc into SmolLM2's 576; ffn_down's f16 input (3,072 x 1,024 patches) is the widest the
@@ -101,6 +103,7 @@ def test_the_idefics3_graph_shuffles_patches_into_tokens(projectors: dict[str, P
     )
 
 
+@pytest.mark.model
 def test_f16_matrices_give_the_cpu_a_work_buffer(projectors: dict[str, Path]) -> None:
     """gemma3-448: f16 matrices, so the CPU converts each matmul's input to f16: the widest is ffn_down's
     2,048-wide input for 1,024 patches (4 MiB)."""
@@ -109,6 +112,7 @@ def test_f16_matrices_give_the_cpu_a_work_buffer(projectors: dict[str, Path]) ->
     assert memory.host(on_gpu=False) - memory.host(on_gpu=True) == memory.work_cpu
 
 
+@pytest.mark.model
 def test_estimate_counts_the_projector_where_libmtmd_puts_it(
     projectors: dict[str, Path], smollm2_path: Path
 ) -> None:
@@ -141,6 +145,7 @@ def test_estimate_counts_the_projector_where_libmtmd_puts_it(
     assert {d.device: d.projector_bytes for d in no_layers.devices} == {"cpu": share, "gpu": 0}
 
 
+@pytest.mark.model
 def test_plan_refuses_a_projector_that_does_not_fit_naming_its_share(
     projectors: dict[str, Path], smollm2_path: Path
 ) -> None:
@@ -161,6 +166,7 @@ def test_plan_refuses_a_projector_that_does_not_fit_naming_its_share(
     ]  # fmt: skip
 
 
+@pytest.mark.model
 def test_plan_gives_up_context_for_the_projector(projectors: dict[str, Path], smollm2_path: Path) -> None:
     """Room for the projector beside a 2,048-token context, not beside the default 8,192: without --ctx
     the plan keeps the projector and takes less context (or a q8_0 cache) than the model alone gets."""
@@ -176,6 +182,7 @@ def test_plan_gives_up_context_for_the_projector(projectors: dict[str, Path], sm
     assert chosen.n_ctx <= alone.n_ctx
 
 
+@pytest.mark.model
 def test_a_qwen_projector_is_counted_for_its_largest_image(projectors: dict[str, Path]) -> None:
     """Qwen2-VL's test projector (patches of 14, width 32, 2 heads, 2 blocks): counted for libmtmd's
     largest image, 4,096 tokens of 28 x 28 px (1792 x 1792: 16,384 patches); 95 nodes, as libmtmd
@@ -200,6 +207,7 @@ def test_a_qwen_projector_is_counted_for_its_largest_image(projectors: dict[str,
     assert memory.work_cpu == 64 * 16_384 * 2  # ffn_down's f16 input; the merger's is as wide, 4x fewer rows
 
 
+@pytest.mark.model
 def test_qwen25vl_windows_put_a_mask_of_every_pair_of_patches_in_the_buffer(
     projectors: dict[str, Path],
 ) -> None:

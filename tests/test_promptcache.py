@@ -85,6 +85,7 @@ def test_a_second_call_with_the_same_head_loads_it(smollm2_path: Path, home: Pat
     assert changed["prompt_cache"]["loaded_tokens"] == 0 and len(entries(home)) == 2
 
 
+@pytest.mark.model
 def test_greedy_answers_are_the_same_with_and_without_the_cache(
     engine: Engine, smollm2_path: Path, tmp_path: Path
 ) -> None:
@@ -157,6 +158,7 @@ def test_two_processes_writing_one_entry_leave_one_whole_file(smollm2_path: Path
     assert ask(smollm2_path, "What is this about?", doc)["prompt_cache"]["loaded_tokens"] > 0
 
 
+@pytest.mark.model
 def test_least_recently_used_entries_go_first(engine: Engine, tmp_path: Path) -> None:
     heads = [engine.tokenize(document(seed, 300)) for seed in range(3)]
     cache = PromptCache(tmp_path, 1 << 40, pytest.fail)
@@ -237,6 +239,7 @@ def test_a_longer_head_is_stored_after_a_shorter_one_was_loaded(smollm2_path: Pa
     assert third["prompt_cache"] == {"loaded_tokens": longer, "stored_tokens": 0, "write_s": 0.0}
 
 
+@pytest.mark.model
 def test_a_full_disk_turns_the_cache_off_with_one_warning(
     engine: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -262,6 +265,7 @@ def test_a_full_disk_turns_the_cache_off_with_one_warning(
     assert cache.restore(engine, [*head, 13]).loaded_tokens == 0
 
 
+@pytest.mark.fast
 def test_the_size_limit_reads_decimal_units_as_runner_prints_them() -> None:
     from runner.engine.promptcache import parse_size
 

@@ -7,6 +7,8 @@ import pytest
 from runner.errors import ModelNotFound
 from runner.hub.quants import RepoFile, choose, describe_offer, is_model_file, quant_of, split_info
 
+pytestmark = pytest.mark.fast
+
 GB = 10**9
 LISTING = [
     RepoFile("README.md", 5000),

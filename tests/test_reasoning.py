@@ -41,6 +41,7 @@ def _split(style: str, text: str, cuts: list[int], start_in_reasoning: bool = Fa
     return merged
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("style, case", [("think", THINKING), ("channels", HARMONY)])
 def test_every_split_point_gives_the_same_parts(style: str, case: tuple[str, list]) -> None:
     text, expected = case
@@ -52,6 +53,7 @@ def test_every_split_point_gives_the_same_parts(style: str, case: tuple[str, lis
     assert _split(style, text, list(range(1, len(text)))) == expected  # one character at a time
 
 
+@pytest.mark.fast
 def test_a_template_that_opens_the_block_starts_in_reasoning() -> None:
     assert opens_reasoning("<|im_start|>assistant\n<think>\n")
     assert not opens_reasoning("<think>\nold\n</think>\nanswer<|im_start|>assistant\n")
@@ -62,12 +64,14 @@ def test_a_template_that_opens_the_block_starts_in_reasoning() -> None:
     ]
 
 
+@pytest.mark.fast
 def test_text_that_only_looks_like_a_marker_stays_text() -> None:
     assert _split("think", "a < b and <thin ice>", [3, 12]) == [(ANSWER, "a < b and <thin ice>")]
     assert _split("think", "ends with <thi", []) == [(ANSWER, "ends with <thi")]  # flushed at the end
     assert Splitter(None).push("<think>x</think>") == [(ANSWER, "<think>x</think>")]  # no style: as is
 
 
+@pytest.mark.fast
 def test_style_comes_from_the_template() -> None:
     assert style_of(None) is None and style_of("{{ messages }}") is None
     assert style_of("{% if enable_thinking %}<think>{% endif %}") == "think"

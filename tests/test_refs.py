@@ -10,6 +10,8 @@ from runner.errors import CatalogError, ModelNotFound
 from runner.hub.catalog import load_catalog
 from runner.hub.refs import HubRef, LocalRef, resolve
 
+pytestmark = pytest.mark.fast
+
 
 @pytest.fixture
 def catalog():

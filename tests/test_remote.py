@@ -20,6 +20,8 @@ import pytest
 from runner import remote
 from runner.errors import InvalidSetting, WorkerError, exit_code_for
 
+pytestmark = pytest.mark.fast
+
 HELLO = struct.pack("<BQ", 14, 24) + bytes(24)  # cmd 14, size 24, conn_caps all zero
 DEVICE_COUNT = struct.pack("<BQ", 15, 0)
 

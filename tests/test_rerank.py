@@ -44,6 +44,7 @@ def reranker(reranker_path: Path) -> Iterator[Reranker]:
             yield r
 
 
+@pytest.mark.fast
 def test_the_written_model_is_the_same_bytes_for_the_same_seed(reranker_path: Path, tmp_path: Path) -> None:
     make = load_script("make_test_reranker")
     again = make.write_reranker(tmp_path / "again.gguf")
@@ -51,6 +52,7 @@ def test_the_written_model_is_the_same_bytes_for_the_same_seed(reranker_path: Pa
     assert make.write_reranker(tmp_path / "other.gguf", seed=1).read_bytes() != reranker_path.read_bytes()
 
 
+@pytest.mark.model
 def test_a_pair_is_built_as_llama_server_builds_it(reranker: Reranker) -> None:
     query = reranker.engine.tokenize("sky", add_special=False)
     document = reranker.engine.tokenize("blue sea", add_special=False)
@@ -58,6 +60,7 @@ def test_a_pair_is_built_as_llama_server_builds_it(reranker: Reranker) -> None:
     assert (reranker.n_ctx, reranker.n_cls_out, reranker.pooling, reranker.template) == (512, 1, "rank", None)
 
 
+@pytest.mark.model
 def test_scores_are_llama_servers_alone_and_batched(reranker: Reranker) -> None:
     alone = [reranker.scores(QUERY, [d])[0] for d in DOCUMENTS]
     batched = reranker.scores(QUERY, DOCUMENTS)
@@ -66,6 +69,7 @@ def test_scores_are_llama_servers_alone_and_batched(reranker: Reranker) -> None:
     assert max(SERVER_SCORES) - min(SERVER_SCORES) > 1.0  # the documents' scores differ: the check can fail
 
 
+@pytest.mark.model
 def test_a_rerank_template_is_used_as_llama_server_uses_it(tmp_path: Path) -> None:
     path = load_script("make_test_reranker").write_reranker(tmp_path / "t.gguf", template=True)
     with Engine(path, n_ctx=512, n_threads=2) as engine:
@@ -76,6 +80,7 @@ def test_a_rerank_template_is_used_as_llama_server_uses_it(tmp_path: Path) -> No
     assert max(abs(a - b) for a, b in zip(scores, SERVER_SCORES_TEMPLATE, strict=True)) <= TOLERANCE
 
 
+@pytest.mark.model
 def test_a_pair_too_long_is_refused_before_decoding_or_cut_when_asked(reranker: Reranker) -> None:
     long = "cat " * 600
     with pytest.raises(PairTooLong) as refused:
@@ -91,6 +96,7 @@ def test_a_pair_too_long_is_refused_before_decoding_or_cut_when_asked(reranker: 
         reranker.pairs("sky " * 600, ["a"], truncate=True)
 
 
+@pytest.mark.model
 def test_a_chat_model_is_not_a_reranker_and_a_reranker_does_not_embed(
     engine: Engine, reranker: Reranker
 ) -> None:
@@ -102,6 +108,7 @@ def test_a_chat_model_is_not_a_reranker_and_a_reranker_does_not_embed(
         Embedder(reranker.engine)
 
 
+@pytest.mark.fast
 def test_ranked_is_best_first_ties_in_order_and_top() -> None:
     assert ranked([0.1, 0.5, -1.0, 0.5], None) == [1, 3, 0, 2]
     assert ranked([0.1, 0.5, -1.0, 0.5], 2) == [1, 3]
@@ -222,6 +229,7 @@ def test_a_reranker_asked_to_generate_is_one_line_and_exit_2(
     )
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize(
     ("arch", "pooling", "says"),
     [

@@ -8,6 +8,8 @@ from runner.engine.text.sampling import SamplingConfig, model_defaults, resolve
 from runner.engine.text.template import build_messages, render
 from runner.errors import InvalidModelFile, InvalidSetting
 
+pytestmark = pytest.mark.fast
+
 SMOL = (
     "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
     "{{ '<|im_start|>system\\nYou are a helpful AI assistant named SmolLM, "

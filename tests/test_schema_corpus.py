@@ -30,12 +30,14 @@ def load(path: Path) -> dict[str, Any]:
     return entry
 
 
+@pytest.mark.fast
 def test_the_corpus_has_what_the_issue_names() -> None:
     names = {p.stem for p in ENTRIES}
     assert {"conformance_ranges", "instructor_user", "instructor_nested"} <= names
     assert len([p for p in ENTRIES if load(p)["expect"] == "enforced"]) >= 20
 
 
+@pytest.mark.model
 @pytest.mark.parametrize("path", ENTRIES, ids=[p.stem for p in ENTRIES])
 def test_each_schema_is_enforced_or_refused_as_expected(engine, smollm2_path: Path, path: Path) -> None:
     entry = load(path)

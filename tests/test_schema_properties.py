@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import jsonschema
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -19,6 +20,8 @@ from runner.engine.text.sampling import SamplingConfig
 from runner.engine.text.template import Message
 from runner.gguf import read_header
 from tests.helpers import checked
+
+pytestmark = pytest.mark.model
 
 NAMES = ["name", "age", "city", "tags", "id", "score", "kind", "note", "when", "ok"]
 WORDS = st.text(alphabet="abcdefghij", min_size=1, max_size=6)

@@ -27,6 +27,7 @@ WEATHER = {
 }
 
 
+@pytest.mark.fast
 def test_blocks_become_the_messages_the_templates_read() -> None:
     request = CountRequest.model_validate(
         {

@@ -120,6 +120,7 @@ def metrics() -> Metrics:
     return Metrics()
 
 
+@pytest.mark.fast
 def test_the_http_layer_counts_each_request_by_api_endpoint_and_status(metrics: Metrics) -> None:
     with TestClient(create_app(StandIn(), metrics=metrics, log=lambda line: None)) as http:
         assert http.post("/v1/chat/completions", content=chat()).status_code == 200
@@ -149,6 +150,7 @@ def test_the_http_layer_counts_each_request_by_api_endpoint_and_status(metrics: 
     assert total(samples, "runner_request_duration_seconds_sum") > 0
 
 
+@pytest.mark.fast
 def test_the_api_key_guards_metrics_and_no_metrics_is_a_404(metrics: Metrics) -> None:
     with TestClient(create_app(StandIn(), api_key=KEY, metrics=metrics, log=lambda line: None)) as http:
         refused = http.get("/metrics")
@@ -165,6 +167,7 @@ def test_the_api_key_guards_metrics_and_no_metrics_is_a_404(metrics: Metrics) ->
     assert gone.status_code == 404 and "no such endpoint" in gone.json()["error"]["message"]
 
 
+@pytest.mark.fast
 def test_openmetrics_when_the_scraper_asks_for_it(metrics: Metrics) -> None:
     with TestClient(create_app(StandIn(), metrics=metrics, log=lambda line: None)) as http:
         answer = http.get("/metrics", headers={"Accept": "application/openmetrics-text; version=1.0.0"})
@@ -186,6 +189,7 @@ def timings(
     )
 
 
+@pytest.mark.fast
 def test_an_answer_counts_its_tokens_its_timings_and_its_drafts(metrics: Metrics) -> None:
     metrics.answered(MODEL, Result("a", "length", timings(30, 10, 5, 0.5, 1.5, drafted=8)))
     metrics.answered(MODEL, Result("b", "stop", timings(20, 0, 1, 0.25, 0.25)))
@@ -208,6 +212,7 @@ def test_an_answer_counts_its_tokens_its_timings_and_its_drafts(metrics: Metrics
     )
 
 
+@pytest.mark.fast
 def test_the_state_is_read_at_each_scrape(metrics: Metrics) -> None:
     reads: list[int] = []
 
@@ -231,6 +236,7 @@ def test_the_state_is_read_at_each_scrape(metrics: Metrics) -> None:
     assert total(samples, "runner_prompt_state_hits_total") == 2
 
 
+@pytest.mark.fast
 def test_the_docs_table_is_every_metric_with_its_type_and_labels(metrics: Metrics) -> None:
     """Every metric given an event, so each shows its labels: the table says exactly these."""
     metrics.watch(lambda: [ModelState(MODEL, {"cpu": 1}, 0, 1, 0, 0, 512)])

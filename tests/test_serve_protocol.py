@@ -242,6 +242,7 @@ BAD = {
 }
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("case", list(BAD), ids=list(BAD))
 def test_bad_requests_are_4xx_in_the_api_shape(http: TestClient, backend: StandIn, case: str) -> None:
     """Each bad request: its 4xx, the error in the shape of the API it came through (OpenAI's object
@@ -251,6 +252,7 @@ def test_bad_requests_are_4xx_in_the_api_shape(http: TestClient, backend: StandI
     assert backend.asks == []
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize(
     ("path", "content", "param"),
     [
@@ -271,6 +273,7 @@ def test_a_prompt_too_long_is_a_400_before_any_stream(
         assert "tokens" in message
 
 
+@pytest.mark.fast
 def test_a_full_queue_is_429_in_each_apis_shape(http: TestClient, backend: StandIn) -> None:
     backend.full = True
     got = http.post("/v1/chat/completions", content=chat())
@@ -286,6 +289,7 @@ def test_a_full_queue_is_429_in_each_apis_shape(http: TestClient, backend: Stand
 # -- the errors no route makes: the path says the API ----------------------------------------------
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize(
     ("method", "path", "status", "shape"),
     [
@@ -319,6 +323,7 @@ def test_no_route_is_said_in_the_shape_of_the_api_the_path_belongs_to(
     assert any(line.startswith(f"{method} {path} {status}") for line in lines), lines
 
 
+@pytest.mark.fast
 def test_a_missing_key_is_401_in_each_apis_shape(backend: StandIn) -> None:
     with TestClient(create_app(backend, api_key="s3cret", log=lambda _: None)) as http:
         got = http.get("/v1/models")
@@ -333,6 +338,7 @@ def test_a_missing_key_is_401_in_each_apis_shape(backend: StandIn) -> None:
         assert http.get("/v1/models", headers={"x-api-key": "s3cret"}).status_code == 200
 
 
+@pytest.mark.fast
 def test_an_exception_in_a_route_is_a_500_in_its_apis_shape(http: TestClient, backend: StandIn) -> None:
     """A failure nobody foresaw, in a route: its API's 500, the log saying what it was; never a
     traceback to the client."""
@@ -353,6 +359,7 @@ def test_an_exception_in_a_route_is_a_500_in_its_apis_shape(http: TestClient, ba
 # -- what the answers carry, from the engine's Outcome ------------------------------------------------
 
 
+@pytest.mark.fast
 def test_an_error_mid_stream_ends_each_stream_in_its_apis_shape(http: TestClient, backend: StandIn) -> None:
     class Failing(list[tuple[str, str]]):
         def __iter__(self) -> Any:
@@ -383,6 +390,7 @@ def anthropic_client(http: TestClient) -> anthropic.Anthropic:
     )
 
 
+@pytest.mark.fast
 def test_anthropics_stop_sequence_is_the_one_the_engine_stopped_at(
     http: TestClient, backend: StandIn
 ) -> None:
@@ -435,6 +443,7 @@ def _refused(client: anthropic.Anthropic, error: type[anthropic.APIStatusError],
     return f"{said['error']['type']}: {said['error']['message']}"
 
 
+@pytest.mark.fast
 def test_bad_requests_are_refused_in_anthropics_shape(http: TestClient, backend: StandIn) -> None:
     client = anthropic_client(http)
     bad = anthropic.BadRequestError
@@ -467,6 +476,7 @@ def test_bad_requests_are_refused_in_anthropics_shape(http: TestClient, backend:
     assert backend.asks == []
 
 
+@pytest.mark.fast
 def test_a_wrong_method_is_refused_in_anthropics_shape(http: TestClient) -> None:
     reply = http.get("/v1/messages")
     assert reply.status_code == 405
@@ -547,6 +557,7 @@ OPENAI_BAD = [  # those only the model refuses (a text past the embedding contex
 ]
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize(("sent", "param"), OPENAI_BAD)
 def test_openai_embeddings_bad_input_is_a_400_naming_the_field(
     http: TestClient, sent: dict[str, Any], param: str
@@ -557,6 +568,7 @@ def test_openai_embeddings_bad_input_is_a_400_naming_the_field(
     assert error["param"] == param and error["message"] and error["type"]
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize(
     "sent",
     [
@@ -586,6 +598,7 @@ ANTHROPIC_JS = (
 )
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize(
     ("path", "asked"), [("/v1/chat/completions", OPENAI_JS), ("/v1/messages", ANTHROPIC_JS)]
 )

@@ -33,6 +33,7 @@ WEATHER = {
 }
 
 
+@pytest.mark.fast
 def test_items_become_the_messages_the_templates_read() -> None:
     items = input_items(
         [
@@ -80,6 +81,7 @@ def test_items_become_the_messages_the_templates_read() -> None:
     assert chat_messages(None, input_items("Hi")) == [{"role": "user", "content": "Hi"}]
 
 
+@pytest.mark.fast
 def test_parts_become_items_and_their_events() -> None:
     output = Output()
     kinds = [e["type"] for e in output.part("reasoning", "Hm") + output.part("answer", "Hel")]
@@ -113,6 +115,7 @@ def test_parts_become_items_and_their_events() -> None:
     assert [item["type"] for item in whole_output(outcome_of("", "length"))] == ["message"]
 
 
+@pytest.mark.fast
 def test_a_kept_response_round_trips_through_the_store_thread(tmp_path: Path) -> None:
     row = StoredResponse("resp_1", MODEL, 1.5, None, {"id": "resp_1", "output": []}, [{"a": 1}], [{"b": "é"}])
 

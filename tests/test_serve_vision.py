@@ -88,6 +88,7 @@ def run_answer(question: str, *images: Path, mmproj: Path) -> dict[str, Any]:
 # -- the join, as llama-server's concat_content_parts ---------------------------------------------------
 
 
+@pytest.mark.fast
 def test_parts_join_as_llama_server_joins_them() -> None:
     """Text parts with a newline between, none before or after an image (common/chat.cpp)."""
     a, b = ImageRef("x", "A"), ImageRef("y", "B")
@@ -458,6 +459,7 @@ def test_the_real_clients_raise_the_refusals(server: Server) -> None:
     assert said.value.status_code == 400 and "images[0]" in said.value.error
 
 
+@pytest.mark.fast
 def test_a_text_only_model_names_itself_in_every_api() -> None:
     """Images to a model served without a projector, in process (the stand-in backend): a 400 naming
     the image's field and the model, before anything reaches it."""

@@ -70,6 +70,7 @@ def answer(
 # -- the drafting logic, on token lists -------------------------------------------------------------
 
 
+@pytest.mark.fast
 def test_ngram_drafts_what_followed_the_latest_earlier_match() -> None:
     d = NgramDrafter()
     history = [1, 2, 3, 4, 5, 6, 9, 1, 2, 3, 4, 7, 8, 1, 2, 3, 4]
@@ -83,6 +84,7 @@ def test_ngram_drafts_what_followed_the_latest_earlier_match() -> None:
     assert d.candidates(history) == (0, 0)
 
 
+@pytest.mark.fast
 def test_a_copy_is_followed_at_its_own_place_where_the_text_repeats() -> None:
     d = NgramDrafter()
     source = [1, 2, 3, 4, 50, 51, 1, 2, 3, 4, 60, 61, 62]
@@ -93,6 +95,7 @@ def test_a_copy_is_followed_at_its_own_place_where_the_text_repeats() -> None:
     assert d.candidates(history)[0] == 4 and d.propose(history, 2) == [51, 1]
 
 
+@pytest.mark.fast
 def test_unverified_drafts_are_scored_as_the_answer_goes_on() -> None:
     spec = Speculator(NgramDrafter())
     spec.plain_step(0.010)
@@ -109,6 +112,7 @@ def test_unverified_drafts_are_scored_as_the_answer_goes_on() -> None:
     assert before is not None and before > 0.97
 
 
+@pytest.mark.fast
 def test_ngram_falls_back_to_shorter_keys_and_never_matches_itself() -> None:
     d = NgramDrafter()
     assert d.candidates([10, 11, 12]) == (0, 0)  # the suffix alone is no earlier match
@@ -135,6 +139,7 @@ class _Fixed:
     def close(self) -> None: ...
 
 
+@pytest.mark.fast
 def test_the_draft_length_follows_acceptance_and_batch_cost() -> None:
     spec = Speculator(_Fixed())
     spec.plain_step(0.010)
@@ -145,6 +150,7 @@ def test_the_draft_length_follows_acceptance_and_batch_cost() -> None:
     assert spec._best_length(0.9, 32) > 8 and spec.batch_cost(8) < 0.2
 
 
+@pytest.mark.fast
 def test_speculation_stops_for_the_answer_when_it_does_not_pay() -> None:
     spec = Speculator(_Fixed())
     spec.plain_step(0.010)
@@ -160,6 +166,7 @@ def test_speculation_stops_for_the_answer_when_it_does_not_pay() -> None:
 # -- the engine, with the real model ---------------------------------------------------------------
 
 
+@pytest.mark.model
 def test_ngram_speculation_keeps_the_greedy_answer_of_a_copy_task(target: Engine, smollm2_path: Path) -> None:
     prompt = tokens_for(target, smollm2_path, COPY)
     plain = answer(target, prompt, "none")
@@ -174,6 +181,7 @@ def test_ngram_speculation_keeps_the_greedy_answer_of_a_copy_task(target: Engine
     assert PARAGRAPH[:40] in plain.text  # the task really is a copy for this model
 
 
+@pytest.mark.model
 def test_the_model_as_its_own_draft_keeps_nearly_every_draft(target: Engine, smollm2_path: Path) -> None:
     for text in FREE:
         prompt = tokens_for(target, smollm2_path, text)
@@ -184,6 +192,7 @@ def test_the_model_as_its_own_draft_keeps_nearly_every_draft(target: Engine, smo
         assert s.mode == "draft" and s.steps > 0 and s.acceptance > 0.9, s
 
 
+@pytest.mark.model
 def test_a_bad_draft_is_rejected_and_the_answer_stays_the_same(
     target: Engine, smollm2_path: Path, draft_path: Path
 ) -> None:
@@ -195,6 +204,7 @@ def test_a_bad_draft_is_rejected_and_the_answer_stays_the_same(
     assert s.steps > 10 and s.acceptance < 0.3, s
 
 
+@pytest.mark.model
 def test_sampling_with_a_seed_gives_the_same_answer_with_speculation(
     target: Engine, smollm2_path: Path
 ) -> None:
@@ -208,6 +218,7 @@ def test_sampling_with_a_seed_gives_the_same_answer_with_speculation(
     assert plain.text == drafted.text
 
 
+@pytest.mark.model
 def test_drafts_stop_at_max_tokens_and_the_context(target: Engine, smollm2_path: Path) -> None:
     prompt = tokens_for(target, smollm2_path, COPY)
     for limit in (1, 2, 5, 17):
@@ -223,6 +234,7 @@ def test_drafts_stop_at_max_tokens_and_the_context(target: Engine, smollm2_path:
         assert len(long) + result.timings.completion_tokens == small.n_ctx >= small.n_cached
 
 
+@pytest.mark.model
 def test_a_recurrent_model_decodes_plainly(tmp_path: Path) -> None:
     path = write_model(tmp_path / "mamba.gguf", SPECS["mamba"])
     with Engine(path, n_ctx=256, n_threads=2) as engine:
@@ -232,6 +244,7 @@ def test_a_recurrent_model_decodes_plainly(tmp_path: Path) -> None:
 # -- draft models checked before loading; the CLI ----------------------------------------------------
 
 
+@pytest.mark.model
 def test_draft_vocabularies_are_compared_as_llama_cpp_does(smollm2_path: Path, tmp_path: Path) -> None:
     target = read_header(smollm2_path)
     base = Spec("llama", n_layer=1, n_embd=64, n_head=2, n_head_kv=1, n_ff=128)

@@ -12,6 +12,8 @@ from runner.errors import UsageError
 from runner.store import MIGRATIONS, Store, StoredConversation, StoredMessage, StoreError
 from runner.store.file import from_json, to_json
 
+pytestmark = pytest.mark.fast
+
 
 def test_a_conversation_round_trips(tmp_path: Path) -> None:
     store = Store.open(tmp_path / "c.db")

@@ -51,6 +51,7 @@ NICE19 = {1: 1.47 * FAST, 2: 1.04 * FAST}  # the nice-19 tasks take ~2% of a cor
 NICE0 = {1: 1.5 * FAST, 2: 3.0 * FAST}  # a thread shares its core: every step waits at the barriers
 
 
+@pytest.mark.fast
 def test_the_first_count_leaves_the_busy_cpus_to_others() -> None:
     assert free_threads(2, others=0, cpus=2) == 2
     assert free_threads(2, others=1, cpus=2) == 1  # one other task: one core left
@@ -60,6 +61,7 @@ def test_the_first_count_leaves_the_busy_cpus_to_others() -> None:
     assert free_threads(8, others=3, cpus=8) == 5
 
 
+@pytest.mark.fast
 def test_steps_are_compared_with_steps_of_their_size() -> None:
     assert [size_class(n) for n in (0, 1, 2, 3, 4, 5, 8, 9, 16, 17, 512)] == [
         1,
@@ -76,6 +78,7 @@ def test_steps_are_compared_with_steps_of_their_size() -> None:
     ]
 
 
+@pytest.mark.fast
 def test_a_fixed_count_never_changes() -> None:
     threads = Threads(2, fixed=True, start=1)
     assert threads.n == 2  # --threads 2 is 2, whatever is free
@@ -83,6 +86,7 @@ def test_a_fixed_count_never_changes() -> None:
     assert threads.changes == 0 and threads.used() == 2
 
 
+@pytest.mark.fast
 def test_two_slow_steps_of_four_drop_a_thread() -> None:
     threads = Threads(2, fixed=False, start=2)
     assert steps(threads, FAST, 5) == [None] * 5
@@ -91,6 +95,7 @@ def test_two_slow_steps_of_four_drop_a_thread() -> None:
     assert threads.n == 1 and threads.changes == 1
 
 
+@pytest.mark.fast
 def test_a_big_step_is_not_slow_next_to_small_ones() -> None:
     threads = Threads(2, fixed=False, start=2)
     steps(threads, FAST, 5)
@@ -98,6 +103,7 @@ def test_a_big_step_is_not_slow_next_to_small_ones() -> None:
     assert threads.n == 2
 
 
+@pytest.mark.fast
 def test_steps_of_one_class_are_compared_per_token() -> None:
     """Speculation's verify steps of 5 and 8 tokens share a size class: an 8-token step costing 8/5
     of a 5-token one is not slow (per step it would be 2.9x the class's fastest 5-token step of 2.2 ms
@@ -108,6 +114,7 @@ def test_steps_of_one_class_are_compared_per_token() -> None:
     assert threads.n == 2 and threads.changes == 0
 
 
+@pytest.mark.fast
 def test_idle_at_the_cores_nothing_is_probed() -> None:
     threads = Threads(2, fixed=False, start=2)
     took = run_on(threads, IDLE, 5000, jitter=0.1)
@@ -115,6 +122,7 @@ def test_idle_at_the_cores_nothing_is_probed() -> None:
     assert took <= 5000 * FAST * 1.1
 
 
+@pytest.mark.fast
 def test_beside_nice_19_tasks_the_hint_s_one_thread_is_left_for_two_at_once() -> None:
     """The runnable count sees two other tasks and starts on one thread; the first probe finds two
     pay and keeps them, and no probe follows while the steps cost what they did."""
@@ -127,6 +135,7 @@ def test_beside_nice_19_tasks_the_hint_s_one_thread_is_left_for_two_at_once() ->
     assert took <= 5000 * NICE19[2] * 1.1
 
 
+@pytest.mark.fast
 def test_beside_a_nice_0_task_probes_fail_at_their_first_step_and_grow_rare() -> None:
     threads = Threads(2, fixed=False, start=1)
     took = run_on(threads, NICE0, 5000)
@@ -137,6 +146,7 @@ def test_beside_a_nice_0_task_probes_fail_at_their_first_step_and_grow_rare() ->
     assert threads._wait[+1] == PROBE_MOST or threads.probes >= 7
 
 
+@pytest.mark.fast
 def test_a_rise_the_hint_says_has_no_core_waits_and_is_tried_in_the_end(monkeypatch) -> None:
     """Where the running tasks leave no core (nice 0 here, or in another session), a due rise is put
     off, the wait doubling, without a step spent on it; at the longest wait it is tried anyway (the
@@ -155,6 +165,7 @@ def test_a_rise_the_hint_says_has_no_core_waits_and_is_tried_in_the_end(monkeypa
     assert threads.probes == 1 and threads.n == 2
 
 
+@pytest.mark.fast
 def test_a_competitor_that_slows_every_step_alike_is_found_by_drift() -> None:
     """Not one step is SLOW_STEP times the fastest, but all are DRIFT times the count's best: one
     thread fewer is tried and kept when it is faster; when the competitor leaves, two come back."""
@@ -171,6 +182,7 @@ def test_a_competitor_that_slows_every_step_alike_is_found_by_drift() -> None:
     assert threads.n == 2
 
 
+@pytest.mark.fast
 def test_counts_that_cost_within_ten_percent_never_swap() -> None:
     """The hysteresis: where one and two threads cost about the same, the count stays where it is
     and probes in either direction fail and grow rare."""
@@ -182,6 +194,7 @@ def test_counts_that_cost_within_ten_percent_never_swap() -> None:
         assert threads.tokens[start] >= 0.99 * 5000
 
 
+@pytest.mark.fast
 def test_a_probe_lets_steps_of_other_sizes_pass() -> None:
     """A server's batches vary in size: a probe is judged on steps of its own size only."""
     threads = Threads(2, fixed=False, start=1)
@@ -192,6 +205,7 @@ def test_a_probe_lets_steps_of_other_sizes_pass() -> None:
     assert threads.n == 2 and threads.probes == 1
 
 
+@pytest.mark.fast
 def test_a_rise_undone_by_slow_steps_waits_longer_before_the_next() -> None:
     """Two threads paid in their probe and then were kept waiting (a competitor's slices came round):
     the next rise waits twice as long, so the count does not swing."""
@@ -207,6 +221,7 @@ def test_a_rise_undone_by_slow_steps_waits_longer_before_the_next() -> None:
     assert waited + 1 >= PROBE_AFTER
 
 
+@pytest.mark.fast
 def test_a_quota_s_throttled_steps_show_in_the_mean() -> None:
     """A CPU quota of one core over two threads: five fast steps, then one that waits out the rest of
     the period. No two of four are slow and the median is fast, but the mean is twice one step: one
@@ -221,6 +236,7 @@ def test_a_quota_s_throttled_steps_show_in_the_mean() -> None:
     assert total <= 4000 * 1.47 * FAST * 1.05  # within 5% of one thread throughout
 
 
+@pytest.mark.fast
 def test_an_upward_probe_s_steps_have_a_budget() -> None:
     """What the count it came from takes per step (PAYS of its mean): past it the step is aborted,
     recorded as given up, and the count is back where it was."""
@@ -234,6 +250,7 @@ def test_an_upward_probe_s_steps_have_a_budget() -> None:
     assert threads.tokens == {1: FIRST_PROBE} and threads.budget(1) is None
 
 
+@pytest.mark.model
 def test_an_aborted_probe_step_leaves_the_answer_as_one_thread_gives_it(engine, monkeypatch) -> None:
     """Every probe's step aborted at once (a zero budget): llama.cpp drops the step's cells and the
     step runs again on one thread, so the greedy answer is the one a fixed thread gives, token for
@@ -260,6 +277,7 @@ def test_an_aborted_probe_step_leaves_the_answer_as_one_thread_gives_it(engine, 
     assert aborted == alone
 
 
+@pytest.mark.fast
 def test_each_answer_has_its_own_record() -> None:
     threads = Threads(2, fixed=False, start=2)
     steps(threads, FAST, 5)
@@ -270,6 +288,7 @@ def test_each_answer_has_its_own_record() -> None:
     assert threads.changes == 0 and threads.used() == 1
 
 
+@pytest.mark.fast
 def test_an_answer_of_a_server_s_loop_has_its_own_share_of_the_record() -> None:
     """A server's loop runs for hours: each answer's timings say what its own tokens ran on."""
     threads = Threads(2, fixed=False, start=2)
@@ -283,6 +302,7 @@ def test_an_answer_of_a_server_s_loop_has_its_own_share_of_the_record() -> None:
     assert threads.since(mark) == (1, 0)  # begun again since: the record as it is
 
 
+@pytest.mark.fast
 def test_the_policy_tests_take_under_a_second() -> None:
     """The issue's bound on these tests: the controller alone, no model."""
     import time as clock

@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from runner.engine.text.template import Message
 from runner.engine.text.tools import forced_call_schema, parse_tool_calls, tools_as_system
+
+pytestmark = pytest.mark.fast
 
 SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
 TOOLS = [

@@ -9,6 +9,8 @@ import pytest
 from runner.ui import WordWrap, human_bytes, markdown_stream
 from tests.term import Terminal, rendered_markdown
 
+pytestmark = pytest.mark.fast
+
 
 def test_sizes_use_decimal_units_up_to_terabytes() -> None:
     assert human_bytes(5) == "5 B"

@@ -42,6 +42,7 @@ def names(*paths: str) -> list[RepoFile]:
     return [RepoFile(p) for p in paths]
 
 
+@pytest.mark.fast
 def test_the_projector_of_the_models_quant_else_f16_else_q8_else_the_closest_in_bits() -> None:
     repo = names(
         "m-Q4_K_M.gguf", "m-Q8_0.gguf", "mmproj-m-F16.gguf", "mmproj-m-Q8_0.gguf", "mmproj-m-F32.gguf"
@@ -64,6 +65,7 @@ def test_the_projector_of_the_models_quant_else_f16_else_q8_else_the_closest_in_
     assert pick("m-Q4_K_M.gguf", nested) == "mmproj-F16.gguf"
 
 
+@pytest.mark.fast
 def test_a_catalog_entry_pins_its_projector() -> None:
     from runner.hub.catalog import CatalogEntry
 
