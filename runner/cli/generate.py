@@ -158,7 +158,7 @@ def _chat_or_continue(given: dict[str, Any], tty: bool) -> None:
     text, name = (model, None) if given["continue_"] and prompt is None else (prompt, model)
     request = ChatRequest(
         model=name,
-        **_chat_fields(given),
+        **_answer_fields(given),
         save=not given["no_save"],
     )
     if given["continue_"]:
@@ -170,8 +170,8 @@ def _chat_or_continue(given: dict[str, Any], tty: bool) -> None:
         chat(request, stdin=sys.stdin, out=sys.stdout, interactive=True)
 
 
-def _chat_fields(given: dict[str, Any]) -> dict[str, Any]:
-    """What run's and chat's flags say of a chat alike."""
+def _answer_fields(given: dict[str, Any]) -> dict[str, Any]:
+    """What run's and chat's flags say alike of the answers (a chat's, or one prompt's)."""
     return dict(
         system=given["system"],
         sampling=_sampling(given),
@@ -194,18 +194,9 @@ def _one(given: dict[str, Any], tty: bool) -> None:
     request = RunRequest(
         model=given["model"],
         prompt=given["prompt"],
-        system=given["system"],
         raw=given["raw"],
-        sampling=_sampling(given),
-        max_tokens=given["max_tokens"],
-        stop=tuple(given["stop"] or ()),
-        settings=_settings(given),
-        prompt_cache=not given["no_prompt_cache"],
-        prompt_cache_size=given["prompt_cache_size"],
+        **_answer_fields(given),
         as_json=given["json"],
-        verbose=given["verbose"],
-        think=given["think"],
-        hide_reasoning=given["hide_reasoning"],
         schema=given["schema"],
         format=given["format"],
         grammar=str(grammar) if grammar is not None else None,
@@ -271,7 +262,7 @@ def chat(
     given = locals()
     request = ChatRequest(
         model=model,
-        **_chat_fields(given),
+        **_answer_fields(given),
         save=not no_save,
         resume=resume,
         load=load,
