@@ -23,7 +23,7 @@ from runner.engine.logprobs import TokenLogprob
 from runner.engine.promptcache import CacheUse, PromptCache
 from runner.engine.request import Request
 from runner.engine.speculate import SpecStats
-from runner.engine.text.constrain import ConstraintError
+from runner.engine.text.constrain import CUT_SHORT, ConstraintError
 from runner.engine.text.reasoning import ANSWER
 from runner.engine.text.sampling import SamplingConfig, catalog_defaults, resolve_sources
 from runner.limits import flash_attn_name
@@ -170,7 +170,7 @@ def shape_problem(result: Result) -> str | None:
     found it), said with the flag that gives a cut answer room; None where it holds."""
     if result.invalid is None:
         return None
-    cut = result.finish_reason != FINISH_STOP and result.invalid.endswith("before its JSON closed")
+    cut = result.finish_reason != FINISH_STOP and result.invalid.endswith(CUT_SHORT)
     return result.invalid + ("; raise --max-tokens (or --ctx) for a longer answer" if cut else "")
 
 

@@ -38,7 +38,7 @@ from runner.engine.loop import Loop
 from runner.engine.positions import Positions
 from runner.engine.prefix import PrefixStore
 from runner.engine.promptcache import PromptCache
-from runner.engine.request import Prompt, Request, bare, finish, to_job
+from runner.engine.request import Request, bare, finish, to_job
 from runner.engine.sequence import Job
 from runner.engine.speculate import (
     SPEC_DRAFT,
@@ -49,7 +49,6 @@ from runner.engine.speculate import (
     Speculation,
     Speculator,
 )
-from runner.engine.text.constrain import Constraint
 from runner.engine.text.sampling import SamplingConfig
 from runner.engine.threads import Threads, competing_others, free_threads
 from runner.errors import EngineError, InvalidModelFile, InvalidSetting, UsageError
@@ -406,8 +405,7 @@ class Engine(KVContext):
         the context is full (benchmarks: tg128 decodes whatever comes). Ctrl-C raises
         KeyboardInterrupt in the caller: there is no answer to keep."""
         tokens: list[int] = []
-        shape = Constraint("grammar", grammar) if grammar is not None else None
-        request = Request(Prompt(list(prompt_tokens), ""), sampling, shape=shape, ignore_end=True)
+        request = bare(prompt_tokens, sampling, grammar=grammar, ignore_end=True)
         for chunk in self.stream(request, on_token=tokens.append):
             yield from tokens
             tokens.clear()

@@ -124,13 +124,16 @@ def bare(
     tokens: Sequence[int],
     sampling: SamplingConfig,
     *,
+    grammar: str | None = None,
     guide: str | None = None,
     media: Any = None,
     **fields: Any,
 ) -> Request:
     """A request for bare tokens (benchmarks, tests): `fields` are the Request's (max_tokens, stop,
-    logprobs ...), `guide` an llguidance grammar to hold every token to, `media` the tokens' images."""
-    shape = Constraint("grammar", None, guide=guide) if guide is not None else None
+    logprobs ...), `grammar` GBNF or `guide` an llguidance grammar to hold every token to, `media`
+    the tokens' images."""
+    held = grammar is not None or guide is not None
+    shape = Constraint("grammar", grammar, guide=guide) if held else None
     if "stop" in fields:
         fields["stop"] = tuple(fields["stop"])
     return Request(Prompt(list(tokens), "", media=media), sampling, shape=shape, **fields)

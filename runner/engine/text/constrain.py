@@ -25,6 +25,7 @@ from runner.engine.text.schemawalk import DATA, MAPS, subschemas
 from runner.errors import InvalidSetting, RunnerError
 
 FORMATS = ("json",)
+CUT_SHORT = "before its JSON closed"  # how Constraint.problem ends for an answer that stopped mid-JSON
 
 
 class ConstraintError(RunnerError):
@@ -52,7 +53,7 @@ class Constraint:
             value = json.loads(text)
         except json.JSONDecodeError as exc:
             if finish_reason != "stop":
-                return f"the answer ended ({finish_reason}) before its JSON closed"
+                return f"the answer ended ({finish_reason}) {CUT_SHORT}"
             return f"the answer is not JSON ({exc})"
         if self.schema is None:  # json: any object, as its grammar allows and json_object asks
             return None if isinstance(value, dict) else "the answer is not a JSON object"
