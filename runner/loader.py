@@ -9,7 +9,7 @@ engine (the build's facts, a dry run of a load) it gets from here.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -171,7 +171,7 @@ def plan_for(
         quants = smaller() if smaller is not None else []
         raise WontFit(describe_refusal(name, plan, quants))
     chose = departures(
-        plan, header, here, ctx=asked["ctx"], gpu_layers=settings.gpu_layers, kv_type=settings.kv_type
+        plan, header, here, ctx=asked.ctx, gpu_layers=settings.gpu_layers, kv_type=settings.kv_type
     )
     final = path is not None or plan.estimate.exact  # else a check with the file follows: say it then
     if chose and plan.fits and final:
@@ -186,7 +186,7 @@ def choose_plan(
     *,
     path: Path | None = None,
     projector: ProjectorMemory | None = None,
-) -> tuple[Plan, dict[str, Any]]:
+) -> tuple[Plan, Ask]:
     """The plan a load makes, fitting or not, and what make_plan was asked for it: plan_for's, and
     `runner fit`'s, so that fit says what a load would do with the same settings.
 
@@ -197,44 +197,37 @@ def choose_plan(
     that which fit (halving), as the plan's n_seq. `output_rows`: the most rows of logits one decode
     asks for. `projector`: a vision projector's memory (runner.projector.memory), counted beside the model.
     """
-    ctx, gpu_layers, kv_type, flash_attn = (
-        settings.ctx,
-        settings.gpu_layers,
-        settings.kv_type,
-        settings.flash_attn,
-    )
-    output_rows = settings.output_rows
 
-    def asking(n: int) -> dict[str, Any]:
-        return dict(
-            ctx=total_ctx(ctx, n),
-            gpu_layers=gpu_layers,
-            kv_type=kv_type,
-            flash_attn=flash_attn,
+    def asking(n: int) -> Ask:
+        return Ask(
+            ctx=total_ctx(settings.ctx, n),
+            gpu_layers=settings.gpu_layers,
+            kv_type=settings.kv_type,
+            flash_attn=settings.flash_attn,
             n_seq=n,
-            output_rows=output_rows,
+            output_rows=settings.output_rows,
             projector=projector,
         )
 
     n_seq = settings.parallel
-    while settings.most_parallel and n_seq > 1 and not make_plan(header, here, Ask(**asking(n_seq))).fits:
+    while settings.most_parallel and n_seq > 1 and not make_plan(header, here, asking(n_seq)).fits:
         n_seq //= 2
     asked = asking(n_seq)
-    plan = make_plan(header, here, Ask(**asked))
+    plan = make_plan(header, here, asked)
     if (
         settings.growing
-        and flash_attn is None
+        and settings.flash_attn is None
         and not here.usable_gpus
         and plan.fits
         and plan.type_v in UNQUANTIZED_KV
     ):
         # off only where it costs nothing else: the same context and cache (its scores need memory)
-        same = dict(ctx=plan.n_ctx, kv_type=plan.type_k)
-        off = make_plan(header, here, Ask(**{**asked, **same, "flash_attn": CPU_CHAT_FLASH_ATTN}))
+        off_ask = replace(asked, ctx=plan.n_ctx, kv_type=plan.type_k, flash_attn=CPU_CHAT_FLASH_ATTN)
+        off = make_plan(header, here, off_ask)
         if off.fits:
-            plan, asked["flash_attn"] = off, CPU_CHAT_FLASH_ATTN
+            plan, asked = off, replace(asked, flash_attn=CPU_CHAT_FLASH_ATTN)
     if path is not None:
-        plan = confirm(plan, header, here, dry_run_of(path), Ask(**asked))
+        plan = confirm(plan, header, here, dry_run_of(path), asked)
     return plan, asked
 
 
