@@ -87,22 +87,12 @@ def fit(
       runner fit ./model.gguf --serve --parallel 4 --ctx 2048     # what runner serve counts
     """
     from runner.commands.fit import Request, fit_model
+    from runner.settings import LoadSettings
 
-    fit_model(
-        Request(
-            model,
-            ctx=ctx,
-            kv_type=kv_type,
-            flash_attn=flash_attn,
-            gpu_layers=gpu_layers,
-            parallel=parallel,
-            offline=offline,
-            as_json=json,
-            serve=serve,
-            mmproj=mmproj,
-        ),
-        out=sys.stdout,
+    settings = LoadSettings.from_flags(
+        flash_attn, ctx=ctx, kv_type=kv_type, gpu_layers=gpu_layers, offline=offline, mmproj=mmproj
     )
+    fit_model(Request(model, settings, parallel=parallel, as_json=json, serve=serve), out=sys.stdout)
 
 
 @app.command()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -15,7 +15,7 @@ from runner.hub.catalog import load_catalog
 from runner.hub.headers import ModelHeaders, read_model, read_remote
 from runner.hub.quants import Choice, offer
 from runner.hub.refs import HubRef, LocalRef, ModelRef, resolve
-from runner.limits import check_range, flash_attn_name, flash_attn_setting
+from runner.limits import check_range, flash_attn_name
 from runner.memory import speed
 from runner.memory.devices import Machine
 from runner.memory.estimate import Load
@@ -31,21 +31,16 @@ from runner.memory.plan import (
 )
 from runner.memory.projector import ProjectorMemory
 from runner.memory.speed import Decode
-from runner.settings import LoadSettings
+from runner.settings import DEFAULTS, LoadSettings
 
 
 @dataclass(frozen=True)
 class Request:
     model: str
-    ctx: int | None = None
-    kv_type: str | None = None
-    flash_attn: str | None = None  # --flash-attn as typed
-    gpu_layers: int | None = None
+    settings: LoadSettings = DEFAULTS  # --ctx, --kv-type, --flash-attn, --gpu-layers, --mmproj, --offline
     parallel: int | None = None  # None: 1, or with --serve runner serve's default
-    offline: bool = False
     as_json: bool = False
     serve: bool = False  # plan as runner serve plans with the same flags, and count what it counts
-    mmproj: str | None = None  # a vision projector (a file or a Hub reference) counted beside the model
 
     @property
     def planning(self) -> LoadSettings:
@@ -53,23 +48,20 @@ class Request:
         `run --parallel`: --ctx is each sequence's, default 2048, N of them in all), and with --serve
         what runner serve asks beside them (loader.serve_planning)."""
         serving = loader.serve_planning(self.parallel) if self.serve else dict(parallel=self.parallel or 1)
-        flash_attn = flash_attn_setting(self.flash_attn)
-        return LoadSettings(
-            ctx=self.ctx, gpu_layers=self.gpu_layers, kv_type=self.kv_type, flash_attn=flash_attn, **serving
-        )
+        return replace(self.settings, **serving)
 
 
 def fit_model(request: Request, *, out: TextIO) -> None:
     if request.parallel is not None:
         check_range(request.parallel, "--parallel", 1, 256)
-    check_asked(ctx=request.ctx, gpu_layers=request.gpu_layers)
-    flash_attn_setting(request.flash_attn)
+    settings = request.settings
+    check_asked(ctx=settings.ctx, gpu_layers=settings.gpu_layers)
     ref = resolve(request.model, load_catalog())
     machine = loader.machine()
     if isinstance(ref, HubRef) and ref.quant is None and ref.file is None and ref.entry is None:
         _per_quant(ref, request, machine, out)
         return
-    model = read_model(ref, offline=request.offline)
+    model = read_model(ref, offline=settings.offline)
     warnings = _warn(model.merged, machine, request)
     projector = _projector(request, ref, model.merged)
     plan = _plan(model.merged, machine, request, model.path, projector)
@@ -85,21 +77,24 @@ def fit_model(request: Request, *, out: TextIO) -> None:
         }
         out.write(json.dumps(report) + "\n")
         return
-    _describe(ref, model, plan, machine, decode, out, chose, request.ctx, beside, projector)
+    _describe(ref, model, plan, machine, decode, out, chose, request.settings.ctx, beside, projector)
 
 
 def _projector(request: Request, ref: ModelRef, header: GGUFHeader) -> ProjectorMemory | None:
     """--mmproj's memory (a file, or a Hub reference read remotely), or with --serve that of the
     projector pulled with the model, which serve attaches: counted as a load would count it."""
-    found = vision.find(request.mmproj, ref, paired=request.serve, offline=request.offline, download=False)
+    found = vision.find(
+        request.settings.mmproj, ref, paired=request.serve, offline=request.settings.offline, download=False
+    )
     return vision.memory(found, header) if found is not None else None
 
 
 def _chose(plan: Plan, header: GGUFHeader, machine: Machine, request: Request) -> list[str]:
     """What the plan chose that the flags did not say (plan.departures), and with --serve fewer
     sequences than runner serve's default where they would not fit, as serve chooses them."""
-    ctx = loader.total_ctx(request.ctx, plan.n_seq)  # as plan_for asks it: a batch's context is set
-    chose = departures(plan, header, machine, ctx=ctx, gpu_layers=request.gpu_layers, kv_type=request.kv_type)
+    asked = request.settings
+    ctx = loader.total_ctx(asked.ctx, plan.n_seq)  # as plan_for asks it: a batch's context is set
+    chose = departures(plan, header, machine, ctx=ctx, gpu_layers=asked.gpu_layers, kv_type=asked.kv_type)
     if request.serve and request.parallel is None and plan.n_seq < loader.SERVE_PARALLEL:
         chose.append(f"{plan.n_seq} sequences at once ({loader.SERVE_PARALLEL} would not fit)")
     return chose
@@ -107,7 +102,8 @@ def _chose(plan: Plan, header: GGUFHeader, machine: Machine, request: Request) -
 
 def _warn(header: GGUFHeader, machine: Machine, request: Request) -> list[str]:
     """What run would say of the same settings, said the same way (on stderr), and returned."""
-    warnings = loader.setting_warnings(header, machine, ctx=request.ctx, gpu_layers=request.gpu_layers)
+    asked = request.settings
+    warnings = loader.setting_warnings(header, machine, ctx=asked.ctx, gpu_layers=asked.gpu_layers)
     for warning in warnings:
         ui.warn(warning)
     return warnings
@@ -456,7 +452,7 @@ def _largest_ctx(
 ) -> int | None:
     """The largest context up to the trained one that fits with the plan's offload (and --mmproj's
     projector)."""
-    kv = request.kv_type or "f16"
+    kv = request.settings.kv_type or "f16"
     upper = trained_context(header) or 4096  # each sequence's
     load = Load(
         n_ctx=upper * plan.n_seq,
