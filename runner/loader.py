@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from runner import ui
 from runner.engine.context import CTX_PAD
 from runner.engine.engine import Engine
+from runner.engine.llamacpp import Placement
 from runner.engine.speculate import SPEC_DRAFT, draft_mismatch
 from runner.engine.text.template import TEMPLATE_KEY, compile_ahead
 from runner.errors import CannotGenerate, InvalidSetting, WontFit
@@ -134,15 +135,8 @@ def dry_run_of(path: Any) -> Callable[[Plan], dict[str, int] | None]:
     from runner.engine.llamacpp import dry_run
 
     def dry(p: Plan) -> dict[str, int] | None:
-        return dry_run(
-            path,
-            n_ctx=p.n_ctx,
-            n_gpu_layers=p.n_gpu_layers,
-            kv_type=p.type_k,
-            use_gpu=p.use_gpu,
-            flash_attn=p.flash_attn,
-            n_seq=p.n_seq,
-        )
+        placement = Placement(p.n_gpu_layers, p.use_gpu, p.type_k, p.flash_attn)
+        return dry_run(path, placement, n_ctx=p.n_ctx, n_seq=p.n_seq)
 
     return dry
 
@@ -361,18 +355,19 @@ def _load_draft(drafting: tuple[str, Path, GGUFHeader], target: Engine, settings
     with as many sequences as the target (runner serve: each sequence drafts in its own)."""
     name, path, header = drafting
     asked = LoadSettings(
-        ctx=target.n_ctx_seq, kv_type=target.kv_type, parallel=target.n_seq, force=settings.force
+        ctx=target.context.n_ctx_seq,
+        kv_type=target.context.kv_type,
+        parallel=target.context.n_seq,
+        force=settings.force,
     )
     plan = plan_for(header, name, asked, path=path)
+    context = target.context
     return Engine(
         path,
-        n_ctx=target.n_ctx,
-        n_seq=target.n_seq,  # each of the target's sequences drafts in its own
+        n_ctx=context.n_ctx,
+        n_seq=context.n_seq,  # each of the target's sequences drafts in its own
         n_threads=settings.threads,
-        n_gpu_layers=plan.n_gpu_layers,
-        kv_type=target.kv_type,
-        use_gpu=plan.use_gpu,
-        flash_attn=target.flash_attn,
+        placement=Placement(plan.n_gpu_layers, plan.use_gpu, context.kv_type, context.flash_attn),
         debug=settings.debug,
     )
 
@@ -445,11 +440,13 @@ def _load(path: Path, plan: Plan, settings: LoadSettings) -> Engine:
         path,
         n_ctx=plan.n_ctx if plan.n_seq > 1 else settings.ctx or plan.n_ctx,
         n_threads=settings.threads,
-        n_gpu_layers=plan.n_gpu_layers if settings.gpu_layers is None else settings.gpu_layers,
-        kv_type=settings.kv_type or plan.type_k,
-        use_gpu=plan.use_gpu or settings.gpu_layers is not None,
-        flash_attn=plan.flash_attn if settings.flash_attn is None else settings.flash_attn,
         n_seq=plan.n_seq,
+        placement=Placement(
+            n_gpu_layers=plan.n_gpu_layers if settings.gpu_layers is None else settings.gpu_layers,
+            use_gpu=plan.use_gpu or settings.gpu_layers is not None,
+            kv_type=settings.kv_type or plan.type_k,
+            flash_attn=plan.flash_attn if settings.flash_attn is None else settings.flash_attn,
+        ),
         debug=settings.debug,
     )
 

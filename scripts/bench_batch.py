@@ -46,14 +46,14 @@ def raw_tokens_per_s(path: Path, n_seq: int, steps: int = 48) -> float:
                     batch.token[i], batch.pos[i], batch.n_seq_id[i] = 100 + i + seq, i, 1
                     batch.seq_id[i][0], batch.logits[i] = seq, 0
                 batch.logits[34] = 1
-                lib.llama_decode(engine.ctx, batch)
+                lib.llama_decode(engine.context.ctx, batch)
             start = time.perf_counter()
             for k in range(steps):
                 batch.n_tokens = n_seq
                 for seq in range(n_seq):
                     batch.token[seq], batch.pos[seq], batch.n_seq_id[seq] = 200 + k, 35 + k, 1
                     batch.seq_id[seq][0], batch.logits[seq] = seq, 1
-                lib.llama_decode(engine.ctx, batch)
+                lib.llama_decode(engine.context.ctx, batch)
             return n_seq * steps / (time.perf_counter() - start)
         finally:
             lib.llama_batch_free(batch)

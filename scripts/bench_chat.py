@@ -53,6 +53,7 @@ def chat_turns(
     """The conversation `repeats` times (greedy: the same each time), per turn the median TTFT."""
     from runner.engine.conversation import fit
     from runner.engine.engine import Engine
+    from runner.engine.llamacpp import Placement
     from runner.engine.text.sampling import SamplingConfig
     from runner.engine.text.template import Message
     from runner.gguf import read_header
@@ -60,16 +61,16 @@ def chat_turns(
     header = read_header(path)
     greedy = SamplingConfig(temperature=0)
     rows: list[dict] = []
-    with Engine(path, n_ctx=4096, n_threads=2, flash_attn=flash_attn) as engine:
+    with Engine(path, n_ctx=4096, n_threads=2, placement=Placement(flash_attn=flash_attn)) as engine:
         for _ in range(repeats):
-            engine.reset()
+            engine.context.reset()
             history = []
             for i in range(turns):
                 history.append(Message("user", QUESTIONS[i % len(QUESTIONS)]))
                 fitted = fit(engine, header, None, history, max_tokens=max_tokens)
                 result = engine.generate(fitted.prompt.tokens, greedy, max_tokens=max_tokens)
                 history.append(Message("assistant", result.text))
-                message = len(engine.tokenize(history[-2].content, add_special=False))
+                message = len(engine.model.tokenize(history[-2].content, add_special=False))
                 t = result.timings
                 if len(rows) <= i:
                     rows.append(
@@ -90,7 +91,7 @@ def chat_turns(
             sent = history[: 2 * i + 1]
             prompts.append(fit(engine, header, None, sent, max_tokens=max_tokens).prompt.tokens)
         for tokens in prompts:
-            engine.reset()
+            engine.context.reset()
             stateless.append(engine.generate(tokens, greedy, max_tokens=1).timings.ttft_s)
         # the engine's limit: llama_decode of the same new tokens at the same position, nothing else
         limit = {}
@@ -98,10 +99,10 @@ def chat_turns(
             tokens, new = prompts[turn - 1], rows[turn - 1]["evaluated"]
             times = []
             for _ in range(5):
-                engine.reset()
-                engine.prefill(tokens[:-new])
+                engine.context.reset()
+                engine.context.prefill(tokens[:-new])
                 start = time.perf_counter()
-                engine.prefill(tokens)
+                engine.context.prefill(tokens)
                 times.append(time.perf_counter() - start)
             limit[turn] = statistics.median(times)
     return rows, stateless, limit

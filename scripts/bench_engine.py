@@ -131,7 +131,7 @@ class Runner:
         self.sampling = SamplingConfig(temperature=0)
 
     def run(self, tokens: list[int], n_gen: int) -> tuple[float, float, float]:
-        self.engine.reset()
+        self.engine.context.reset()
         result = self.engine.generate(tokens, self.sampling, max_tokens=n_gen)
         t = result.timings
         assert t.completion_tokens == n_gen, f"stopped early after {t.completion_tokens}"

@@ -75,7 +75,7 @@ def rss_kib(field: str) -> int:
 def child(path: str, n_ctx: int, variant: dict, fill: bool) -> None:
     """Load, record the log, fill the context, print one JSON line."""
     from runner.engine.engine import Engine
-    from runner.engine.llamacpp import LLAMA_LOG, cpu_repacks, llama
+    from runner.engine.llamacpp import LLAMA_LOG, Placement, cpu_repacks, llama
 
     lib = llama()
     base = rss_kib("VmRSS")
@@ -83,8 +83,10 @@ def child(path: str, n_ctx: int, variant: dict, fill: bool) -> None:
     log: list[str] = []
     LLAMA_LOG.listeners.append(lambda _level, text: log.append(text))
     if set(variant) <= {"n_gpu_layers"}:
-        engine = Engine(path, n_ctx=n_ctx, n_threads=2, n_gpu_layers=variant.get("n_gpu_layers", 0))
-        ctx, n_ubatch = engine.ctx, 512
+        engine = Engine(
+            path, n_ctx=n_ctx, n_threads=2, placement=Placement(n_gpu_layers=variant.get("n_gpu_layers", 0))
+        )
+        ctx, n_ubatch = engine.context.ctx, 512
     else:  # what Engine does, plus the variant's context params
         mparams = lib.llama_model_default_params()
         mparams.n_gpu_layers = 0
@@ -113,7 +115,7 @@ def child(path: str, n_ctx: int, variant: dict, fill: bool) -> None:
         from runner.engine.llamacpp import dry_run
 
         layers = variant["n_gpu_layers"]
-        dry = dry_run(path, n_ctx=n_ctx, n_gpu_layers=layers, kv_type=None, use_gpu=True)
+        dry = dry_run(path, Placement(n_gpu_layers=layers), n_ctx=n_ctx)
     print(
         json.dumps(
             {

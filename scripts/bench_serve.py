@@ -229,8 +229,8 @@ def engine_limit(
                 batch.token[i], batch.pos[i], batch.n_seq_id[i] = 100 + (at + i) % 1000, at + i, 1
                 batch.seq_id[i][0], batch.logits[i] = 0, int(i == n - 1)
             start = time.perf_counter()
-            assert lib.llama_decode(e.ctx, batch) == 0
-            lib.llama_synchronize(e.ctx)
+            assert lib.llama_decode(e.context.ctx, batch) == 0
+            lib.llama_synchronize(e.context.ctx)
             return time.perf_counter() - start
 
         prompts, answers = chat["prompt_tokens"], chat["completion_tokens"]
@@ -239,7 +239,7 @@ def engine_limit(
             new = total - int(prompts[turn - 2] + answers[turn - 2]) + 1
             samples = []
             for _ in range(repeats):
-                lib.llama_memory_seq_rm(e._memory, 0, -1, -1)
+                lib.llama_memory_seq_rm(e.context.memory, 0, -1, -1)
                 for at in range(0, total - new, 512):
                     decode(at, min(512, total - new - at))
                 samples.append(decode(total - new, new))

@@ -94,7 +94,7 @@ def speculation(path: Path, repeats: int, max_tokens: int) -> list[dict]:
             for _ in range(repeats):
                 for mode in runs:
                     engine.speculate(mode)
-                    engine.reset()
+                    engine.context.reset()
                     runs[mode].append(engine.generate(prompt, greedy, max_tokens=max_tokens))
             engine.speculate("none")
             plain = statistics.median(r.timings.decode_tokens_per_s for r in runs["none"])
@@ -173,20 +173,20 @@ def threshold(path: Path) -> list[dict]:
     rows = []
     with Engine(path, n_ctx=4096) as engine, tempfile.TemporaryDirectory() as folder:
         cache = PromptCache(Path(folder), 1 << 40, print)
-        tokens = engine.tokenize(document(1500))
+        tokens = engine.model.tokenize(document(1500))
         for n in (32, 64, 128, 256, 512, 1024):
             head = tokens[:n]
             prefill, load = [], []
             for _ in range(5):
-                engine.reset()
+                engine.context.reset()
                 start = time.perf_counter()
-                engine.prefill(head)
+                engine.context.prefill(head)
                 prefill.append(time.perf_counter() - start)
-            cache.store(engine, head)
+            cache.store(engine.context, head)
             for _ in range(5):
-                engine.reset()
+                engine.context.reset()
                 start = time.perf_counter()
-                assert cache.restore(engine, [*head, 0]).loaded_tokens == n
+                assert cache.restore(engine.context, [*head, 0]).loaded_tokens == n
                 load.append(time.perf_counter() - start)
             p, q = statistics.median(prefill), statistics.median(load)
             rows.append({"tokens": n, "prefill_ms": round(p * 1000, 1), "load_ms": round(q * 1000, 1)})

@@ -130,6 +130,7 @@ def batched(model: Path, projector: Path, images: list[bytes], tokens: int) -> l
     sys.path.insert(0, str(ROOT))
     from runner.engine.batch import run_batch
     from runner.engine.engine import Engine
+    from runner.engine.llamacpp import Placement
     from runner.engine.prompt import render_prompt
     from runner.engine.request import Request
     from runner.engine.text.sampling import SamplingConfig
@@ -139,7 +140,9 @@ def batched(model: Path, projector: Path, images: list[bytes], tokens: int) -> l
 
     greedy = SamplingConfig(temperature=0, repeat_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0)
     ids: dict[int, list[int]] = {i: [] for i in range(len(images))}
-    with Engine(model, n_ctx=4096 * len(images), n_seq=len(images), flash_attn=False) as engine:
+    with Engine(
+        model, n_ctx=4096 * len(images), n_seq=len(images), placement=Placement(flash_attn=False)
+    ) as engine:
         engine.attach_projector(projector)
         jobs = []
         for i, data in enumerate(images):
@@ -151,7 +154,7 @@ def batched(model: Path, projector: Path, images: list[bytes], tokens: int) -> l
             jobs.append(Request(prompt, greedy, max_tokens=tokens))
         run_batch(engine, jobs, lambda _result: None, on_token=lambda i, t: ids[i].append(t))
         for answer in ids.values():  # on_token sees the end-of-generation token too: run's ids do not
-            if answer and engine.is_end(answer[-1]):
+            if answer and engine.model.is_end(answer[-1]):
                 answer.pop()
     return [ids[i] for i in range(len(images))]
 

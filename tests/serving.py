@@ -192,10 +192,10 @@ def top2_gap(engine: Engine, tokens: list[int]) -> float:
     """The logit gap between the best two next tokens after `tokens` (one sequence, one decode)."""
     from runner.engine.llamacpp import llama
 
-    engine.reset()
-    engine.prefill(tokens)
-    row = llama().llama_get_logits_ith(engine.ctx, -1)
-    logits = sorted(ctypes.cast(row, ctypes.POINTER(ctypes.c_float))[: engine.n_vocab], reverse=True)
+    engine.context.reset()
+    engine.context.prefill(tokens)
+    row = llama().llama_get_logits_ith(engine.context.ctx, -1)
+    logits = sorted(ctypes.cast(row, ctypes.POINTER(ctypes.c_float))[: engine.model.n_vocab], reverse=True)
     return logits[0] - logits[1]
 
 
@@ -205,7 +205,7 @@ def same_unless_near_tie(engine: Engine, prompt: list[int], a: str, b: str) -> b
     when they part anywhere else. Never assert its value: a near tie is allowed, not a failure."""
     if a == b:
         return True
-    ta, tb = engine.tokenize(a, add_special=False), engine.tokenize(b, add_special=False)
+    ta, tb = engine.model.tokenize(a, add_special=False), engine.model.tokenize(b, add_special=False)
     k = next((j for j in range(min(len(ta), len(tb))) if ta[j] != tb[j]), min(len(ta), len(tb)))
     gap = top2_gap(engine, prompt + ta[:k])
     assert gap < NEAR_TIE, (a, b, gap)

@@ -55,7 +55,7 @@ def test_greedy_answers_are_the_same_alone_and_batched(
     assert stats.completion_tokens > 0 and sorted(done) == list(range(len(QUESTIONS)))
     same = 0
     for i, t in enumerate(tokens):
-        engine.reset()
+        engine.context.reset()
         alone = engine.generate(t, GREEDY, max_tokens=32).text
         same += same_unless_near_tie(engine, t, alone, done[i].text)  # type: ignore[attr-defined]
     assert same >= len(QUESTIONS) - 2  # measured here: all 8 the same
@@ -93,7 +93,7 @@ def test_the_shared_head_is_evaluated_once(batch_engine: Engine, engine: Engine,
 
 def counting(engine: Engine, first: int, n: int = 6) -> list[int]:
     """A raw prompt SmolLM2 goes on counting from: an answer as long as max_tokens, every time."""
-    return engine.tokenize(", ".join(str(first + k) for k in range(n)) + ",", add_special=True)
+    return engine.model.tokenize(", ".join(str(first + k) for k in range(n)) + ",", add_special=True)
 
 
 def answer_all(loop: Loop, jobs: list[Job]) -> None:
@@ -108,12 +108,14 @@ def test_kept_states_stay_within_their_limit_least_recently_used_out_first(batch
     """One sequence, eight prompts one after another: each takes the sequence from the one before,
     whose state goes to the StateCache, which never holds more than its limit."""
     tokens = [counting(batch_engine, 100 * k + 101) for k in range(8)]  # each as many tokens
-    batch_engine.reset()
+    batch_engine.context.reset()
     loop = Loop(batch_engine, lambda d: None, parallel=1)
     answer_all(loop, [Job(0, tokens[0], GREEDY, max_tokens=16)])
-    one = int(llama().llama_state_seq_get_size(batch_engine.ctx, 0))  # a prompt and its answer's state
+    one = int(
+        llama().llama_state_seq_get_size(batch_engine.context.ctx, 0)
+    )  # a prompt and its answer's state
     loop.close()
-    batch_engine.reset()
+    batch_engine.context.reset()
     states = StateCache(int(2.5 * one))
     loop = Loop(batch_engine, lambda d: None, parallel=1, store=PrefixStore(ram=states))
     held = []
@@ -121,7 +123,7 @@ def test_kept_states_stay_within_their_limit_least_recently_used_out_first(batch
         answer_all(loop, [Job(i, t, GREEDY, max_tokens=16)])
         held.append(states.held)
     loop.close()
-    batch_engine.reset()
+    batch_engine.context.reset()
     assert states.saved == len(tokens) - 1  # each but the last, when the next took its sequence
     assert max(held) <= states.limit and len(states) == 2
     for i, t in enumerate(tokens[:-1]):
@@ -137,14 +139,14 @@ def test_a_prompt_back_after_its_sequence_was_taken_is_restored_and_its_longer_s
     evaluated) and answers as it would have in its own sequence; its next, longer state replaces
     the shorter one it extends."""
     first, other = counting(batch_engine, 1), counting(batch_engine, 500)
-    batch_engine.reset()
+    batch_engine.context.reset()
     done: dict[int, Result] = {}
     loop = Loop(batch_engine, lambda d: done.__setitem__(d.index, d), parallel=1)
     answer_all(loop, [Job(0, first, GREEDY, max_tokens=16)])
-    turn = first + batch_engine.tokenize(done[0].text + " 40, 41,", add_special=False)
+    turn = first + batch_engine.model.tokenize(done[0].text + " 40, 41,", add_special=False)
     answer_all(loop, [Job(1, turn, GREEDY, max_tokens=16)])  # in its own sequence: the reference
     loop.close()
-    batch_engine.reset()
+    batch_engine.context.reset()
     states = StateCache(1 << 30)
     store = PrefixStore(ram=states)
     loop = Loop(batch_engine, lambda d: done.__setitem__(d.index, d), parallel=1, store=store)
@@ -157,7 +159,7 @@ def test_a_prompt_back_after_its_sequence_was_taken_is_restored_and_its_longer_s
     assert done[4].text == done[1].text
     answer_all(loop, [Job(5, other, GREEDY, max_tokens=16)])
     loop.close()
-    batch_engine.reset()
+    batch_engine.context.reset()
     # kept: `other` (when `turn` took the sequence), `turn` (when `other` came back); `first` was
     # dropped then, as `turn` holds all of it
     assert states.saved == 3 and len(states) == 2

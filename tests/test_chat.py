@@ -218,7 +218,7 @@ def test_what_is_sent_after_dropping_keeps_the_system_message(engine) -> None:
     fitted = fit(engine, header, "SYSTEM-KEPT", [*turns, Message("user", "last one")], max_tokens=64)
     text = fitted.prompt.text
     assert fitted.dropped_exchanges > 0 and "SYSTEM-KEPT" in text and "last one" in text
-    assert "question 0 " not in text and len(fitted.prompt.tokens) + 64 <= engine.n_ctx
+    assert "question 0 " not in text and len(fitted.prompt.tokens) + 64 <= engine.context.n_ctx
 
 
 def test_a_message_longer_than_the_context_is_refused() -> None:

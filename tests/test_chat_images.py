@@ -281,12 +281,12 @@ def test_the_disk_cache_passes_over_a_prompt_with_an_image(engine, tmp_path: Pat
     from runner.engine.promptcache import MIN_HEAD, PromptCache
 
     cache = PromptCache(tmp_path, 1 << 30, lambda _warning: None)
-    text = engine.tokenize("A long enough head of plain text, " * 12)
+    text = engine.model.tokenize("A long enough head of plain text, " * 12)
     assert len(text) > MIN_HEAD + 8
-    engine.reset()
-    engine.prefill(text, 0)
-    assert cache.store(engine, text).stored_tokens == len(text)
+    engine.context.reset()
+    engine.context.prefill(text, 0)
+    assert cache.store(engine.context, text).stored_tokens == len(text)
     image = image_tokens("ab" * 32, IMAGE_TOKENS)
-    assert cache.lengths(engine, [*text, *image, 1], 0) == [len(text)]  # the text before the image
-    assert cache.lengths(engine, [*text[:MIN_HEAD], *image, *text[MIN_HEAD:], 1], 0) == []
-    assert cache.store(engine, [*text[:MIN_HEAD], *image]).stored_tokens == 0
+    assert cache.lengths(engine.context, [*text, *image, 1], 0) == [len(text)]  # the text before the image
+    assert cache.lengths(engine.context, [*text[:MIN_HEAD], *image, *text[MIN_HEAD:], 1], 0) == []
+    assert cache.store(engine.context, [*text[:MIN_HEAD], *image]).stored_tokens == 0

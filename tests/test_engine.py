@@ -9,6 +9,7 @@ import pytest
 
 from runner.engine.answer import FINISH_LENGTH, FINISH_STOP, TextAssembler
 from runner.engine.engine import Engine
+from runner.engine.llamacpp import Placement
 from runner.engine.request import bare
 from runner.engine.text.sampling import SamplingConfig
 from runner.engine.text.template import build_messages, render
@@ -22,7 +23,7 @@ def chat(engine: Engine, text: str) -> list[int]:
         "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
         "<|im_start|>assistant\n"
     )
-    return engine.tokenize(render(template, build_messages(text)))
+    return engine.model.tokenize(render(template, build_messages(text)))
 
 
 @pytest.mark.model
@@ -73,11 +74,11 @@ def test_streamed_pieces_join_to_the_full_text(engine: Engine) -> None:
 
 @pytest.mark.model
 def test_utf8_split_across_tokens_is_neither_broken_nor_dropped(engine: Engine) -> None:
-    prompt = engine.tokenize(
+    prompt = engine.model.tokenize(
         "<|im_start|>user\nRepeat exactly: こんにちは 😀 café<|im_end|>\n<|im_start|>assistant\n"
     )
     tokens = list(itertools.islice(engine.generate_step(prompt, GREEDY), 12))
-    pieces = [engine.token_bytes(t) for t in tokens]
+    pieces = [engine.model.token_bytes(t) for t in tokens]
     split = [p for p in pieces if _invalid_alone(p)]
     assert split, "the test needs tokens that each carry part of a character"
     whole = b"".join(pieces)
@@ -155,7 +156,7 @@ def test_kv_cache_reuse_gives_the_same_answer(engine: Engine) -> None:
 
 @pytest.mark.model
 def test_prompt_longer_than_the_context_is_refused_with_a_size_that_fits(engine: Engine) -> None:
-    long_prompt = engine.tokenize("word " * 3000)
+    long_prompt = engine.model.tokenize("word " * 3000)
     with pytest.raises(PromptTooLong) as err:
         engine.generate(long_prompt, GREEDY, max_tokens=5)
     message = str(err.value)
@@ -166,18 +167,18 @@ def test_prompt_longer_than_the_context_is_refused_with_a_size_that_fits(engine:
 @pytest.mark.model
 def test_context_full_stops_with_length(smollm2_path) -> None:
     with Engine(smollm2_path, n_ctx=64, n_threads=2) as small:
-        prompt = small.tokenize("1, 2, 3, 4, 5, 6, 7, 8,")  # raw text a model continues for ever
+        prompt = small.model.tokenize("1, 2, 3, 4, 5, 6, 7, 8,")  # raw text a model continues for ever
         result = small.generate(prompt, GREEDY)
     assert result.finish_reason == FINISH_LENGTH
     assert result.context_full
-    assert len(prompt) + result.timings.completion_tokens == small.n_ctx  # llama.cpp rounds 64 up
+    assert len(prompt) + result.timings.completion_tokens == small.context.n_ctx  # llama.cpp rounds 64 up
 
 
 @pytest.mark.model
 def test_loading_with_no_gpu_device_runs_on_the_cpu(smollm2_path) -> None:
-    with Engine(smollm2_path, n_ctx=256, n_threads=2, use_gpu=False) as cpu:
-        assert cpu.n_gpu_layers == 0
-        result = cpu.generate(cpu.tokenize("1, 2, 3,"), GREEDY, max_tokens=4)
+    with Engine(smollm2_path, n_ctx=256, n_threads=2, placement=Placement(use_gpu=False)) as cpu:
+        assert cpu.model.n_gpu_layers == 0
+        result = cpu.generate(cpu.model.tokenize("1, 2, 3,"), GREEDY, max_tokens=4)
     assert result.text.strip().startswith("4")
 
 
@@ -187,20 +188,20 @@ def test_a_context_grows_as_it_fills_and_answers_do_not_change(
 ) -> None:
     """A one-sequence context starts at START_CTX and grows (the KV cache's state moved over) up to
     n_ctx: the same greedy answer as a context allocated whole, across two growths."""
-    from runner.engine import engine as engine_module
+    from runner.engine import context as context_module
 
     words = " ".join(f"item{i}" for i in range(75))
     texts = {}
     for start in (256, 1 << 20):
-        monkeypatch.setattr(engine_module, "START_CTX", start)
+        monkeypatch.setattr(context_module, "START_CTX", start)
         with Engine(smollm2_path, n_ctx=4096, n_threads=2) as engine:
-            prompt = engine.tokenize(f"List: {words}\nContinue the list:")
-            assert 200 < len(prompt) < 256 and engine.n_ctx == 4096
-            assert engine._allocated == min(start, 4096)
+            prompt = engine.model.tokenize(f"List: {words}\nContinue the list:")
+            assert 200 < len(prompt) < 256 and engine.context.n_ctx == 4096
+            assert engine.context._allocated == min(start, 4096)
             result = engine.generate(prompt, SamplingConfig(temperature=0), max_tokens=300)
             assert len(prompt) + result.timings.completion_tokens > 512  # past two growths
             texts[start] = result.text
-            assert engine._allocated == (1024 if start == 256 else 4096)
+            assert engine.context._allocated == (1024 if start == 256 else 4096)
     assert texts[256] == texts[1 << 20]
 
 

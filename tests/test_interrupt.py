@@ -44,10 +44,10 @@ def _kill_later(delay: float) -> threading.Timer:
 def test_sigint_in_process_at_random_moments(engine: Engine) -> None:
     """Every interrupt ends the answer (or, after it, surfaces as KeyboardInterrupt at the block's
     end), the engine stays usable, and its KV cache stays true to what it evaluated."""
-    tokens = [engine.tokenize(p) for p in PROMPTS]
+    tokens = [engine.model.tokenize(p) for p in PROMPTS]
     cold, took_cold, took = [], [], []  # each prompt's answer, its time from cold and from the cache
     for t in tokens:
-        engine.reset()
+        engine.context.reset()
         start = time.perf_counter()
         cold.append(engine.generate(t, GREEDY, max_tokens=8).text)
         took_cold.append(time.perf_counter() - start)
@@ -61,7 +61,7 @@ def test_sigint_in_process_at_random_moments(engine: Engine) -> None:
         if rng.random() < 0.15:
             which, complete = rng.randrange(len(tokens)), False
         if rng.random() < 0.1:
-            engine.reset()  # a cold prefill to interrupt, not only decode steps
+            engine.context.reset()  # a cold prefill to interrupt, not only decode steps
             complete = False
         expected = took[which] if complete else took_cold[which]
         delay = rng.uniform(0.0, 1.5 * expected)  # mid-answer, or just after it
@@ -88,8 +88,8 @@ def test_sigint_in_process_at_random_moments(engine: Engine) -> None:
 
 @pytest.mark.model
 def test_an_interrupted_prefill_stops_at_once(engine: Engine) -> None:
-    long = engine.tokenize("Tell me everything about the history of tea. " * 120)  # ~1,200 tokens
-    engine.reset()
+    long = engine.model.tokenize("Tell me everything about the history of tea. " * 120)  # ~1,200 tokens
+    engine.context.reset()
     timer = _kill_later(0.3)
     start = time.perf_counter()
     with interrupt.deferred():
@@ -97,7 +97,7 @@ def test_an_interrupted_prefill_stops_at_once(engine: Engine) -> None:
         timer.join()
     took = time.perf_counter() - start
     assert result.finish_reason == FINISH_INTERRUPTED and result.timings.completion_tokens == 0
-    engine.reset()
+    engine.context.reset()
     start = time.perf_counter()
     engine.generate(long, GREEDY, max_tokens=1)
     full = time.perf_counter() - start

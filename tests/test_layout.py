@@ -71,3 +71,42 @@ def test_no_function_is_longer_than_it_can_be_read() -> None:
                     long.add(f"{where}:{node.name}")
     assert long - LONG == set(), f"over {MAX_LINES} lines: split them"
     assert LONG - long == set(), "split: take them off LONG"
+
+
+MAX_PUBLIC = 25  # public methods (properties included) a class may have: more is more than one concern
+LOAD_PATH = ("loader.py", "settings.py", "projector.py", "memory/", "engine/llamacpp.py", "engine/engine.py")
+LOAD_PATH += ("engine/model.py", "engine/context.py")
+MAX_PARAMS = 6  # a load-path function's parameters, self apart: more travel in a LoadSettings or a Placement
+
+
+def test_no_class_has_more_public_methods_than_one_concern_needs() -> None:
+    crowded = {}
+    for where, tree in modules():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef):
+                public = [
+                    f.name
+                    for f in node.body
+                    if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)) and not f.name.startswith("_")
+                ]
+                if len(public) > MAX_PUBLIC:
+                    crowded[f"{where}:{node.name}"] = len(public)
+    assert not crowded, crowded
+
+
+def test_the_load_path_takes_its_settings_whole() -> None:
+    """From the flags to llama.cpp (runner.settings.LoadSettings, runner.engine.llamacpp.Placement), no
+    function takes more than MAX_PARAMS parameters: loose keywords are how the six signatures drifted."""
+    wide = {}
+    for where, tree in modules():
+        inside = where.removeprefix("runner/")
+        if not inside.startswith(LOAD_PATH):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                a = node.args
+                names = [x.arg for x in (*a.posonlyargs, *a.args, *a.kwonlyargs)]
+                names = names[1:] if names[:1] in (["self"], ["cls"]) else names
+                if len(names) > MAX_PARAMS:
+                    wide[f"{where}:{node.name}"] = len(names)
+    assert not wide, wide

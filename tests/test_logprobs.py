@@ -33,12 +33,12 @@ def test_an_answers_logprobs_are_its_tokens_scored_as_a_prompt(engine) -> None:
     """Each sampled token's log-probability (read in the decode step that chose it) equals that token
     scored in prompt + answer evaluated whole; greedy, it is the first of its alternatives, which are
     ranked best first."""
-    prompt = engine.tokenize("The capital of France is")
+    prompt = engine.model.tokenize("The capital of France is")
     result = engine.generate(prompt, GREEDY, max_tokens=8, logprobs=5)
     assert len(result.logprobs) == result.timings.completion_tokens == 8
     answer = [s.token for s in result.logprobs]
-    assert b"".join(engine.token_bytes(t) for t in answer).decode() == result.text
-    scored = score_prompt(engine, prompt + answer, 0, 5)
+    assert b"".join(engine.model.token_bytes(t) for t in answer).decode() == result.text
+    scored = score_prompt(engine.context, prompt + answer, 0, 5)
     for sampled, again in zip(result.logprobs, scored[len(prompt) - 1 :], strict=True):
         assert sampled.token == again.token
         assert abs(sampled.logprob - again.logprob) < 1e-3
@@ -56,13 +56,13 @@ def test_a_schemas_mask_is_in_the_logprobs(engine) -> None:
     from runner.engine.text.constrain import schema_guide_of
 
     guide = schema_guide_of(json.dumps({"enum": ["yes", "no"]}))
-    prompt = engine.tokenize("Is the sky blue? Answer yes or no:")
+    prompt = engine.model.tokenize("Is the sky blue? Answer yes or no:")
     result = engine.generate(prompt, GREEDY, max_tokens=4, guide=guide, logprobs=20)
     assert result.text in ('"yes"', '"no"')
     first = result.logprobs[0]
     allowed = [(t, lp) for t, lp in first.top if lp > FLOOR]
-    assert allowed and all('"yes"'.startswith(engine.token_bytes(t).decode()) or '"no"'.startswith(
-        engine.token_bytes(t).decode()) for t, _ in allowed)  # fmt: skip
+    assert allowed and all('"yes"'.startswith(engine.model.token_bytes(t).decode()) or '"no"'.startswith(
+        engine.model.token_bytes(t).decode()) for t, _ in allowed)  # fmt: skip
     assert abs(math.fsum(math.exp(lp) for _, lp in allowed) - 1) < 1e-6
 
 
@@ -222,15 +222,15 @@ def test_perplexity_is_the_second_halves_scored(engine) -> None:
 
     from runner.engine.logprobs import rows
 
-    tokens = engine.tokenize(DEFAULT_TEXT.read_text())[: 3 * 128 + 50]
-    quality, kept = score_text(engine, tokens, 128, keep=True)
+    tokens = engine.model.tokenize(DEFAULT_TEXT.read_text())[: 3 * 128 + 50]
+    quality, kept = score_text(engine.context, tokens, 128, keep=True)
     assert (quality.chunks, quality.scored) == (3, 3 * 63)
     nll = []
     for c in range(3):
         chunk = tokens[c * 128 : (c + 1) * 128]
-        engine.forget(0)
-        engine.extend(chunk, 0, all_logits=True)
-        logits = rows(engine.ctx, 128, engine.n_vocab).astype(np.float64)
+        engine.context.forget(0)
+        engine.context.extend(chunk, 0, all_logits=True)
+        logits = rows(engine.context.ctx, 128, engine.model.n_vocab).astype(np.float64)
         for i in range(64, 127):  # row i predicts token i + 1
             row = logits[i] - logits[i].max()
             nll.append(math.log(np.exp(row).sum()) - row[chunk[i + 1]])
@@ -239,7 +239,7 @@ def test_perplexity_is_the_second_halves_scored(engine) -> None:
     spread = math.sqrt((math.fsum(v * v for v in nll) / len(nll) - mean * mean) / (len(nll) - 1))
     assert quality.perplexity_error == pytest.approx(spread * math.exp(mean), rel=1e-6)
     assert kept is not None
-    again, _ = score_text(engine, tokens, 128, reference=kept)
+    again, _ = score_text(engine.context, tokens, 128, reference=kept)
     assert again.kld_mean is not None and abs(again.kld_mean) < 1e-6 and again.same_top == 1.0
     assert again.reference_perplexity == pytest.approx(quality.perplexity)
 

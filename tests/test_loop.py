@@ -144,7 +144,7 @@ def test_runner_run_stops_a_looping_answer_and_says_so(tmp_path: Path, smollm2_p
     from tests.synth import write_scripted
 
     with Engine(smollm2_path, n_ctx=256, n_threads=1) as vocab:
-        a, b, c = (vocab.tokenize(word, add_special=False)[0] for word in (" apple", " pear", " plum"))
+        a, b, c = (vocab.model.tokenize(word, add_special=False)[0] for word in (" apple", " pear", " plum"))
     says = "{% for m in messages %} {{ m['content'] }}{% endfor %}"  # a chat's "apple" is " apple"
     model = write_scripted(tmp_path / "loops.gguf", smollm2_path, [a, b, c, a], template=says)
     done = run_cli("run", str(model), "--raw", "--json", "--temperature", "0", "--ctx", "4096", " apple")
@@ -180,7 +180,7 @@ def test_a_stop_string_is_reported_by_the_engine_alone_and_in_a_batch(
     engine: Engine, four: Engine, smollm2_path: Path
 ) -> None:
     tokens = chat_tokens(engine, smollm2_path, "Count from 1 to 20, separated by commas.")
-    engine.reset()
+    engine.context.reset()
     free = engine.generate(tokens, GREEDY, max_tokens=40).text
     stop = next(s for s in ("7", "5", "3", ",") if s in free)
     alone = engine.generate(tokens, GREEDY, max_tokens=40, stop=[stop, "never there"])
@@ -234,22 +234,22 @@ def test_a_head_stored_by_a_one_shot_answer_is_restored_in_another_loops_sequenc
     first = chat_tokens(engine, smollm2_path, "Name a colour.", system)
     head = len(chat_tokens(engine, smollm2_path, "", system)) - 8
     assert head >= MIN_HEAD
-    engine.reset()
+    engine.context.reset()
     stored = engine.generate(first, GREEDY, max_tokens=8, prompt_cache=cache, head=head)
     assert stored.timings.prompt_cache.stored_tokens == head
     second = chat_tokens(four, smollm2_path, "Name a fruit.", system)
     done: list[Result] = []
-    four.reset()
+    four.context.reset()
     loop = Loop(four, done.append, store=PrefixStore(disk=cache))
     loop.add(Job(0, second, GREEDY, max_tokens=8))
     while loop.busy():
         loop.step()
     loop.close()
-    four.reset()
+    four.context.reset()
     (result,) = done
     assert result.timings.prompt_cache.loaded_tokens == head
     assert result.timings.prefill_tokens == len(second) - head
-    engine.reset()
+    engine.context.reset()
     assert result.text == engine.generate(second, GREEDY, max_tokens=8).text
 
 
@@ -259,7 +259,7 @@ def test_a_cancelled_job_and_an_interrupted_loop_end_with_what_they_made(
 ) -> None:
     tokens = chat_tokens(four, smollm2_path, "Write a long story about a cat.")
     done: dict[int, Result] = {}
-    four.reset()
+    four.context.reset()
     loop = Loop(four, lambda r: done.__setitem__(r.index, r))
     jobs = [Job(i, tokens, GREEDY, max_tokens=64) for i in range(3)]
     for job in jobs:
@@ -271,6 +271,6 @@ def test_a_cancelled_job_and_an_interrupted_loop_end_with_what_they_made(
     assert done[1].finish_reason == FINISH_INTERRUPTED and 0 < done[1].timings.completion_tokens < 64
     loop.interrupt()
     loop.close()
-    four.reset()
+    four.context.reset()
     assert {done[i].finish_reason for i in (0, 2)} == {FINISH_INTERRUPTED}
     assert done[0].text and done[0].text == done[2].text

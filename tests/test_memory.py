@@ -251,16 +251,17 @@ def logged_buffers(path: Path, n_ctx: int, flash_attn: bool | None = None) -> li
     allocated whole (the size it grows to as it fills, which the plan must hold)."""
     from unittest import mock
 
-    from runner.engine import engine as engine_module
-    from runner.engine.llamacpp import LLAMA_LOG
+    from runner.engine import context as context_module
+    from runner.engine.engine import Engine
+    from runner.engine.llamacpp import LLAMA_LOG, Placement
 
     lines: list[str] = []
     listener = lambda _level, text: lines.append(text)  # noqa: E731
     LLAMA_LOG.listeners.append(listener)
     try:
         with (
-            mock.patch.object(engine_module, "START_CTX", 1 << 30),
-            engine_module.Engine(path, n_ctx=n_ctx, n_threads=2, flash_attn=flash_attn),
+            mock.patch.object(context_module, "START_CTX", 1 << 30),
+            Engine(path, n_ctx=n_ctx, n_threads=2, placement=Placement(flash_attn=flash_attn)),
         ):
             pass
     finally:

@@ -131,7 +131,7 @@ def test_the_engine_loads_the_planned_kv_cache_and_says_so(
     finally:
         LLAMA_LOG.listeners.pop()
     with loaded.engine:
-        assert loaded.engine.n_ctx == 8192
+        assert loaded.engine.context.n_ctx == 8192
     kv_lines = [line for line in log if "llama_kv_cache: size" in line]
     assert kv_lines and "K (q8_0)" in kv_lines[-1] and "V (q8_0)" in kv_lines[-1], kv_lines
     assert "runs with a q8_0 KV cache (f16 would not fit)" in capsys.readouterr().err
@@ -268,11 +268,11 @@ def exaone(tmp_path: Path) -> Path:
 
 @pytest.mark.model
 def test_a_dry_run_gives_the_compute_buffers_the_estimate_replays(smollm2_path: Path) -> None:
-    from runner.engine.llamacpp import dry_run, repack_types
+    from runner.engine.llamacpp import Placement, dry_run, repack_types
 
     header = read_header(smollm2_path)
     for n_ctx, kv in ((2048, "f16"), (8192, "f16"), (4096, "q8_0")):
-        real = dry_run(smollm2_path, n_ctx=n_ctx, n_gpu_layers=0, kv_type=kv, use_gpu=False)
+        real = dry_run(smollm2_path, Placement(0, use_gpu=False, kv_type=kv), n_ctx=n_ctx)
         est = estimate(header, Load(n_ctx=n_ctx, type_k=kv, type_v=kv), repack_types=repack_types())
         assert real is not None and set(real) == {"CPU"}
         assert real["CPU"] == pytest.approx(est.compute_bytes, abs=0.006 * 2**20), (n_ctx, kv)
@@ -280,11 +280,11 @@ def test_a_dry_run_gives_the_compute_buffers_the_estimate_replays(smollm2_path: 
 
 @pytest.mark.model
 def test_a_dry_run_of_a_file_llama_cpp_refuses_says_nothing(tmp_path: Path) -> None:
-    from runner.engine.llamacpp import dry_run
+    from runner.engine.llamacpp import Placement, dry_run
 
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(b"GGUF" + b"\0" * 60)
-    assert dry_run(bad, n_ctx=512, n_gpu_layers=0, kv_type=None, use_gpu=False) is None
+    assert dry_run(bad, Placement(0, use_gpu=False), n_ctx=512) is None
 
 
 @pytest.mark.model
@@ -303,7 +303,7 @@ def test_an_approximate_estimate_is_checked_by_a_dry_run(tmp_path: Path) -> None
 
 @pytest.mark.model
 def test_a_plan_a_dry_run_refutes_is_made_again_from_llama_cpps_figures(tmp_path: Path) -> None:
-    from runner.engine.llamacpp import dry_run
+    from runner.engine.llamacpp import Placement, dry_run
     from runner.loader import dry_run_of
     from runner.memory.plan import confirm
 
@@ -316,7 +316,7 @@ def test_a_plan_a_dry_run_refutes_is_made_again_from_llama_cpps_figures(tmp_path
     checked = confirm(hopeful, header, machine, dry_run_of(path))
     assert checked.fits and checked.estimate.compute_from_engine
     assert (checked.n_ctx, checked.type_k) != (8192, "f16")  # refuted: a plan that fits llama.cpp's figures
-    real = dry_run(path, n_ctx=checked.n_ctx, n_gpu_layers=0, kv_type=checked.type_k, use_gpu=False)
+    real = dry_run(path, Placement(0, use_gpu=False, kv_type=checked.type_k), n_ctx=checked.n_ctx)
     assert real == {b.name: b.nbytes for b in checked.estimate.buffers if b.kind == "compute"}
 
 

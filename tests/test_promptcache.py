@@ -100,11 +100,11 @@ def test_greedy_answers_are_the_same_with_and_without_the_cache(
         prompt = render_prompt(engine, header, [Message("user", head_text + "\n\nSummarize this.")]).tokens
         probe = render_prompt(engine, header, [Message("user", head_text + "\n\n\x00")]).tokens
         head = next(i for i, (a, b) in enumerate(zip(prompt, probe, strict=False)) if a != b)
-        engine.reset()
+        engine.context.reset()
         plain = engine.generate(prompt, GREEDY, max_tokens=40)
-        engine.reset()
+        engine.context.reset()
         cold = engine.generate(prompt, GREEDY, max_tokens=40, prompt_cache=cache, head=head)
-        engine.reset()
+        engine.context.reset()
         warm = engine.generate(prompt, GREEDY, max_tokens=40, prompt_cache=cache, head=head)
         assert cold.timings.prompt_cache.stored_tokens == head == warm.timings.prompt_cache.loaded_tokens
         assert warm.timings.prefill_tokens == len(prompt) - head
@@ -160,25 +160,25 @@ def test_two_processes_writing_one_entry_leave_one_whole_file(smollm2_path: Path
 
 @pytest.mark.model
 def test_least_recently_used_entries_go_first(engine: Engine, tmp_path: Path) -> None:
-    heads = [engine.tokenize(document(seed, 300)) for seed in range(3)]
+    heads = [engine.model.tokenize(document(seed, 300)) for seed in range(3)]
     cache = PromptCache(tmp_path, 1 << 40, pytest.fail)
 
     def store(head: list[int]) -> Path:
-        engine.reset()
-        engine.prefill(head)
-        assert cache.store(engine, head).stored_tokens == len(head)
-        return cache._file(cache.identity(engine), head)
+        engine.context.reset()
+        engine.context.prefill(head)
+        assert cache.store(engine.context, head).stored_tokens == len(head)
+        return cache._file(cache.identity(engine.context), head)
 
     files = [store(heads[0]), store(heads[1])]
     os.utime(files[0], (1, 1))
     os.utime(files[1], (2, 2))  # both old; then a use refreshes the second
-    engine.reset()
-    assert cache.restore(engine, heads[1] + [13]).loaded_tokens == len(heads[1])
+    engine.context.reset()
+    assert cache.restore(engine.context, heads[1] + [13]).loaded_tokens == len(heads[1])
     cache.limit = int(max(f.stat().st_size for f in files) * 2.5)
     files.append(store(heads[2]))
     assert [f.exists() for f in files] == [False, True, True]  # the least recently used went
-    engine.reset()
-    assert cache.restore(engine, heads[0] + [13]).loaded_tokens == 0
+    engine.context.reset()
+    assert cache.restore(engine.context, heads[0] + [13]).loaded_tokens == 0
 
 
 def test_another_kv_type_never_matches(smollm2_path: Path, home: Path) -> None:
@@ -247,22 +247,22 @@ def test_a_full_disk_turns_the_cache_off_with_one_warning(
 
     warnings: list[str] = []
     cache = PromptCache(tmp_path, promptcache.DEFAULT_LIMIT, warnings.append)
-    head = engine.tokenize(document(seed=8, words=100))
-    engine.reset()
-    engine.prefill(head)
+    head = engine.model.tokenize(document(seed=8, words=100))
+    engine.context.reset()
+    engine.context.prefill(head)
     real_write = promptcache.os.replace
 
     def full(*_: object) -> None:
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
     monkeypatch.setattr(promptcache.os, "replace", full)
-    assert cache.store(engine, head).stored_tokens == 0
-    assert cache.store(engine, head).stored_tokens == 0  # off: not tried again, not warned again
+    assert cache.store(engine.context, head).stored_tokens == 0
+    assert cache.store(engine.context, head).stored_tokens == 0  # off: not tried again, not warned again
     assert len(warnings) == 1 and "No space left on device" in warnings[0]
     assert list(tmp_path.iterdir()) == []  # the partial file is gone
     monkeypatch.setattr(promptcache.os, "replace", real_write)
-    engine.reset()
-    assert cache.restore(engine, [*head, 13]).loaded_tokens == 0
+    engine.context.reset()
+    assert cache.restore(engine.context, [*head, 13]).loaded_tokens == 0
 
 
 @pytest.mark.fast

@@ -39,7 +39,7 @@ CLS, SEP = 2, 3
 @pytest.fixture(scope="module")
 def reranker(reranker_path: Path) -> Iterator[Reranker]:
     with Engine(reranker_path, n_ctx=512, n_threads=2) as engine:
-        engine.free_context()
+        engine.context.close()
         with Reranker(engine) as r:
             yield r
 
@@ -54,8 +54,8 @@ def test_the_written_model_is_the_same_bytes_for_the_same_seed(reranker_path: Pa
 
 @pytest.mark.model
 def test_a_pair_is_built_as_llama_server_builds_it(reranker: Reranker) -> None:
-    query = reranker.engine.tokenize("sky", add_special=False)
-    document = reranker.engine.tokenize("blue sea", add_special=False)
+    query = reranker.engine.model.tokenize("sky", add_special=False)
+    document = reranker.engine.model.tokenize("blue sea", add_special=False)
     assert reranker.pair("sky", "blue sea") == [CLS, *query, SEP, *document, SEP]
     assert (reranker.n_ctx, reranker.n_cls_out, reranker.pooling, reranker.template) == (512, 1, "rank", None)
 
@@ -73,7 +73,7 @@ def test_scores_are_llama_servers_alone_and_batched(reranker: Reranker) -> None:
 def test_a_rerank_template_is_used_as_llama_server_uses_it(tmp_path: Path) -> None:
     path = load_script("make_test_reranker").write_reranker(tmp_path / "t.gguf", template=True)
     with Engine(path, n_ctx=512, n_threads=2) as engine:
-        engine.free_context()
+        engine.context.close()
         with Reranker(engine) as r:
             assert r.template is not None and "{document}" in r.template
             scores = r.scores(QUERY, DOCUMENTS)

@@ -61,7 +61,7 @@ def answer(
 ):
     engine.speculate(mode, **kw)  # type: ignore[arg-type]
     try:
-        engine.reset()
+        engine.context.reset()
         return engine.generate(prompt, sampling, max_tokens=max_tokens)
     finally:
         engine.speculate("none")
@@ -226,19 +226,21 @@ def test_drafts_stop_at_max_tokens_and_the_context(target: Engine, smollm2_path:
         assert result.timings.completion_tokens == limit
     with Engine(smollm2_path, n_ctx=512, n_threads=2) as small:
         filler = ""
-        while len(long := tokens_for(small, smollm2_path, filler + COPY)) < small.n_ctx - 24:
+        while len(long := tokens_for(small, smollm2_path, filler + COPY)) < small.context.n_ctx - 24:
             filler += "Read this carefully. "  # the copy task, 24 tokens short of the context's end
         small.speculate("ngram", fixed=16)
         result = small.generate(long, GREEDY)
         assert result.context_full and result.timings.speculation.steps > 0
-        assert len(long) + result.timings.completion_tokens == small.n_ctx >= small.n_cached
+        assert (
+            len(long) + result.timings.completion_tokens == small.context.n_ctx >= len(small.context.cells[0])
+        )
 
 
 @pytest.mark.model
 def test_a_recurrent_model_decodes_plainly(tmp_path: Path) -> None:
     path = write_model(tmp_path / "mamba.gguf", SPECS["mamba"])
     with Engine(path, n_ctx=256, n_threads=2) as engine:
-        assert engine.speculate("ngram") is False and engine.speculator is None
+        assert engine.speculate("ngram") is False and engine.speculation is None
 
 
 # -- draft models checked before loading; the CLI ----------------------------------------------------

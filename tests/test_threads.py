@@ -260,19 +260,19 @@ def test_an_aborted_probe_step_leaves_the_answer_as_one_thread_gives_it(engine, 
     from runner.engine.text.sampling import SamplingConfig
     from runner.engine.threads import set_threads
 
-    prompt = engine.tokenize("The history of the old harbour town begins")
+    prompt = engine.model.tokenize("The history of the old harbour town begins")
     greedy = SamplingConfig(temperature=0)
-    kept = engine.threads
+    kept = engine.context.threads
     try:
-        engine.threads = Threads(1, fixed=True)
-        set_threads(llama(), engine.ctx, 1)
+        engine.context.threads = Threads(1, fixed=True)
+        set_threads(llama(), engine.context.ctx, 1)
         alone = engine.generate(prompt, greedy, max_tokens=48).text
         monkeypatch.setattr(module, "PAYS", 0.0)
-        probing = engine.threads = Threads(2, fixed=False, start=1)
+        probing = engine.context.threads = Threads(2, fixed=False, start=1)
         aborted = engine.generate(prompt, greedy, max_tokens=48).text
     finally:
-        engine.threads = kept
-        set_threads(llama(), engine.ctx, kept.n)
+        engine.context.threads = kept
+        set_threads(llama(), engine.context.ctx, kept.n)
     assert probing.probes == probing.aborts == 2 and set(probing.tokens) == {1}  # at 16 and 33 of 48
     assert aborted == alone
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from runner.engine.batch import run_batch
-from runner.engine.context import common_prefix
+from runner.engine.cells import common_prefix
 from runner.engine.engine import Engine
 from runner.engine.llamacpp import llama
 from runner.engine.prompt import Prompt, render_prompt
@@ -100,8 +100,8 @@ def prompt_with(engine: Engine, path: Path, text: str, images: list[bytes]) -> P
 
 
 def last_logits(engine: Engine) -> list[float]:
-    row = llama().llama_get_logits_ith(engine.ctx, -1)
-    return [row[i] for i in range(0, engine.n_vocab, 97)]
+    row = llama().llama_get_logits_ith(engine.context.ctx, -1)
+    return [row[i] for i in range(0, engine.model.n_vocab, 97)]
 
 
 def test_the_image_reaches_the_model_and_a_kept_prefix_holds_it(
@@ -112,20 +112,22 @@ def test_the_image_reaches_the_model_and_a_kept_prefix_holds_it(
     first = prompt_with(engine, smollm2_path, "Describe it.", [a])
     image_at = next(i for i, t in enumerate(first.tokens) if t < 0)
     assert sum(t < 0 for t in first.tokens) == IMAGE_TOKENS
-    engine.reset()
-    engine.prefill(first.tokens, 0, media=first.media)
+    engine.context.reset()
+    engine.context.prefill(first.tokens, 0, media=first.media)
     seen_a = last_logits(engine)
     # a longer question after the same image: only the new text is evaluated, the image kept
     longer = prompt_with(engine, smollm2_path, "Describe it in one word, please.", [a])
     assert longer.tokens[: image_at + IMAGE_TOKENS] == first.tokens[: image_at + IMAGE_TOKENS]
     shared = common_prefix(first.tokens, longer.tokens)
     assert shared >= image_at + IMAGE_TOKENS
-    assert engine.prefill(longer.tokens, 0, media=longer.media) == len(longer.tokens) - shared
+    assert engine.context.prefill(longer.tokens, 0, media=longer.media) == len(longer.tokens) - shared
     # another image at the same place: evaluated again from the image's first position, never inside it
     other = prompt_with(engine, smollm2_path, "Describe it.", [b])
-    assert engine.prefill(other.tokens, 0, media=other.media) == len(other.tokens) - image_at
+    assert engine.context.prefill(other.tokens, 0, media=other.media) == len(other.tokens) - image_at
     assert last_logits(engine) != seen_a  # the pixels changed what the model sees
-    engine.prefill(first.tokens, 0, media=prompt_with(engine, smollm2_path, "Describe it.", [a]).media)
+    engine.context.prefill(
+        first.tokens, 0, media=prompt_with(engine, smollm2_path, "Describe it.", [a]).media
+    )
     assert last_logits(engine) == seen_a  # and the same pixels give the same
 
 
@@ -136,9 +138,9 @@ def test_a_batch_of_sequences_each_with_its_own_image_gives_each_ones_answer(
     prompts = [prompt_with(engine, smollm2_path, "What is in the picture?", [png(seed)]) for seed in range(4)]
     alone = []
     for p in prompts:
-        engine.reset()
+        engine.context.reset()
         alone.append(engine.generate(p.tokens, GREEDY, max_tokens=16, media=p.media).text)
-    engine.reset()
+    engine.context.reset()
     prompts = [prompt_with(engine, smollm2_path, "What is in the picture?", [png(seed)]) for seed in range(4)]
     done: dict[int, str] = {}
     run_batch(
@@ -240,11 +242,11 @@ def test_an_idefics3_image_is_its_tiles_and_the_whole_image(idefics3: tuple[Path
         spans = prompt.media.spans
         assert [s.n_tokens for s in spans] == [IMAGE_TOKENS] * 5
         assert all(b.start > a.start + a.n_tokens for a, b in zip(spans, spans[1:], strict=False))
-        engine.prefill(prompt.tokens, 0, media=prompt.media)
+        engine.context.prefill(prompt.tokens, 0, media=prompt.media)
         seen = last_logits(engine)
-        engine.reset()
+        engine.context.reset()
         again = prompt_with(engine, model, "Describe it.", [png(1)])
-        engine.prefill(again.tokens, 0, media=again.media)
+        engine.context.prefill(again.tokens, 0, media=again.media)
         assert last_logits(engine) == seen
 
 

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from runner.engine.batch import run_batch
-from runner.engine.context import add_tokens, common_prefix
+from runner.engine.cells import add_tokens, common_prefix
 from runner.engine.engine import Engine
 from runner.engine.llamacpp import llama
 from runner.engine.prompt import Prompt, render_prompt
@@ -96,10 +96,17 @@ def libmtmd_eval(engine: Engine, text: str, images: list[Image], seq: int) -> in
     chunks = lib.mtmd_input_chunks_init()
     try:
         assert lib.mtmd_tokenize(engine.vision._ctx, chunks, ctypes.byref(given), bitmaps, len(images)) == 0
-        engine.forget(seq)
+        engine.context.forget(seq)
         n_past = ctypes.c_int32(0)
         rc = lib.mtmd_helper_eval_chunks(
-            engine.vision._ctx, engine.ctx, chunks, 0, seq, engine.n_batch, True, ctypes.byref(n_past)
+            engine.vision._ctx,
+            engine.context.ctx,
+            chunks,
+            0,
+            seq,
+            engine.context.n_batch,
+            True,
+            ctypes.byref(n_past),
         )
         assert rc == 0
         return n_past.value
@@ -110,12 +117,12 @@ def libmtmd_eval(engine: Engine, text: str, images: list[Image], seq: int) -> in
 
 
 def logits(engine: Engine) -> list[float]:
-    row = llama().llama_get_logits_ith(engine.ctx, -1)
-    return [row[i] for i in range(engine.n_vocab)]
+    row = llama().llama_get_logits_ith(engine.context.ctx, -1)
+    return [row[i] for i in range(engine.model.n_vocab)]
 
 
 def pos_max(engine: Engine, seq: int) -> int:
-    return int(llama().llama_memory_seq_pos_max(engine.memory, seq))
+    return int(llama().llama_memory_seq_pos_max(engine.context.memory, seq))
 
 
 def test_an_image_takes_its_positions_not_its_cells(engine: Engine, qwen: tuple[Path, Path]) -> None:
@@ -125,12 +132,12 @@ def test_an_image_takes_its_positions_not_its_cells(engine: Engine, qwen: tuple[
     prompt, text = prompt_for(engine, model, conversation(1), [image])
     (span,) = prompt.media.spans
     assert (span.n_tokens, span.n_pos) == (16, 4)
-    engine.forget(0)
-    engine.prefill(prompt.tokens, 0, media=prompt.media)
+    engine.context.forget(0)
+    engine.context.prefill(prompt.tokens, 0, media=prompt.media)
     ours = logits(engine)
     n_past = libmtmd_eval(engine, text, [load_image(image, name="t")], 1)
     theirs = logits(engine)
-    assert engine.position(0) == n_past == len(prompt.tokens) - 12  # 16 cells, 4 positions
+    assert engine.context.position(0) == n_past == len(prompt.tokens) - 12  # 16 cells, 4 positions
     assert pos_max(engine, 0) == pos_max(engine, 1) == n_past - 1
     assert ours == theirs  # the same positions, the same batches: the same floats
 
@@ -145,10 +152,10 @@ def test_a_conversation_re_sending_its_image_evaluates_only_new_text(
     _, model = qwen
     image = png(2, WIDE)
     turns = [prompt_for(engine, model, conversation(n), [image]) for n in range(1, 6)]
-    engine.forget(0)
+    engine.context.forget(0)
     before: list[int] = []
     for prompt, _ in turns:
-        evaluated = engine.prefill(prompt.tokens, 0, media=prompt.media)
+        evaluated = engine.context.prefill(prompt.tokens, 0, media=prompt.media)
         shared = min(common_prefix(before, prompt.tokens), len(prompt.tokens) - 1)
         if before:
             assert shared > prompt.media.spans[0].start + 32  # the image is in the kept head
@@ -162,12 +169,12 @@ def test_a_conversation_re_sending_its_image_evaluates_only_new_text(
     held = first.tokens
     for prompt, _ in turns[1:]:
         shared = min(common_prefix(held, prompt.tokens), len(prompt.tokens) - 1)
-        llama().llama_memory_seq_rm(engine.memory, 1, shared - fewer, -1)
-        batch = engine.batch_for(len(prompt.tokens) - shared)
+        llama().llama_memory_seq_rm(engine.context.memory, 1, shared - fewer, -1)
+        batch = engine.context.batch_for(len(prompt.tokens) - shared)
         add_tokens(batch, 1, prompt.tokens[shared:], shared - fewer, logits=True)
-        engine.evaluate(batch)
+        engine.context.evaluate(batch)
         held = prompt.tokens
-    assert engine.position(0) == len(held) - fewer and pos_max(engine, 0) == pos_max(engine, 1)
+    assert engine.context.position(0) == len(held) - fewer and pos_max(engine, 0) == pos_max(engine, 1)
     assert ours == logits(engine)
 
 
@@ -176,12 +183,14 @@ def test_a_kept_state_holding_an_image_is_restored(engine: Engine, qwen: tuple[P
     tier, a growing context): the last position it ends on is the one the cells say."""
     _, model = qwen
     prompt, _ = prompt_for(engine, model, conversation(2), [png(3, SQUARE)])
-    engine.forget(0)
-    engine.prefill(prompt.tokens, 0, media=prompt.media)
-    state = engine.state_bytes(0)
-    assert engine.load_state(state, prompt.tokens, 2)
-    assert engine.position(2) == engine.position(0) and pos_max(engine, 2) == pos_max(engine, 0)
-    assert not engine.load_state(state, prompt.tokens[:-1], 3)  # not the cells it claims: refused
+    engine.context.forget(0)
+    engine.context.prefill(prompt.tokens, 0, media=prompt.media)
+    state = engine.context.state_bytes(0)
+    assert engine.context.load_state(state, prompt.tokens, 2)
+    assert engine.context.position(2) == engine.context.position(0) and pos_max(engine, 2) == pos_max(
+        engine, 0
+    )
+    assert not engine.context.load_state(state, prompt.tokens[:-1], 3)  # not the cells it claims: refused
 
 
 def test_a_batch_of_sequences_each_with_its_own_image(engine: Engine, qwen: tuple[Path, Path]) -> None:
@@ -192,9 +201,9 @@ def test_a_batch_of_sequences_each_with_its_own_image(engine: Engine, qwen: tupl
     ]
     alone = []
     for p in prompts:
-        engine.reset()
+        engine.context.reset()
         alone.append(engine.generate(p.tokens, GREEDY, max_tokens=12, media=p.media).text)
-    engine.reset()
+    engine.context.reset()
     prompts = [
         prompt_for(engine, model, conversation(1), [png(10 + i, size)])[0] for i, size in enumerate(sizes)
     ]

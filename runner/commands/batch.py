@@ -100,7 +100,7 @@ def run_batch_command(request: BatchRequest, *, stdin: BinaryIO | None, out: Tex
     loaded = open_model(request.model, settings)
     try:
         if request.verbose:
-            ui.info(f"{describe_load(loaded)} · {ui.count(loaded.engine.n_seq, 'sequence')} at once")
+            ui.info(f"{describe_load(loaded)} · {ui.count(loaded.engine.context.n_seq, 'sequence')} at once")
         return _answer(loaded, request, items, out)
     finally:
         loaded.close()
@@ -244,7 +244,7 @@ def _answer(loaded: LoadedModel, request: BatchRequest, items: list[Item], out: 
         if asked:
             # the prefix store's disk tier: a head `runner run` or `chat` stored is loaded, not evaluated
             store = PrefixStore(disk=open_prompt_cache(True, None))
-            stats = run_batch(engine, asked, done, parallel=engine.n_seq, store=store)
+            stats = run_batch(engine, asked, done, parallel=engine.context.n_seq, store=store)
             if request.verbose:
                 rate = stats.completion_tokens / stats.wall_s if stats.wall_s else 0.0
                 threads = f"{stats.threads} thread{'s' if stats.threads != 1 else ''}"

@@ -154,14 +154,14 @@ def _single(loaded: LoadedModel, repetitions: int, step: Callable[[str], None]) 
     for i in range(1, repetitions + 1):
         of = f"({i} of {repetitions})"
         step(f"pp{PP} {of}")
-        engine.reset()
-        tokens = [rng.randrange(engine.n_vocab) for _ in range(PP)]  # as llama-bench: random tokens
+        engine.context.reset()
+        tokens = [rng.randrange(engine.model.n_vocab) for _ in range(PP)]  # as llama-bench: random tokens
         start = time.perf_counter()
-        engine.prefill(tokens)
+        engine.context.prefill(tokens)
         pp.append(PP / (time.perf_counter() - start))
         step(f"tg{TG} {of}")
-        engine.reset()
-        steps = engine.generate_step([rng.randrange(engine.n_vocab)], GREEDY)
+        engine.context.reset()
+        steps = engine.generate_step([rng.randrange(engine.model.n_vocab)], GREEDY)
         next(steps)  # the one-token prompt, evaluated
         start = time.perf_counter()
         for _ in range(TG):
@@ -169,7 +169,7 @@ def _single(loaded: LoadedModel, repetitions: int, step: Callable[[str], None]) 
         tg.append(TG / (time.perf_counter() - start))
         steps.close()
         step(f"TTFT {of}")
-        engine.reset()
+        engine.context.reset()
         ttft.append(_answer(engine, chat.tokens).timings.ttft_s)
     return {f"pp{PP}": pp, f"tg{TG}": tg, "ttft": ttft}
 

@@ -50,21 +50,21 @@ def embed_command(request: EmbedRequest, *, stdin: BinaryIO | None, out: TextIO)
     items = _read(request, stdin)
     loaded = open_model(request.model, replace(request.settings, chat_template=False, generates=False))
     try:
-        loaded.engine.free_context()  # the generation context: never used here
+        loaded.engine.context.close()  # the generation context: never used here
         with interrupt.deferred(), Embedder(loaded.engine, request.settings.ctx, standalone=True) as embedder:
             if request.verbose:
                 ui.info(
                     f"{describe_model(loaded)} · {embedder.pooling} pooling · {embedder.n_embd} dimensions · "
-                    f"up to {embedder.n_ctx:,} tokens a text · threads {loaded.engine.n_threads}"
+                    f"up to {embedder.n_ctx:,} tokens a text · threads {loaded.engine.context.threads.n}"
                 )
             for item in items:
-                _tokenize(embedder, item, request, loaded.engine.n_ctx_train)
+                _tokenize(embedder, item, request, loaded.engine.model.n_ctx_train)
             if not request.each_line and items[0].error is not None:
                 raise PromptTooLong(items[0].error) if items[0].tokens else UsageError(items[0].error)
             start = time.perf_counter()
             written = _write(embedder, items, request, out)
             if request.verbose:
-                ui.info(_summary(loaded.engine.threads, items, written, time.perf_counter() - start))
+                ui.info(_summary(loaded.engine.context.threads, items, written, time.perf_counter() - start))
     finally:
         loaded.close()
     return 2 if any(item.error for item in items) else 0

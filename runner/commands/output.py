@@ -187,7 +187,7 @@ def logprobs_json(engine: Any, scored: Sequence[TokenLogprob]) -> list[dict[str,
     """--logprobs in --json: each answer token's text, id and log-probability, with its alternatives."""
 
     def token(t: int, logprob: float) -> dict[str, Any]:
-        return {"token": engine.token_bytes(t).decode("utf-8", "replace"), "id": t, "logprob": logprob}
+        return {"token": engine.model.token_bytes(t).decode("utf-8", "replace"), "id": t, "logprob": logprob}
 
     return [{**token(s.token, s.logprob), "top_logprobs": [token(t, lp) for t, lp in s.top]} for s in scored]
 
@@ -244,21 +244,23 @@ def describe_load(loaded: LoadedModel, *, model: bool = True) -> str:
     """How the model was loaded, on one line; model=False: without the model itself (/show has a row)."""
     engine = loaded.engine
     workers = [d.device for d in loaded.plan.estimate.devices if d.device not in ("cpu", "gpu")]
-    if workers and engine.n_gpu_layers:
-        layers = "all layers" if engine.n_gpu_layers < 0 else f"{engine.n_gpu_layers} layers"
+    if workers and engine.model.n_gpu_layers:
+        layers = "all layers" if engine.model.n_gpu_layers < 0 else f"{engine.model.n_gpu_layers} layers"
         offload = f"{layers} across the workers {', '.join(workers)}"
     elif not supports_gpu_offload():
         offload = "CPU only (this llama.cpp build cannot offload; see the README for a GPU build)"
     else:
         offload = (
-            "all layers on the GPU" if engine.n_gpu_layers < 0 else f"{engine.n_gpu_layers} layers on the GPU"
+            "all layers on the GPU"
+            if engine.model.n_gpu_layers < 0
+            else f"{engine.model.n_gpu_layers} layers on the GPU"
         )
-    fa = f"flash attention {flash_attn_name(engine.flash_attn)}"
+    fa = f"flash attention {flash_attn_name(engine.context.flash_attn)}"
     # --ctx means a sequence's context everywhere: the total beside it where sequences share one
-    ctx = f"ctx {engine.n_ctx}"
-    if engine.n_seq > 1:
-        ctx = f"ctx {engine.n_ctx_seq} a sequence ({engine.n_ctx} in all)"
-    load = f"{ctx} · KV {engine.kv_type} · {fa} · threads {engine.n_threads} · {offload}"
+    ctx = f"ctx {engine.context.n_ctx}"
+    if engine.context.n_seq > 1:
+        ctx = f"ctx {engine.context.n_ctx_seq} a sequence ({engine.context.n_ctx} in all)"
+    load = f"{ctx} · KV {engine.context.kv_type} · {fa} · threads {engine.context.threads.n} · {offload}"
     return f"{describe_model(loaded)} · {load}" if model else load
 
 

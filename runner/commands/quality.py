@@ -61,8 +61,8 @@ def quality(
     loaded = _open(model, ctx, threads)
     try:
         ui.info(f"scoring {name} with {describe_load(loaded)}")
-        tokens = loaded.engine.tokenize(text, parse_special=False)  # as llama-perplexity
-        figures, _ = score_text(loaded.engine, tokens, ctx, reference=kept, progress=_progress)
+        tokens = loaded.engine.model.tokenize(text, parse_special=False)  # as llama-perplexity
+        figures, _ = score_text(loaded.engine.context, tokens, ctx, reference=kept, progress=_progress)
     finally:
         loaded.close()
     if as_json:
@@ -88,14 +88,14 @@ def _reference(model: str, text: str, ctx: int, threads: int | None) -> Referenc
     """The reference's top tokens on this text: from the cache, else a pass of its own (kept)."""
     loaded = _open(model, ctx, threads)
     try:
-        tokens = loaded.engine.tokenize(text, parse_special=False)  # as llama-perplexity
+        tokens = loaded.engine.model.tokenize(text, parse_special=False)  # as llama-perplexity
         path = _kept_path(loaded.path, tokens, ctx)
         kept = _load(path)
         if kept is not None:
             ui.info(f"reference: {loaded.name}, its pass kept in {path}")
             return kept
         ui.info(f"reference: {describe_load(loaded)}, scored once and kept")
-        _, kept = score_text(loaded.engine, tokens, ctx, keep=True, progress=_progress)
+        _, kept = score_text(loaded.engine.context, tokens, ctx, keep=True, progress=_progress)
     finally:
         loaded.close()
     assert kept is not None

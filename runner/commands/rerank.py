@@ -57,16 +57,16 @@ def rerank_command(request: RerankRequest, *, stdin: BinaryIO | None, out: TextI
     documents = read_documents(request, stdin)
     loaded = open_model(request.model, replace(request.settings, chat_template=False, generates=False))
     try:
-        loaded.engine.free_context()  # the generation context: never used here
+        loaded.engine.context.close()  # the generation context: never used here
         reranker = Reranker(loaded.engine, request.settings.ctx, standalone=True, name=loaded.name)
         with interrupt.deferred(), reranker as r:
             if request.verbose:
                 ui.info(
                     f"{describe_model(loaded)} · rank pooling · up to {r.n_ctx:,} tokens a pair · "
-                    f"threads {loaded.engine.n_threads}"
+                    f"threads {loaded.engine.context.threads.n}"
                     + (" · the model's rerank template" if r.template is not None else "")
                 )
-            pairs = _pairs(r, request, documents, loaded.engine.n_ctx_train)
+            pairs = _pairs(r, request, documents, loaded.engine.model.n_ctx_train)
             start = time.perf_counter()
             scores: list[float] = []
             try:

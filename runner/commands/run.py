@@ -21,7 +21,7 @@ from runner.commands.output import (
     to_json,
 )
 from runner.engine.answer import FINISH_INTERRUPTED, FINISH_REPEAT, Result
-from runner.engine.context import common_prefix
+from runner.engine.cells import common_prefix
 from runner.engine.logprobs import MAX_TOP
 from runner.engine.prompt import read_prompt, render_prompt
 from runner.engine.promptcache import PromptCache
@@ -101,7 +101,7 @@ def _asked(
     rendered = render_prompt(
         loaded.engine, loaded.header, messages, raw=request.raw, enable_thinking=request.think, images=images
     )
-    loaded.engine.check_fits(rendered.tokens, request.max_tokens)
+    loaded.engine.context.check_fits(rendered.tokens, request.max_tokens)
     head = stable_head(loaded, rendered.tokens, prompt, request, system) if cached else 0
     if request.verbose:
         ui.info(describe_load(loaded))
@@ -145,7 +145,8 @@ def _report(loaded: LoadedModel, request: RunRequest, result: Result) -> None:
         raise KeyboardInterrupt  # what was printed stays; the CLI exits 130
     if result.context_full:
         ui.warn(
-            f"the answer stopped at the context limit ({loaded.engine.n_ctx} tokens); raise --ctx for more"
+            f"the answer stopped at the context limit ({loaded.engine.context.n_ctx} tokens); "
+            "raise --ctx for more"
         )
     if result.finish_reason == FINISH_REPEAT:
         ui.warn(LOOP_WARNING)

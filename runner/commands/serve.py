@@ -439,8 +439,10 @@ def _sampling(loaded: LoadedModel, flags: dict[str, Any]) -> Callable[[dict[str,
 def _info(loaded: LoadedModel, request: ServeRequest) -> ModelInfo:
     """What the API's model lists say of a loaded model: its header's, and the images it takes (with a
     projector attached: --max-images and --max-image-bytes)."""
-    n_seq = loaded.engine.n_seq
-    info = _header_info(loaded.name, loaded.header, loaded.path, loaded.engine.n_ctx // max(1, n_seq), n_seq)
+    n_seq = loaded.engine.context.n_seq
+    info = _header_info(
+        loaded.name, loaded.header, loaded.path, loaded.engine.context.n_ctx // max(1, n_seq), n_seq
+    )
     if loaded.engine.vision is None:
         return info
     images, image_bytes = image_limits(request)

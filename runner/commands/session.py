@@ -339,7 +339,7 @@ class Session:
         if self.request.verbose:
             ui.info(describe_timings(result))
         if result.context_full:
-            ui.warn(f"the answer reached the end of the {self.loaded.engine.n_ctx:,}-token context")
+            ui.warn(f"the answer reached the end of the {self.loaded.engine.context.n_ctx:,}-token context")
         if result.finish_reason == FINISH_REPEAT:
             ui.warn(LOOP_WARNING)
         if interrupted:
@@ -364,15 +364,17 @@ class Session:
         it instead of evaluating the history again: the tokens the KV cache shares with the prompt the
         next turn will send (the answer's own tokens may differ from their re-rendered text)."""
         engine = self.loaded.engine
-        if self.prompt_cache is None or not self.turns or engine.n_cached < MIN_HEAD:
+        if self.prompt_cache is None or not self.turns or len(engine.context.cells[0]) < MIN_HEAD:
             return
         try:
             upcoming = self._fitted([*self.turns, StoredMessage("user", "\x00")]).prompt.tokens
         except RunnerError:
             return
-        shared = min(engine.shared_prefix(upcoming), text_head(upcoming))  # images are not kept on disk
-        if shared >= MIN_HEAD and engine.drop_after(shared):
-            self.prompt_cache.store(engine, upcoming[:shared])
+        shared = min(
+            engine.context.shared_prefix(upcoming), text_head(upcoming)
+        )  # images are not kept on disk
+        if shared >= MIN_HEAD and engine.context.drop_after(shared):
+            self.prompt_cache.store(engine.context, upcoming[:shared])
 
     def retry(self) -> None:
         with self._holding():
@@ -410,7 +412,7 @@ class Session:
         try:
             return len(self._fitted(self.turns).prompt.tokens)
         except RunnerError:
-            return self.loaded.engine.n_cached
+            return len(self.loaded.engine.context.cells[0])
 
     def times(self) -> tuple[float, float]:
         """When the conversation was created and last updated: the store's times once it is stored."""

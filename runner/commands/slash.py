@@ -168,7 +168,7 @@ def _show(session: Session) -> str:
     rows = [
         ("model", describe_model(session.loaded)),
         ("load", describe_load(session.loaded, model=False)),
-        ("context", f"{session.context_used():,} of {engine.n_ctx:,} tokens used"),
+        ("context", f"{session.context_used():,} of {engine.context.n_ctx:,} tokens used"),
         ("turns", f"{user_turns(session.turns)} ({dropped} no longer sent to the model)"),
         (
             "system",

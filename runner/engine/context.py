@@ -1,26 +1,31 @@
-"""The llama.cpp context under an Engine and its KV cache: which tokens each sequence's cells hold,
-evaluating more (the one prefill every caller uses: the loop for a prompt alone, a draft model, the
-benchmarks), keeping a prefix and dropping the rest, a sequence's state as bytes (the prefix store, a
-context that grows), the llama_batch the loop fills, and why a prompt does not fit.
+"""A llama.cpp context over a loaded model (runner.engine.model) and its KV cache: which tokens each
+sequence's cells hold, evaluating more (the one prefill every caller uses: the loop for a prompt alone,
+a draft model, scoring, the benchmarks), keeping a prefix and dropping the rest, a sequence's state as
+bytes (the prefix tiers, a context that grows), the llama_batch the loop fills, and why a prompt does
+not fit.
 
-KVContext is the Engine's base: runner.engine.engine loads the model and the first context;
-runner.engine.loop runs the generation over these steps. A one-sequence context is allocated small
-and grows as it fills (reserve).
+An Engine (runner.engine.engine) holds one Context over its Model; runner.engine.loop runs the
+generation over these steps. A one-sequence context is allocated small and grows as it fills (reserve).
 """
 
 from __future__ import annotations
 
 import ctypes
-import struct
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from runner import interrupt
-from runner.engine.llamacpp import LLAMA_LOG, context_params, interrupt_callbacks, llama
+from runner.engine.cells import add_tokens, common_prefix, restream
+from runner.engine.llamacpp import LLAMA_LOG, Placement, context_params, interrupt_callbacks, llama
+from runner.engine.model import Model
 from runner.engine.positions import Positions, outside_image
 from runner.engine.threads import Threads, set_threads
 from runner.errors import EngineError, PromptTooLong
+from runner.limits import DEFAULT_CTX
+
+if TYPE_CHECKING:
+    from runner.engine.vision import ImageSpan, MediaPrompt
 
 CTX_PAD = 256  # llama.cpp rounds a context up to this
 CTX_STEP = 256  # a suggested --ctx is rounded up to this
@@ -55,31 +60,51 @@ class Interrupted(Exception):
     """Ctrl-C during a prefill: llama.cpp aborted the batch (the engine's own, never seen outside)."""
 
 
-class KVContext:
-    """A llama.cpp context over a loaded model, and the tokens each sequence's KV cells hold."""
+class Context:
+    """A llama.cpp context over a loaded Model: its KV cache, which tokens each sequence's cells hold,
+    and the steps that fill and empty them. The loop, the prefix tiers, speculation's draft and
+    scoring all work through one."""
 
-    _model: Any
-    _vocab: Any
-    _ctx: Any
-    _memory: Any
-    _settings: tuple[str | None, bool | None]  # KV type, flash attention
-    _allocated: int  # cells the context has now; it may grow to n_ctx (one sequence)
-    cells: list[list[int]]  # per sequence: the tokens whose keys and values its cells hold
-    positions: Positions  # where those cells sit (an M-RoPE image takes fewer positions than cells)
-    _batch: Any  # the llama_batch every evaluation fills (batch_for)
-    _batch_size: int
-    threads: Threads  # the decode thread count, chosen again between steps (runner.engine.threads)
-    n_ctx: int  # one sequence: the size the context may grow to; several: all sequences together
-    n_ctx_train: int
-    n_seq: int
-    n_batch: int
-    last_prefill_tokens: int
+    def __init__(
+        self,
+        model: Model,
+        n_ctx: int | None,
+        n_seq: int,
+        threads: Threads,
+        placement: Placement,
+        pooling: int | None = None,
+    ) -> None:
+        """A context for n_seq sequences sharing n_ctx (one sequence: n_ctx is what it may grow to,
+        allocated START_CTX first); EngineError where llama.cpp cannot make it. `pooling` (a
+        llama_pooling_type): a context that pools instead of generating (runner.engine.embed), each
+        batch at most n_ctx tokens in one ubatch, its cells one pool for every sequence.
 
-    def is_end(self, token: int) -> bool:
-        """Whether the token ends generation (the model's end-of-generation tokens)."""
-        return bool(llama().llama_vocab_is_eog(self._vocab, token))
+        `threads` may be shared with another context over the same model (an embedding context
+        beside the generation one): each sets the count on its own llama context before it decodes."""
+        self.model = model
+        self.pooling = pooling
+        self.n_seq = n_seq
+        self.threads = threads  # the decode thread count, chosen again between steps (runner.engine.threads)
+        self.kv_type = placement.kv_type or "f16"
+        self.flash_attn = placement.flash_attn  # None: llama.cpp's "auto"
+        self._settings = (placement.kv_type, placement.flash_attn)
+        self.cells: list[list[int]] = [[] for _ in range(n_seq)]  # per sequence: the tokens its cells hold
+        self.positions = (
+            Positions()
+        )  # where those cells sit (an M-RoPE image takes fewer positions than cells)
+        self._batch: Any = None  # the llama_batch every evaluation fills (batch_for)
+        self._batch_size = 0
+        self.last_prefill_tokens = 0  # prompt tokens the last prefill evaluated (the rest were cached)
+        self._ctx: Any = None
+        asked = n_ctx or min(DEFAULT_CTX, model.n_ctx_train or DEFAULT_CTX)
+        # one sequence: the context is allocated small and grows as it fills (reserve); n_ctx is the
+        # size it may grow to, as llama.cpp would have made it (a multiple of 256)
+        self.n_ctx = -(-asked // CTX_PAD) * CTX_PAD if self.growing else asked
+        self._new_context(min(self.n_ctx, START_CTX) if self.growing else asked)
+        if not self.growing:
+            self.n_ctx = self._allocated
 
-    def decode(self, batch: Any, n_tokens: int) -> int:
+    def _decode(self, batch: Any, n_tokens: int) -> int:
         """One llama_decode, timed for the thread count (which may change for the next one); its status.
 
         A step that tries one thread more (runner.engine.threads) is given a budget, what the count it
@@ -88,6 +113,8 @@ class KVContext:
         added (llama_decode's own rollback of an aborted ubatch), and the step is run again on the
         count it came from: a failed probe costs about one step more, whatever the machine."""
         lib = llama()
+        if self._on != self.threads.n:  # another context sharing the count changed it
+            self._set_threads(self.threads.n)
         budget = self.threads.budget(n_tokens)  # None but in a probe's steps
         if budget is not None and not self._abortable(n_tokens):
             budget = None
@@ -99,14 +126,44 @@ class KVContext:
             if rc == DECODE_ABORTED and not (self._prefilling and interrupt.requested()):
                 back = self.threads.step(time.perf_counter() - started, n_tokens, aborted=True)
                 if back is not None:
-                    set_threads(lib, self._ctx, back)
+                    self._set_threads(back)
                 started = time.perf_counter()
                 rc = int(lib.llama_decode(self._ctx, batch))
         if rc == 0:
             changed = self.threads.step(time.perf_counter() - started, n_tokens)
             if changed is not None:
-                set_threads(lib, self._ctx, changed)
+                self._set_threads(changed)
         return rc
+
+    def _set_threads(self, n: int) -> None:
+        set_threads(llama(), self._ctx, n)
+        self._on = n
+
+    def pool(self, batch: Any, *, steer: bool) -> None:
+        """One llama_decode of a pooling context's filled batch (runner.engine.embed), every cell
+        cleared first (what the last batch left is nobody's); EngineError where it fails. `steer`
+        (runner embed, nothing generating beside it): Ctrl-C stops it (Interrupted), and the thread
+        count follows its steps; else (the server's model thread) it decodes on the count the
+        generation's steps chose."""
+        lib = llama()
+        self.reset()
+        if not steer:
+            if self._on != self.threads.n:
+                self._set_threads(self.threads.n)
+            rc = int(lib.llama_decode(self._ctx, batch))
+        else:
+            lib.llama_set_abort_callback(self._ctx, interrupt_callbacks()[1], None)
+            self._prefilling = True
+            try:
+                rc = self._decode(batch, batch.n_tokens)
+            finally:
+                self._prefilling = False
+                lib.llama_set_abort_callback(self._ctx, lib.ggml_abort_callback(0), None)  # NULL
+            if rc == DECODE_ABORTED:
+                self.reset()
+                raise Interrupted
+        if rc != 0:
+            self._failed(rc)
 
     _prefilling = False  # prefill() has Ctrl-C's abort callback set on the context
 
@@ -127,11 +184,6 @@ class KVContext:
             lib.llama_set_abort_callback(self._ctx, restore, None)
 
     @property
-    def n_threads(self) -> int:
-        """The threads the next decode runs on."""
-        return self.threads.n
-
-    @property
     def ctx(self) -> Any:
         """The llama_context (for the loop and a draft model's sampler)."""
         return self._ctx
@@ -143,7 +195,7 @@ class KVContext:
     @property
     def growing(self) -> bool:
         """One sequence: the context is allocated small and grows as it fills, up to n_ctx."""
-        return self.n_seq == 1
+        return self.n_seq == 1 and self.pooling is None
 
     @property
     def n_ctx_seq(self) -> int:
@@ -155,21 +207,33 @@ class KVContext:
         lib = llama()
         kv_type, flash_attn = self._settings
         cparams = context_params(lib, size, self.threads.n, kv_type, flash_attn, self.n_seq)
-        self._ctx = lib.llama_init_from_model(self._model, cparams)
+        if self.pooling is not None:
+            cparams.embeddings = True
+            cparams.pooling_type = self.pooling
+            cparams.n_batch = cparams.n_ubatch = size  # llama.cpp pools each ubatch alone
+            cparams.kv_unified = True  # one pool of cells for every sequence: a batch of short inputs fits
+        self._ctx = lib.llama_init_from_model(self.model.handle, cparams)
         if not self._ctx:
+            kind = "an embedding context" if self.pooling is not None else "a context"
             raise EngineError(
-                f"llama.cpp could not create a context of {cparams.n_ctx} tokens: {LLAMA_LOG.last_error()}"
+                f"llama.cpp could not create {kind} of {cparams.n_ctx:,} tokens: "
+                f"{LLAMA_LOG.last_error() or 'no log'}"
             )
+        self._on = self.threads.n  # the thread count set on this llama context
         self._allocated = int(lib.llama_n_ctx(self._ctx))
         self.n_batch = int(lib.llama_n_batch(self._ctx))
         self._memory = lib.llama_get_memory(self._ctx)
 
-    def free_context(self) -> None:
-        """Free the context and its KV cache, keeping the model: `runner embed` pools in a context of
-        its own (runner.engine.embed) and never generates, so this one's memory is given back."""
-        with interrupt.deferred():
+    def close(self) -> None:
+        """Free the context, its KV cache and its batch (the model stays). `runner embed` pools in a
+        context of its own (runner.engine.embed) and never generates: its engine's is closed."""
+        lib = llama()
+        with interrupt.deferred():  # llama_free logs through a ctypes callback: no KeyboardInterrupt there
+            if self._batch is not None:
+                lib.llama_batch_free(self._batch)
+                self._batch = None
             if self._ctx:
-                llama().llama_free(self._ctx)
+                lib.llama_free(self._ctx)
                 self._ctx = None
             for held in self.cells:
                 held.clear()
@@ -210,7 +274,7 @@ class KVContext:
 
     def evaluate(self, batch: Any) -> None:
         """llama_decode of the filled batch; an EngineError (and every sequence forgotten) if it fails."""
-        rc = self.decode(batch, batch.n_tokens)
+        rc = self._decode(batch, batch.n_tokens)
         if rc != 0:
             self._failed(rc)
 
@@ -235,7 +299,7 @@ class KVContext:
         if rows_from is not None:
             for row in range(rows_from, len(tokens)):
                 batch.logits[row] = 1
-        rc = self.decode(batch, len(tokens))
+        rc = self._decode(batch, len(tokens))
         if rc == DECODE_ABORTED:  # Ctrl-C: llama.cpp kept the ubatches it finished, dropped the rest
             held.extend(tokens)
             del held[n + max(0, llama().llama_memory_seq_pos_max(self._memory, seq) + 1 - pos) :]
@@ -244,7 +308,7 @@ class KVContext:
             self._failed(rc)
         held.extend(tokens)
 
-    def prefill(self, tokens: Sequence[int], seq: int = 0, media: Any = None) -> int:
+    def prefill(self, tokens: Sequence[int], seq: int = 0, media: MediaPrompt | None = None) -> int:
         """Evaluate the prompt into sequence `seq`, reusing the head its cells hold already; returns
         the tokens evaluated (the last prompt token always is: its logits give the first answer token).
         Ctrl-C stops it mid-batch (Interrupted), the tokens evaluated so far kept. `media`: the
@@ -261,7 +325,7 @@ class KVContext:
         try:
             at = keep
             for span in media.spans if media is not None else ():
-                if span.start >= at:
+                if span.start >= at and media is not None:
                     self._extend_run(tokens[at : span.start], seq)
                     self._image(media, span, tokens, seq)
                     at = span.start + span.n_tokens
@@ -280,7 +344,7 @@ class KVContext:
                 raise Interrupted
             self.extend(tokens[start : start + self.n_batch], seq)
 
-    def _image(self, media: Any, span: Any, tokens: Sequence[int], seq: int) -> None:
+    def _image(self, media: MediaPrompt, span: ImageSpan, tokens: Sequence[int], seq: int) -> None:
         """One image of a prompt into sequence `seq` (encoded, its embeddings decoded alone)."""
         if interrupt.requested():
             raise Interrupted
@@ -300,7 +364,7 @@ class KVContext:
         held = self.cells[seq]
         return self.positions.at(held, len(held) if n is None else n)
 
-    def last_position(self, tokens: Sequence[int]) -> int:
+    def _last_position(self, tokens: Sequence[int]) -> int:
         """What llama_memory_seq_pos_max says of a sequence whose cells hold `tokens`."""
         return self.positions.last(tokens)
 
@@ -341,49 +405,53 @@ class KVContext:
         """The KV streams a state from state_bytes() is written for: 1 where it can be loaded into a
         context of any number of sequences (a plain KV cache), else this context's (a sliding-window
         model's two caches, a recurrent or hybrid memory: their states are kept as llama.cpp wrote them)."""
+        return 1 if self.model.plain_kv else self.n_seq
+
+    def sequence_state(self, seq: int = 0, most: int | None = None) -> Any:
+        """Sequence `seq`'s cells as llama_state_seq_get_data writes them for this context, in a buffer
+        of their size (set_state takes it back); None where that is nothing, more than `most` bytes, or
+        not what llama.cpp said it would write."""
         lib = llama()
-        plain = not (
-            lib.llama_model_n_swa(self._model) > 0
-            or lib.llama_model_is_recurrent(self._model)
-            or lib.llama_model_is_hybrid(self._model)
-        )
-        return 1 if plain else self.n_seq
+        size = int(lib.llama_state_seq_get_size(self._ctx, seq))
+        if size <= 0 or (most is not None and size > most):
+            return None
+        buffer = (ctypes.c_uint8 * size)()
+        return buffer if int(lib.llama_state_seq_get_data(self._ctx, buffer, size, seq)) == size else None
 
     def state_bytes(self, seq: int = 0) -> bytes:
-        """Sequence `seq`'s KV state, as llama.cpp serializes it, for state_streams() streams."""
-        lib = llama()
-        size = lib.llama_state_seq_get_size(self._ctx, seq)
-        buffer = (ctypes.c_uint8 * size)()
-        n = lib.llama_state_seq_get_data(self._ctx, buffer, size, seq)
-        data = ctypes.string_at(buffer, n)
+        """Sequence `seq`'s KV state, as llama.cpp serializes it, for state_streams() streams: what
+        load_state takes, in a context of any number of sequences where that is 1 (the disk tier)."""
+        buffer = self.sequence_state(seq)
+        data = bytes(buffer) if buffer is not None else b""
         return restream(data, 1) if self.n_seq > 1 and self.state_streams == 1 else data
 
     def load_state(self, data: bytes, tokens: Sequence[int], seq: int = 0) -> bool:
         """Replace sequence `seq`'s cells with a state (state_bytes) that holds `tokens`; False (and an
         empty sequence) where llama.cpp refuses it."""
-        self.forget(seq)
-        self.reserve(len(tokens) + 1)
         if self.n_seq > 1 and self.state_streams == 1:
             data = restream(data, self.n_seq)
+        return self.set_state(data, tokens, seq)
+
+    def set_state(self, data: Any, tokens: Sequence[int], seq: int = 0) -> bool:
+        """Replace sequence `seq`'s cells with a state this context wrote (bytes or sequence_state's
+        buffer) that holds `tokens`; False (and an empty sequence) where llama.cpp refuses it, or it
+        does not end where those tokens do: never trusted."""
+        self.forget(seq)
+        self.reserve(len(tokens) + 1)
         if (
             not data
             or not self._set_state(data, seq)
-            or llama().llama_memory_seq_pos_max(self._memory, seq) != self.last_position(tokens)
+            or llama().llama_memory_seq_pos_max(self._memory, seq) != self._last_position(tokens)
         ):
-            self.forget(seq)  # refused, or not the tokens it claims: never trusted
+            self.forget(seq)
             return False
         self.cells[seq][:] = tokens
         return True
 
-    def _set_state(self, data: bytes, seq: int) -> bool:
-        buffer = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
+    def _set_state(self, data: Any, seq: int) -> bool:
+        buffer = (ctypes.c_uint8 * len(data)).from_buffer_copy(data) if isinstance(data, bytes) else data
         with interrupt.deferred():
-            return bool(llama().llama_state_seq_set_data(self._ctx, buffer, len(data), seq))
-
-    @property
-    def n_cached(self) -> int:
-        """Tokens sequence 0 holds now (how full a one-sequence context is)."""
-        return len(self.cells[0])
+            return bool(llama().llama_state_seq_set_data(self._ctx, buffer, len(buffer), seq))
 
     def reset(self) -> None:
         """Forget every sequence (a new conversation; benchmarks that measure a cold prefill)."""
@@ -397,6 +465,12 @@ class KVContext:
         llama().llama_memory_clear(self._memory, True)
         raise EngineError(what or f"llama_decode failed ({rc}): {LLAMA_LOG.last_error() or 'no log'}")
 
+    def check_fits(self, prompt_tokens: Sequence[int], max_tokens: int | None = None) -> None:
+        """Refuse a prompt that leaves no room to answer (too_long); never truncate silently."""
+        problem = self.too_long(len(prompt_tokens), max_tokens)
+        if problem is not None:
+            raise problem
+
     def too_long(self, n: int, max_tokens: int | None = None) -> PromptTooLong | None:
         """Why a prompt of n tokens does not fit a sequence (never truncated), with the --ctx that
         would (each sequence's, as --ctx is in every command), never past the trained context; None
@@ -405,10 +479,10 @@ class KVContext:
         if n < room:
             return None
         suggest = -(-(n + (max_tokens or CTX_STEP)) // CTX_STEP) * CTX_STEP
-        if self.n_ctx_train and suggest > self.n_ctx_train:
+        if self.model.n_ctx_train and suggest > self.model.n_ctx_train:
             return PromptTooLong(
                 f"the prompt is {n:,} tokens, more than this model's trained context of "
-                f"{self.n_ctx_train:,} allows with room for an answer; shorten it",
+                f"{self.model.n_ctx_train:,} allows with room for an answer; shorten it",
                 tokens=n,
                 context=room,
             )
@@ -420,58 +494,3 @@ class KVContext:
             tokens=n,
             context=room,
         )
-
-
-STATE_HEAD = 8  # llama_state_seq_get_data's magic and the sequence id, before the memory's state
-
-
-def restream(data: bytes, n_stream: int) -> bytes:
-    """A sequence's state (a plain KV cache's: after the magic and the sequence id, the stream count,
-    then each stream's cell count and, where that is not 0, its cells) rewritten for a context of
-    `n_stream` streams. A sequence's cells are all in one stream, and llama.cpp reads them into the
-    destination sequence's stream whichever stream they were written from, so the state is the same
-    cells beside other, empty streams. b"" where the bytes are not one such state (never loaded)."""
-    at = STATE_HEAD
-    if len(data) < at + 8:
-        return b""
-    (have,) = struct.unpack_from("<I", data, at)
-    counts = [struct.unpack_from("<I", data, at + 4 + 4 * i)[0] for i in range(min(have, 64))]
-    lead = next((i for i, c in enumerate(counts) if c), None)
-    if have < 1 or lead is None or at + 4 + 4 * have > len(data):
-        return b""
-    trail = have - 1 - lead
-    end = len(data) - 4 * trail
-    if end <= at + 4 + 4 * lead or data[end:].strip(b"\0"):
-        return b""
-    section = data[at + 4 + 4 * lead : end]
-    return data[:at] + struct.pack("<I", n_stream) + section + b"\0" * (4 * (n_stream - 1))
-
-
-def add_tokens(
-    batch: Any, seq: int, tokens: Sequence[int], pos: int, *, logits: bool = True, all_logits: bool = False
-) -> int:
-    """Tokens of one sequence into the batch at positions from `pos`; logits for the last (True) or none
-    (False), or with all_logits for every one (whatever `logits` says). Returns the row of the first
-    token."""
-    n = batch.n_tokens
-    for i, token in enumerate(tokens):
-        row = n + i
-        batch.token[row] = token
-        batch.pos[row] = pos + i
-        batch.n_seq_id[row] = 1
-        batch.seq_id[row][0] = seq
-        batch.logits[row] = all_logits
-    if logits and tokens:
-        batch.logits[n + len(tokens) - 1] = 1
-    batch.n_tokens = n + len(tokens)
-    return n
-
-
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    """How many tokens a and b start with in common."""
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n

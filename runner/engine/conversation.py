@@ -1,7 +1,7 @@
 """A conversation as the model sees it: which turns are sent, and how they fit the context.
 
 Each turn re-renders the whole conversation with the model's template; the engine then evaluates only
-what differs from its KV cache (Engine.prefill keeps the common prefix), which for a template that
+what differs from its KV cache (Context.prefill keeps the common prefix), which for a template that
 renders earlier turns the same way every time is the new message and the template's wrapper.
 
 When the next turn would not leave room to answer, the oldest exchanges (a user message and its
@@ -68,23 +68,23 @@ def fit(
     """The prompt for the next answer (turns end with the user's message), from turn `first` on,
     dropping older exchanges when the context would not leave room to answer. `images`: each turn's
     (runner.images.Image, decoded), by the turns' index; none for a turn past its end."""
-    room = answer_room(engine.n_ctx, max_tokens)
+    room = answer_room(engine.context.n_ctx, max_tokens)
     starts = [i for i, t in enumerate(turns) if t.role == "user" and i >= first] or [len(turns) - 1]
     prompt = _render(engine, header, system, turns, starts[0], enable_thinking, images)
-    if len(prompt.tokens) + room <= engine.n_ctx:
+    if len(prompt.tokens) + room <= engine.context.n_ctx:
         return Fitted(prompt, starts[0], _exchanges(turns, starts[0]))
-    target = int(engine.n_ctx * FILL_AFTER_DROP)
+    target = int(engine.context.n_ctx * FILL_AFTER_DROP)
     for start in starts[1:]:
         prompt = _render(engine, header, system, turns, start, enable_thinking, images)
         if len(prompt.tokens) + room <= target:
             return Fitted(prompt, start, _exchanges(turns, start))
     last = starts[-1]
-    if len(prompt.tokens) >= engine.n_ctx:  # the last message alone (with the system message)
+    if len(prompt.tokens) >= engine.context.n_ctx:  # the last message alone (with the system message)
         n = len(prompt.tokens)
         needed = -(-(n + room) // CTX_STEP) * CTX_STEP
         raise PromptTooLong(
-            f"this message makes a {n:,}-token prompt, more than the {engine.n_ctx:,}-token context holds "
-            f"even alone; shorten it, or start with --ctx {needed}"
+            f"this message makes a {n:,}-token prompt, more than the {engine.context.n_ctx:,}-token "
+            f"context holds even alone; shorten it, or start with --ctx {needed}"
         )
     return Fitted(prompt, last, _exchanges(turns, last))
 

@@ -28,13 +28,12 @@ from __future__ import annotations
 
 import ctypes
 import math
-import time
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from runner.engine.context import DECODE_ABORTED, Interrupted
-from runner.engine.llamacpp import LLAMA_LOG, context_params, interrupt_callbacks, llama
-from runner.engine.threads import set_threads
+from runner.engine.cells import add_tokens
+from runner.engine.context import Context
+from runner.engine.llamacpp import Placement, llama
 from runner.errors import EngineError, InvalidModelFile, PromptTooLong, UsageError
 
 if TYPE_CHECKING:
@@ -131,35 +130,26 @@ class Embedder:
         lib = llama()
         self.engine = engine
         self.standalone = standalone
-        asked = n_ctx or min(EMBED_CTX, engine.n_ctx_train or EMBED_CTX)
+        asked = n_ctx or min(EMBED_CTX, engine.model.n_ctx_train or EMBED_CTX)
         n_seq = min(MAX_SEQS, int(lib.llama_max_parallel_sequences()))
-        flash_attn = False if engine.flash_attn is None else engine.flash_attn  # off unless asked for
-        self._threads = engine.threads.n
-        cparams = context_params(lib, asked, self._threads, None, flash_attn, n_seq)  # f16 scratch cells
-        cparams.embeddings = True
-        cparams.pooling_type = self._pooling(lib)
-        cparams.n_batch = cparams.n_ubatch = asked
-        cparams.kv_unified = True  # one pool of cells for every sequence: a batch of short inputs fits
-        self._ctx = lib.llama_init_from_model(engine._model, cparams)
-        if not self._ctx:
-            raise EngineError(
-                f"llama.cpp could not create an embedding context of {asked:,} tokens: "
-                f"{LLAMA_LOG.last_error() or 'no log'}"
-            )
-        self.n_ctx = min(int(lib.llama_n_batch(self._ctx)), int(lib.llama_n_ubatch(self._ctx)))
-        self.n_seq = int(lib.llama_n_seq_max(self._ctx))
-        self.n_embd = int(lib.llama_model_n_embd_out(engine._model))
-        self.pooling = POOLING_NAMES.get(int(lib.llama_pooling_type(self._ctx)), "?")
-        self._memory = lib.llama_get_memory(self._ctx)
-        self._batch = lib.llama_batch_init(self.n_ctx, 0, 1)
+        flash_attn = engine.context.flash_attn or False  # off unless asked for
+        placement = Placement(kv_type=None, flash_attn=flash_attn)  # f16 scratch cells
+        self.context = Context(
+            engine.model, asked, n_seq, engine.context.threads, placement, pooling=self._pooling(lib)
+        )
+        ctx = self.context.ctx
+        self.n_ctx = min(int(lib.llama_n_batch(ctx)), int(lib.llama_n_ubatch(ctx)))
+        self.n_seq = int(lib.llama_n_seq_max(ctx))
+        self.n_embd = int(lib.llama_model_n_embd_out(engine.model.handle))
+        self.pooling = POOLING_NAMES.get(int(lib.llama_pooling_type(ctx)), "?")
 
     def _pooling(self, lib: Any) -> int:
         """The context's pooling type (runner.engine.rerank's context asks for RANK)."""
-        return pooling_for(lib, self.engine._model)
+        return pooling_for(lib, self.engine.model.handle)
 
     def tokenize(self, text: str) -> list[int]:
         """A text's tokens as llama-server's embedding endpoint takes them (specials added and parsed)."""
-        return self.engine.tokenize(text)
+        return self.engine.model.tokenize(text)
 
     def check(self, token_lists: Sequence[Sequence[int]], *, truncate: bool = False) -> list[list[int]]:
         """The inputs as they will be embedded: each cut to n_ctx where `truncate` (the head kept, as
@@ -200,48 +190,20 @@ class Embedder:
         total = sum(len(t) for t in inputs)
         if not inputs or total > self.n_ctx or len(inputs) > self.n_seq or not all(inputs):
             raise EngineError(f"{len(inputs)} inputs of {total} tokens do not fit one embedding batch")
-        b = self._batch
-        n = 0
+        batch = self.context.batch_for(total)
         for seq, tokens in enumerate(inputs):
-            for pos, token in enumerate(tokens):
-                b.token[n], b.pos[n], b.n_seq_id[n], b.logits[n] = token, pos, 1, 1
-                b.seq_id[n][0] = seq
-                n += 1
-        b.n_tokens = n
-        lib.llama_memory_clear(self._memory, True)  # what the last batch left is nobody's
-        if self.engine.threads.n != self._threads:  # the engine's count follows the machine
-            self._threads = self.engine.threads.n
-            set_threads(lib, self._ctx, self._threads)
-        if self.standalone:
-            lib.llama_set_abort_callback(self._ctx, interrupt_callbacks()[1], None)
-        started = time.perf_counter()
-        try:
-            rc = int(lib.llama_decode(self._ctx, b))
-        finally:
-            if self.standalone:
-                lib.llama_set_abort_callback(self._ctx, lib.ggml_abort_callback(0), None)  # NULL
-        if rc == DECODE_ABORTED and self.standalone:
-            raise Interrupted
-        if rc != 0:
-            raise EngineError(f"llama_decode failed ({rc}): {LLAMA_LOG.last_error() or 'no log'}")
-        if self.standalone:  # timed: a new count, if any, is the next decode's
-            self.engine.threads.step(time.perf_counter() - started, n)
+            add_tokens(batch, seq, tokens, 0, all_logits=True)
+        self.context.pool(batch, steer=self.standalone)
         outputs = []
         for seq in range(len(inputs)):
-            pooled = lib.llama_get_embeddings_seq(self._ctx, seq)
+            pooled = lib.llama_get_embeddings_seq(self.context.ctx, seq)
             if not pooled:
                 raise EngineError(f"llama.cpp gave no pooled embedding for sequence {seq}")
             outputs.append(pooled)
         return outputs
 
     def close(self) -> None:
-        lib = llama()
-        if getattr(self, "_batch", None) is not None:
-            lib.llama_batch_free(self._batch)
-            self._batch = None
-        if getattr(self, "_ctx", None):
-            lib.llama_free(self._ctx)
-            self._ctx = None
+        self.context.close()
 
     def __enter__(self) -> Embedder:
         return self

@@ -1,21 +1,21 @@
-"""Load a model; what it knows (tokens, pieces, its sampler chains, speculation); and the one loop
-every command's answers go through (runner.engine.loop), here for one answer at a time:
+"""An Engine: one loaded model (runner.engine.model: weights, vocabulary, sampler chains), its context
+(runner.engine.context: the KV cache and the steps over it), speculation, and the one loop every
+command's answers go through (runner.engine.loop), here for one answer at a time:
 
   Engine.stream          Chunk(text, kind, ...): the answer (reasoning apart) as it comes, the last
                          chunk carrying the Result: a batch of one in the engine's own loop
-  Engine.generate        the whole answer as one Result
+  Engine.answer          the whole answer to a Request as one Result
+  Engine.generate        the same for bare tokens (benchmarks, tests)
   Engine.generate_step   the token ids the loop samples (benchmarks)
 
 Everything runs on llama.cpp's low-level API (runner.engine.llamacpp): sampling in llama.cpp's native
 sampler chain, one token piece converted per step, and a KV cache that keeps the prompt prefix a later
-request shares (chat turns), or loads a stored one (runner.engine.prefix). The context and its KV
-cache (evaluating, dropping, growing, a sequence's state) are runner.engine.context's KVContext, the
-Engine's base; what an answer carries (Chunk, Result, Timings) is runner.engine.answer's.
+request shares (chat turns), or loads a stored one (runner.engine.prefix). What an answer carries
+(Chunk, Result, Timings) is runner.engine.answer's.
 """
 
 from __future__ import annotations
 
-import ctypes
 import os
 import time
 from collections.abc import Callable, Generator, Iterator, Sequence
@@ -25,17 +25,10 @@ from typing import TYPE_CHECKING, Any
 
 from runner import interrupt
 from runner.engine.answer import FINISH_INTERRUPTED, Chunk, Result, since_process_start
-from runner.engine.context import CTX_PAD, CTX_STEP, START_CTX, KVContext
-from runner.engine.llamacpp import (
-    LLAMA_LOG,
-    default_threads,
-    llama,
-    model_params,
-    supports_gpu_offload,
-    workers_in_use,
-)
+from runner.engine.context import CTX_STEP, Context
+from runner.engine.llamacpp import ANYWHERE, LLAMA_LOG, Placement, default_threads
 from runner.engine.loop import Loop
-from runner.engine.positions import Positions
+from runner.engine.model import Model
 from runner.engine.prefix import PrefixStore
 from runner.engine.promptcache import PromptCache
 from runner.engine.request import Request, bare, finish, to_job
@@ -51,18 +44,17 @@ from runner.engine.speculate import (
 )
 from runner.engine.text.sampling import SamplingConfig
 from runner.engine.threads import Threads, competing_others, free_threads
-from runner.errors import EngineError, InvalidModelFile, InvalidSetting, UsageError
-from runner.limits import DEFAULT_CTX
+from runner.errors import UsageError
 
 if TYPE_CHECKING:
-    from runner.engine.guide import Guide, Guides
     from runner.engine.vision import Vision
 
 __all__ = ["CTX_STEP", "Engine"]
 
 
-class Engine(KVContext):
-    """One loaded model and its context."""
+class Engine:
+    """One loaded model (runner.engine.model), its context (runner.engine.context), speculation and
+    the one loop an answer goes through."""
 
     def __init__(
         self,
@@ -70,97 +62,49 @@ class Engine(KVContext):
         *,
         n_ctx: int | None = None,
         n_threads: int | None = None,
-        n_gpu_layers: int | None = None,
-        kv_type: str | None = None,
-        use_gpu: bool = True,
-        flash_attn: bool | None = None,
         n_seq: int = 1,
+        placement: Placement = ANYWHERE,
         debug: bool = False,
     ) -> None:
+        """Load the model at `path` where `placement` says, and a context of n_ctx for n_seq sequences
+        (runner.engine.context; n_ctx None: the trained context, at most DEFAULT_CTX), decoding on
+        n_threads (None: chosen and followed, runner.engine.threads)."""
         LLAMA_LOG.echo = debug
-        self.flash_attn = flash_attn  # None: llama.cpp's "auto"
-        self.cells = [[] for _ in range(n_seq)]  # per sequence: the tokens its KV cells hold
-        self.positions = Positions()
-        self._batch: Any = None  # the llama_batch every evaluation fills (KVContext.batch_for)
-        self._batch_size = 0
+        self.path = Path(path)
         self.speculation: Speculation | None = None  # runner.engine.speculate; None: one token a step
         self.spec_costs: SpecCosts | None = None  # what steps cost, measured, shared by the sequences
         self._own_loop: Loop | None = None  # stream()'s, kept from answer to answer
-        self._guides: Guides | None = None  # llguidance's, on the first schema
         self.vision: Vision | None = None  # a projector attached (attach_projector)
-        self.n_seq = n_seq  # sequences the context holds at once (runner.engine.loop), n_ctx split among them
-        self.path = Path(path)
-        self._busy_before = competing_others()  # read again after the load: a moment's task is not a load
+        busy_before = competing_others()  # read again after the load: a moment's task is not a load
         start = time.perf_counter()
+        model = context = None
         try:
             with interrupt.deferred():  # a Ctrl-C stops the load (progress callback), then raises here
-                self._load(n_ctx, n_threads, n_gpu_layers, kv_type, use_gpu, flash_attn)
+                model = Model(path, placement)
+                if model.loaded:
+                    most = n_threads or default_threads()
+                    busy = [n for n in (busy_before, competing_others()) if n is not None]
+                    first = free_threads(most, min(busy)) if busy else most
+                    threads = Threads(most, fixed=n_threads is not None, start=first, look=True)
+                    context = Context(model, n_ctx, n_seq, threads, placement)
         except BaseException:  # Ctrl-C, SIGTERM or SIGHUP (interrupt.Stopped), or a failed load
-            self.close()  # whatever the load had allocated when it stopped
+            for part in (context, model):  # whatever the load had allocated when it stopped
+                if part is not None:
+                    part.close()
             raise
+        assert model is not None and context is not None  # else deferred() raised as its block ended
+        self.model, self.context = model, context
         self.load_s = time.perf_counter() - start
-
-    def _load(
-        self,
-        n_ctx: int | None,
-        n_threads: int | None,
-        n_gpu_layers: int | None,
-        kv_type: str | None,
-        use_gpu: bool,
-        flash_attn: bool | None,
-    ) -> None:
-        lib = llama()
-        if n_gpu_layers is None:  # no plan (benchmarks, tests): every layer the build can offload
-            n_gpu_layers = -1 if supports_gpu_offload() or workers_in_use() else 0
-        self.n_gpu_layers = n_gpu_layers if use_gpu else 0
-        mparams, self._no_devices = model_params(lib, n_gpu_layers, use_gpu)
-        path = os.fsencode(self.path)
-        with LLAMA_LOG.muted() as muted:  # the load's ~1,200 log lines, without taking the GIL
-            self._model = lib.llama_model_load_from_file(path, mparams)
-        if not self._model and muted and not interrupt.requested():
-            self._model = lib.llama_model_load_from_file(path, mparams)  # again, for llama.cpp's reason
-        if not self._model:
-            if interrupt.requested():  # the progress callback stopped it
-                return  # deferred() raises KeyboardInterrupt as the block ends
-            reason = LLAMA_LOG.model_error()
-            if reason is not None:  # the file's fault: bad input, not a failure of runner
-                raise InvalidModelFile(f"llama.cpp cannot load {self.path}: {reason}")
-            raise EngineError(f"llama.cpp could not load {self.path}: {LLAMA_LOG.last_error()}")
-        self.n_ctx_train = int(lib.llama_model_n_ctx_train(self._model))
-        self._vocab = lib.llama_model_get_vocab(self._model)
-
-        most = n_threads or default_threads()
-        busy = [n for n in (self._busy_before, competing_others()) if n is not None]
-        start = free_threads(most, min(busy)) if busy else most
-        self.threads = Threads(most, fixed=n_threads is not None, start=start, look=True)
-        self._settings = (kv_type, flash_attn)
-        asked = n_ctx or min(DEFAULT_CTX, self.n_ctx_train or DEFAULT_CTX)
-        # one sequence: the context is allocated small and grows as it fills (reserve); n_ctx is the
-        # size it may grow to, as llama.cpp would have made it (a multiple of 256)
-        growing = self.n_seq == 1
-        self.n_ctx = -(-asked // CTX_PAD) * CTX_PAD if growing else asked
-        self._ctx = None
-        try:
-            self._new_context(min(self.n_ctx, START_CTX) if growing else asked)
-        except EngineError:
-            lib.llama_model_free(self._model)
-            self._model = None
-            raise
-        if not growing:
-            self.n_ctx = self._allocated
-        self.kv_type = kv_type or "f16"
-        self.n_vocab = int(lib.llama_vocab_n_tokens(self._vocab))
-        self.last_prefill_tokens = 0  # prompt tokens the last prefill evaluated (the rest were cached)
-        self._piece = ctypes.create_string_buffer(256)
 
     def attach_projector(self, projector: Path) -> None:
         """Images in this model's prompts, through a vision projector (runner.engine.vision), on the GPU
         only where the plan put layers there. The file is checked before libmtmd opens it."""
         from runner.engine.vision import Vision
 
-        on_gpu, threads = self.n_gpu_layers != 0, self.threads.most
+        model, context = self.model, self.context
+        on_gpu, threads = model.n_gpu_layers != 0, context.threads.most
         self.vision = Vision(
-            projector, self._model, use_gpu=on_gpu, n_threads=threads, flash_attn=self.flash_attn
+            projector, model.handle, use_gpu=on_gpu, n_threads=threads, flash_attn=context.flash_attn
         )
 
     def markers(self, n: int) -> str:
@@ -177,12 +121,8 @@ class Engine(KVContext):
         draft model's engine (holding as many sequences; this engine owns it from now on). False where
         this model's memory cannot drop a rejected suffix (recurrent and hybrid models): plain decoding.
         `fixed`: always draft that many tokens where there is a draft, never adapt (tests, benchmarks)."""
-        lib = llama()
         self._end_speculation()
-        drops_suffix = not (
-            lib.llama_model_is_recurrent(self._model) or lib.llama_model_is_hybrid(self._model)
-        )
-        if mode == SPEC_NONE or not drops_suffix:
+        if mode == SPEC_NONE or not self.model.drops_suffix:
             if draft is not None:
                 draft.close()
             return mode == SPEC_NONE
@@ -193,11 +133,6 @@ class Engine(KVContext):
         self.spec_costs = SpecCosts()
         return True
 
-    @property
-    def speculator(self) -> Speculation | None:
-        """The speculation setting (None: one token a step)."""
-        return self.speculation
-
     def _end_speculation(self) -> None:
         if self._own_loop is not None:
             self._own_loop.close()  # its speculators (a draft model's sampler)
@@ -207,113 +142,11 @@ class Engine(KVContext):
         self.speculation = None
         self.spec_costs = None
 
-    # -- tokens ---------------------------------------------------------------------------------
-
-    def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = True) -> list[int]:
-        lib = llama()
-        if lib.llama_vocab_type(self._vocab) == lib.LLAMA_VOCAB_TYPE_NONE:  # llama.cpp would abort
-            raise InvalidModelFile(
-                f"{self.path} has no tokenizer (tokenizer.ggml.model 'none'): it cannot read text"
-            )
-        data = text.encode("utf-8")
-        capacity = len(data) + 8
-        tokens = (lib.llama_token * capacity)()
-        n = lib.llama_tokenize(self._vocab, data, len(data), tokens, capacity, add_special, parse_special)
-        if n < 0:  # never happens with one token per byte plus specials, but the API allows it
-            capacity = -n
-            tokens = (lib.llama_token * capacity)()
-            n = lib.llama_tokenize(self._vocab, data, len(data), tokens, capacity, add_special, parse_special)
-        return list(tokens[:n])
-
-    def token_bytes(self, token: int, *, special: bool = False) -> bytes:
-        lib = llama()
-        n = lib.llama_token_to_piece(self._vocab, token, self._piece, len(self._piece), 0, special)
-        if n < 0:
-            self._piece = ctypes.create_string_buffer(-n)
-            n = lib.llama_token_to_piece(self._vocab, token, self._piece, len(self._piece), 0, special)
-        return self._piece.raw[:n]
-
-    def token_text(self, token: int) -> str:
-        """The vocabulary's own text for a token, special ones included (e.g. '<|im_start|>')."""
-        return bytes(llama().llama_vocab_get_text(self._vocab, token) or b"").decode("utf-8", "replace")
-
-    @property
-    def bos(self) -> int:
-        """The beginning-of-sequence token (-1: none)."""
-        return int(llama().llama_vocab_bos(self._vocab))
-
-    @property
-    def bos_text(self) -> str:
-        return self.token_text(self.bos) if self.bos >= 0 else ""
-
-    @property
-    def eos_text(self) -> str:
-        lib = llama()
-        eos = lib.llama_vocab_eos(self._vocab)
-        return self.token_text(eos) if eos >= 0 else ""
-
-    @property
-    def adds_bos(self) -> bool:
-        return bool(llama().llama_vocab_get_add_bos(self._vocab))
-
-    def check_fits(self, prompt_tokens: Sequence[int], max_tokens: int | None = None) -> None:
-        """Refuse a prompt that leaves no room to answer; never truncate silently."""
-        problem = self.too_long(len(prompt_tokens), max_tokens)
-        if problem is not None:
-            raise problem
-
-    # -- sampling --------------------------------------------------------------------------------
-
-    def sampler(self, cfg: SamplingConfig, history: Sequence[int] = (), grammar: str | None = None) -> Any:
-        """The native sampler chain: a grammar first (when given), penalties (which have seen
-        `history`, as llama-cli's do), then greedy or top-k, top-p, min-p, temperature and a draw.
-        The caller owns it: a Job takes it (the loop frees it), else llama_sampler_free.
-        InvalidSetting (field "grammar") where llama.cpp cannot parse the grammar."""
-        lib = llama()
-        chain = lib.llama_sampler_chain_init(lib.llama_sampler_chain_default_params())
-        add = lib.llama_sampler_chain_add
-        if grammar is not None:
-            constrain = lib.llama_sampler_init_grammar(self._vocab, grammar.encode(), b"root")
-            if not constrain:
-                lib.llama_sampler_free(chain)
-                problem = f"llama.cpp cannot parse the grammar: {LLAMA_LOG.last_error() or 'no log'}"
-                raise InvalidSetting(problem, field="grammar", problem=problem)
-            add(chain, constrain)
-        if cfg.penalties:
-            last_n = cfg.repeat_last_n if cfg.repeat_last_n > 0 else self.n_ctx
-            penalties = lib.llama_sampler_init_penalties(
-                self.n_vocab, last_n, cfg.repeat_penalty, cfg.frequency_penalty, cfg.presence_penalty
-            )
-            # the penalties alone: a grammar must not see the prompt; an image's positions are no tokens
-            for token in [t for t in history if t >= 0][-last_n:]:
-                lib.llama_sampler_accept(penalties, token)
-            add(chain, penalties)
-        if cfg.greedy:
-            add(chain, lib.llama_sampler_init_greedy())
-            return chain
-        if cfg.top_k > 0:
-            add(chain, lib.llama_sampler_init_top_k(cfg.top_k))
-        add(chain, lib.llama_sampler_init_top_p(cfg.top_p, 1))
-        add(chain, lib.llama_sampler_init_min_p(cfg.min_p, 1))
-        add(chain, lib.llama_sampler_init_temp(cfg.temperature))
-        seed = lib.LLAMA_DEFAULT_SEED if cfg.seed is None else cfg.seed
-        add(chain, lib.llama_sampler_init_dist(seed))
-        return chain
-
-    def check_grammar(self, grammar: str) -> None:
-        """InvalidSetting where llama.cpp cannot parse the grammar; what the check built is freed."""
-        llama().llama_sampler_free(self.sampler(SamplingConfig(temperature=0), (), grammar))
-
-    def guide(self, grammar: str) -> Guide:
-        """A fresh llguidance matcher for `grammar` (runner.engine.guide): the tokenizer it needs
-        built from this model's vocabulary on first use, each grammar compiled once and kept."""
-        if self._guides is None:
-            from runner.engine.guide import Guides
-
-            lib = llama()
-            ends = [t for t in range(self.n_vocab) if lib.llama_vocab_is_eog(self._vocab, t)]
-            self._guides = Guides(self._vocab, self.n_vocab, ends)
-        return self._guides.guide(grammar)
+    def sampler(self, request: Request) -> Any:
+        """The request's native sampler chain (runner.engine.model.Model.sampler), its penalties over
+        the context's size at most; InvalidSetting where llama.cpp cannot parse its grammar."""
+        tokens = request.prompt.tokens
+        return self.model.sampler(request.sampling, tokens, request.grammar, window=self.context.n_ctx)
 
     # -- the loop -------------------------------------------------------------------------------
     # Every answer goes through runner.engine.loop; run and chat are a batch of one, in the engine's
@@ -324,9 +157,9 @@ class Engine(KVContext):
         setting = self.speculation
         assert setting is not None and self.spec_costs is not None
         if setting.draft is not None:
-            drafter: ModelDrafter | NgramDrafter = ModelDrafter(setting.draft, seq)
+            drafter: ModelDrafter | NgramDrafter = ModelDrafter(setting.draft.context, seq)
         else:
-            drafter = NgramDrafter(is_end=self.is_end)
+            drafter = NgramDrafter(is_end=self.model.is_end)
         return Speculator(drafter, setting.fixed, self.spec_costs)
 
     def loop(self, on_done: Callable[[Result], None], **kwargs: Any) -> Loop:
@@ -351,9 +184,8 @@ class Engine(KVContext):
         loaded from it; where none is and the request's stable `head` is at least MIN_HEAD tokens, it is
         evaluated and stored first. `on_token`: every token sampled, end-of-generation included.
         """
-        tokens = request.prompt.tokens
-        self.check_fits(tokens)
-        sampler = self.sampler(request.sampling, tokens, request.grammar)  # a grammar llama.cpp refuses: here
+        self.context.check_fits(request.prompt.tokens)
+        sampler = self.sampler(request)  # a grammar llama.cpp refuses: here
         head = request.head if prompt_cache is not None else 0
         job = to_job(replace(request, head=head), sampler=sampler, on_token=on_token)
         with interrupt.deferred():
@@ -370,7 +202,8 @@ class Engine(KVContext):
             loop = self._own_loop = Loop(self, done.append, parallel=1)
         loop.on_done = done.append
         loop.store = PrefixStore(disk=prompt_cache)
-        self.threads.begin()
+        threads = self.context.threads
+        threads.begin()
         try:
             loop.add(job)
             while loop.busy():
@@ -392,8 +225,8 @@ class Engine(KVContext):
             result.timings,
             startup_s=startup,
             total_s=time.perf_counter() - start,
-            threads=self.threads.used(),
-            thread_changes=self.threads.changes,
+            threads=threads.used(),
+            thread_changes=threads.changes,
         )
         yield from out
         yield Chunk("", result=finish(request, replace(result, timings=timings)))
@@ -428,23 +261,15 @@ class Engine(KVContext):
         return self.answer(bare(prompt_tokens, sampling, **fields), prompt_cache)
 
     def close(self) -> None:
-        lib = llama()
+        """Free what the engine holds: speculation (a draft model's engine), the projector, the context,
+        then the model."""
         with interrupt.deferred():  # llama_free logs through a ctypes callback: no KeyboardInterrupt there
-            if hasattr(self, "speculation"):
-                self._end_speculation()  # a draft model's engine
-            vision = getattr(self, "vision", None)
-            if vision is not None:
-                vision.close()
+            self._end_speculation()
+            if self.vision is not None:
+                self.vision.close()
                 self.vision = None
-            if getattr(self, "_batch", None) is not None:
-                lib.llama_batch_free(self._batch)
-                self._batch = None
-            if getattr(self, "_ctx", None):
-                lib.llama_free(self._ctx)
-                self._ctx = None
-            if getattr(self, "_model", None):
-                lib.llama_model_free(self._model)
-                self._model = None
+            self.context.close()
+            self.model.close()
 
     def __enter__(self) -> Engine:
         return self

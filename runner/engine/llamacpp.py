@@ -367,6 +367,29 @@ def model_params(lib: Any, n_gpu_layers: int, use_gpu: bool) -> tuple[Any, Any]:
     return mparams, keep
 
 
+@dataclass(frozen=True)
+class Placement:
+    """Where a load puts the weights and how it keeps the KV cache: the plan's choices (runner.memory),
+    the flags winning over them (runner.loader). Defaults: every layer the build can offload, the
+    cache in f16, flash attention as llama.cpp's "auto" decides."""
+
+    n_gpu_layers: int | None = None  # None: every layer the build can offload (benchmarks, tests)
+    use_gpu: bool = True  # False: no device at all, not even for compute buffers
+    kv_type: str | None = None  # None: f16
+    flash_attn: bool | None = None  # None: llama.cpp's "auto"
+
+    def gpu_layers(self) -> int:
+        """The layers offloaded, as llama_model_params takes them."""
+        if not self.use_gpu:
+            return 0
+        if self.n_gpu_layers is None:
+            return -1 if supports_gpu_offload() or workers_in_use() else 0
+        return self.n_gpu_layers
+
+
+ANYWHERE = Placement()  # every layer the build can offload, an f16 cache, flash attention "auto"
+
+
 FLASH_ATTN_TYPE = {None: -1, True: 1, False: 0}  # llama_flash_attn_type: AUTO, ENABLED, DISABLED
 
 
@@ -390,21 +413,14 @@ COMPUTE_LINE = re.compile(r"(\S+) compute buffer size = +([0-9.]+) MiB")
 
 
 def dry_run(
-    path: str | os.PathLike[str],
-    *,
-    n_ctx: int,
-    n_gpu_layers: int,
-    kv_type: str | None,
-    use_gpu: bool,
-    flash_attn: bool | None = None,
-    n_seq: int = 1,
+    path: str | os.PathLike[str], placement: Placement, *, n_ctx: int, n_seq: int = 1
 ) -> dict[str, int] | None:
     """The compute buffers llama.cpp reserves for this load, per buffer type ("CPU", "CUDA0",
     "CUDA_Host"), without allocating them or reading any weight: the model and context created
     with no_alloc, as llama.cpp's own --fit does (common/fit.cpp). Sizes are the log's, to 0.01
     MiB. None when llama.cpp would not say (it could not create the model or the context)."""
     lib = llama()
-    mparams, keep = model_params(lib, n_gpu_layers, use_gpu)
+    mparams, keep = model_params(lib, placement.gpu_layers(), placement.use_gpu)
     mparams.no_alloc = True
     mparams.load_mode = 0  # LLAMA_LOAD_MODE_NONE: no mapping (no_alloc asserts it)
     lines: list[str] = []
@@ -416,7 +432,8 @@ def dry_run(
             if not model:
                 return None
             ctx = lib.llama_init_from_model(
-                model, context_params(lib, n_ctx, default_threads(), kv_type, flash_attn, n_seq)
+                model,
+                context_params(lib, n_ctx, default_threads(), placement.kv_type, placement.flash_attn, n_seq),
             )
             if ctx:
                 lib.llama_free(ctx)

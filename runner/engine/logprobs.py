@@ -16,11 +16,14 @@ import math
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 MAX_TOP = 20  # the most alternatives a token may list (OpenAI's top_logprobs limit)
 ROWS = 64  # the most rows of logits one evaluation of a scored prompt asks for
 FLOOR = -3.4028234663852886e38  # a probability of 0: float's lowest, not -inf (JSON has no -inf)
+
+if TYPE_CHECKING:
+    from runner.engine.context import Context
 
 
 @dataclass(frozen=True)
@@ -94,40 +97,17 @@ def rows(ctx: Any, n: int, n_vocab: int) -> Any:
     return np.ctypeslib.as_array(flat, shape=(n * n_vocab,)).reshape(n, n_vocab)
 
 
-class Scoring(Protocol):
-    """What scoring a prompt needs of an engine (runner.engine.engine.Engine is one)."""
-
-    n_vocab: int
-
-    @property
-    def ctx(self) -> Any: ...
-
-    def forget(self, seq: int) -> None: ...
-
-    def reserve(self, tokens: int) -> None: ...
-
-    def extend(
-        self,
-        tokens: Sequence[int],
-        seq: int = 0,
-        *,
-        logits: bool = True,
-        all_logits: bool = False,
-        rows_from: int | None = None,
-    ) -> None: ...
-
-
-def score_prompt(engine: Scoring, tokens: Sequence[int], seq: int, n_top: int) -> list[TokenLogprob]:
+def score_prompt(context: Context, tokens: Sequence[int], seq: int, n_top: int) -> list[TokenLogprob]:
     """The prompt evaluated whole into sequence `seq` (what it held dropped), ROWS tokens a decode
     with logits at each: every token's log-probability after the first, as the tokens before it
     predicted it, with `n_top` alternatives each."""
-    engine.forget(seq)
-    engine.reserve(len(tokens))
+    context.forget(seq)
+    context.reserve(len(tokens))
     out: list[TokenLogprob] = []
     for start in range(0, len(tokens), ROWS):
         chunk = tokens[start : start + ROWS]
-        engine.extend(chunk, seq, all_logits=True)
-        logits = rows(engine.ctx, len(chunk), engine.n_vocab)
+        context.extend(chunk, seq, all_logits=True)
+        logits = rows(context.ctx, len(chunk), context.model.n_vocab)
         for i in range(len(chunk)):
             if start + i + 1 < len(tokens):
                 out.append(read(logits[i], tokens[start + i + 1], n_top))

@@ -22,18 +22,22 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from runner.engine import logprobs
 from runner.engine.answer import FINISH_ERROR, FINISH_INTERRUPTED, FINISH_LENGTH, Result
-from runner.engine.context import Interrupted, add_tokens, common_prefix
-from runner.engine.decoder import Decoder
+from runner.engine.cells import add_tokens, common_prefix
+from runner.engine.context import Interrupted
 from runner.engine.llamacpp import llama
 from runner.engine.prefix import Found, PrefixStore, copy_sequence
 from runner.engine.promptcache import CacheUse
-from runner.engine.sequence import Job, Slot, dropped, failed
+from runner.engine.sequence import Job, Slot, draft, dropped, failed, share_cost
 from runner.engine.speculate import Speculator
 from runner.errors import EngineError, InvalidSetting
+
+if TYPE_CHECKING:
+    from runner.engine.engine import Engine
+    from runner.engine.guide import Guide
 
 MIN_SHARED = 4  # a head held by another sequence shorter than this is not worth a copy
 
@@ -60,23 +64,26 @@ class Loop:
 
     def __init__(
         self,
-        engine: Decoder,
+        engine: Engine,
         on_done: Callable[[Result], None],
         *,
         parallel: int | None = None,
         reuse: bool = True,
         store: PrefixStore | None = None,
     ) -> None:
-        parallel = parallel or engine.n_seq
-        if not 1 <= parallel <= engine.n_seq:
-            raise InvalidSetting(f"--parallel {parallel}: the context holds {engine.n_seq} sequences")
-        self.engine = engine
+        context = engine.context
+        parallel = parallel or context.n_seq
+        if not 1 <= parallel <= context.n_seq:
+            raise InvalidSetting(f"--parallel {parallel}: the context holds {context.n_seq} sequences")
+        self.engine = engine  # its speculation, read as each job starts
+        self.context = context  # the KV cache every step decodes into
+        self.model = engine.model  # the vocabulary a step's tokens are read with
         self.lib = llama()
         self.parallel = parallel
         self.on_done = on_done
         self.reuse = reuse  # False: every prompt evaluated whole (what prefix reuse saves, measured)
         self.store = store if reuse else None
-        self.cells = engine.cells  # the tokens each sequence holds
+        self.cells = context.cells  # the tokens each sequence holds
         self.used: list[float] = [0.0] * parallel  # when each sequence last took a job
         self.free = list(range(parallel))
         self.active: list[Slot] = []
@@ -84,11 +91,11 @@ class Loop:
         self.stats = LoopStats()
         self._speculators: dict[int, Speculator] = {}
         self._speculation: Any = None  # the engine's setting the speculators were made for
-        engine.threads.begin()
+        context.threads.begin()
 
     @property
     def n_ctx_seq(self) -> int:
-        return self.engine.n_ctx_seq
+        return self.context.n_ctx_seq
 
     def close(self) -> None:
         for slot in self.active:
@@ -100,8 +107,8 @@ class Loop:
         for speculator in self._speculators.values():
             speculator.close()
         self._speculators.clear()
-        self.stats.threads = self.engine.threads.used()
-        self.stats.thread_changes = self.engine.threads.changes
+        self.stats.threads = self.context.threads.used()
+        self.stats.thread_changes = self.context.threads.changes
 
     def add(self, job: Job) -> None:
         if not job.tokens:  # nothing to evaluate, so no logits to sample the first token from
@@ -110,7 +117,7 @@ class Loop:
         if job.echo and job.media is not None:
             self.fail(job, "a prompt with images cannot be echoed (its images have no tokens to score)")
             return
-        too_long = self.engine.too_long(len(job.tokens), job.max_tokens)
+        too_long = self.context.too_long(len(job.tokens), job.max_tokens)
         if too_long is not None:
             self.fail(job, str(too_long))
             return
@@ -131,7 +138,7 @@ class Loop:
         shared = shared_prefix(prompts)
         if not shared:
             return
-        self.engine.prefill(prompts[0][:shared], 0)
+        self.context.prefill(prompts[0][:shared], 0)
         self.stats.shared_tokens = shared
         self.stats.prefill_tokens += shared
 
@@ -152,8 +159,8 @@ class Loop:
         """One llama_decode: every active sequence's next token and drafts, and the prompts of new
         jobs (as llama-server mixes them), as many as the batch holds. Cancelled jobs end first."""
         self._cancel()
-        engine = self.engine
-        room = engine.n_batch - len(self.active)
+        context = self.context
+        room = context.n_batch - len(self.active)
         started: list[Slot] = []
         while self.queue and self.free:
             job = self.queue[0]
@@ -175,23 +182,26 @@ class Loop:
             slot.pending = [slot.last]
         if not self.active and not started:
             return
-        drafted = 0 if started else self._draft(room)
+        drafted = (
+            0 if started or self.engine.speculation is None else draft(self.active, room, self.n_ctx_seq)
+        )
         # in sequence order, each sequence's tokens together: with a KV stream per sequence, llama.cpp
         # splits a batch into ubatches of consecutive sequence ids (split_equal), so a batch in the
         # order slots happened to free (3, 0, 5, 1 …) cost a ubatch per run: 32 clients on 8
         # sequences ran at 0.68x llama-server's aggregate, measured
         slots = sorted([*self.active, *started], key=lambda s: s.seq)
         total = sum(len(s.pending) + len(s.drafts) for s in slots)
-        engine.reserve(max(len(self.cells[s.seq]) + len(s.pending) + len(s.drafts) for s in slots))
-        batch = engine.batch_for(total)
+        context.reserve(max(len(self.cells[s.seq]) + len(s.pending) + len(s.drafts) for s in slots))
+        batch = context.batch_for(total)
         for slot in slots:
             tokens = slot.pending + slot.drafts
             slot.row = add_tokens(batch, slot.seq, tokens, slot.pos, all_logits=bool(slot.drafts))
         began = time.perf_counter()
-        engine.evaluate(batch)
+        context.evaluate(batch)
         seconds = time.perf_counter() - began
         self.stats.steps += 1
-        self._measure(slots, started, drafted, seconds)
+        if self.engine.spec_costs is not None and not started:
+            share_cost(self.engine.spec_costs, slots, drafted, seconds, parallel=self.parallel > 1)
         still = []
         for slot in slots:
             if self._advance(slot):
@@ -210,7 +220,7 @@ class Loop:
         drafts, slot.pending, slot.drafts = slot.drafts, [], []
         for i in range(len(drafts) + 1):
             token = self._sample(slot, first + i)
-            kept = i < len(drafts) and token == drafts[i] and not self.engine.is_end(token)
+            kept = i < len(drafts) and token == drafts[i] and not self.model.is_end(token)
             if token < 0 or not self._take(slot, token):
                 if drafts:
                     self._drop_tail(slot)
@@ -231,8 +241,8 @@ class Loop:
         where the guide refused the token (the answer has ended, its error said)."""
         guide = slot.guide
         if guide is not None:
-            guide.mask(self.lib.llama_get_logits_ith(self.engine.ctx, row))
-        token = int(self.lib.llama_sampler_sample(slot.sampler, self.engine.ctx, row))
+            guide.mask(self.lib.llama_get_logits_ith(self.context.ctx, row))
+        token = int(self.lib.llama_sampler_sample(slot.sampler, self.context.ctx, row))
         if slot.job.logprobs is not None:
             slot.scored = self._score(slot, row, token)
         if guide is None or guide.take(token):
@@ -243,18 +253,18 @@ class Loop:
     def _score(self, slot: Slot, row: int, token: int) -> logprobs.TokenLogprob:
         """The sampled token's log-probability and the job's alternatives, from the row it came from."""
         n_top = slot.job.logprobs or 0
-        return logprobs.read(logprobs.row(self.engine.ctx, row, self.engine.n_vocab), token, n_top)
+        return logprobs.read(logprobs.row(self.context.ctx, row, self.model.n_vocab), token, n_top)
 
     def _drop_tail(self, slot: Slot) -> None:
         """The rejected drafts out of the sequence's cells (those at its next position and after)."""
-        if not self.lib.llama_memory_seq_rm(self.engine.memory, slot.seq, slot.pos, -1):
-            self.engine.reset()
+        if not self.lib.llama_memory_seq_rm(self.context.memory, slot.seq, slot.pos, -1):
+            self.context.reset()
             raise EngineError("llama.cpp could not drop the rejected draft tokens")
 
     def _take(self, slot: Slot, token: int) -> bool:
         """One sampled token into its slot; False once that answer is over (and reported)."""
         before = slot.n_out
-        reason = slot.take(token, self.engine, self.n_ctx_seq)
+        reason = slot.take(token, self.model, self.n_ctx_seq)
         self.stats.completion_tokens += slot.n_out - before
         if reason is None:
             return True
@@ -262,44 +272,6 @@ class Loop:
         return False
 
     # -- speculation ------------------------------------------------------------------------------
-
-    def _draft(self, room: int) -> int:
-        """Each active sequence's drafts for this step, within the batch's room; how many in all."""
-        engine = self.engine
-        if engine.speculation is None or room <= 0:
-            return 0
-        n = len(self.active)
-        total = 0
-        for slot in self.active:
-            spec = slot.speculator
-            if spec is None:
-                continue
-            job = slot.job
-            left = job.max_tokens - slot.n_out if job.max_tokens else self.n_ctx_seq
-            most = min(left - 1, self.n_ctx_seq - slot.pos - slot.fewer - 2, room - total)
-            started = time.perf_counter()
-            slot.drafts = spec.draft(slot.history, most, n)
-            slot.verify_s = (0.0, time.perf_counter() - started)  # (step share, drafting) set in _measure
-            total += len(slot.drafts)
-        return total
-
-    def _measure(self, slots: list[Slot], started: list[Slot], drafted: int, seconds: float) -> None:
-        """What the step cost, for the speculators: a plain step (nothing drafted, no prompt in it),
-        or a verify step whose extra cost each drafting sequence shares by its drafts."""
-        costs = self.engine.spec_costs
-        if costs is None or started:
-            return
-        if not drafted:
-            costs.plain_step(seconds)
-            return
-        if self.parallel > 1:
-            costs.verify_step(drafted, seconds)
-        plain = costs.step_s or seconds
-        extra = max(0.0, seconds - plain)
-        for slot in slots:
-            if slot.drafts:
-                share = plain + extra * len(slot.drafts) / drafted if self.parallel > 1 else seconds
-                slot.verify_s = (share + slot.verify_s[1], slot.verify_s[1])
 
     def _speculator(self, seq: int) -> Speculator | None:
         """Sequence `seq`'s speculator (its measured costs shared by all), made once per setting."""
@@ -336,7 +308,7 @@ class Loop:
                 if n > best:
                     found, best = Found(n, source=other), n
         if self.store is not None:
-            kept = self.store.find(self.engine, job.tokens, most, best)
+            kept = self.store.find(self.context, job.tokens, most, best)
             if kept is not None:
                 found = kept
         return seq, keep, found
@@ -344,64 +316,77 @@ class Loop:
     def _start(self, seq: int, job: Job, keep: int, found: Found | None) -> Slot | None:
         """The job in sequence `seq`: its first `keep` tokens already there, or a longer head copied
         or restored (`found`); its stable head evaluated and stored first where the store wants it.
-        What `seq` held is kept in the store's RAM first when the job would lose enough of it."""
-        engine = self.engine
+        None where it did not start (a grammar or schema refused, Ctrl-C: its result given). What a
+        failed start built is freed in one place, the finally."""
         self.free.remove(seq)
+        sampler, job.sampler = job.sampler, None  # this start owns it now
+        slot: Slot | None = None
+        started = False
         try:
-            sampler = (
-                job.sampler
-                if job.sampler is not None
-                else engine.sampler(job.sampling, job.tokens, job.grammar)
-            )
-        except InvalidSetting as exc:
-            self.free.append(seq)
+            if sampler is None:
+                sampler = self.model.sampler(job.sampling, job.tokens, job.grammar, window=self.context.n_ctx)
+            guide = self.model.guide(job.guide) if job.guide is not None else None
+            slot, keep, use = self._fill(seq, job, keep, found, (sampler, guide))
+            self._head(slot, keep, use)
+            started = True
+            return slot
+        except InvalidSetting as exc:  # a grammar llama.cpp, or a schema llguidance, refuses
             self.on_done(failed(job, str(exc)))
             return None
-        try:
-            guide = engine.guide(job.guide) if job.guide is not None else None
-        except InvalidSetting as exc:
-            self.lib.llama_sampler_free(sampler)
-            self.free.append(seq)
-            self.on_done(failed(job, str(exc)))
+        except Interrupted:  # Ctrl-C stopped its head's prefill: the answer ends before its first token
+            assert slot is not None
+            self._finish(slot, FINISH_INTERRUPTED)  # its sampler freed there
+            sampler = None
             return None
-        job.sampler = None  # the slot owns it now
+        finally:
+            if not started:  # a failed llama_decode or a signal too: the sequence is free again
+                if sampler is not None:
+                    self.lib.llama_sampler_free(sampler)
+                self.free.append(seq)
+
+    def _fill(
+        self, seq: int, job: Job, keep: int, found: Found | None, sampling: tuple[Any, Guide | None]
+    ) -> tuple[Slot, int, CacheUse]:
+        """Sequence `seq` made to hold what it can of the job's prompt without evaluating any: what
+        it keeps, a head copied from another sequence or restored from the store (what it held kept
+        in the store's RAM first where the job would lose enough of it). The job's slot, the tokens
+        its sequence now holds, and what the store did."""
+        context = self.context
         held = self.cells[seq]
         use = CacheUse()
         if self.store is not None:
-            self.store.keep(engine, seq, len(held) - (keep if found is None else 0))
+            self.store.keep(context, seq, len(held) - (keep if found is None else 0))
         if found is not None and found.source is not None:
-            copy_sequence(engine, found.source, seq)
+            copy_sequence(context, found.source, seq)
         elif found is not None and self.store is not None:
-            use = self.store.load(engine, job.tokens, found, seq)
+            use = self.store.load(context, job.tokens, found, seq)
         if self.reuse and not job.echo:
-            keep = engine.keep_head(job.tokens, seq)
+            keep = context.keep_head(job.tokens, seq)
         else:  # every prompt evaluated whole (what prefix reuse saves, measured; echo's scores)
-            engine.forget(seq)
+            context.forget(seq)
             keep = 0
         self.used[seq] = time.perf_counter()
         speculator = self._speculator(seq) if job.media is None else None  # no drafts after images
-        slot = Slot(seq, job, sampler, speculator, time.perf_counter(), guide, cache_use=use)
+        slot = Slot(seq, job, sampling[0], speculator, time.perf_counter(), sampling[1], cache_use=use)
         self._placed(slot)
-        slot.threads_mark = engine.threads.mark()
+        slot.threads_mark = context.threads.mark()
         if slot.speculator is not None:
             slot.history = list(job.tokens)
+        return slot, keep, use
+
+    def _head(self, slot: Slot, keep: int, use: CacheUse) -> None:
+        """The job's stable head evaluated and stored on disk first, where the store wants it and the
+        sequence does not hold it yet; the prompt's counts."""
+        job, store = slot.job, self.store
         head = job.tokens[: job.head]
         if (
-            self.store is not None
+            store is not None
             and not job.echo
             and keep < len(head) < len(job.tokens)
-            and self.store.wants(engine, head)
+            and store.wants(self.context, head)
         ):
-            try:
-                engine.prefill(head, seq)
-            except Interrupted:
-                self._interrupted(slot)
-                return None
-            except BaseException:  # llama_decode failed, or a signal: the sequence is free again
-                self.lib.llama_sampler_free(slot.sampler)
-                self.free.append(seq)
-                raise
-            stored = self.store.store(engine, head, seq)
+            self.context.prefill(head, slot.seq)
+            stored = store.store(self.context, head, slot.seq)
             slot.cache_use = CacheUse(use.loaded_tokens, stored.stored_tokens, stored.write_s, use.read_s)
             slot.prefill += len(head) - keep
             keep = len(head)
@@ -409,7 +394,6 @@ class Loop:
         slot.prefill += len(job.tokens) - keep
         self.stats.prefill_tokens += len(job.tokens) - keep
         self.stats.cached_tokens += keep
-        return slot
 
     def _alone(self, seq: int, job: Job, keep: int, found: Found | None) -> None:
         """A prompt evaluated alone (a one-sequence loop, or longer than the batch's room), in n_batch
@@ -419,9 +403,9 @@ class Loop:
             return
         try:
             if job.echo:
-                slot.prompt_logprobs = logprobs.score_prompt(self.engine, job.tokens, seq, job.logprobs or 0)
+                slot.prompt_logprobs = logprobs.score_prompt(self.context, job.tokens, seq, job.logprobs or 0)
             else:
-                self.engine.prefill(job.tokens, seq, media=job.media)
+                self.context.prefill(job.tokens, seq, media=job.media)
         except Interrupted:
             self._interrupted(slot)
             return
@@ -446,7 +430,7 @@ class Loop:
 
     def _placed(self, slot: Slot) -> None:
         """The slot's next position from what its sequence holds now (cells, less what images saved)."""
-        slot.pos = self.engine.position(slot.seq)
+        slot.pos = self.context.position(slot.seq)
         slot.fewer = len(self.cells[slot.seq]) - slot.pos
 
     def _interrupted(self, slot: Slot) -> None:
@@ -477,7 +461,7 @@ class Loop:
     def _finish(self, slot: Slot, reason: str, *, flush: bool = True, error: str | None = None) -> None:
         self.lib.llama_sampler_free(slot.sampler)
         slot.sampler = None
-        threads, changes = self.engine.threads.since(slot.threads_mark)
+        threads, changes = self.context.threads.since(slot.threads_mark)
         extra = {"load_s": self.engine.load_s, "threads": threads, "thread_changes": changes}
         self.on_done(slot.result(reason, flush=flush, extra=extra, error=error))
 

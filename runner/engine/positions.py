@@ -1,6 +1,6 @@
 """Where each KV cell of a sequence sits: its position, apart from its index among the cells.
 
-A sequence's cells (KVContext.cells) hold one token each, an image's cells one pseudo-token each
+A sequence's cells (Context.cells) hold one token each, an image's cells one pseudo-token each
 (image_tokens: negative, derived from the image's sha256, so prefix reuse compares images by their
 hash). For most models a cell's position is its index. M-RoPE models (Qwen2-VL, Qwen2.5-VL) are not:
 libmtmd decodes an image of nx x ny tokens at one temporal position with (x, y) beside it, and the

@@ -14,36 +14,18 @@ first past their byte limit, and an entry that another one extends is dropped.
 
 from __future__ import annotations
 
-import ctypes
 import itertools
 import time
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
-from runner.engine.context import common_prefix
-from runner.engine.llamacpp import llama
-from runner.engine.promptcache import MIN_HEAD, Cacheable, CacheUse, PromptCache
+from runner.engine.cells import common_prefix
+from runner.engine.context import Context
+from runner.engine.promptcache import MIN_HEAD, CacheUse, PromptCache
 
 MIN_SAVED = 16  # a sequence losing fewer tokens than this to a new job is not kept in RAM
-
-
-class Sequences(Cacheable, Protocol):
-    """What the store needs of an engine (runner.engine.engine.Engine is one): its sequences' tokens,
-    its context and memory, and a sequence emptied."""
-
-    cells: list[list[int]]
-
-    @property
-    def ctx(self) -> Any: ...
-
-    @property
-    def memory(self) -> Any: ...
-
-    def forget(self, seq: int) -> None: ...
-
-    def last_position(self, tokens: Sequence[int]) -> int: ...
 
 
 class StateCache:
@@ -71,7 +53,7 @@ class StateCache:
                 found, n = key, k
         return found, n
 
-    def save(self, ctx: Any, seq: int, tokens: Sequence[int]) -> None:
+    def save(self, context: Context, seq: int, tokens: Sequence[int]) -> None:
         """Keep what sequence `seq` holds (`tokens`), unless an entry holds as much already."""
         for key, (held, _) in list(self._entries.items()):
             common = common_prefix(held, tokens)
@@ -80,7 +62,7 @@ class StateCache:
                 return
             if common == len(held):
                 self._drop(key)  # the new entry holds all of this one
-        buffer = sequence_state(ctx, seq, self.limit)
+        buffer = context.sequence_state(seq, self.limit)
         if buffer is None:
             return
         size = len(buffer)
@@ -90,48 +72,27 @@ class StateCache:
         self.held += size
         self.saved += 1
 
-    def load(self, engine: Sequences, key: int, seq: int) -> list[int]:
-        """Entry `key` into sequence `seq` (whatever it held is gone); the tokens it now holds
-        (none where llama.cpp refused the state, or it did not end where the entry's tokens do)."""
+    def load(self, context: Context, key: int, seq: int) -> bool:
+        """Entry `key` into sequence `seq` (whatever it held is gone): False where llama.cpp refused the
+        state, or it did not end where the entry's tokens do (the entry is then dropped)."""
         tokens, buffer = self._entries[key]
         self._entries.move_to_end(key)
-        lib = llama()
-        memory = engine.memory
-        ok = lib.llama_state_seq_set_data(engine.ctx, buffer, len(buffer), seq)
-        if not ok or int(lib.llama_memory_seq_pos_max(memory, seq)) != engine.last_position(tokens):
-            lib.llama_memory_seq_rm(memory, seq, -1, -1)
+        if not context.set_state(buffer, tokens, seq):
             self._drop(key)  # never trusted again
-            return []
+            return False
         self.restored += 1
-        return list(tokens)
+        return True
 
     def _drop(self, key: int) -> None:
         _, buffer = self._entries.pop(key)
         self.held -= len(buffer)
 
 
-def sequence_state(ctx: Any, seq: int, most: int | None = None) -> Any:
-    """Sequence `seq`'s cells as llama_state_seq_get_data writes them, in a buffer of their size;
-    None where that is nothing, more than `most` bytes, or not what llama.cpp said it would write."""
-    lib = llama()
-    size = int(lib.llama_state_seq_get_size(ctx, seq))
-    if size <= 0 or (most is not None and size > most):
-        return None
-    buffer = (ctypes.c_uint8 * size)()
-    return buffer if int(lib.llama_state_seq_get_data(ctx, buffer, size, seq)) == size else None
-
-
-def copy_sequence(engine: Sequences, source: int, seq: int) -> bool:
+def copy_sequence(context: Context, source: int, seq: int) -> bool:
     """Sequence `source`'s cells into `seq` (whatever `seq` held is gone), through host memory.
     llama_memory_seq_cp across KV streams copies the whole stream (every cell of every layer: 47 MB
     for SmolLM2's 2,048-cell stream); this copies the source's cells only."""
-    lib = llama()
-    buffer = sequence_state(engine.ctx, source)
-    if buffer is not None and lib.llama_state_seq_set_data(engine.ctx, buffer, len(buffer), seq):
-        engine.cells[seq][:] = engine.cells[source]
-        return True
-    engine.forget(seq)
-    return False
+    return context.set_state(context.sequence_state(source), list(context.cells[source]), seq)
 
 
 @dataclass(frozen=True)
@@ -152,7 +113,7 @@ class PrefixStore:
         self.ram = ram
         self.disk = disk
 
-    def find(self, engine: Sequences, tokens: Sequence[int], most: int, beat: int) -> Found | None:
+    def find(self, context: Context, tokens: Sequence[int], most: int, beat: int) -> Found | None:
         """The tier entry holding the longest head of `tokens` (at most `most`), if longer than `beat`:
         RAM first (nothing to read), then the disk tier's heads longer still."""
         found = None
@@ -161,34 +122,34 @@ class PrefixStore:
             if key is not None and n > beat:
                 found, beat = Found(n, entry=key), n
         if self.disk is not None:
-            lengths = self.disk.lengths(engine, tokens[: most + 1], beat)
+            lengths = self.disk.lengths(context, tokens[: most + 1], beat)
             if lengths:
                 found = Found(lengths[0], disk=True)
         return found
 
-    def load(self, engine: Sequences, tokens: Sequence[int], found: Found, seq: int) -> CacheUse:
-        """What `found` holds into sequence `seq` (engine.cells[seq] says what it then holds)."""
+    def load(self, context: Context, tokens: Sequence[int], found: Found, seq: int) -> CacheUse:
+        """What `found` holds into sequence `seq` (context.cells[seq] says what it then holds)."""
         if found.entry is not None and self.ram is not None:
-            engine.cells[seq][:] = self.ram.load(engine, found.entry, seq)
+            self.ram.load(context, found.entry, seq)
             return CacheUse()
         if found.disk and self.disk is not None:
             start = time.perf_counter()
-            for n in [found.n_tokens, *self.disk.lengths(engine, tokens[: found.n_tokens], 0)]:
-                if self.disk.load(engine, tokens[:n], seq):
+            for n in [found.n_tokens, *self.disk.lengths(context, tokens[: found.n_tokens], 0)]:
+                if self.disk.load(context, tokens[:n], seq):
                     return CacheUse(loaded_tokens=n, read_s=time.perf_counter() - start)
             return CacheUse(read_s=time.perf_counter() - start)
         return CacheUse()
 
-    def keep(self, engine: Sequences, seq: int, losing: int) -> None:
+    def keep(self, context: Context, seq: int, losing: int) -> None:
         """Sequence `seq` is about to lose `losing` of its tokens to a new job: kept in RAM first
         when that is MIN_SAVED or more."""
         if self.ram is not None and losing >= MIN_SAVED:
-            self.ram.save(engine.ctx, seq, engine.cells[seq])
+            self.ram.save(context, seq, context.cells[seq])
 
-    def wants(self, engine: Sequences, head: Sequence[int]) -> bool:
+    def wants(self, context: Context, head: Sequence[int]) -> bool:
         """Whether a prompt's stable head is worth storing on disk: long enough, and not there yet."""
-        return self.disk is not None and len(head) >= MIN_HEAD and not self.disk.holds(engine, head)
+        return self.disk is not None and len(head) >= MIN_HEAD and not self.disk.holds(context, head)
 
-    def store(self, engine: Sequences, head: Sequence[int], seq: int) -> CacheUse:
+    def store(self, context: Context, head: Sequence[int], seq: int) -> CacheUse:
         """Sequence `seq`, which holds exactly `head`, written to the disk tier."""
-        return self.disk.store(engine, head, seq) if self.disk is not None else CacheUse()
+        return self.disk.store(context, head, seq) if self.disk is not None else CacheUse()

@@ -56,7 +56,7 @@ def render_prompt(
 
     def tokenized(text: str, style: str | None = None, opens: bool = False) -> Prompt:
         if not images:
-            return Prompt(engine.tokenize(text), text, style, opens)
+            return Prompt(engine.model.tokenize(text), text, style, opens)
         if engine.vision is None:
             raise UsageError(f"{engine.path.name} takes no images without its projector: give --mmproj")
         media = engine.vision.tokenize(text, images)
@@ -86,12 +86,12 @@ def render_prompt(
     text = render(
         source,
         messages,
-        bos_token=engine.bos_text,
-        eos_token=engine.eos_text,
+        bos_token=engine.model.bos_text,
+        eos_token=engine.model.eos_text,
         enable_thinking=enable_thinking,
         tools=tools,
     )
-    if engine.adds_bos and engine.bos_text and text.startswith(engine.bos_text):
-        text = text[len(engine.bos_text) :]  # tokenize adds it; a second BOS degrades answers
+    if engine.model.adds_bos and engine.model.bos_text and text.startswith(engine.model.bos_text):
+        text = text[len(engine.model.bos_text) :]  # tokenize adds it; a second BOS degrades answers
     style = style_of(source)
     return tokenized(text, style, style == "think" and opens_reasoning(text))

@@ -31,9 +31,12 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING
 
 from runner import limits
+
+if TYPE_CHECKING:
+    from runner.engine.context import Context
 
 MAGIC = b"RUNNERKV"
 VERSION = 1
@@ -54,25 +57,6 @@ class CacheUse:
     stored_tokens: int = 0  # tokens whose state was written (a cold head)
     write_s: float = 0.0
     read_s: float = 0.0
-
-
-class Cacheable(Protocol):
-    """What the cache needs of an engine (runner.engine.engine.Engine is one): what its state must
-    match, which prefix of a prompt a sequence holds, and a sequence's state as bytes, out and in."""
-
-    path: Path
-    kv_type: str
-    flash_attn: bool | None
-    n_gpu_layers: int
-
-    @property
-    def state_streams(self) -> int: ...
-
-    def shared_prefix(self, tokens: Sequence[int], seq: int = 0) -> int: ...
-
-    def state_bytes(self, seq: int = 0) -> bytes: ...
-
-    def load_state(self, data: bytes, tokens: Sequence[int], seq: int = 0) -> bool: ...
 
 
 def folder() -> Path:
@@ -114,17 +98,17 @@ class PromptCache:
         self.off = True
 
     @staticmethod
-    def identity(engine: Cacheable) -> str:
+    def identity(context: Context) -> str:
         from runner.engine.llamacpp import library_file
 
-        model = engine.path.resolve()
+        model = context.model.path.resolve()
         lib = library_file()
         facts = {
             "model": [str(model), *_stat(model)],
-            "kv": engine.kv_type,
-            "flash_attn": engine.flash_attn,
-            "gpu": engine.n_gpu_layers != 0,
-            "streams": engine.state_streams,  # 1: loads into a context of any number of sequences
+            "kv": context.kv_type,
+            "flash_attn": context.flash_attn,
+            "gpu": context.model.n_gpu_layers != 0,
+            "streams": context.state_streams,  # 1: loads into a context of any number of sequences
             "llama.cpp": [str(lib), *_stat(lib)] if lib else None,
             "format": VERSION,
         }
@@ -135,26 +119,26 @@ class PromptCache:
 
     # -- reading ------------------------------------------------------------------------------------
 
-    def holds(self, engine: Cacheable, tokens: Sequence[int]) -> bool:
+    def holds(self, context: Context, tokens: Sequence[int]) -> bool:
         """Whether an entry for exactly these tokens is stored (not whether it is sound)."""
-        return not self.off and self._file(self.identity(engine), tokens).is_file()
+        return not self.off and self._file(self.identity(context), tokens).is_file()
 
-    def restore(self, engine: Cacheable, prompt: Sequence[int], seq: int = 0) -> CacheUse:
+    def restore(self, context: Context, prompt: Sequence[int], seq: int = 0) -> CacheUse:
         """Load into sequence `seq` the longest stored head of `prompt` that is longer than what the
         sequence already shares with it (and leaves at least the last prompt token to evaluate)."""
         start = time.perf_counter()
-        shared = engine.shared_prefix(prompt, seq)
-        for n in self.lengths(engine, prompt, shared):
-            if self.load(engine, prompt[:n], seq):
+        shared = context.shared_prefix(prompt, seq)
+        for n in self.lengths(context, prompt, shared):
+            if self.load(context, prompt[:n], seq):
                 return CacheUse(loaded_tokens=n, read_s=time.perf_counter() - start)
         return CacheUse(read_s=time.perf_counter() - start)
 
-    def lengths(self, engine: Cacheable, prompt: Sequence[int], beat: int) -> list[int]:
+    def lengths(self, context: Context, prompt: Sequence[int], beat: int) -> list[int]:
         """The lengths of the stored heads of `prompt` longer than `beat` (and shorter than the
         prompt), longest first: what load() may find."""
         if self.off:
             return []
-        identity = self.identity(engine)
+        identity = self.identity(context)
         try:
             names = {p.name for p in self.path.glob(f"{identity}-*.kv")} if self.path.is_dir() else set()
         except OSError as exc:
@@ -168,13 +152,13 @@ class PromptCache:
             if beat < n < len(prompt) and n <= text and self._file(identity, prompt[:n]).name in names
         ]
 
-    def load(self, engine: Cacheable, tokens: Sequence[int], seq: int = 0) -> bool:
+    def load(self, context: Context, tokens: Sequence[int], seq: int = 0) -> bool:
         """The stored state of exactly `tokens` into sequence `seq`; False (and the file deleted) where
         it fails a check or llama.cpp refuses it."""
-        identity = self.identity(engine)
+        identity = self.identity(context)
         file = self._file(identity, tokens)
         payload = self._read(file, identity, tokens)
-        if payload is not None and engine.load_state(payload, tokens, seq):
+        if payload is not None and context.load_state(payload, tokens, seq):
             with contextlib.suppress(OSError):
                 os.utime(file)  # recently used
             return True
@@ -208,14 +192,14 @@ class PromptCache:
 
     # -- writing ------------------------------------------------------------------------------------
 
-    def store(self, engine: Cacheable, tokens: Sequence[int], seq: int = 0) -> CacheUse:
+    def store(self, context: Context, tokens: Sequence[int], seq: int = 0) -> CacheUse:
         """Write the state of sequence `seq`, which holds exactly `tokens`; evict past the limit. Not
         where they hold an image (text_head)."""
         if self.off or text_head(tokens) < len(tokens):
             return CacheUse()
         start = time.perf_counter()
-        identity = self.identity(engine)
-        payload = engine.state_bytes(seq)
+        identity = self.identity(context)
+        payload = context.state_bytes(seq)
         meta = json.dumps(
             {
                 "identity": identity,
@@ -223,7 +207,7 @@ class PromptCache:
                 "tokens": _token_hash(tokens),
                 "payload_bytes": len(payload),
                 "payload_blake2b": hashlib.blake2b(payload).hexdigest(),
-                "model": str(engine.path),
+                "model": str(context.model.path),
             }
         ).encode()
         if _HEAD.size + len(meta) + len(payload) > self.limit:

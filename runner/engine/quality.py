@@ -22,10 +22,13 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
-from runner.engine.logprobs import ROWS, Scoring, rows
+from runner.engine.logprobs import ROWS, rows
 from runner.errors import UsageError
+
+if TYPE_CHECKING:
+    from runner.engine.context import Context
 
 TOP_K = 1024  # reference tokens kept per scored position (8 KiB each)
 
@@ -83,20 +86,8 @@ def chunks_of(tokens: Sequence[int], ctx: int) -> int:
     return len(tokens) // ctx
 
 
-class Engine(Scoring, Protocol):
-    """What a pass needs of an engine (runner.engine.engine.Engine is one)."""
-
-    n_batch: int
-
-    @property
-    def adds_bos(self) -> bool: ...
-
-    @property
-    def bos(self) -> int: ...
-
-
 def score_text(
-    engine: Engine,
+    context: Context,
     tokens: Sequence[int],
     ctx: int,
     *,
@@ -115,7 +106,7 @@ def score_text(
         raise UsageError("the reference scored other tokens: its vocabulary or its --ctx differs")
     scores = _Scores.empty(total, compare=reference is not None, keep=keep)
     for c in range(n_chunks):
-        _score_chunk(engine, tokens, c, ctx, scores, reference)
+        _score_chunk(context, tokens, c, ctx, scores, reference)
         if progress is not None:
             progress(c + 1, n_chunks)
     quality = _quality(scores, len(tokens), n_chunks, ctx, time.perf_counter() - started, reference)
@@ -172,26 +163,26 @@ class _Scores:
 
 
 def _score_chunk(
-    engine: Engine, tokens: Sequence[int], c: int, ctx: int, scores: _Scores, reference: Reference | None
+    context: Context, tokens: Sequence[int], c: int, ctx: int, scores: _Scores, reference: Reference | None
 ) -> None:
     """Chunk `c` evaluated from an empty cache, n_batch tokens a decode, its second half scored."""
     import numpy as np
 
     first = ctx // 2
     chunk = list(tokens[c * ctx : (c + 1) * ctx])
-    if engine.adds_bos:
-        chunk[0] = engine.bos
-    engine.forget(0)
-    engine.reserve(ctx)
-    for begin in range(0, ctx, engine.n_batch):
-        piece = chunk[begin : begin + engine.n_batch]
+    if context.model.adds_bos:
+        chunk[0] = context.model.bos
+    context.forget(0)
+    context.reserve(ctx)
+    for begin in range(0, ctx, context.n_batch):
+        piece = chunk[begin : begin + context.n_batch]
         asked = max(0, first - begin)  # logits from this index of the piece on
-        engine.extend(piece, 0, logits=False, rows_from=asked if asked < len(piece) else None)
+        context.extend(piece, 0, logits=False, rows_from=asked if asked < len(piece) else None)
         start = begin + asked  # the chunk position of the first row
         n = min(begin + len(piece), ctx - 1) - start  # rows that score a token (not the last)
         if n <= 0:
             continue
-        everything = rows(engine.ctx, n, engine.n_vocab)
+        everything = rows(context.ctx, n, context.model.n_vocab)
         for i in range(0, n, ROWS):  # the float64 copies a block at a time, not n_batch rows at once
             logits = everything[i : i + ROWS]
             first_next = c * ctx + start + i + 1

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from runner.engine.answer import FINISH_ERROR, FINISH_INTERRUPTED, FINISH_TOOL_CALLS, Result
 from runner.engine.logprobs import TokenLogprob
@@ -20,6 +20,9 @@ from runner.engine.sequence import Job
 from runner.engine.text.constrain import Constraint
 from runner.engine.text.sampling import SamplingConfig
 from runner.engine.text.tools import parse_tool_calls
+
+if TYPE_CHECKING:
+    from runner.engine.vision import MediaPrompt
 
 
 @dataclass(frozen=True)
@@ -30,7 +33,7 @@ class Prompt:
     text: str
     reasoning_style: str | None = None  # runner.engine.text.reasoning.style_of the template
     opens_reasoning: bool = False  # the template opened a <think> block: the answer starts in it
-    media: Any = None  # its images (runner.engine.vision.MediaPrompt): tokens holds their positions
+    media: MediaPrompt | None = None  # its images: tokens holds their positions
 
 
 @dataclass(frozen=True)
@@ -126,7 +129,7 @@ def bare(
     *,
     grammar: str | None = None,
     guide: str | None = None,
-    media: Any = None,
+    media: MediaPrompt | None = None,
     **fields: Any,
 ) -> Request:
     """A request for bare tokens (benchmarks, tests): `fields` are the Request's (max_tokens, stop,

@@ -96,14 +96,14 @@ class Reranker(Embedder):
         self, engine: Engine, n_ctx: int | None = None, *, standalone: bool = False, name: str | None = None
     ) -> None:
         lib = llama()
-        pooling = reranker_pooling(lib, engine._model)
+        pooling = reranker_pooling(lib, engine.model.handle)
         if pooling != "rank":
             raise NotAReranker(name or engine.path.name, pooling)
         super().__init__(engine, n_ctx, standalone=standalone)
-        self.n_cls_out = max(1, int(lib.llama_model_n_cls_out(engine._model)))
-        template = lib.llama_model_chat_template(engine._model, b"rerank")
+        self.n_cls_out = max(1, int(lib.llama_model_n_cls_out(engine.model.handle)))
+        template = lib.llama_model_chat_template(engine.model.handle, b"rerank")
         self.template = template.decode("utf-8", "replace") if template else None
-        vocab = engine._vocab
+        vocab = engine.model.vocab
         eos = int(lib.llama_vocab_eos(vocab))
         self._bos = [int(lib.llama_vocab_bos(vocab))] if lib.llama_vocab_get_add_bos(vocab) else []
         self._eos = [eos if eos != LLAMA_TOKEN_NULL else int(lib.llama_vocab_sep(vocab))]
@@ -118,9 +118,9 @@ class Reranker(Embedder):
         """The pair's tokens, as llama-server builds them."""
         if self.template is not None:
             text = self.template.replace("{query}", query).replace("{document}", document)
-            return self.engine.tokenize(text, add_special=False, parse_special=True)
-        q = self.engine.tokenize(query, add_special=False, parse_special=False)
-        d = self.engine.tokenize(document, add_special=False, parse_special=False)
+            return self.engine.model.tokenize(text, add_special=False, parse_special=True)
+        q = self.engine.model.tokenize(query, add_special=False, parse_special=False)
+        d = self.engine.model.tokenize(document, add_special=False, parse_special=False)
         return self._joined(q, d)
 
     def _joined(self, query: list[int], document: list[int]) -> list[int]:
@@ -147,22 +147,22 @@ class Reranker(Embedder):
     def _cut(self, query: str, document: str, tokens: list[int]) -> list[int]:
         """The pair with its document's head kept: as many of its tokens as leave the pair n_ctx."""
         if self.template is None:
-            q = self.engine.tokenize(query, add_special=False, parse_special=False)
-            d = self.engine.tokenize(document, add_special=False, parse_special=False)
+            q = self.engine.model.tokenize(query, add_special=False, parse_special=False)
+            d = self.engine.model.tokenize(document, add_special=False, parse_special=False)
             room = self.n_ctx - len(self._joined(q, []))
             if room < 1:
                 raise QueryTooLong(len(q), self.n_ctx)
             return self._joined(q, d[:room])
         # a template: the document's text cut to a head of its tokens, put in again, until it fits
-        d = self.engine.tokenize(document, add_special=False, parse_special=False)
+        d = self.engine.model.tokenize(document, add_special=False, parse_special=False)
         keep = len(d) - (len(tokens) - self.n_ctx)
         while keep >= 1:
-            head = b"".join(self.engine.token_bytes(t) for t in d[:keep]).decode("utf-8", "ignore")
+            head = b"".join(self.engine.model.token_bytes(t) for t in d[:keep]).decode("utf-8", "ignore")
             tokens = self.pair(query, head.strip())
             if len(tokens) <= self.n_ctx:
                 return tokens
             keep -= len(tokens) - self.n_ctx
-        raise QueryTooLong(len(self.engine.tokenize(query, add_special=False)), self.n_ctx)
+        raise QueryTooLong(len(self.engine.model.tokenize(query, add_special=False)), self.n_ctx)
 
     def decode(self, inputs: Sequence[Sequence[int]]) -> list[list[float]]:
         """One llama_decode of pairs that fit it: each pair's n_cls_out values (the score first)."""

@@ -29,12 +29,13 @@ from runner.engine.answer import (
 )
 from runner.engine.logprobs import TokenLogprob
 from runner.engine.promptcache import CacheUse
-from runner.engine.speculate import SpecStats, Speculator
+from runner.engine.speculate import SpecCosts, SpecStats, Speculator
 from runner.engine.text.reasoning import ANSWER, Splitter
 from runner.engine.text.sampling import SamplingConfig
 
 if TYPE_CHECKING:
     from runner.engine.guide import Guide
+    from runner.engine.vision import MediaPrompt
 
 LOOP_CHECK_EVERY = 16  # tokens between two looks for a loop (each costs ~0.1 ms)
 LOOP_TAIL = 3 * LOOP_PERIOD_MAX  # the answer's tokens a look reads: three turns of the longest loop
@@ -67,7 +68,7 @@ class Job:
     stop_loops: bool = False  # an answer going round in a loop ends (FINISH_REPEAT): no limit was given
     logprobs: int | None = None  # each answer token's log-probability, with this many alternatives
     echo: bool = False  # the prompt's own log-probabilities: evaluated whole, logits at every position
-    media: Any = None  # the prompt's images (vision.MediaPrompt, a sibling layer): evaluated alone
+    media: MediaPrompt | None = None  # the prompt's images: evaluated alone
     on_piece: Callable[[str, str], None] | None = None  # (kind, text) as they come, in the loop's thread
     on_token: Callable[[int], None] | None = None  # every token sampled, end-of-generation included
     on_logprobs: Callable[[list[TokenLogprob]], None] | None = None  # before the answer piece they made
@@ -224,3 +225,42 @@ def failed(job: Job, error: str) -> Result:
 def dropped(job: Job) -> Result:
     """A job cancelled before its sequence took it (its client went away, the loop restarted)."""
     return Result("", FINISH_INTERRUPTED, Timings(prompt_tokens=len(job.tokens)), index=job.index)
+
+
+# -- speculation within a step: the loop's --------------------------------------------------------
+
+
+def draft(active: list[Slot], room: int, n_ctx_seq: int) -> int:
+    """Each active sequence's drafts for this step, within the batch's `room`; how many in all."""
+    if room <= 0:
+        return 0
+    total = 0
+    for slot in active:
+        spec = slot.speculator
+        if spec is None:
+            continue
+        job = slot.job
+        left = job.max_tokens - slot.n_out if job.max_tokens else n_ctx_seq
+        most = min(left - 1, n_ctx_seq - slot.pos - slot.fewer - 2, room - total)
+        started = time.perf_counter()
+        slot.drafts = spec.draft(slot.history, most, len(active))
+        slot.verify_s = (0.0, time.perf_counter() - started)  # (step share, drafting) set in share_cost
+        total += len(slot.drafts)
+    return total
+
+
+def share_cost(costs: SpecCosts, slots: list[Slot], drafted: int, seconds: float, *, parallel: bool) -> None:
+    """What a step with no new prompt in it cost, for the speculators: a plain step (nothing drafted),
+    or a verify step whose extra cost each drafting sequence shares by its drafts (`parallel`: the
+    loop holds more than one sequence)."""
+    if not drafted:
+        costs.plain_step(seconds)
+        return
+    if parallel:
+        costs.verify_step(drafted, seconds)
+    plain = costs.step_s or seconds
+    extra = max(0.0, seconds - plain)
+    for slot in slots:
+        if slot.drafts:
+            share = plain + extra * len(slot.drafts) / drafted if parallel else seconds
+            slot.verify_s = (share + slot.verify_s[1], slot.verify_s[1])

@@ -36,9 +36,12 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from runner.engine.llamacpp import llama
+
+if TYPE_CHECKING:
+    from runner.engine.context import Context
 
 SPEC_NONE = "none"
 SPEC_NGRAM = "ngram"
@@ -182,34 +185,17 @@ class NgramDrafter:
         pass
 
 
-class DraftEngine(Protocol):
-    """What a draft model's engine must do (runner.engine.engine.Engine does): evaluate a sequence's
-    history reusing its cached prefix, one more token, and give its context to sample from."""
-
-    @property
-    def n_ctx_seq(self) -> int: ...
-
-    @property
-    def ctx(self) -> Any: ...
-
-    def prefill(self, tokens: Sequence[int], seq: int = 0) -> int: ...
-
-    def extend(self, tokens: Sequence[int], seq: int = 0) -> None: ...
-
-    def is_end(self, token: int) -> bool: ...
-
-
 class ModelDrafter:
     """A small model with the target's vocabulary, in its own context, drafting greedily for one
     sequence (`seq`: the target's sequence, the same one in the draft's context, which holds as many).
-    Its KV cache follows the answer by the engine's own prefill: only what changed is evaluated. The
-    draft engine is shared by every sequence's drafter and closed by its owner, not here."""
+    Its KV cache follows the answer by the context's own prefill: only what changed is evaluated. The
+    draft engine's context is shared by every sequence's drafter and closed by its owner, not here."""
 
     mode = SPEC_DRAFT
     costs_time = True
 
-    def __init__(self, engine: DraftEngine, seq: int = 0, most: int = DRAFT_MAX) -> None:
-        self.engine = engine
+    def __init__(self, context: Context, seq: int = 0, most: int = DRAFT_MAX) -> None:
+        self.context = context
         self.seq = seq
         self.most = most
         lib = llama()
@@ -219,20 +205,20 @@ class ModelDrafter:
         pass  # the draft's KV cache keeps what the next prompt shares, as the target's does
 
     def candidates(self, history: Sequence[int]) -> tuple[int, int]:
-        return 1, min(self.most, self.engine.n_ctx_seq - len(history) - 1)
+        return 1, min(self.most, self.context.n_ctx_seq - len(history) - 1)
 
     def propose(self, history: Sequence[int], n: int) -> list[int]:
         lib = llama()
-        engine = self.engine
-        engine.prefill(history, self.seq)
+        context = self.context
+        context.prefill(history, self.seq)
         out: list[int] = []
         for i in range(n):
-            token = lib.llama_sampler_sample(self._greedy, engine.ctx, -1)
+            token = lib.llama_sampler_sample(self._greedy, context.ctx, -1)
             out.append(token)
-            if engine.is_end(token):
+            if context.model.is_end(token):
                 break
             if i + 1 < n:
-                engine.extend([token], self.seq)
+                context.extend([token], self.seq)
         return out
 
     def close(self) -> None:

@@ -27,7 +27,7 @@ n+1. llama.cpp takes a new count between any two llama_decode calls (llama_set_n
 - a rise that is due is put off (its wait doubled, no step spent) while competing_others leaves no
   core for it, until its wait is PROBE_MOST: the hint can be wrong, so it is tried then anyway;
 - an upward probe's step has a budget (budget(): what the count it came from takes), past which
-  KVContext.decode has llama.cpp abort it and runs it again on that count: one thread more can cost
+  Context._decode has llama.cpp abort it and runs it again on that count: one thread more can cost
   fifty steps where it waits for a core; a failed probe costs about one.
 
 `--threads N` fixes the count: nothing adapts. What an answer ran on (the count its tokens mostly

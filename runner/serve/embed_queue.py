@@ -44,7 +44,7 @@ class EmbedQueue:
         context and `context` (a sequence's, the served --ctx). name: the served model's."""
         self.engine = engine
         self.name = name
-        self.longest = min(longest or EMBED_CTX, context, engine.n_ctx_train or EMBED_CTX)
+        self.longest = min(longest or EMBED_CTX, context, engine.model.n_ctx_train or EMBED_CTX)
         self.embedder: Embedder | None = None
         self.waiting: deque[EmbedRequest] = deque()
 

@@ -113,7 +113,7 @@ class ModelThread:
         with self._lock:
             if self._stopping:
                 raise QueueFull("the server is stopping", retry_after=5)
-            if self._in_flight >= self.engine.n_seq + self.queue_limit:
+            if self._in_flight >= self.engine.context.n_seq + self.queue_limit:
                 if self.metrics is not None:
                     self.metrics.refused(self.served.info.name)
                 raise QueueFull(
@@ -197,8 +197,8 @@ class ModelThread:
             busy=busy,
             free=free,
             waiting=max(0, self._in_flight - busy),
-            kv_used=sum(len(cells) for cells in list(self.engine.cells)),
-            kv_cells=self.engine.n_ctx,
+            kv_used=sum(len(cells) for cells in list(self.engine.context.cells)),
+            kv_cells=self.engine.context.n_ctx,
             states=len(states) if states is not None else 0,
             states_bytes=states.held if states is not None else 0,
             states_kept=states.saved if states is not None else 0,
@@ -281,8 +281,8 @@ class ModelThread:
             asked = _asked(request, prompt)
             try:  # built once, here: the job owns it (a grammar llama.cpp cannot parse: a 400)
                 if asked.guide is not None:  # compiled for this vocabulary once, and kept
-                    self.engine.guide(asked.guide)
-                sampler = self.engine.sampler(asked.sampling, prompt.tokens, asked.grammar)
+                    self.engine.model.guide(asked.guide)
+                sampler = self.engine.sampler(asked)
             except InvalidSetting as exc:
                 raise BadField("tool_choice" if ask.tools else "response_format", exc.problem) from None
         except RunnerError as exc:
@@ -388,11 +388,11 @@ class ModelThread:
             if generation.job is not None:
                 self._done(dropped(generation.job))
         self._loop.close()
-        self.engine.reset()
+        self.engine.context.reset()
         self._loop = self._new_loop()
 
     def _new_loop(self) -> Loop:
-        return Loop(self.engine, self._done, parallel=self.engine.n_seq, store=self.store)
+        return Loop(self.engine, self._done, parallel=self.engine.context.n_seq, store=self.store)
 
     @staticmethod
     def _answered(future: asyncio.Future[None], error: BaseException | None) -> None:
