@@ -206,3 +206,48 @@ def test_served_responses_list_once_per_chain_and_rm_keeps_other_branches(tmp_pa
         assert store.response_summaries() == [] and store.remove_response_chain("resp_a") == []
     finally:
         store.close()
+
+
+def test_tool_steps_round_trip_and_a_version_5_database_takes_them(tmp_path: Path) -> None:
+    """An assistant's calls and each tool result are messages of their own (chat/run --mcp): kept by
+    the store, written and read by the JSON format, and a database from before them (version 5, whose
+    messages allowed only user and assistant) migrates with its conversations kept."""
+    path = tmp_path / "c.db"
+    with sqlite3.connect(path) as db:
+        for m in MIGRATIONS[:5]:
+            m(db)
+        db.execute("PRAGMA user_version = 5")
+        db.execute(
+            "INSERT INTO conversations (model, system, created, updated) VALUES ('smollm2', NULL, 1, 2)"
+        )
+        db.execute(
+            "INSERT INTO messages (conversation_id, role, content, created) VALUES (1, 'user', 'Hi', 1)"
+        )
+    call = {"id": "call_1", "name": "add", "arguments": {"a": 2, "b": 3}}
+    steps = [
+        StoredMessage("user", "What is 2 + 3?"),
+        StoredMessage("assistant", "", tool_calls=(call,)),
+        StoredMessage("tool", "5", call_id="call_1", tool="add"),
+        StoredMessage("assistant", "It is 5."),
+    ]
+    store = Store.open(path)
+    try:
+        assert [m.content for m in store.load(1).messages] == ["Hi"]  # type: ignore[union-attr]
+        cid = store.new_conversation("smollm2", None)
+        for message in steps:
+            store.add_message(cid, message)
+        loaded = store.load(cid)
+        assert loaded is not None
+        assert [m.to_json() for m in loaded.messages] == [m.to_json() for m in steps]
+        assert loaded.messages[1].tool_calls == (call,) and loaded.messages[2].tool == "add"
+        again = from_json(to_json(loaded), "test")
+        assert [m.to_json() for m in again.messages] == [m.to_json() for m in steps]
+        assert [s.turns for s in store.summaries() if s.id == cid] == [1]  # a tool step is no turn
+    finally:
+        store.close()
+    with sqlite3.connect(path) as db:
+        assert db.execute("PRAGMA user_version").fetchone()[0] == len(MIGRATIONS)
+        with pytest.raises(sqlite3.IntegrityError):  # the roles are still checked
+            db.execute(
+                "INSERT INTO messages (conversation_id, role, content, created) VALUES (1, 'x', '', 1)"
+            )

@@ -156,7 +156,11 @@ def transcript(conversation: StoredConversation) -> str:
         notes += ["interrupted"] if m.interrupted else []
         mark = f" ({', '.join(notes)})" if notes else ""
         images = "".join(f"[image {i.path}] " for i in m.images)  # the path: history shows it whole
-        lines += [f"{m.role}{mark}: {images}{m.content}", ""]
+        role = f"tool {m.tool}" if m.role == "tool" and m.tool else m.role
+        lines += [f"{role}{mark}: {images}{m.content}".rstrip()]
+        for call in m.tool_calls:
+            lines.append(f"  call {call['name']} {json.dumps(call['arguments'], ensure_ascii=False)}")
+        lines.append("")
     return "\n".join(lines)
 
 

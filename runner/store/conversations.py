@@ -38,6 +38,24 @@ class StoreError(RunnerError):
     """The conversation database cannot be opened or written (corrupt, unwritable, from a newer runner)."""
 
 
+def tool_step(data: Any) -> dict[str, Any]:
+    """A message's tool fields (StoredMessage.tool_fields) read back, whatever a file or a row holds:
+    calls that are objects with a name and object arguments, ids and names that are text."""
+    if not isinstance(data, dict):
+        return {}
+    calls = data.get("tool_calls")
+    kept = tuple(
+        {"id": str(c.get("id") or ""), "name": c["name"], "arguments": c.get("arguments") or {}}
+        for c in (calls if isinstance(calls, list) else [])
+        if isinstance(c, dict) and isinstance(c.get("name"), str) and isinstance(c.get("arguments", {}), dict)
+    )
+    out: dict[str, Any] = {"tool_calls": kept} if kept else {}
+    for name in ("call_id", "tool"):
+        if isinstance(data.get(name), str):
+            out[name] = data[name]
+    return out
+
+
 def saving_disabled() -> bool:
     return os.environ.get(NO_SAVE_ENV, "").strip().lower() not in ("", "0", "false", "no")
 
@@ -57,6 +75,11 @@ class StoredMessage:
     created: float = field(default_factory=time.time)
     model: str | None = None  # the model that gave an answer (None: a user message, or not known)
     images: tuple[ImageRef, ...] = ()  # what a user message carried: each image's sha256, size, path
+    # a tool step (runner chat/run --mcp): an assistant's calls, each {"id", "name", "arguments"}; a
+    # "tool" message's result answers the call `call_id`, of the tool `tool`
+    tool_calls: tuple[dict[str, Any], ...] = ()
+    call_id: str | None = None
+    tool: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {"role": self.role, "content": self.content}
@@ -68,7 +91,20 @@ class StoredMessage:
             data["model"] = self.model
         if self.images:
             data["images"] = [i.to_json() for i in self.images]
+        data.update(self.tool_fields())
         return data
+
+    def tool_fields(self) -> dict[str, Any]:
+        """What a tool step adds to a message, as the store keeps it (JSON): its calls, or the call it
+        answers and that call's tool. Empty for any other message."""
+        fields: dict[str, Any] = {}
+        if self.tool_calls:
+            fields["tool_calls"] = [dict(call) for call in self.tool_calls]
+        if self.call_id is not None:
+            fields["call_id"] = self.call_id
+        if self.tool is not None:
+            fields["tool"] = self.tool
+        return fields
 
 
 @dataclass
@@ -208,8 +244,9 @@ class Store:
         with self._write("save a message") as db:
             cursor = db.execute(
                 "INSERT INTO messages"
-                " (conversation_id, role, content, reasoning, interrupted, created, stats, model, images)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                " (conversation_id, role, content, reasoning, interrupted, created, stats, model, images,"
+                " tool)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     conversation,
                     message.role,
@@ -220,6 +257,7 @@ class Store:
                     json.dumps(message.stats) if message.stats else None,
                     message.model,
                     json.dumps([i.to_json() for i in message.images]) if message.images else None,
+                    json.dumps(message.tool_fields()) if message.tool_fields() else None,
                 ),
             )
             db.execute("UPDATE conversations SET updated = ? WHERE id = ?", (time.time(), conversation))
@@ -336,7 +374,7 @@ class Store:
             if head is None:
                 return None
             rows = self._db.execute(
-                "SELECT id, role, content, reasoning, interrupted, created, stats, model, images"
+                "SELECT id, role, content, reasoning, interrupted, created, stats, model, images, tool"
                 " FROM messages WHERE conversation_id = ? ORDER BY id",
                 (conversation,),
             ).fetchall()
@@ -351,8 +389,9 @@ class Store:
                 created=created,
                 model=model,
                 images=tuple(i for i in map(ImageRef.from_json, json.loads(images or "[]")) if i),
+                **tool_step(json.loads(tool) if tool else {}),
             )
-            for row_id, role, content, reasoning, interrupted, created, stats, model, images in rows
+            for row_id, role, content, reasoning, interrupted, created, stats, model, images, tool in rows
         ]
         settings = json.loads(head[5]) if head[5] else {}
         return StoredConversation(head[0], head[1], head[2], head[3], head[4], messages, settings)

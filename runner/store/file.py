@@ -12,6 +12,7 @@ from typing import Any
 from runner.errors import UsageError
 from runner.images import ImageRef
 from runner.store import StoredConversation, StoredMessage
+from runner.store.conversations import tool_step
 
 FORMAT = "runner-conversation"
 
@@ -55,8 +56,8 @@ def from_json(data: Any, source: str) -> StoredConversation:
         raise bad('"settings" must be an object')
     out = []
     for n, m in enumerate(messages, start=1):
-        if not isinstance(m, dict) or m.get("role") not in ("user", "assistant", "system"):
-            raise bad(f'message {n} needs a "role" of user or assistant')
+        if not isinstance(m, dict) or m.get("role") not in ("user", "assistant", "system", "tool"):
+            raise bad(f'message {n} needs a "role" of user, assistant or tool')
         if not isinstance(m.get("content"), str):
             raise bad(f'message {n} needs its "content" as text')
         if m["role"] == "system":  # as other tools write it: the first message
@@ -75,6 +76,7 @@ def from_json(data: Any, source: str) -> StoredConversation:
                 interrupted=bool(m.get("interrupted", False)),
                 model=model if isinstance(model, str) and m["role"] == "assistant" else None,
                 images=tuple(i for i in images if i is not None) if m["role"] == "user" else (),
+                **tool_step(m),
             )
         )
     model = data.get("model")

@@ -74,3 +74,32 @@ def m004_turn_models(db: sqlite3.Connection) -> None:
 def m005_message_images(db: sqlite3.Connection) -> None:
     # the images a user message carried (chat's /image), as a JSON list of runner.images.ImageRef
     db.execute("ALTER TABLE messages ADD COLUMN images TEXT")
+
+
+@migration
+def m006_tool_steps(db: sqlite3.Connection) -> None:
+    # tools (chat/run --mcp): a "tool" message holds a call's result; `tool` (JSON) an assistant's
+    # calls, or the call a result answers. SQLite cannot change a CHECK: the table is made again.
+    db.execute(
+        """CREATE TABLE messages_new (
+            id INTEGER PRIMARY KEY,
+            conversation_id INTEGER NOT NULL REFERENCES conversations(id) ON DELETE CASCADE,
+            role TEXT NOT NULL CHECK (role IN ('user', 'assistant', 'tool')),
+            content TEXT NOT NULL,
+            reasoning TEXT,
+            interrupted INTEGER NOT NULL DEFAULT 0,
+            created REAL NOT NULL,
+            stats TEXT,
+            model TEXT,
+            images TEXT,
+            tool TEXT
+        )"""
+    )
+    db.execute(
+        "INSERT INTO messages_new (id, conversation_id, role, content, reasoning, interrupted, created,"
+        " stats, model, images) SELECT id, conversation_id, role, content, reasoning, interrupted, created,"
+        " stats, model, images FROM messages"
+    )
+    db.execute("DROP TABLE messages")
+    db.execute("ALTER TABLE messages_new RENAME TO messages")
+    db.execute("CREATE INDEX messages_of_conversation ON messages (conversation_id, id)")
