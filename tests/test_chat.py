@@ -496,7 +496,7 @@ def test_continuations_at_once_take_turns_and_questions_keep_their_answers() -> 
 
 
 def test_a_continuation_waits_for_the_turn_under_way_and_ctrl_c_stops_the_wait() -> None:
-    from runner.commands.session import holding
+    from runner.store.turns import holding
 
     assert chat_pipe("Hi\n", "--max-tokens", "4").returncode == 0
     [cid] = [c.id for c in conversations()]

@@ -14,6 +14,7 @@ from runner.cli.app import app, edge
 from runner.errors import UsageError
 
 if TYPE_CHECKING:
+    from runner.commands.agent import ToolSettings
     from runner.settings import LoadSettings
 
 SAMPLING_FLAGS = (
@@ -76,6 +77,11 @@ def run(
     input: o.InputFile = None,
     parallel: o.RunParallel = None,
     jsonl: o.Jsonl = False,
+    mcp: o.Mcp = None,
+    allow_tools: o.AllowTools = None,
+    max_tool_steps: o.MaxToolSteps = 10,
+    tool_timeout: o.ToolTimeout = 60.0,
+    tool_choice: o.ToolChoice = "auto",
     continue_: o.Continue = False,
     no_save: o.NoSave = False,
     rpc: o.Rpc = None,
@@ -107,6 +113,10 @@ def run(
             "in a chat, /image PATH"
         )
     if batch:
+        if _tools(given, chat=False) is not None:
+            raise UsageError(
+                "--mcp and the tool flags go with one prompt or a chat, not --each-line or --input"
+            )
         raise typer.Exit(_batch(given, tty))
     if continue_ or (prompt is None and tty and not json and not raw):
         _chat_or_continue(given, tty)
@@ -160,6 +170,7 @@ def _chat_or_continue(given: dict[str, Any], tty: bool) -> None:
         model=name,
         **_answer_fields(given),
         save=not given["no_save"],
+        tools=_tools(given, chat=not given["continue_"]),
     )
     if given["continue_"]:
         from runner.engine.prompt import read_prompt
@@ -168,6 +179,26 @@ def _chat_or_continue(given: dict[str, Any], tty: bool) -> None:
         continue_last(request, prompt_text, out=sys.stdout, as_json=given["json"])
     else:
         chat(request, stdin=sys.stdin, out=sys.stdout, interactive=True)
+
+
+def _tools(given: dict[str, Any], *, chat: bool) -> ToolSettings | None:
+    """The tool flags (runner.commands.agent): None for a run that gives none (no MCP server starts
+    and the SDK is never imported); a chat reads the config folder's mcp.json even without --mcp."""
+    from runner.commands.agent import ToolSettings
+
+    named = given["mcp"] or given["allow_tools"] or given["tool_choice"] != "auto"
+    if not chat and not named:
+        return None
+    allow = tuple(
+        name.strip() for item in given["allow_tools"] or () for name in item.split(",") if name.strip()
+    )
+    return ToolSettings(
+        configs=tuple(given["mcp"] or ()),
+        allow=allow,
+        max_steps=given["max_tool_steps"],
+        timeout_s=given["tool_timeout"],
+        choice=given["tool_choice"],
+    )
 
 
 def _answer_fields(given: dict[str, Any]) -> dict[str, Any]:
@@ -202,6 +233,7 @@ def _one(given: dict[str, Any], tty: bool) -> None:
         grammar=str(grammar) if grammar is not None else None,
         logprobs=given["logprobs"],
         images=tuple(given["image"] or ()),
+        tools=_tools(given, chat=False),
     )
     run_once(request, stdin=None if tty else sys.stdin.buffer, out=sys.stdout)
 
@@ -239,6 +271,11 @@ def chat(
     think: o.Think = None,
     hide_reasoning: o.HideReasoning = False,
     verbose: o.Verbose = False,
+    mcp: o.Mcp = None,
+    allow_tools: o.AllowTools = None,
+    max_tool_steps: o.MaxToolSteps = 10,
+    tool_timeout: o.ToolTimeout = 60.0,
+    tool_choice: o.ToolChoice = "auto",
     rpc: o.Rpc = None,
     mmproj: o.ChatMmproj = None,
     debug: o.Debug = False,
@@ -267,6 +304,7 @@ def chat(
         resume=resume,
         load=load,
         markdown=markdown,
+        tools=_tools(given, chat=True),
     )
     interactive = sys.stdin is not None and sys.stdin.isatty()
     run_chat(request, stdin=sys.stdin, out=sys.stdout, interactive=interactive)

@@ -12,10 +12,12 @@ stays in the conversation, marked interrupted, and the prompt returns (a piped c
 from __future__ import annotations
 
 import json
+from contextlib import ExitStack
 from dataclasses import replace
 from typing import Any, TextIO
 
 from runner import interrupt, ui
+from runner.commands.agent import Servers
 from runner.commands.attach import pasted_path
 from runner.commands.lineinput import QUIT_HINT, PipeInput, TerminalInput
 from runner.commands.output import describe_load, to_json
@@ -81,21 +83,35 @@ def chat(request: ChatRequest, *, stdin: TextIO, out: TextIO, interactive: bool)
         elif request.load is not None:
             stored = read_conversation(request.load)
         model = request.model or (stored.model if stored is not None and stored.model else None)
-        loaded = _open(request, model or load_catalog().default)
+        servers = _servers(request, default=True)  # started beside the load
         try:
-            session = Session(loaded, request, store, out, interactive)
-            if stored is not None:
-                session.adopt(stored, stored_here=stored_here)
+            loaded = _open(request, model or load_catalog().default)
             try:
-                _loop(session, interactive, stdin)
+                session = Session(loaded, request, store, out, interactive)
+                session.host = servers.ready() if servers is not None else None
+                if stored is not None:
+                    session.adopt(stored, stored_here=stored_here)
+                try:
+                    _loop(session, interactive, stdin)
+                finally:
+                    with interrupt.deferred():
+                        session.keep_state()
             finally:
-                with interrupt.deferred():
-                    session.keep_state()
+                loaded.close()
         finally:
-            loaded.close()
+            if servers is not None:
+                servers.close()
     finally:
         if store is not None:
             store.close()
+
+
+def _servers(request: ChatRequest, *, default: bool) -> Servers | None:
+    """The MCP servers of --mcp and mcp.json, starting while the model loads (None: no tools)."""
+    if request.tools is None:
+        return None
+    request.tools.check()
+    return Servers(request.tools, default=default)
 
 
 def _loop(session: Session, interactive: bool, stdin: TextIO) -> None:
@@ -163,15 +179,23 @@ def continue_last(request: ChatRequest, prompt: str, *, out: TextIO, as_json: bo
         raise UsageError("-c continues the last stored conversation, and the store is off")
     try:
         stored = _stored(store, request.resume or "last")
-        loaded = _open(request, request.model or stored.model or load_catalog().default)
-        try:
+        with ExitStack() as stack:
+            servers = _servers(request, default=True)
+            if servers is not None:
+                stack.callback(servers.close)
+            loaded = _open(request, request.model or stored.model or load_catalog().default)
+            stack.callback(loaded.close)
             kept = store if request.save else None  # --no-save: the conversation is read, nothing is kept
             session = Session(loaded, request, kept, out, interactive=False, quiet=as_json)
+            session.host = servers.ready() if servers is not None else None
             session.adopt(stored, stored_here=True)
 
             def printed() -> None:  # --json: the object, whole answer or partial one (a worker gone)
                 if as_json and session.last is not None:
-                    out.write(json.dumps(to_json(loaded.name, session.last), ensure_ascii=False) + "\n")
+                    data = to_json(loaded.name, session.last)
+                    if session.host is not None:
+                        data["steps"] = [step.to_json() for step in session.steps]
+                    out.write(json.dumps(data, ensure_ascii=False) + "\n")
                     out.flush()
 
             try:
@@ -181,7 +205,5 @@ def continue_last(request: ChatRequest, prompt: str, *, out: TextIO, as_json: bo
             finally:
                 if session.last is not None:  # an answer came, whole or interrupted
                     printed()
-        finally:
-            loaded.close()
     finally:
         store.close()

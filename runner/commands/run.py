@@ -3,10 +3,21 @@
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import dataclass, field, replace
-from typing import Any, BinaryIO, TextIO
+from typing import TYPE_CHECKING, Any, BinaryIO, TextIO
 
 from runner import interrupt, ui
+from runner.commands.agent import (
+    Approvals,
+    HeldCalls,
+    Servers,
+    ToolSettings,
+    Turns,
+    answer_with_tools,
+    ask_terminal,
+    template_message,
+)
 from runner.commands.output import (
     LOOP_WARNING,
     AnswerWriter,
@@ -22,17 +33,23 @@ from runner.commands.output import (
 )
 from runner.engine.answer import FINISH_INTERRUPTED, FINISH_REPEAT, Result
 from runner.engine.cells import common_prefix
+from runner.engine.conversation import fit
 from runner.engine.logprobs import MAX_TOP
 from runner.engine.prompt import read_prompt, render_prompt
 from runner.engine.promptcache import PromptCache
 from runner.engine.request import Request
 from runner.engine.text.constrain import Constraint, constraint
 from runner.engine.text.template import build_messages
+from runner.engine.text.tools import call_shape
 from runner.errors import UsageError
 from runner.images import MAX_IMAGES, read_image_arg
 from runner.limits import check_answer_limits, check_range
 from runner.loader import LoadedModel, open_model
 from runner.settings import DEFAULTS, LoadSettings
+from runner.store import StoredMessage
+
+if TYPE_CHECKING:
+    from runner.tools.host import ToolHost
 
 
 @dataclass(frozen=True)
@@ -56,6 +73,7 @@ class RunRequest:
     grammar: str | None = None  # --grammar FILE (GBNF)
     logprobs: int | None = None  # --logprobs N: each answer token's log-probability in --json
     images: tuple[str, ...] = ()  # --image FILE (- : stdin), in order; load.mmproj their projector
+    tools: ToolSettings | None = None  # --mcp and the tool flags: the agent loop (runner.commands.agent)
 
 
 def run_once(request: RunRequest, *, stdin: BinaryIO | None, out: TextIO) -> Result:
@@ -70,16 +88,81 @@ def run_once(request: RunRequest, *, stdin: BinaryIO | None, out: TextIO) -> Res
     images = read_images(request.images, request.settings.mmproj, stdin)
     prompt = read_prompt(request.prompt, None if "-" in request.images else stdin)
     mmproj = request.settings.mmproj if images else None
-    loaded = open_model(
-        request.model,
-        replace(request.settings, chat_template=not request.raw, mmproj=mmproj, images=bool(images)),
-    )
+    servers = _servers(request, constrained)  # started beside the load
     try:
-        asked = _asked(loaded, request, prompt, images, constrained, cached=cache is not None and not images)
-        result = _answer(loaded, request, asked, cache, out)
+        loaded = open_model(
+            request.model,
+            replace(request.settings, chat_template=not request.raw, mmproj=mmproj, images=bool(images)),
+        )
+        try:
+            host = servers.ready() if servers is not None else None
+            cached = cache is not None and not images
+            if host is not None:
+                result = _answer_with_tools(loaded, request, (prompt, images), host, out)
+            else:
+                asked = _asked(loaded, request, prompt, images, constrained, cached=cached)
+                result = _answer(loaded, request, asked, cache, out)
+        finally:
+            loaded.close()
     finally:
-        loaded.close()
+        if servers is not None:
+            servers.close()
     _report(loaded, request, result)
+    return result
+
+
+def _servers(request: RunRequest, constrained: Constraint | None) -> Servers | None:
+    """The tool servers a run with a tool flag starts (the default file joins those of --mcp)."""
+    tools = request.tools
+    if tools is None:
+        return None
+    tools.check()
+    if request.raw or constrained is not None or request.logprobs is not None:
+        raise UsageError("--mcp goes without --raw, --format, --schema, --grammar and --logprobs")
+    return Servers(tools, default=True)
+
+
+def _answer_with_tools(
+    loaded: LoadedModel, request: RunRequest, asked: tuple[str, list[Any]], host: ToolHost, out: TextIO
+) -> Result:
+    """The answer through the agent loop (runner.commands.agent): each call shown on stderr, asked
+    where stdin and stderr are a terminal, else run only where --allow-tools allows it; stdout gets
+    the final answer alone (with --json, its `steps`)."""
+    assert request.tools is not None
+    prompt, images = asked
+    sampling, _sources = sampling_for(loaded, request.sampling)
+    system = request.system if request.system is not None else loaded.entry.system if loaded.entry else None
+    turns = Turns([StoredMessage("user", prompt)], loaded.name)
+    terminal = sys.stdin.isatty() and sys.stderr.isatty()
+    approvals = Approvals(request.tools.allow, ask_terminal if terminal else None)
+
+    def ask(choice: str | dict[str, Any]) -> Result:
+        tools = [t.openai() for t in host.tools()] if choice != "none" else []
+        messages = [template_message(m) for m in turns.turns]
+        fitted = fit(
+            loaded.engine,
+            loaded.header,
+            system,
+            messages,
+            max_tokens=request.max_tokens,
+            enable_thinking=request.think,
+            images=[images],
+            tools=tools,
+        )
+        rendered = fitted.prompt
+        forced = bool(tools) and choice not in ("auto", "none")
+        shape = call_shape(tools, choice) if forced else None
+        writer = HeldCalls(out, hold_all=True, hide_reasoning=request.hide_reasoning, quiet=request.as_json)
+        req = Request(rendered, sampling, request.max_tokens, request.stop, shape, tuple(tools), forced)
+        with interrupt.deferred(), writer:
+            result = stream_answer(loaded, req, writer)
+            writer.release(result)
+        writer.end()
+        return result
+
+    result, steps = answer_with_tools(ask, host, request.tools, approvals, turns)
+    if request.as_json:
+        out.write(json.dumps({**to_json(loaded.name, result), "steps": [s.to_json() for s in steps]}) + "\n")
     return result
 
 

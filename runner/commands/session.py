@@ -19,13 +19,22 @@ from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
-from runner import interrupt, ui
+from runner import ui
+from runner.commands.agent import (
+    Approvals,
+    HeldCalls,
+    Step,
+    ToolSettings,
+    Turns,
+    answer_with_tools,
+    ask_terminal,
+    template_message,
+)
 from runner.commands.attach import Attachments
 from runner.commands.output import (
     LOOP_WARNING,
-    AnswerWriter,
     describe_timings,
     open_prompt_cache,
     sampling_for,
@@ -37,12 +46,16 @@ from runner.engine.conversation import Fitted, fit
 from runner.engine.promptcache import MIN_HEAD, text_head
 from runner.engine.request import Request
 from runner.engine.text.constrain import Constraint, constraint
-from runner.engine.text.template import Message
+from runner.engine.text.tools import call_shape
 from runner.errors import RunnerError, UsageError
 from runner.limits import check_answer_limits
 from runner.loader import LoadedModel
 from runner.settings import DEFAULTS, LoadSettings
 from runner.store import Store, StoredConversation, StoredMessage, StoreError
+from runner.store.turns import holding
+
+if TYPE_CHECKING:
+    from runner.tools.host import ToolHost
 
 # what a stored answer's stats keep of runner.engine.answer.TIMINGS
 STORED_TIMINGS = (
@@ -74,6 +87,7 @@ class ChatRequest:
     markdown: bool = False
     think: bool | None = None
     hide_reasoning: bool = False
+    tools: ToolSettings | None = None  # --mcp and the tool flags (a chat reads mcp.json without them)
 
 
 class Session:
@@ -113,6 +127,10 @@ class Session:
         self.answers = 0  # answers written in this chat (piped, a blank line goes between them)
         # the conversation's evaluated state is kept on disk at the end, loaded by --resume and -c
         self.prompt_cache = open_prompt_cache(request.prompt_cache, request.prompt_cache_size)
+        self.host: ToolHost | None = None  # the MCP servers' tools (--mcp, mcp.json): chat.py starts them
+        tools = request.tools or ToolSettings()
+        self.approvals = Approvals(tools.allow, ask_terminal if interactive else None)
+        self.steps: list[Step] = []  # the last turn's tool steps (run -c --json gives them)
 
     # -- the conversation and its store ------------------------------------------------------------
 
@@ -260,21 +278,26 @@ class Session:
 
     # -- turns -----------------------------------------------------------------------------------
 
-    def _fitted(self, turns: list[StoredMessage]) -> Fitted:
+    def tool_defs(self) -> list[dict[str, Any]]:
+        """The tools the model is shown now (OpenAI-shaped): the enabled ones of the host's servers."""
+        return [tool.openai() for tool in self.host.tools()] if self.host is not None else []
+
+    def _fitted(self, turns: list[StoredMessage], tools: list[dict[str, Any]] | None = None) -> Fitted:
         """What the model would be sent for these turns (nothing changes: see _fit)."""
         return fit(
             self.loaded.engine,
             self.loaded.header,
             self.system,
-            [Message(t.role, t.content) for t in turns],
+            [template_message(t) for t in turns],
             first=self.first,
             max_tokens=self.max_tokens,
             enable_thinking=self.think,
             images=self.attached.images_for(turns),
+            tools=self.tool_defs() if tools is None else tools,
         )
 
-    def _fit(self, turns: list[StoredMessage]) -> Fitted:
-        fitted = self._fitted(turns)
+    def _fit(self, turns: list[StoredMessage], tools: list[dict[str, Any]] | None = None) -> Fitted:
+        fitted = self._fitted(turns, tools)
         if fitted.first > self.first:
             dropped = fitted.dropped_exchanges
             ui.info(
@@ -297,11 +320,12 @@ class Session:
         if self.answers and not self.interactive and not self.quiet:
             self.out.write("\n")  # piped: one blank line between answers, so paragraphs do not run together
         self.answers += 1
-        writer = AnswerWriter(
+        writer = HeldCalls(
             self.out,
             hide_reasoning=self.request.hide_reasoning,
             quiet=self.quiet,
             markdown=self.request.markdown,
+            hold_all=self.quiet,  # run -c: stdout gets the final answer only
         )
 
         def lost(partial: Result) -> None:
@@ -317,15 +341,20 @@ class Session:
                 finally:
                     store.close()
 
-        asked = Request(
-            fitted.prompt,
-            self.sampling,
-            max_tokens=self.max_tokens,
-            stop=self.request.stop,
-            shape=self.constraint,
-        )
-        with writer:
-            answer = stream_answer(self.loaded, asked, writer, prompt_cache=self.prompt_cache, if_lost=lost)
+        if self.host is not None and self.host.tools():
+            answer = self._with_tools(writer, lost)
+        else:
+            asked = Request(
+                fitted.prompt,
+                self.sampling,
+                max_tokens=self.max_tokens,
+                stop=self.request.stop,
+                shape=self.constraint,
+            )
+            with writer:
+                answer = stream_answer(
+                    self.loaded, asked, writer, prompt_cache=self.prompt_cache, if_lost=lost
+                )
         writer.end()
         result = answer
         interrupted = result.finish_reason == FINISH_INTERRUPTED
@@ -346,6 +375,31 @@ class Session:
             if not self.interactive:
                 raise KeyboardInterrupt  # a scripted chat stops here; what came is saved
             ui.info("interrupted: the partial answer stays in the conversation (/retry answers again)")
+
+    def _with_tools(self, writer: HeldCalls, lost: Any) -> Result:
+        """The turn through the agent loop (runner.commands.agent): each step kept (the turns, the
+        store) as it is made; the last answer returned, to be kept as any answer is."""
+        assert self.host is not None
+        settings = self.request.tools or ToolSettings()
+        kept = Turns(self.turns, self.loaded.name, self._persist)
+
+        def ask(choice: str | dict[str, Any]) -> Result:
+            tools = self.tool_defs() if choice != "none" else []
+            fitted = self._fit(self.turns, tools)
+            forced = bool(tools) and choice not in ("auto", "none")
+            shape = call_shape(tools, choice) if forced else self.constraint
+            asked = Request(
+                fitted.prompt, self.sampling, self.max_tokens, self.request.stop, shape, tuple(tools), forced
+            )
+            with writer:
+                result = stream_answer(
+                    self.loaded, asked, writer, prompt_cache=self.prompt_cache, if_lost=lost
+                )
+                writer.release(result)
+            return result
+
+        answer, self.steps = answer_with_tools(ask, self.host, settings, self.approvals, kept)
+        return answer
 
     def _message(self, result: Result) -> StoredMessage:
         """An answer as stored: its text, reasoning, how it ended and the model that gave it; its
@@ -425,34 +479,6 @@ class Session:
                 return stored.created, stored.updated
         now = time.time()
         return (self.turns[0].created, self.turns[-1].created) if self.turns else (now, now)
-
-
-@contextmanager
-def holding(store: Store, conversation: int) -> Iterator[None]:
-    """The stored conversation to this process alone while the block runs: a runner continuing it
-    meanwhile waits here (one line on stderr; Ctrl-C, SIGTERM or SIGHUP stop the wait). A lock on a file
-    beside the database (filelock: flock), which the kernel drops when the process ends, however it
-    ends (kill -9, a worker's abort), so a turn that died never keeps the conversation from the next."""
-    from filelock import FileLock, Timeout
-
-    folder = store.path.with_name(store.path.name + "-turns")
-    lock, told = FileLock(str(folder / f"{conversation}.lock")), False
-    while not lock.is_locked:
-        try:
-            folder.mkdir(exist_ok=True)
-            lock.acquire(timeout=0.1 if told else 0)
-        except Timeout:
-            if interrupt.requested():  # inside deferred(): the flag, which the block's end raises
-                raise KeyboardInterrupt from None
-            if not told:
-                ui.info(f"conversation {conversation} is answering in another runner; this turn waits for it")
-            told = True
-        except OSError as exc:
-            raise StoreError(f"{folder}: cannot hold conversation {conversation}: {exc}") from exc
-    try:
-        yield
-    finally:
-        lock.release()
 
 
 def _typed(value: Any, kind: type | tuple[type, ...], name: str) -> Any:

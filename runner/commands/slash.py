@@ -49,6 +49,7 @@ COMMANDS = {
     "/edit": "write the next message in $EDITOR",
     "/image": "/image PATH: attach an image to the next message (--mmproj); /image: what is attached; "
     "/image none: drop them",
+    "/tools": "the MCP servers, their tools and state; /tools off NAME|SERVER, /tools on NAME|SERVER",
     "/bye": "quit (also /exit, Ctrl-D)",
     "/exit": "quit",
 }
@@ -93,11 +94,37 @@ def command(session: Session, line: str, source: Any) -> bool:
         "/history": lambda: _history(session, rest),
         "/edit": lambda: _edit(session, source),
         "/image": lambda: _image(session, rest),
+        "/tools": lambda: _tools(session, rest),
     }
     if name not in handlers:
         raise UsageError(f"unknown command {name}; valid: {', '.join(COMMANDS)}")
     handlers[name]()
     return True
+
+
+def _tools(session: Session, args: str) -> None:
+    """/tools: each server, its state and tools (those off marked), resources and prompts;
+    /tools on|off NAME: a tool, or every tool of a server, shown to the model again or not."""
+    host = session.host
+    if host is None:
+        raise UsageError("no tools in this chat: start it with --mcp FILE (an mcpServers JSON file)")
+    word, _, target = args.partition(" ")
+    if word in ("on", "off"):
+        if not target.strip():
+            raise UsageError(f"/tools {word} NAME: a tool's name, or a server's")
+        changed = host.enable(target.strip(), word == "on")
+        ui.info(f"{word}: {', '.join(changed)}")
+        return
+    if word:
+        raise UsageError("/tools, /tools on NAME or /tools off NAME")
+    lines = []
+    for server in host.servers():
+        lines.append(f"{server.name} ({server.transport}: {server.where}): {server.state}")
+        tools = [name if on else f"{name} (off)" for name, on in server.tools]
+        lines += [f"  tools: {', '.join(tools)}"] if tools else []
+        lines += [f"  resources: {', '.join(server.resources)}"] if server.resources else []
+        lines += [f"  prompts: {', '.join(server.prompts)}"] if server.prompts else []
+    ui.echo("\n".join(lines) or "no servers")
 
 
 def _edit(session: Session, source: Any) -> None:

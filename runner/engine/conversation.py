@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING, Any
 
 from runner.engine.engine import CTX_STEP, Engine
 from runner.engine.prompt import Prompt, render_prompt
-from runner.engine.text.template import Message
+from runner.engine.text.template import TEMPLATE_KEY, Message
+from runner.engine.text.tools import tools_as_system
 from runner.errors import PromptTooLong
 
 if TYPE_CHECKING:
@@ -64,18 +65,22 @@ def fit(
     max_tokens: int | None = None,
     enable_thinking: bool | None = None,
     images: Sequence[Sequence[Any]] = (),
+    tools: Sequence[dict[str, Any]] = (),
 ) -> Fitted:
-    """The prompt for the next answer (turns end with the user's message), from turn `first` on,
-    dropping older exchanges when the context would not leave room to answer. `images`: each turn's
-    (runner.images.Image, decoded), by the turns' index; none for a turn past its end."""
+    """The prompt for the next answer (turns end with the user's message, or a tool's result), from
+    turn `first` on, dropping older exchanges when the context would not leave room to answer (an
+    exchange: a user message and what answered it, tool steps included). `images`: each turn's
+    (runner.images.Image, decoded), by the turns' index; none for a turn past its end. `tools`: the
+    OpenAI-shaped tools the model may call (chat --mcp)."""
     room = answer_room(engine.context.n_ctx, max_tokens)
     starts = [i for i, t in enumerate(turns) if t.role == "user" and i >= first] or [len(turns) - 1]
-    prompt = _render(engine, header, system, turns, starts[0], enable_thinking, images)
+    shown = _Shown(system, enable_thinking, images, tools)
+    prompt = _render(engine, header, turns, starts[0], shown)
     if len(prompt.tokens) + room <= engine.context.n_ctx:
         return Fitted(prompt, starts[0], _exchanges(turns, starts[0]))
     target = int(engine.context.n_ctx * FILL_AFTER_DROP)
     for start in starts[1:]:
-        prompt = _render(engine, header, system, turns, start, enable_thinking, images)
+        prompt = _render(engine, header, turns, start, shown)
         if len(prompt.tokens) + room <= target:
             return Fitted(prompt, start, _exchanges(turns, start))
     last = starts[-1]
@@ -89,23 +94,37 @@ def fit(
     return Fitted(prompt, last, _exchanges(turns, last))
 
 
+@dataclass(frozen=True)
+class _Shown:
+    """What every rendering of the turns shows beside them."""
+
+    system: str | None
+    enable_thinking: bool | None
+    images: Sequence[Sequence[Any]]
+    tools: Sequence[dict[str, Any]]
+
+
 def _render(
-    engine: Engine,
-    header: GGUFHeader,
-    system: str | None,
-    turns: Sequence[Message],
-    start: int,
-    enable_thinking: bool | None,
-    images: Sequence[Sequence[Any]],
+    engine: Engine, header: GGUFHeader, turns: Sequence[Message], start: int, shown: _Shown
 ) -> Prompt:
     kept = [i for i in sendable(turns) if i >= start]
-    carried = {i: images[i] for i in kept if i < len(images) and images[i]}
+    carried = {i: shown.images[i] for i in kept if i < len(shown.images) and shown.images[i]}
     marker = engine.vision.marker if carried and engine.vision is not None else ""
     sent = [replace(turns[i], content=marker * len(carried.get(i, ())) + turns[i].content) for i in kept]
-    messages = ([Message("system", system)] if system is not None else []) + sent
+    messages = ([Message("system", shown.system)] if shown.system is not None else []) + sent
     pictures = [image for i in kept for image in carried.get(i, ())]
+    tools = list(shown.tools) or None
+    source = header.get(TEMPLATE_KEY)
+    if tools and not (isinstance(source, str) and "tools" in source):
+        messages, tools = tools_as_system(messages, tools), None  # the template would not show them
     return render_prompt(
-        engine, header, messages, enable_thinking=enable_thinking, quiet=True, images=pictures
+        engine,
+        header,
+        messages,
+        enable_thinking=shown.enable_thinking,
+        quiet=True,
+        images=pictures,
+        tools=tools,
     )
 
 
