@@ -28,6 +28,7 @@ IDS = [
     "models",
     "prompt_cache",
     "conversations",
+    "mcp",
     "settings",
     "hub",
 ]  # docs/install.md's table, in order (test_the_json_ids_are_documented)
@@ -142,6 +143,27 @@ def test_the_conversation_store_is_read_not_written(tmp_path: Path) -> None:
     code, report = doctor("--offline", env=env)
     conversations = checks(report)["conversations"]
     assert code == 1 and conversations["status"] == "missing" and "mv " in conversations["fix"]
+
+
+def test_the_default_mcp_config_is_named(tmp_path: Path) -> None:
+    env = {"RUNNER_HOME": str(tmp_path)}
+    code, report = doctor("--offline", env=env)
+    mcp = checks(report)["mcp"]
+    assert code == 0 and mcp["status"] == "info" and str(tmp_path / "mcp.json") in mcp["text"]
+    assert mcp["data"] == {"path": str(tmp_path / "mcp.json"), "exists": False, "servers": None}
+
+    (tmp_path / "mcp.json").write_text(
+        '{"mcpServers": {"a": {"command": "a"}, "b": {"url": "http://h/mcp"}}}'
+    )
+    code, report = doctor("--offline", env=env)
+    mcp = checks(report)["mcp"]
+    assert code == 0 and mcp["status"] == "ok" and "2 servers" in mcp["text"]
+    assert mcp["data"]["exists"] is True and mcp["data"]["servers"] == 2
+
+    (tmp_path / "mcp.json").write_text('{"mcpServers": {"a": {}}}')
+    code, report = doctor("--offline", env=env)
+    mcp = checks(report)["mcp"]
+    assert code == 1 and mcp["status"] == "missing" and 'has neither "command"' in mcp["text"]
 
 
 @pytest.mark.parametrize("name", ["HF_TOKEN"])

@@ -3,9 +3,10 @@ missing; exit 1 when something is.
 
 The parts: runner and llama.cpp (the pinned llama-cpp-python, the backends its build registered, the
 CPU's features and the AMX workaround, RPC, a GPU backend, libmtmd), the devices llama.cpp sees and a
-GPU here that it cannot use, the model cache, the prompt cache, the conversation store, the settings
-runner reads, and whether the Hub (or $HF_ENDPOINT) answers. Nothing is written or created; the network
-is asked once, with a short timeout, unless --offline or HF_HUB_OFFLINE says not to.
+GPU here that it cannot use, the model cache, the prompt cache, the conversation store, the default
+MCP config (runner/tools), the settings runner reads, and whether the Hub (or $HF_ENDPOINT) answers.
+Nothing is written or created; the network is asked once, with a short timeout, unless --offline or
+HF_HUB_OFFLINE says not to.
 
 `--json`'s shape (docs/install.md): {"ok": bool, "checks": [{"id", "status", "text", "fix", "data"}]},
 status one of "ok", "missing" (counts against exit 0), "info" (a fact, nothing to fix).
@@ -75,7 +76,7 @@ def diagnose(*, offline: bool = False) -> list[Check]:
     backends = llamacpp.backend_names()
     checks = [_runner(), _llama(backends), _cpu(llamacpp.cpu_features()), _rpc(backends)]
     checks += [_gpu(backends, llamacpp.devices()), _mtmd(llamacpp.library_files())]
-    checks += [_models(), _prompt_cache(), _conversations(), _settings(), _hub(offline)]
+    checks += [_models(), _prompt_cache(), _conversations(), _mcp(), _settings(), _hub(offline)]
     return checks
 
 
@@ -250,6 +251,24 @@ def _conversations() -> Check:
 
 def _move_aside(path: Path) -> str:
     return f"copy it somewhere safe, then move it aside (mv {path} {path}.bad): runner starts a new one"
+
+
+def _mcp() -> Check:
+    """The default MCP config: where it is looked for, whether it is there, how many servers it names."""
+    from runner.errors import UsageError
+    from runner.tools.config import default_config, read_file
+
+    path = default_config()
+    data: dict[str, Any] = {"path": str(path), "exists": path.is_file(), "servers": None}
+    if not path.is_file():
+        return Check("mcp", "info", f"MCP servers: none by default ({path} does not exist)", data=data)
+    try:
+        servers = read_file(path)
+    except UsageError as exc:
+        return Check("mcp", "missing", f"MCP servers: {exc}", "fix the file, or move it aside", data)
+    data["servers"] = len(servers)
+    text = f"MCP servers: {ui.count(len(servers), 'server')} in {path}, started with --mcp"
+    return Check("mcp", "ok", text, data=data)
 
 
 def _settings() -> Check:
