@@ -9,6 +9,7 @@ from runner import ui
 from runner.engine.request import Prompt
 from runner.engine.text.reasoning import opens_reasoning, style_of
 from runner.engine.text.template import TEMPLATE_KEY, Message, render
+from runner.engine.text.toolcalls import GENERIC, format_of
 from runner.errors import UsageError
 
 if TYPE_CHECKING:
@@ -51,16 +52,17 @@ def render_prompt(
     Without a template the text goes as it is, with a warning (unless quiet): one message alone is
     the prompt itself; a conversation is written as "User: … / Assistant: …" lines. `images`
     (runner.images.Image, decoded), in the order of the media markers (engine.vision.marker) the
-    messages hold: tokenized by the projector's tokenizer, as llama-server does.
+    messages hold: tokenized by the projector's tokenizer, as llama-server does. A template also says
+    how its model writes a tool call (Prompt.tool_format); without one, calls are read as generic.
     """
 
-    def tokenized(text: str, style: str | None = None, opens: bool = False) -> Prompt:
+    def tokenized(text: str, style: str | None = None, opens: bool = False, calls: str = GENERIC) -> Prompt:
         if not images:
-            return Prompt(engine.model.tokenize(text), text, style, opens)
+            return Prompt(engine.model.tokenize(text), text, style, opens, tool_format=calls)
         if engine.vision is None:
             raise UsageError(f"{engine.path.name} takes no images without its projector: give --mmproj")
         media = engine.vision.tokenize(text, images)
-        return Prompt(media.tokens, text, style, opens, media)
+        return Prompt(media.tokens, text, style, opens, media, calls)
 
     system = messages[0].content if messages and messages[0].role == "system" else None
     turns = messages[1:] if system is not None else messages
@@ -94,4 +96,4 @@ def render_prompt(
     if engine.model.adds_bos and engine.model.bos_text and text.startswith(engine.model.bos_text):
         text = text[len(engine.model.bos_text) :]  # tokenize adds it; a second BOS degrades answers
     style = style_of(source)
-    return tokenized(text, style, style == "think" and opens_reasoning(text))
+    return tokenized(text, style, style == "think" and opens_reasoning(text), format_of(source))

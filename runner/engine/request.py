@@ -19,6 +19,7 @@ from runner.engine.logprobs import TokenLogprob
 from runner.engine.sequence import Job
 from runner.engine.text.constrain import Constraint
 from runner.engine.text.sampling import SamplingConfig
+from runner.engine.text.toolcalls import GENERIC, markers
 from runner.engine.text.tools import parse_tool_calls
 
 if TYPE_CHECKING:
@@ -27,13 +28,15 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class Prompt:
-    """What the model is given: the tokens, the text they came from, and how its answer may think."""
+    """What the model is given: the tokens, the text they came from, how its answer may think, and
+    how it writes a call."""
 
     tokens: list[int]
     text: str
     reasoning_style: str | None = None  # runner.engine.text.reasoning.style_of the template
     opens_reasoning: bool = False  # the template opened a <think> block: the answer starts in it
     media: MediaPrompt | None = None  # its images: tokens holds their positions
+    tool_format: str = GENERIC  # runner.engine.text.toolcalls.format_of the template: its calls' format
 
 
 @dataclass(frozen=True)
@@ -81,6 +84,7 @@ def to_job(
     stop_loops = request.stop_loops
     if stop_loops is None:
         stop_loops = request.max_tokens is None and not request.ignore_end
+    calls = bool(request.tools)  # its format's marks shown, gpt-oss's calls kept: only with tools
     return Job(
         index,
         list(request.prompt.tokens),
@@ -92,6 +96,8 @@ def to_job(
         sampler=sampler,
         reasoning=request.prompt.reasoning_style,
         in_reasoning=request.prompt.opens_reasoning,
+        markers=markers(request.prompt.tool_format) if calls else frozenset(),
+        calls=calls,
         head=request.head if request.prompt.media is None else 0,
         ignore_end=request.ignore_end,
         stop_loops=stop_loops,
@@ -109,7 +115,8 @@ def finish(request: Request, result: Result) -> Result:
     """The answer as its request asked for it, checked once for every door: a JSON answer parsed and
     held to its schema (`invalid` says how it fails; what an edge does with that is its own), and the
     tool calls read out of it (finish_reason "tool_calls", the text around them kept). An answer that
-    failed or was interrupted is passed on as it is."""
+    failed or was interrupted is passed on as it is. Calls are read in the prompt's tool_format
+    (runner.engine.text.toolcalls): every command and API reads every family's calls here."""
     if result.error is not None or result.finish_reason in (FINISH_ERROR, FINISH_INTERRUPTED):
         return result
     if request.shape is not None:
@@ -117,9 +124,13 @@ def finish(request: Request, result: Result) -> Result:
         if problem is not None:
             return replace(result, invalid=problem)
     if request.tools:
-        calls, rest = parse_tool_calls(result.text, list(request.tools), whole_json=request.forced_call)
+        calls, rest = parse_tool_calls(
+            result.text, list(request.tools), request.prompt.tool_format, whole_json=request.forced_call
+        )
         if calls:
             return replace(result, text=rest, tool_calls=tuple(calls), finish_reason=FINISH_TOOL_CALLS)
+        if rest != result.text:  # no call, the format's own marks gone (functionary's "all", ...)
+            return replace(result, text=rest)
     return result
 
 

@@ -63,6 +63,8 @@ class Job:
     sampler: Any = None  # a chain built beforehand (Engine.sampler): the loop owns and frees it
     reasoning: str | None = None  # the template's reasoning style ("think" | "channels"), split out
     in_reasoning: bool = False  # the template opened a <think> block: the answer starts in it
+    markers: frozenset[str] = frozenset()  # control tokens shown as text: its tools' call format's marks
+    calls: bool = False  # the request has tools: a gpt-oss message to functions.NAME stays in the answer
     head: int = 0  # the prompt's stable head: kept in the prefix store's disk tier (run, chat)
     ignore_end: bool = False  # end-of-generation tokens are tokens like any (benchmarks' tg128)
     stop_loops: bool = False  # an answer going round in a loop ends (FINISH_REPEAT): no limit was given
@@ -77,7 +79,8 @@ class Job:
 
     @property
     def special(self) -> bool:
-        """Render control tokens as text: gpt-oss's channel markers are control tokens."""
+        """Render control tokens as text: gpt-oss's channel markers are control tokens. (Other
+        formats' call marks are rendered one by one: `markers`.)"""
         return self.reasoning == "channels"
 
 
@@ -115,7 +118,7 @@ class Slot:
 
     def __post_init__(self) -> None:
         self.text = TextAssembler(self.job.stop)
-        self.splitter = Splitter(self.job.reasoning, start_in_reasoning=self.job.in_reasoning)
+        self.splitter = Splitter(self.job.reasoning, self.job.in_reasoning, calls=self.job.calls)
 
     def take(self, token: int, vocab: Vocab, room: int) -> str | None:
         """One sampled token: its text out; the finish reason once the answer is over, else None.
@@ -131,7 +134,7 @@ class Slot:
         self.n_out += 1
         self.history.append(token)
         answering = scored is not None and self.splitter.answering()
-        text, stopped = self.text.push(vocab.token_bytes(token, special=job.special))
+        text, stopped = self.text.push(_piece(vocab, token, job))
         parts = self.splitter.push(text) if text else []
         # an answer token (not a reasoning's, a marker's, the blank lines after </think>): its entry
         # goes out with the answer text it makes (held back with it, for a stop string)
@@ -215,6 +218,18 @@ class Slot:
             logprobs=tuple(self.logprobs),
             prompt_logprobs=tuple(self.prompt_logprobs),
         )
+
+
+def _piece(vocab: Vocab, token: int, job: Job) -> bytes:
+    """A token's text as the job shows it: a control token is nothing, unless the job renders them
+    all (gpt-oss) or it is one of the job's markers (a call's [TOOL_CALLS], <|python_tag|> ...), as
+    llama-server renders a format's preserved tokens."""
+    piece = vocab.token_bytes(token, special=job.special)
+    if job.markers and not job.special:
+        shown = vocab.token_bytes(token, special=True)
+        if shown != piece and shown.decode("utf-8", "replace") in job.markers:
+            return shown
+    return piece
 
 
 def failed(job: Job, error: str) -> Result:

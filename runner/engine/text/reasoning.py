@@ -7,20 +7,30 @@ Two styles, told apart by the model's chat template:
   "channels"  gpt-oss's harmony format: <|channel|>analysis<|message|> … <|end|> then
               <|start|>assistant<|channel|>final<|message|> …; analysis (and commentary) is
               reasoning, final is the answer. Its markers are control tokens, so the loop renders
-              special tokens for these models (runner.engine.sequence.Job.special).
+              special tokens for these models (runner.engine.sequence.Job.special). A request with
+              tools (`calls`): a message to a functions.NAME recipient ("<|channel|>commentary
+              to=functions.NAME <|constrain|>json<|message|>{...}<|call|>", the recipient in the
+              channel's header or the role's, " to=..." first when the generation prompt wrote
+              "<|start|>assistant") is a call, kept in the answer as
+              "<|channel|>commentary to=functions.NAME<|message|>{...}<|call|>" for
+              runner.engine.text.toolcalls to read; neither reasoning nor answer text once read.
 The splitter takes text in any pieces (a tag may arrive split at any byte) and returns
 ("reasoning" | "answer", text) parts as soon as they cannot be part of a marker.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 REASONING = "reasoning"
 ANSWER = "answer"
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 CHANNEL, MESSAGE, END, START = "<|channel|>", "<|message|>", "<|end|>", "<|start|>"
-_CHANNEL_MARKERS = (CHANNEL, MESSAGE, END, START, "<|return|>", "<|call|>", "<|constrain|>")
+CALL = "<|call|>"
+_CHANNEL_MARKERS = (CHANNEL, MESSAGE, END, START, "<|return|>", CALL, "<|constrain|>")
+_RECIPIENT = re.compile(r"\bto=functions\.([^\s\x00]+)")
+_LEAD = (" to=", "to=")  # the role header's recipient, first when the prompt ended "<|start|>assistant"
 
 
 def style_of(template: str | None) -> str | None:
@@ -44,14 +54,18 @@ def opens_reasoning(prompt_text: str) -> bool:
 class Splitter:
     style: str | None
     start_in_reasoning: bool = False
+    calls: bool = False  # channels: the request has tools; a message to functions.NAME is a call
     _held: str = ""
     _where: str = field(init=False)
-    _header: bool = False  # channels: between <|channel|> and <|message|> (the channel's name)
-    _channel: str = ""
+    _header: bool = False  # channels: between <|start|> or <|channel|> and <|message|> (the header)
+    _channel: str = ""  # the header's text, each <|channel|> in it a NUL
+    _call: bool = False  # channels: inside a call's message (its arguments)
+    _fresh: bool = field(init=False)  # channels, calls: nothing read yet (the role's recipient may come)
     _after_think: bool = False  # think: strip the blank lines between </think> and the answer
 
     def __post_init__(self) -> None:
         self._where = REASONING if self.start_in_reasoning else ANSWER
+        self._fresh = self.calls and self.style == "channels"
 
     def answering(self, *, settled: bool = False) -> bool:
         """Whether text pushed now is the answer's (`settled`: and the blank lines after </think> are
@@ -70,13 +84,20 @@ class Splitter:
     def _drain(self, *, final: bool) -> list[tuple[str, str]]:
         parts: list[tuple[str, str]] = []
         markers = (THINK_OPEN, THINK_CLOSE) if self.style == "think" else _CHANNEL_MARKERS
+        if self._fresh and self._held:  # " to=functions.x<|channel|>...": the role's header goes on
+            if self._held.startswith(_LEAD):
+                self._header, self._fresh = True, False
+            elif final or not any(lead.startswith(self._held) for lead in _LEAD):
+                self._fresh = False
+            else:
+                return []
         while self._held:
             hits = [(self._held.find(m), m) for m in markers if m in self._held]
             if hits:
                 at, marker = min(hits)
                 self._emit(parts, self._held[:at])
                 self._held = self._held[at + len(marker) :]
-                self._marker(marker)
+                self._marker(marker, parts)
                 continue
             keep = 0 if final else _partial_marker(self._held, markers)
             self._emit(parts, self._held[: len(self._held) - keep])
@@ -84,6 +105,8 @@ class Splitter:
             break
         if final and self._header:  # a channel name never closed: nothing more to say
             self._header = False
+        if final and self._call:  # <|call|> ends generation: the loop never renders it
+            self._end_call(parts)
         return _merge(parts)
 
     def _emit(self, parts: list[tuple[str, str]], text: str) -> None:
@@ -99,21 +122,39 @@ class Splitter:
             self._after_think = False
         parts.append((self._where, text))
 
-    def _marker(self, marker: str) -> None:
+    def _marker(self, marker: str, parts: list[tuple[str, str]]) -> None:
+        self._fresh = False
         if marker == THINK_OPEN:
             self._where = REASONING
         elif marker == THINK_CLOSE:
             self._where, self._after_think = ANSWER, True
-        elif marker == CHANNEL:
-            self._header, self._channel = True, ""
+        elif marker == CHANNEL:  # after "<|start|>assistant to=...", the same header goes on
+            self._channel = f"{self._channel if self._header else ''}\x00"
+            self._header = True
         elif marker == MESSAGE:
             if self._header:
-                name = self._channel.strip().split()[0] if self._channel.strip() else ""
-                self._where = ANSWER if name == "final" else REASONING
+                self._message(parts)
             self._header = False
         elif marker == START:  # "<|start|>assistant" heads the next message: its role is no text
+            self._end_call(parts)
             self._header, self._channel = True, ""
-        # <|end|>, <|return|>, <|call|>, <|constrain|>: markers only
+        elif marker != "<|constrain|>":  # <|end|>, <|return|>, <|call|>: a message ends
+            self._end_call(parts)
+
+    def _message(self, parts: list[tuple[str, str]]) -> None:
+        """A message's header read: where its text goes (a call: the answer, marked as one)."""
+        recipient = _RECIPIENT.search(self._channel) if self.calls else None
+        if recipient is not None:
+            self._where, self._call = ANSWER, True
+            parts.append((ANSWER, f"{CHANNEL}commentary to=functions.{recipient.group(1)}{MESSAGE}"))
+            return
+        words = self._channel.rsplit("\x00", 1)[-1].split()
+        self._where = ANSWER if words[:1] == ["final"] else REASONING
+
+    def _end_call(self, parts: list[tuple[str, str]]) -> None:
+        if self._call:
+            parts.append((ANSWER, CALL))
+            self._call = False
 
 
 def _partial_marker(text: str, markers: tuple[str, ...]) -> int:

@@ -1,9 +1,10 @@
 """Tool calls: the tools shown to a model whose template does not show them, a call forced by a
 grammar (tool_choice "required" or a named function), and calls read back out of an answer.
 
-Call formats read: Hermes / Qwen2.5 / Qwen3 `<tool_call>{"name", "arguments"}</tool_call>` blocks,
-and an answer that is one JSON object {"name", "arguments" | "parameters"} (Llama 3.x, and what
-tools_as_system asks of any other model). A name not among the request's tools is no call.
+Calls are read in the format the model's template speaks, by runner.engine.text.toolcalls' table
+(Hermes/Qwen, Llama 3.x, Mistral, gpt-oss, Granite, Phi-4-mini, DeepSeek, Command R7B,
+Functionary, Gemma's generic JSON ...); every format also reads what tools_as_system asks of a model,
+one JSON object {"name", "arguments"}. A name not among the request's tools is no call.
 
 The server's engine thread uses this beside the template (runner.serve.engine_backend); it sits in the
 engine's bottom layer with template.py and imports nothing of it: a message here is any frozen
@@ -14,24 +15,14 @@ from __future__ import annotations
 
 import copy
 import json
-import re
 from dataclasses import replace
 from typing import Any
 
 from runner.engine.text.constrain import Constraint, schema_shape
 from runner.engine.text.schemawalk import subschemas
+from runner.engine.text.toolcalls import GENERIC, functions, parse_calls
 
-TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
-
-
-def functions(tools: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """name -> OpenAI function definition ({"name", "description", "parameters"})."""
-    out = {}
-    for tool in tools:
-        fn = tool.get("function", tool)
-        if isinstance(fn, dict) and isinstance(fn.get("name"), str):
-            out[fn["name"]] = fn
-    return out
+__all__ = ["call_shape", "forced_call_schema", "functions", "parse_tool_calls", "tools_as_system"]
 
 
 def tools_as_system(messages: list[Any], tools: list[dict[str, Any]]) -> list[Any]:
@@ -88,41 +79,11 @@ def _rebased(schema: dict[str, Any], at: str) -> dict[str, Any]:
 
 
 def parse_tool_calls(
-    text: str, tools: list[dict[str, Any]], *, whole_json: bool = False
+    text: str, tools: list[dict[str, Any]], fmt: str = GENERIC, *, whole_json: bool = False
 ) -> tuple[list[dict[str, Any]], str]:
-    """The calls an answer makes ({"name", "arguments": dict}) and the text around them."""
-    names = set(functions(tools))
-    calls = []
-    for block in TOOL_CALL.findall(text):
-        call = _call(block, names)
-        if call is not None:
-            calls.append(call)
-    if calls:
-        return calls, TOOL_CALL.sub("", text).strip()
-    stripped = text.strip()
-    if whole_json or stripped.startswith("{"):
-        call = _call(stripped, names)
-        if call is not None:
-            return [call], ""
-    return [], text
-
-
-def _call(text: str, names: set[str]) -> dict[str, Any] | None:
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError:
-        return None
-    if not isinstance(value, dict) or value.get("name") not in names:
-        return None
-    args = value.get("arguments", value.get("parameters", {}))
-    if isinstance(args, str):
-        try:
-            args = json.loads(args)
-        except json.JSONDecodeError:
-            return None
-    if not isinstance(args, dict):
-        return None
-    return {"name": value["name"], "arguments": args}
+    """The calls an answer makes ({"name", "arguments": dict}, "id" where the format has one) and the
+    text around them, read in format `fmt` (Prompt.tool_format); `whole_json`: a forced call."""
+    return parse_calls(text, tools, fmt, whole_json=whole_json)
 
 
 def call_shape(tools: list[dict[str, Any]], choice: Any) -> Constraint:
