@@ -1,7 +1,8 @@
 """Every family's tool calls (runner.engine.text.toolcalls): its real chat template told apart and
 rendered with tools, the outputs llama.cpp's own parser tests record read back to the calls those
 tests expect, broken outputs left as text; and the wiring: a call's control tokens shown by the step
-function, gpt-oss's call kept out of its reasoning, and `finish` reading the prompt's format."""
+function, gpt-oss's call kept out of its reasoning, and `finish` reading the prompt's format, on
+hand-made tokens (fast) and through the real loop from scripted models (model)."""
 
 from __future__ import annotations
 
@@ -18,8 +19,6 @@ from runner.engine.text.sampling import SamplingConfig
 from runner.engine.text.template import Message, render
 from runner.engine.text.toolcalls import FORMATS, GENERIC, format_of, markers, parse_calls
 from runner.engine.text.tools import parse_tool_calls
-
-pytestmark = pytest.mark.fast
 
 TEMPLATES = Path(__file__).parent / "data" / "templates"  # where each came from: SOURCES.md there
 
@@ -83,20 +82,24 @@ RENDER_GAPS = {
 }
 
 
+@pytest.mark.fast
 def test_every_template_here_is_one_of_the_families() -> None:
     assert sorted(p.name for p in TEMPLATES.glob("*.jinja")) == sorted(FAMILIES)
     assert set(FAMILIES.values()) == set(FORMATS)  # every format has a real template here
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("name", sorted(FAMILIES))
 def test_a_family_is_told_by_its_template(name: str) -> None:
     assert format_of((TEMPLATES / name).read_text()) == FAMILIES[name]
 
 
+@pytest.mark.fast
 def test_no_template_is_generic() -> None:
     assert format_of(None) == format_of("") == format_of("{{ messages }}") == GENERIC
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize(
     "name",
     [
@@ -288,6 +291,7 @@ RECORDED: list[tuple[str, str, list[dict[str, Any]], str]] = [
 ]
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("fmt, output, calls, text", RECORDED)
 def test_a_recorded_output_reads_as_llama_cpp_reads_it(
     fmt: str, output: str, calls: list[dict[str, Any]], text: str
@@ -295,6 +299,7 @@ def test_a_recorded_output_reads_as_llama_cpp_reads_it(
     assert parse_calls(output, TOOLS, fmt) == (calls, text)
 
 
+@pytest.mark.fast
 def test_phi4_minis_own_example_is_a_call_of_a_tool_it_has() -> None:
     """The Phi-4-mini template's example names "foo", no tool above: given foo, it is a call."""
     example = '<|tool_call|>{"name": "foo", "arguments": {"a": 1}}<|/tool_call|>'
@@ -334,6 +339,7 @@ def split(text: str, calls: bool, cuts: list[int]) -> tuple[str, str]:
     return "".join(t for k, t in parts if k == REASONING), "".join(t for k, t in parts if k == ANSWER)
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("output, reasoning", HARMONY_CALLS)
 def test_a_harmony_call_reaches_finish_whole_at_every_split(output: str, reasoning: str) -> None:
     for cuts in ([], *([i] for i in range(1, len(output))), list(range(1, len(output)))):
@@ -342,6 +348,7 @@ def test_a_harmony_call_reaches_finish_whole_at_every_split(output: str, reasoni
         assert parse_calls(answer, TOOLS, "gpt-oss") == ([CALL], ""), cuts
 
 
+@pytest.mark.fast
 def test_harmonys_complex_call_and_a_call_without_tools() -> None:
     """[pinned] "Complex tool calling": an edit's arguments; without tools a commentary message is
     reasoning, as it always was."""
@@ -393,11 +400,13 @@ BROKEN = [
 ]
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("fmt, output", BROKEN)
 def test_a_broken_output_is_text(fmt: str, output: str) -> None:
     assert parse_calls(output, TOOLS, fmt) == ([], output)
 
 
+@pytest.mark.fast
 def test_no_prefix_of_any_output_raises() -> None:
     """An answer cut anywhere (a length limit, a stop string) is read without raising, in every format."""
     outputs = [output for _, output, _, _ in RECORDED] + [output for _, output in BROKEN]
@@ -408,6 +417,7 @@ def test_no_prefix_of_any_output_raises() -> None:
                 assert all(call["name"] in {t["function"]["name"] for t in TOOLS} for call in calls)
 
 
+@pytest.mark.fast
 def test_a_builtin_tools_arguments_are_literals_read_never_run() -> None:
     """<|python_tag|>NAME.call(...): keyword arguments, each a Python literal (ast.literal_eval), else
     no call; code after the tag is the "python" tool's, where the request has that tool."""
@@ -424,6 +434,7 @@ def test_a_builtin_tools_arguments_are_literals_read_never_run() -> None:
     )
 
 
+@pytest.mark.fast
 def test_a_forced_call_is_the_whole_answer_whatever_the_format() -> None:
     forced = '{"name": "special_function", "arguments": {"arg1": 1}}'
     for fmt in FORMATS:
@@ -459,6 +470,7 @@ def answer(request: Request, tokens: list[int]) -> Any:
     return finish(request, slot.result(FINISH_STOP, flush=True, extra={}))
 
 
+@pytest.mark.fast
 def test_a_calls_control_tokens_are_shown_and_read_in_the_prompts_format() -> None:
     """Mistral's [TOOL_CALLS] and [ARGS] are control tokens: with tools, the step shows them (and no
     other control token), and finish reads the call in the prompt's format; without tools nothing
@@ -481,3 +493,84 @@ def test_a_calls_control_tokens_are_shown_and_read_in_the_prompts_format() -> No
     assert (
         generic.tool_calls == () and generic.text == 'Sure.special_function{"arg1": 1}'
     )  # no marks: no call
+
+
+# -- a model that really writes calls: the real loop, llama.cpp's control tokens ------------------------
+#
+# Scripted models (tests/synth.py) on SmolLM2's tokenizer, their unused control tokens renamed to a
+# family's marks; each greedy answer is a call of get_weather. Rendered, looked up and ended by
+# llama.cpp as that family's model would be.
+
+WEATHER = [tool("get_weather", city="string")]
+PARIS = {"name": "get_weather", "arguments": {"city": "Paris"}}
+
+
+def scripted(
+    smollm2_path: Path, out: Path, answer: list[str | int], edits: dict[int, str], template: str
+) -> Path:
+    """A model whose answer to the template's prompt is `answer` (text, or a renamed token's id)."""
+    from runner.engine.engine import Engine
+    from tests.synth import write_scripted
+
+    with Engine(smollm2_path, n_ctx=256, n_threads=1) as vocab:
+
+        def tokens(text: str) -> list[int]:
+            return vocab.model.tokenize(text, add_special=False)
+
+        prompt = render(template, [Message("user", "weather")], tools=WEATHER)
+        script = [tokens(prompt)[-1]]
+        for part in answer:
+            script += [part] if isinstance(part, int) else tokens(part)
+    return write_scripted(out, smollm2_path, script, edits=edits, template=template)
+
+
+def ask(model: Path, tools: list[dict[str, Any]]) -> Any:
+    from runner.engine.engine import Engine
+    from runner.engine.prompt import render_prompt
+    from runner.gguf import read_header
+
+    with Engine(model, n_ctx=512, n_threads=1) as engine:
+        prompt = render_prompt(engine, read_header(model), [Message("user", "weather")], tools=tools or None)
+        request = Request(prompt, SamplingConfig(temperature=0), max_tokens=48, tools=tuple(tools))
+        return prompt.tool_format, engine.answer(request)
+
+
+@pytest.mark.model
+def test_a_mistral_models_call_is_read_through_the_real_loop(smollm2_path: Path, tmp_path: Path) -> None:
+    """[TOOL_CALLS] and [ARGS] are control tokens llama.cpp renders as nothing: with tools they are
+    shown and the call read; without, the answer is what it always was."""
+    template = "{% for m in messages %}[INST] {{ m['content'] }} [/INST]{% endfor %}{# [TOOL_CALLS] #}"
+    answer: list[str | int] = [3, "get_weather", 4, '{"city": "Paris"}', 2]  # 2: SmolLM2's <|im_end|>
+    model = scripted(
+        smollm2_path, tmp_path / "mistral.gguf", answer, {3: "[TOOL_CALLS]", 4: "[ARGS]"}, template
+    )
+    fmt, result = ask(model, WEATHER)
+    assert (fmt, result.finish_reason, result.tool_calls, result.text) == (
+        "mistral",
+        "tool_calls",
+        (PARIS,),
+        "",
+    )
+    _, plain = ask(model, [])
+    assert (plain.finish_reason, plain.tool_calls, plain.text) == ("stop", (), 'get_weather{"city": "Paris"}')
+
+
+HARMONY = {3: "<|channel|>", 4: "<|message|>", 5: "<|end|>", 6: "<|start|>", 7: "<|return|>", 8: "<|call|>"}
+HARMONY[9] = "<|constrain|>"
+
+
+@pytest.mark.model
+def test_a_gpt_oss_models_call_is_no_reasoning_with_tools(smollm2_path: Path, tmp_path: Path) -> None:
+    """A commentary message to functions.get_weather, ended by <|call|> (an end of generation): with
+    tools a call, its JSON in no reasoning; without tools, reasoning as it always was."""
+    template = (
+        "{% for m in messages %}<|start|>{{ m.role }}"
+        "{% if m.role == 'assistant' %}<|channel|>final{% endif %}"
+        "<|message|>{{ m.content }}<|end|>{% endfor %}<|start|>assistant"
+    )
+    answer: list[str | int] = [3, "commentary to=functions.get_weather ", 9, "json", 4, '{"city":"Paris"}', 8]
+    model = scripted(smollm2_path, tmp_path / "harmony.gguf", answer, HARMONY, template)
+    fmt, result = ask(model, WEATHER)
+    assert (fmt, result.tool_calls, result.text, result.reasoning) == ("gpt-oss", (PARIS,), "", "")
+    _, plain = ask(model, [])
+    assert (plain.tool_calls, plain.text, plain.reasoning) == ((), "", '{"city":"Paris"}')
