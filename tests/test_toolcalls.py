@@ -6,6 +6,8 @@ hand-made tokens (fast) and through the real loop from scripted models (model)."
 
 from __future__ import annotations
 
+import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -505,10 +507,43 @@ WEATHER = [tool("get_weather", city="string")]
 PARIS = {"name": "get_weather", "arguments": {"city": "Paris"}}
 
 
-def scripted(
-    smollm2_path: Path, out: Path, answer: list[str | int], edits: dict[int, str], template: str
-) -> Path:
-    """A model whose answer to the template's prompt is `answer` (text, or a renamed token's id)."""
+@dataclass(frozen=True)
+class Script:
+    """A family's scripted model: its template, the answer (text, or a renamed token's id) and the
+    control tokens renamed to its marks."""
+
+    name: str
+    template: str
+    answer: tuple[str | int, ...]
+    edits: dict[int, str]
+
+
+MISTRAL_MODEL = Script(
+    "mistral",
+    "{% for m in messages %}[INST] {{ m['content'] }} [/INST]{% endfor %}{# [TOOL_CALLS] #}",
+    (3, "get_weather", 4, '{"city": "Paris"}', 2),  # 2: SmolLM2's <|im_end|>
+    {3: "[TOOL_CALLS]", 4: "[ARGS]"},
+)
+HARMONY_MARKS = (
+    "<|channel|>",
+    "<|message|>",
+    "<|end|>",
+    "<|start|>",
+    "<|return|>",
+    "<|call|>",
+    "<|constrain|>",
+)
+GPT_OSS_MODEL = Script(  # <|call|> ends generation; <|end|> does not
+    "gpt-oss",
+    "{% for m in messages %}<|start|>{{ m.role }}{% if m.role == 'assistant' %}<|channel|>final{% endif %}"
+    "<|message|>{{ m.content }}<|end|>{% endfor %}<|start|>assistant",
+    (3, "commentary to=functions.get_weather ", 9, "json", 4, '{"city":"Paris"}', 8),
+    dict(enumerate(HARMONY_MARKS, start=3)),
+)
+
+
+def scripted(smollm2_path: Path, folder: Path, script: Script) -> Path:
+    """The family's model: a greedy answer to its template's prompt that is `script.answer`."""
     from runner.engine.engine import Engine
     from tests.synth import write_scripted
 
@@ -517,14 +552,16 @@ def scripted(
         def tokens(text: str) -> list[int]:
             return vocab.model.tokenize(text, add_special=False)
 
-        prompt = render(template, [Message("user", "weather")], tools=WEATHER)
-        script = [tokens(prompt)[-1]]
-        for part in answer:
-            script += [part] if isinstance(part, int) else tokens(part)
-    return write_scripted(out, smollm2_path, script, edits=edits, template=template)
+        prompt = render(script.template, [Message("user", "weather")], tools=WEATHER)
+        ids = [tokens(prompt)[-1]]
+        for part in script.answer:
+            ids += [part] if isinstance(part, int) else tokens(part)
+    out = folder / f"{script.name}.gguf"
+    return write_scripted(out, smollm2_path, ids, edits=script.edits, template=script.template)
 
 
 def ask(model: Path, tools: list[dict[str, Any]]) -> Any:
+    """The model's answer through the engine's own loop and `finish`, and the prompt's call format."""
     from runner.engine.engine import Engine
     from runner.engine.prompt import render_prompt
     from runner.gguf import read_header
@@ -539,11 +576,7 @@ def ask(model: Path, tools: list[dict[str, Any]]) -> Any:
 def test_a_mistral_models_call_is_read_through_the_real_loop(smollm2_path: Path, tmp_path: Path) -> None:
     """[TOOL_CALLS] and [ARGS] are control tokens llama.cpp renders as nothing: with tools they are
     shown and the call read; without, the answer is what it always was."""
-    template = "{% for m in messages %}[INST] {{ m['content'] }} [/INST]{% endfor %}{# [TOOL_CALLS] #}"
-    answer: list[str | int] = [3, "get_weather", 4, '{"city": "Paris"}', 2]  # 2: SmolLM2's <|im_end|>
-    model = scripted(
-        smollm2_path, tmp_path / "mistral.gguf", answer, {3: "[TOOL_CALLS]", 4: "[ARGS]"}, template
-    )
+    model = scripted(smollm2_path, tmp_path, MISTRAL_MODEL)
     fmt, result = ask(model, WEATHER)
     assert (fmt, result.finish_reason, result.tool_calls, result.text) == (
         "mistral",
@@ -555,22 +588,39 @@ def test_a_mistral_models_call_is_read_through_the_real_loop(smollm2_path: Path,
     assert (plain.finish_reason, plain.tool_calls, plain.text) == ("stop", (), 'get_weather{"city": "Paris"}')
 
 
-HARMONY = {3: "<|channel|>", 4: "<|message|>", 5: "<|end|>", 6: "<|start|>", 7: "<|return|>", 8: "<|call|>"}
-HARMONY[9] = "<|constrain|>"
-
-
 @pytest.mark.model
 def test_a_gpt_oss_models_call_is_no_reasoning_with_tools(smollm2_path: Path, tmp_path: Path) -> None:
-    """A commentary message to functions.get_weather, ended by <|call|> (an end of generation): with
-    tools a call, its JSON in no reasoning; without tools, reasoning as it always was."""
-    template = (
-        "{% for m in messages %}<|start|>{{ m.role }}"
-        "{% if m.role == 'assistant' %}<|channel|>final{% endif %}"
-        "<|message|>{{ m.content }}<|end|>{% endfor %}<|start|>assistant"
-    )
-    answer: list[str | int] = [3, "commentary to=functions.get_weather ", 9, "json", 4, '{"city":"Paris"}', 8]
-    model = scripted(smollm2_path, tmp_path / "harmony.gguf", answer, HARMONY, template)
+    """A commentary message to functions.get_weather, ended by <|call|>: with tools a call, its JSON
+    in no reasoning; without tools, reasoning as it always was."""
+    model = scripted(smollm2_path, tmp_path, GPT_OSS_MODEL)
     fmt, result = ask(model, WEATHER)
     assert (fmt, result.tool_calls, result.text, result.reasoning) == ("gpt-oss", (PARIS,), "", "")
     _, plain = ask(model, [])
     assert (plain.tool_calls, plain.text, plain.reasoning) == ((), "", '{"city":"Paris"}')
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("script", [MISTRAL_MODEL, GPT_OSS_MODEL], ids=lambda s: s.name)
+def test_a_served_calls_markup_never_streams(smollm2_path: Path, tmp_path: Path, script: Script) -> None:
+    """runner serve, streamed with tools: the call comes as a tool_calls delta, and no content or
+    reasoning delta carries its marks or its arguments."""
+    import openai
+
+    from tests.serving import serving
+
+    model = scripted(smollm2_path, tmp_path, script)
+    with serving([str(model), "--ctx", "1024"], tmp_path / "stderr") as server:
+        client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused")
+        said, calls = "", []
+        question = [{"role": "user", "content": "weather"}]
+        for chunk in client.chat.completions.create(
+            model=model.stem, messages=question, tools=WEATHER, max_tokens=48, temperature=0, stream=True
+        ):
+            delta = chunk.choices[0].delta if chunk.choices else None
+            if delta is not None:
+                said += (delta.content or "") + ((delta.model_extra or {}).get("reasoning_content") or "")
+                calls += delta.tool_calls or []
+    assert said == ""
+    assert [(c.function.name, json.loads(c.function.arguments)) for c in calls] == [
+        ("get_weather", {"city": "Paris"})
+    ]
