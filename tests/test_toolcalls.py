@@ -409,6 +409,16 @@ def test_a_broken_output_is_text(fmt: str, output: str) -> None:
 
 
 @pytest.mark.fast
+def test_an_answer_without_a_call_is_left_as_it_is() -> None:
+    """Every format, white space and a marks-free answer kept byte for byte; only functionary's "all"
+    heading and a generic {"response"} are read off (as llama.cpp reads them)."""
+    for fmt in FORMATS:
+        for answer in ("  Hello, world!\nWhat's up?\n\n", "Say [1, 2] and {3}.", ""):
+            assert parse_calls(answer, TOOLS, fmt) == ([], answer), fmt
+    assert parse_calls("all\nHello!", TOOLS, "functionary-v3.2") == ([], "Hello!")
+
+
+@pytest.mark.fast
 def test_no_prefix_of_any_output_raises() -> None:
     """An answer cut anywhere (a length limit, a stop string) is read without raising, in every format."""
     outputs = [output for _, output, _, _ in RECORDED] + [output for _, output in BROKEN]

@@ -399,7 +399,8 @@ def _command_r7b(text: str, fns: Fns) -> Calls:
     response's and thinking's marks dropped from the text around (their text kept, as without tools)."""
     read = _json_reader(fns, "<|END_ACTION|>", name="tool_name", args=("parameters",), ids="tool_call_id")
     calls, rest = _scan(text, _ACTION, read)
-    return calls, _COHERE_MARKS.sub("", rest).strip()
+    plain = _COHERE_MARKS.sub("", rest)
+    return calls, plain.strip() if calls or plain != rest else text
 
 
 _RECIPIENT = re.compile(r"(?:^|>>>)([\w.-]+)\n")
