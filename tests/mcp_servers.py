@@ -1,9 +1,10 @@
-"""MCP servers for tests/test_mcp_host.py, written with the SDK's own server API.
+"""MCP servers for the tool tests (tests/test_mcp_host.py), written with the SDK's own server API.
 
     python tests/mcp_servers.py KIND [ARG]
 
 KIND:
-  tools       the test tools over stdio (add, read, sleep, crash, big, image, env, pid), a resource, a prompt
+  tools       the test tools over stdio (add, read, touch, sleep, wait, crash, big, image, env, pid), a
+              resource and a prompt
   slow        the same, after sleeping ARG seconds before it serves (a slow start)
   noisy       the same, after a line on stdout that is not JSON-RPC (which the SDK logs)
   exit        exits at once with status 3 (a server that fails to start)
@@ -11,8 +12,9 @@ KIND:
   http        the test tools over Streamable HTTP on 127.0.0.1, port ARG (under uvicorn)
   sse         the test tools over the old HTTP+SSE transport on 127.0.0.1, port ARG
 
-`read` reads files under $MCP_TEST_ROOT (the test's temp folder). Every stdio kind first writes one
-line to stderr ("mcp test server KIND starting"), which the host must keep in its log, not show.
+`read` reads files under $MCP_TEST_ROOT (the test's temp folder) and `touch` makes NAME.touched there.
+Every stdio kind first writes one line to stderr ("mcp test server KIND starting"), which the host
+must keep in its log, not show. tests/test_tools_cli.py uses them too.
 """
 
 import base64
@@ -49,6 +51,13 @@ def build():
         return target.read_text()
 
     @server.tool()
+    def touch(name: str) -> str:
+        """Make an empty file NAME.touched in the test folder (a tool with an effect)."""
+        target = Path(os.environ["MCP_TEST_ROOT"]) / f"{Path(name).name or 'file'}.touched"
+        target.touch()
+        return f"made {target.name}"
+
+    @server.tool()
     async def sleep(seconds: float) -> str:
         """Sleep, then say so; says on stderr when the client cancelled it (notifications/cancelled)."""
         import anyio
@@ -59,6 +68,18 @@ def build():
             print("sleep cancelled", file=sys.stderr, flush=True)
             raise
         return f"slept {seconds}"
+
+    @server.tool()
+    async def wait() -> str:
+        """Wait a minute (no arguments: a call any model can make); says on stderr when cancelled."""
+        import anyio
+
+        try:
+            await anyio.sleep(60)
+        except anyio.get_cancelled_exc_class():
+            print("wait cancelled", file=sys.stderr, flush=True)
+            raise
+        return "waited"
 
     @server.tool()
     def crash() -> str:

@@ -114,7 +114,7 @@ def test_servers_start_in_parallel_and_a_failing_one_is_one_warning(tmp_path: Pa
 
 def test_tools_are_listed_and_called(host: ToolHost, folder: Path) -> None:
     tools = {tool.name: tool for tool in host.tools()}
-    assert sorted(tools) == ["add", "big", "crash", "env", "image", "pid", "read", "sleep"]
+    assert sorted(tools) == ["add", "big", "crash", "env", "image", "pid", "read", "sleep", "touch", "wait"]
     add = tools["add"]
     assert add.server == "t" and add.original == "add" and add.description == "Add two integers."
     assert add.schema["required"] == ["a", "b"]
@@ -126,6 +126,8 @@ def test_tools_are_listed_and_called(host: ToolHost, folder: Path) -> None:
     assert (done.text, done.is_error, done.truncated, done.images) == ("42", False, False, [])
     assert 0 < done.seconds < 5
     assert host.call("read", {"path": "notes.txt"}).text == "the notes\n"
+    assert host.call("touch", {"name": "done.txt"}).text == "made done.txt.touched"
+    assert (folder / "done.txt.touched").is_file()
     refused = host.call("read", {"path": "../outside"})
     assert refused.is_error and "outside the test folder" in refused.text
     unknown = host.call("nope", {})
@@ -197,9 +199,9 @@ def test_tools_and_servers_switch_off_and_on(host: ToolHost) -> None:
     assert host.enable("sleep", False) == ["sleep"]
     assert "sleep" not in [t.name for t in host.tools()]
     assert host.call("sleep", {"seconds": 0}).text == "tool sleep is switched off"
-    assert len(host.enable("t", False)) == 8
+    assert len(host.enable("t", False)) == 10
     assert host.tools() == [] and host.servers()[0].state == "off"
-    assert len(host.enable("t", True)) == 8 and len(host.tools()) == 8
+    assert len(host.enable("t", True)) == 10 and len(host.tools()) == 10
     with pytest.raises(UsageError, match="no MCP server or tool named 'nothing'"):
         host.enable("nothing", True)
 
@@ -225,7 +227,7 @@ def test_a_crashed_server_restarts_once_and_its_stderr_stays_in_its_log(
         )
         down = host.call("c_add", {"a": 1, "b": 1})
         assert down.is_error and down.text == "server c is down (crashed twice)"
-        assert [t.server for t in host.tools()] == ["noisy"] * 8
+        assert [t.server for t in host.tools()] == ["noisy"] * 10
         assert host.call("noisy_add", {"a": 1, "b": 1}).text == "2"  # the other server goes on
         assert log.read_text().count("mcp test server tools starting") == 2
     assert capfd.readouterr() == ("", "")  # nothing from the servers, nor from the SDK, on the terminal
