@@ -77,6 +77,14 @@ def confirm(question: str) -> bool:
     return answer.strip().lower() in {"y", "yes"}
 
 
+def ask(question: str) -> str | None:
+    """Ask on stderr, read one line from stdin, as typed (None at the end of input)."""
+    try:
+        return str(console().input(_escape(f"{question} ")))
+    except EOFError:
+        return None
+
+
 def table_to(
     out: TextIO, columns: Sequence[str], rows: Sequence[Sequence[str]], *, right: Collection[str] = ()
 ) -> None:

@@ -37,7 +37,11 @@ def test_tools_go_in_the_system_message_a_template_without_them_reads() -> None:
 
 def test_a_forced_call_schema_and_calls_read_back() -> None:
     one = forced_call_schema(TOOLS, {"type": "function", "function": {"name": "get_weather"}})
-    assert one["properties"] == {"name": {"const": "get_weather"}, "arguments": SCHEMA}
+    # the parameters as llama.cpp's grammar reads them: no keys but those named, unless they say
+    assert one["properties"] == {
+        "name": {"const": "get_weather"},
+        "arguments": {**SCHEMA, "additionalProperties": False},
+    }
     assert [o["properties"]["name"] for o in forced_call_schema(TOOLS, "required")["oneOf"]] == [
         {"const": "get_weather"},
         {"const": "now"},

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from runner.cli import options as o
+from runner.cli import tool_options as to
 from runner.cli.app import app, edge
 from runner.errors import UsageError
 
@@ -77,11 +78,11 @@ def run(
     input: o.InputFile = None,
     parallel: o.RunParallel = None,
     jsonl: o.Jsonl = False,
-    mcp: o.Mcp = None,
-    allow_tools: o.AllowTools = None,
-    max_tool_steps: o.MaxToolSteps = 10,
-    tool_timeout: o.ToolTimeout = 60.0,
-    tool_choice: o.ToolChoice = "auto",
+    mcp: to.Mcp = None,
+    allow_tools: to.AllowTools = None,
+    max_tool_steps: to.MaxToolSteps = 10,
+    tool_timeout: to.ToolTimeout = 60.0,
+    tool_choice: to.ToolChoice = "auto",
     continue_: o.Continue = False,
     no_save: o.NoSave = False,
     rpc: o.Rpc = None,
@@ -104,10 +105,15 @@ def run(
       runner run smollm2 --input prompts.jsonl --jsonl --parallel 8
       runner run smollm2 "Name a city" --schema '{"type":"object","properties":{"city":{"type":"string"}}}'
     """
-    given = locals()
+    _route(locals())
+
+
+def _route(given: dict[str, Any]) -> None:
+    """run's flags to what they ask for: a batch, a chat (or one more turn of it), or one answer."""
     tty = sys.stdin is None or sys.stdin.isatty()
-    batch = each_line or input is not None
-    if (image and batch) or (image and not batch and (continue_ or (prompt is None and tty))):
+    image, prompt = given["image"], given["prompt"]
+    batch = given["each_line"] or given["input"] is not None
+    if (image and batch) or (image and not batch and (given["continue_"] or (prompt is None and tty))):
         raise UsageError(
             '--image goes with one prompt (PROMPT, or text piped in); with --input, a row\'s "images"; '
             "in a chat, /image PATH"
@@ -118,7 +124,7 @@ def run(
                 "--mcp and the tool flags go with one prompt or a chat, not --each-line or --input"
             )
         raise typer.Exit(_batch(given, tty))
-    if continue_ or (prompt is None and tty and not json and not raw):
+    if given["continue_"] or (prompt is None and tty and not given["json"] and not given["raw"]):
         _chat_or_continue(given, tty)
         return
     _one(given, tty)
@@ -271,11 +277,11 @@ def chat(
     think: o.Think = None,
     hide_reasoning: o.HideReasoning = False,
     verbose: o.Verbose = False,
-    mcp: o.Mcp = None,
-    allow_tools: o.AllowTools = None,
-    max_tool_steps: o.MaxToolSteps = 10,
-    tool_timeout: o.ToolTimeout = 60.0,
-    tool_choice: o.ToolChoice = "auto",
+    mcp: to.Mcp = None,
+    allow_tools: to.AllowTools = None,
+    max_tool_steps: to.MaxToolSteps = 10,
+    tool_timeout: to.ToolTimeout = 60.0,
+    tool_choice: to.ToolChoice = "auto",
     rpc: o.Rpc = None,
     mmproj: o.ChatMmproj = None,
     debug: o.Debug = False,

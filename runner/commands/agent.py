@@ -41,6 +41,8 @@ CALL_MARKERS = (
     "<｜tool▁calls▁begin｜>",
     "<function=",
     ">>>",
+    "functools[",
+    "<|channel|>",  # gpt-oss: a message to functions.NAME, in the answer (engine.text.reasoning)
 )
 TOOL_CHOICES = ("auto", "required", "none")  # --tool-choice, or a tool's name
 SHOWN_ARGUMENTS = 1200  # characters of a call's pretty-printed arguments shown before it is asked
@@ -158,10 +160,7 @@ class Approvals:
 
 def ask_terminal(question: str) -> str:
     """The question on stderr, one line read: "y", "n" or "a" (end of input, or anything else: no)."""
-    try:
-        answer = ui.console().input(f"{question} ").strip().lower()
-    except EOFError:
-        return "n"
+    answer = (ui.ask(question) or "").strip().lower()
     return {"y": "y", "yes": "y", "a": "a", "always": "a"}.get(answer, "n")
 
 
@@ -230,6 +229,7 @@ def _run(call: dict[str, Any], host: ToolHost, approvals: Approvals, keep: Keep)
     if approved == "no":
         keep.tool_result(call, REFUSED_CALL)
         return step
+    ui.info(f"running {tool.server}:{tool.name} (Ctrl-C cancels it)")
     start = time.perf_counter()
     done = None
     try:
@@ -262,9 +262,10 @@ class HeldCalls(AnswerWriter):
     (CALL_MARKERS), or a first character "{" (a call as one JSON object), the text is held until the
     answer is read (release). A call is shown as a step, never as the answer's text on stdout."""
 
-    def __init__(self, out: Any, *, hold_all: bool = False, **kwargs: Any) -> None:
+    def __init__(self, out: Any, *, hold_all: bool = False, verbose: bool = False, **kwargs: Any) -> None:
         super().__init__(out, **kwargs)
         self.hold_all = hold_all  # run: stdout gets the final answer only, so every answer waits
+        self.verbose = verbose  # a call's marker that did not parse is said on stderr
         self.pending = ""
         self.holding = False  # a marker came: the rest waits for release
         self.begun = False  # some of the answer's text was written
@@ -295,6 +296,8 @@ class HeldCalls(AnswerWriter):
         """The answer read: what was held is written unless it was the answer's calls (with hold_all,
         the text that came with calls goes to stderr: it is not the final answer)."""
         if not result.tool_calls:
+            if self.verbose and self.holding:
+                ui.info("the answer looked like a tool call but none parsed: it is kept as text")
             super().write(ANSWER, self.pending)
         elif self.hold_all and result.text.strip():
             ui.info(f"the model, calling tools: {result.text.strip()}")

@@ -152,7 +152,13 @@ def _answer_with_tools(
         rendered = fitted.prompt
         forced = bool(tools) and choice not in ("auto", "none")
         shape = call_shape(tools, choice) if forced else None
-        writer = HeldCalls(out, hold_all=True, hide_reasoning=request.hide_reasoning, quiet=request.as_json)
+        writer = HeldCalls(
+            out,
+            hold_all=True,
+            verbose=request.verbose,
+            hide_reasoning=request.hide_reasoning,
+            quiet=request.as_json,
+        )
         req = Request(rendered, sampling, request.max_tokens, request.stop, shape, tuple(tools), forced)
         with interrupt.deferred(), writer:
             result = stream_answer(loaded, req, writer)

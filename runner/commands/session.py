@@ -326,6 +326,7 @@ class Session:
             quiet=self.quiet,
             markdown=self.request.markdown,
             hold_all=self.quiet,  # run -c: stdout gets the final answer only
+            verbose=self.request.verbose,
         )
 
         def lost(partial: Result) -> None:

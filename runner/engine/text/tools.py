@@ -54,6 +54,10 @@ def forced_call_schema(tools: list[dict[str, Any]], choice: Any) -> dict[str, An
         params = fn.get("parameters")
         if not isinstance(params, dict) or not params:
             params = {"type": "object"}
+        if params.get("type") == "object" and "additionalProperties" not in params:
+            # as llama.cpp's grammar reads a tool's parameters: the properties named, no others (a
+            # small model forced to call a tool of no parameters otherwise writes keys for ever)
+            params = {**params, "additionalProperties": False}
         at = "/properties/arguments" if len(fns) == 1 else f"/oneOf/{i}/properties/arguments"
         options.append(
             {
