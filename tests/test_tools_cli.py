@@ -145,3 +145,29 @@ def test_ctrl_c_cancels_a_running_call_and_the_chat_goes_on(tmp_path: Path, _own
         assert "wait cancelled" in log.read_text()
     finally:
         child.close(force=True)
+
+
+def test_a_real_mcp_server_as_people_install_it(tmp_path: Path) -> None:
+    """mcp-server-time (PyPI), started from its console script as Claude Desktop's configs name it."""
+    command = Path(sys.executable).with_name("mcp-server-time")
+    if not command.exists():
+        pytest.skip("mcp-server-time is not installed (pip install '.[test]' brings it)")
+    mcp = tmp_path / "time.json"
+    mcp.write_text(
+        json.dumps({"mcpServers": {"time": {"command": str(command), "args": ["--local-timezone", "UTC"]}}})
+    )
+    asked = (
+        "run",
+        "smollm2",
+        "What time is it in UTC?",
+        "--mcp",
+        str(mcp),
+        "--tool-choice",
+        "get_current_time",
+    )
+    done = run_cli(*asked, "--allow-tools", "time:*", "--json", *GREEDY)
+    assert done.returncode == 0, done.stderr
+    answer = json.loads(done.stdout)
+    [step] = answer["steps"]
+    assert (step["tool"], step["server"], step["error"]) == ("get_current_time", "time", False)
+    assert step["result_bytes"] > 20  # the server's JSON: its timezone, the datetime
