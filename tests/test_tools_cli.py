@@ -8,6 +8,7 @@ a call, and every step kept: history show, export, and run -c continuing with th
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -171,3 +172,26 @@ def test_a_real_mcp_server_as_people_install_it(tmp_path: Path) -> None:
     [step] = answer["steps"]
     assert (step["tool"], step["server"], step["error"]) == ("get_current_time", "time", False)
     assert step["result_bytes"] > 20  # the server's JSON: its timezone, the datetime
+
+
+def test_a_tools_image_goes_to_a_vision_model_as_an_image(tmp_path: Path, smollm2_path: Path) -> None:
+    """The test server's `image` tool returns a PNG: with a projector (the test one, --mmproj) the chat
+    keeps it as the tool message's image, a file of runner's data folder, sent to the model as
+    images are; without one, the model reads a note instead."""
+    projector = tmp_path / "mlp.gguf"
+    script = Path(__file__).resolve().parent.parent / "scripts" / "make_test_projector.py"
+    made = [sys.executable, str(script), str(projector), "--for", str(smollm2_path), "--type", "mlp"]
+    subprocess.run(made, check=True, capture_output=True)
+    mcp = config(tmp_path)
+    flags = ("--mcp", str(mcp), "--tool-choice", "image", "--allow-tools", "image", *GREEDY)
+    seen = run_cli("chat", "smollm2", "--mmproj", str(projector), *flags, input=b"Show me the picture\n")
+    assert seen.returncode == 0, seen.stderr
+    stored = json.loads(run_cli("history", "show", "1", "--json").stdout)
+    result = stored["messages"][2]
+    assert result["role"] == "tool" and "does not see images" not in result["content"]
+    [image] = result["images"]
+    assert Path(image["path"]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    blind = run_cli("chat", "smollm2", *flags, input=b"Show me the picture\n")
+    assert blind.returncode == 0, blind.stderr
+    noted = json.loads(run_cli("history", "show", "2", "--json").stdout)["messages"][2]
+    assert "this model does not see images" in noted["content"] and "images" not in noted

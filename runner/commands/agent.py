@@ -26,6 +26,7 @@ from runner.engine.answer import FINISH_INTERRUPTED, Result
 from runner.engine.text.reasoning import ANSWER
 from runner.engine.text.template import Message
 from runner.errors import RunnerError, UsageError
+from runner.images import ImageRef
 from runner.store import StoredMessage
 
 if TYPE_CHECKING:
@@ -177,7 +178,9 @@ class Keep(Protocol):
 
     def calls(self, result: Result, calls: list[dict[str, Any]]) -> None: ...
 
-    def tool_result(self, call: dict[str, Any], text: str) -> None: ...
+    def tool_result(
+        self, call: dict[str, Any], text: str, images: Sequence[tuple[str, bytes]] = ()
+    ) -> None: ...
 
 
 def answer_with_tools(
@@ -245,16 +248,15 @@ def _run(call: dict[str, Any], host: ToolHost, approvals: Approvals, keep: Keep)
         step.interrupted = True
         keep.tool_result(call, INTERRUPTED_CALL)
         return step
-    text = done.text + "".join(_image_note(mime, data) for mime, data in done.images)
-    step.result_bytes, step.error = len(text.encode()), done.is_error
-    keep.tool_result(call, text)
+    step.result_bytes = len(done.text.encode()) + sum(len(data) for _mime, data in done.images)
+    step.error = done.is_error
+    keep.tool_result(call, done.text, done.images)
     return step
 
 
 def _image_note(mime: str, data: bytes) -> str:
-    return (
-        f"\n[the tool returned an image ({mime}, {ui.human_bytes(len(data))}); it is not shown to the model]"
-    )
+    size = ui.human_bytes(len(data))
+    return f"\n[the tool returned an image ({mime}, {size}); this model does not see images]"
 
 
 class HeldCalls(AnswerWriter):
@@ -349,6 +351,8 @@ class Turns:
     turns: list[StoredMessage]
     model: str
     persist: Callable[[StoredMessage], None] = lambda _message: None
+    # a vision model's: a tool's images kept for it to see (runner.commands.attach.Attachments)
+    see: Callable[[Sequence[tuple[str, bytes]], str], tuple[tuple[ImageRef, ...], str]] | None = None
 
     def calls(self, result: Result, calls: list[dict[str, Any]]) -> None:
         reasoning = result.reasoning.strip() or None
@@ -356,8 +360,15 @@ class Turns:
             StoredMessage("assistant", result.text, reasoning, tool_calls=tuple(calls), model=self.model)
         )
 
-    def tool_result(self, call: dict[str, Any], text: str) -> None:
-        self._add(StoredMessage("tool", text, call_id=call["id"], tool=call["name"]))
+    def tool_result(self, call: dict[str, Any], text: str, images: Sequence[tuple[str, bytes]] = ()) -> None:
+        """A call's result as the model reads it: its text, and its images where the model sees
+        images (else a note for each)."""
+        refs: tuple[ImageRef, ...] = ()
+        if images and self.see is not None:
+            refs, notes = self.see(images, call["name"])
+        else:
+            notes = "".join(_image_note(mime, data) for mime, data in images)
+        self._add(StoredMessage("tool", text + notes, call_id=call["id"], tool=call["name"], images=refs))
 
     def _add(self, message: StoredMessage) -> None:
         self.turns.append(message)

@@ -22,7 +22,7 @@ from urllib.parse import unquote, urlparse
 from runner import ui
 from runner.commands.lineinput import IMAGE_SUFFIXES
 from runner.errors import ImageError, UsageError
-from runner.images import MAX_IMAGES, Image, ImageRef, read_image_arg
+from runner.images import MAX_IMAGES, Image, ImageRef, load_image, read_image_arg
 from runner.store import StoredMessage
 
 NO_PROJECTOR = "/image needs the model's vision projector: start the chat with --mmproj FILE"
@@ -70,6 +70,31 @@ class Attachments:
         """/image none: the next message carries none."""
         ui.info(f"dropped {ui.count(len(self.pending), 'image')}" if self.pending else "no image attached")
         self.pending.clear()
+
+    def tool_images(self, images: Sequence[tuple[str, bytes]], tool: str) -> tuple[tuple[ImageRef, ...], str]:
+        """Images a tool returned, for a vision model: each decoded (untrusted bytes, bounded as any
+        image), kept as a file of runner's data folder (a resumed chat reads it again, as it reads an
+        attached one) and referred to by the tool's message; a note for each one that is not."""
+        from runner.paths import data_dir
+
+        refs, notes = [], ""
+        for n, (mime, data) in enumerate(images, start=1):
+            try:
+                image = load_image(data, name=f"{tool}'s image {n}")
+            except ImageError as exc:
+                notes += f"\n[the tool returned an image that cannot be shown: {exc}]"
+                continue
+            folder = data_dir() / "tool-images"
+            path = folder / f"{image.sha256}.{image.format.lower()}"
+            try:
+                folder.mkdir(parents=True, exist_ok=True)
+                path.write_bytes(data)
+            except OSError as exc:
+                notes += f"\n[the tool returned an image ({mime}) that could not be kept: {exc.strerror}]"
+                continue
+            self._decoded[image.sha256] = image
+            refs.append(ImageRef(image.sha256, image.size, str(path)))
+        return tuple(refs), notes
 
     def images_for(self, turns: Sequence[StoredMessage]) -> list[list[Image]]:
         """Each turn's images, decoded (read again where not yet); none without a projector."""

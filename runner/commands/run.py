@@ -18,6 +18,7 @@ from runner.commands.agent import (
     ask_terminal,
     template_message,
 )
+from runner.commands.attach import Attachments
 from runner.commands.output import (
     LOOP_WARNING,
     AnswerWriter,
@@ -85,9 +86,10 @@ def run_once(request: RunRequest, *, stdin: BinaryIO | None, out: TextIO) -> Res
             raise UsageError("--logprobs goes with --json (the log-probabilities are a field of it)")
     cache = open_prompt_cache(request.prompt_cache, request.prompt_cache_size)
     constrained = constraint(schema=request.schema, format=request.format, grammar=request.grammar)
-    images = read_images(request.images, request.settings.mmproj, stdin)
+    tools = request.tools is not None  # a tool's images go to a vision model: --mmproj alone is asked
+    images = read_images(request.images, None if tools else request.settings.mmproj, stdin)
     prompt = read_prompt(request.prompt, None if "-" in request.images else stdin)
-    mmproj = request.settings.mmproj if images else None
+    mmproj = request.settings.mmproj if images or tools else None
     servers = _servers(request, constrained)  # started beside the load
     try:
         loaded = open_model(
@@ -132,7 +134,9 @@ def _answer_with_tools(
     prompt, images = asked
     sampling, _sources = sampling_for(loaded, request.sampling)
     system = request.system if request.system is not None else loaded.entry.system if loaded.entry else None
-    turns = Turns([StoredMessage("user", prompt)], loaded.name)
+    attached = Attachments(loaded.engine)  # a tool's images, for a vision model
+    see = attached.tool_images if attached.vision else None
+    turns = Turns([StoredMessage("user", prompt)], loaded.name, see=see)
     terminal = sys.stdin.isatty() and sys.stderr.isatty()
     approvals = Approvals(request.tools.allow, ask_terminal if terminal else None)
 
@@ -146,7 +150,7 @@ def _answer_with_tools(
             messages,
             max_tokens=request.max_tokens,
             enable_thinking=request.think,
-            images=[images],
+            images=[images, *attached.images_for(turns.turns[1:])],
             tools=tools,
         )
         rendered = fitted.prompt

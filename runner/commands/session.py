@@ -382,7 +382,8 @@ class Session:
         store) as it is made; the last answer returned, to be kept as any answer is."""
         assert self.host is not None
         settings = self.request.tools or ToolSettings()
-        kept = Turns(self.turns, self.loaded.name, self._persist)
+        see = self.attached.tool_images if self.attached.vision else None
+        kept = Turns(self.turns, self.loaded.name, self._persist, see)
 
         def ask(choice: str | dict[str, Any]) -> Result:
             tools = self.tool_defs() if choice != "none" else []
