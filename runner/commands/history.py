@@ -191,7 +191,7 @@ def response_transcript(response: StoredResponse) -> str:
     for item in response.conversation:
         kind = item.get("type", "message")
         if kind == "message":
-            line = f"{item.get('role')}: {item.get('content')}"
+            line = f"{item.get('role')}: {shown_content(item.get('content'))}"
         elif kind == "function_call":
             line = f"assistant (calls {item.get('name')}, {item.get('call_id')}): {item.get('arguments')}"
         elif kind == "function_call_output":
@@ -200,3 +200,38 @@ def response_transcript(response: StoredResponse) -> str:
             continue  # reasoning: in --json
         lines += [line, ""]
     return "\n".join(lines)
+
+
+def shown_content(content: Any) -> str:
+    """A kept message's content as the chat shows a turn: its text, each image as `[image …]` (its
+    format and size, never its bytes), never a Python repr."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        return "" if content is None else json.dumps(content, ensure_ascii=False)
+    out = []
+    for part in content:
+        kind = part.get("type") if isinstance(part, dict) else None
+        text = part.get("text", part.get("refusal")) if isinstance(part, dict) else None
+        if isinstance(text, str):
+            out.append(text)
+        elif kind == "input_image":
+            out.append(image_label(part.get("image_url")))
+        else:  # a part this runner does not keep: named by its type, its contents left to --json
+            out.append(f"[{kind if isinstance(kind, str) else 'part'}]")
+    return " ".join(piece for piece in out if piece)
+
+
+def image_label(url: Any) -> str:
+    """`[image PNG, 12.3 KB]` for a served image (a data URL or bare base64): its media type and its
+    decoded size, from the text alone (nothing decoded)."""
+    if not isinstance(url, str):
+        return "[image]"
+    head, comma, payload = url.partition(",") if url.startswith("data:") else ("", ",", url)
+    media = head[5:].split(";")[0].strip().lower()
+    kind = f" {media.removeprefix('image/').upper()}" if media.startswith("image/") else ""
+    if not comma:
+        return f"[image{kind}]"
+    data = "".join(payload.split())
+    size = len(data) * 3 // 4 - (len(data) - len(data.rstrip("=")))
+    return f"[image{kind}{',' if kind else ''} {ui.human_bytes(max(0, size))}]"
