@@ -472,3 +472,26 @@ def test_no_metrics_is_a_404(tmp_path: Path) -> None:
         answer = httpx.get(f"{server.url}/metrics")
         assert answer.status_code == 404 and "no such endpoint" in answer.json()["error"]["message"]
         assert httpx.get(f"{server.url}/v1/models").status_code == 200
+
+
+@pytest.mark.fast
+def test_a_loaded_models_counters_are_exported_at_0_before_their_first_event(metrics: Metrics) -> None:
+    """Prometheus' convention: a counter with no sample until its first event leaves rate() and alerts
+    without data. Each counter and histogram labelled by the model alone has a sample from its load."""
+    metrics.loaded(MODEL)
+    samples = parsed(metrics.exposition(None)[0].decode())
+    at_zero = [
+        "runner_prompt_tokens_total",
+        "runner_cached_tokens_total",
+        "runner_completion_tokens_total",
+        "runner_draft_tokens_total",
+        "runner_draft_accepted_tokens_total",
+        "runner_embedding_tokens_total",
+        "runner_rerank_tokens_total",
+        "runner_requests_rejected_total",
+        "runner_model_unloads_total",
+        "runner_time_to_first_token_seconds_count",
+        "runner_time_per_output_token_seconds_count",
+    ]
+    assert {name: samples.get((name, (("model", MODEL),))) for name in at_zero} == dict.fromkeys(at_zero, 0.0)
+    assert samples[("runner_model_loads_total", (("model", MODEL),))] == 1

@@ -119,6 +119,19 @@ class Metrics:
         self.unloads = counter(
             "runner_model_unloads", "Models unloaded (idle past keep-alive, for room, asked)", model
         )
+        self._per_model = (  # labelled by model alone: at 0 from a model's load (`loaded`)
+            self.prompt_tokens,
+            self.cached_tokens,
+            self.completion_tokens,
+            self.ttft,
+            self.tpot,
+            self.drafted,
+            self.accepted,
+            self.embedded,
+            self.reranked,
+            self.rejected,
+            self.unloads,
+        )
         registry.register(_Collector(self))
 
     # -- the events ------------------------------------------------------------------------------
@@ -151,7 +164,12 @@ class Metrics:
         self.rejected.labels(model).inc()
 
     def loaded(self, model: str) -> None:
+        """A model loaded: counted, and each of its counters and histograms exported from now on at 0
+        (Prometheus' convention: a series with no sample until its first event leaves rate() and an
+        alert on it without data). Answers by finish reason appear as each reason first happens."""
         self.loads.labels(model).inc()
+        for metric in self._per_model:
+            metric.labels(model)
 
     def unloaded(self, model: str) -> None:
         self.unloads.labels(model).inc()
