@@ -49,7 +49,16 @@ def _raise_exception(message: str) -> None:
 
 
 def _tojson(value: Any, indent: int | None = None, **kwargs: Any) -> str:
-    return json.dumps(value, ensure_ascii=False, indent=indent, sort_keys=kwargs.get("sort_keys", False))
+    sort = kwargs.get("sort_keys", False)
+    return json.dumps(value, ensure_ascii=False, indent=indent, sort_keys=sort, default=_listed)
+
+
+def _listed(value: Any) -> list[Any]:
+    """What `| map(...)` and `| select(...)` give a template (generators) as JSON lists, as minja's
+    tojson writes them (llama.cpp's DeepSeek-R1 template does `tools | map(...) | tojson`)."""
+    if isinstance(value, (str, bytes, dict)) or not hasattr(value, "__iter__"):
+        raise TypeError(f"{type(value).__name__} is not JSON")
+    return list(value)
 
 
 def _strftime_now(fmt: str) -> str:
