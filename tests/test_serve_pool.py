@@ -235,3 +235,27 @@ def test_a_model_without_a_chat_template_is_served_with_a_warning(smollm2_path: 
         assert ask(server.url, "plain").status_code == 200
         assert server.stderr().count("plain has no chat template") == 1, server.stderr()
         assert "warnings" not in httpx.post(f"{server.url}/api/show", json={"model": "smollm2"}).json()
+
+
+def test_the_projector_hint_names_the_model_as_runner_serve_was_given_it(
+    smollm2_path: Path, models_dir: Path, tmp_path: Path
+) -> None:
+    """An image to a model served without a projector: the 400's hint is a command that works as
+    written. A file named on the command line is served under its stem, which names no file: the hint
+    names the path given; a file of --models DIR, its path there."""
+    import base64
+
+    from runner.hub.catalog import load_catalog
+    from runner.hub.refs import LocalRef, resolve
+    from tests.helpers import random_png
+
+    image = base64.b64encode(random_png(1)).decode()
+    with serving([str(smollm2_path), "--models", str(models_dir), *ARGS], tmp_path / "stderr") as server:
+        client = ollama.Client(host=server.url)
+        for name, path in ((smollm2_path.stem, smollm2_path), ("other", models_dir / "other.gguf")):
+            with pytest.raises(ollama.ResponseError) as refused:
+                client.chat(model=name, messages=[{"role": "user", "content": "Hi", "images": [image]}])
+            said = refused.value.error
+            assert refused.value.status_code == 400 and f"(runner serve {path} --mmproj FILE)" in said, said
+            given = resolve(str(path), load_catalog())  # what the hint's command resolves the model to
+            assert isinstance(given, LocalRef) and given.path.stem == name

@@ -483,6 +483,24 @@ def test_a_text_only_model_names_itself_in_every_api() -> None:
     assert backend.asks == []
 
 
+@pytest.mark.fast
+def test_the_projector_hint_quotes_a_reference_only_where_a_shell_would_split_it() -> None:
+    """The hint names the model as `runner serve` was given it (ModelInfo.reference), as a shell takes
+    it: a path with a space quoted, a leading ~ left to expand."""
+    from dataclasses import replace
+
+    for reference, shown in (
+        ("~/models/a.gguf", "~/models/a.gguf"),
+        ("./my model.gguf", "'./my model.gguf'"),
+    ):
+        backend = StandIn()
+        info = replace(backend.info(MODEL), reference=reference)
+        backend.info = lambda name, info=info: info  # type: ignore[method-assign]
+        with TestClient(create_app(backend, log=lambda _: None)) as http:
+            got = http.post("/v1/chat/completions", json=openai_image(b64(png(1))))
+        assert got.status_code == 400 and f"(runner serve {shown} --mmproj FILE)" in got.text, got.text
+
+
 # -- a fuzz of image bytes: never a 5xx ------------------------------------------------------------------
 
 

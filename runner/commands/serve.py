@@ -112,10 +112,10 @@ def serve(request: ServeRequest) -> None:
             stem = _stem_if_path(name, taken=pool.offers)
             loaded = _load(request, name, offline=request.settings.offline, mmproj=request.settings.mmproj)
             loaded.name = stem or loaded.name
-            pool.offers[loaded.name] = _offer(request, loaded.name, loaded)
+            pool.offers[loaded.name] = _offer(request, loaded.name, loaded, reference=name)
             needs = _needs(loaded.plan, loaded.header)
             _within_memory(request, memory, loaded.name, needs, pool)
-            pool.preload(_served(loaded, request), needs)
+            pool.preload(_served(loaded, request, name), needs)
         if request.models_dir is not None or not request.models:
             pool.scan = _scanner(request, dict(pool.offers))
         if not pool.names():  # nothing here yet: the catalog's default, fetched now (never by a request)
@@ -290,7 +290,7 @@ def _local_models(request: ServeRequest, *, cached: bool) -> dict[str, tuple[Pat
         for file in sorted(Path(request.models_dir).expanduser().glob("*.gguf")):
             with contextlib.suppress(OSError):  # gone since the glob: not offered
                 stat = file.stat()
-                found.setdefault(file.stem, (file.resolve(), (stat.st_size, stat.st_mtime_ns)))
+                found.setdefault(file.stem, (file.absolute(), (stat.st_size, stat.st_mtime_ns)))
     return found
 
 
@@ -301,9 +301,14 @@ def _offer(
     *,
     path: Path | None = None,
     key: object = None,
+    reference: str | None = None,
 ) -> Offer:
-    """How the pool describes, prices and loads `name`: from its header, nothing downloaded."""
+    """How the pool describes, prices and loads `name`: from its header, nothing downloaded.
+    `reference`: what `runner serve` was given for it (a path, an alias), for the hints that name it;
+    by default a file's path, else the name."""
     from runner.serve.pool import Offer
+
+    given = reference or (str(path) if path is not None else name)
 
     def header_and_path() -> tuple[GGUFHeader, Path]:
         from runner.gguf import read_header
@@ -320,10 +325,15 @@ def _offer(
 
     def describe() -> ModelInfo:
         if loaded is not None:
-            return _info(loaded, request)
+            return _info(loaded, request, given)
         header, path = header_and_path()
         info = _header_info(
-            name, header, path, request.settings.ctx or DEFAULT_BATCH_CTX, request.parallel or SERVE_PARALLEL
+            name,
+            header,
+            path,
+            request.settings.ctx or DEFAULT_BATCH_CTX,
+            request.parallel or SERVE_PARALLEL,
+            reference=given,
         )
         if paired() is None:
             return info
@@ -340,7 +350,7 @@ def _offer(
     def load() -> Served:
         loaded = _load(request, str(path) if path is not None else name, offline=True)
         loaded.name = name  # the name requests use, not the file's path
-        return _served(loaded, request)
+        return _served(loaded, request, given)
 
     return Offer(name, describe, needs, load, key)
 
@@ -359,7 +369,7 @@ def _budget(memory: int | None) -> dict[str, int]:
     return have
 
 
-def _served(loaded: LoadedModel, request: ServeRequest) -> Served:
+def _served(loaded: LoadedModel, request: ServeRequest, reference: str | None = None) -> Served:
     from runner.serve.engine_backend import Served
 
     template = loaded.header.get("tokenizer.chat_template")
@@ -371,7 +381,7 @@ def _served(loaded: LoadedModel, request: ServeRequest) -> Served:
 
     limit = cache_ram_limit(request.cache_ram)
     disk = open_prompt_cache(True, None)  # heads `runner run` and `chat` stored: read, never written
-    return Served(_info(loaded, request), loaded, _sampling(loaded, request.sampling), limit, disk)
+    return Served(_info(loaded, request, reference), loaded, _sampling(loaded, request.sampling), limit, disk)
 
 
 def cache_ram_limit(given: str | None) -> int:
@@ -436,20 +446,21 @@ def _sampling(loaded: LoadedModel, flags: dict[str, Any]) -> Callable[[dict[str,
     return make
 
 
-def _info(loaded: LoadedModel, request: ServeRequest) -> ModelInfo:
+def _info(loaded: LoadedModel, request: ServeRequest, reference: str | None = None) -> ModelInfo:
     """What the API's model lists say of a loaded model: its header's, and the images it takes (with a
     projector attached: --max-images and --max-image-bytes)."""
     n_seq = loaded.engine.context.n_seq
-    info = _header_info(
-        loaded.name, loaded.header, loaded.path, loaded.engine.context.n_ctx // max(1, n_seq), n_seq
-    )
+    context = loaded.engine.context.n_ctx // max(1, n_seq)
+    info = _header_info(loaded.name, loaded.header, loaded.path, context, n_seq, reference=reference)
     if loaded.engine.vision is None:
         return info
     images, image_bytes = image_limits(request)
     return replace(info, max_images=images, max_image_bytes=image_bytes)
 
 
-def _header_info(name: str, header: GGUFHeader, path: Path, context: int, parallel: int) -> ModelInfo:
+def _header_info(
+    name: str, header: GGUFHeader, path: Path, context: int, parallel: int, *, reference: str | None = None
+) -> ModelInfo:
     """What the API's model lists say of a model, from its header (and, once loaded, its context)."""
     from runner.hub.quants import quant_of
     from runner.serve.backend import ModelInfo
@@ -475,4 +486,5 @@ def _header_info(name: str, header: GGUFHeader, path: Path, context: int, parall
         parallel=parallel,
         template=template if isinstance(template, str) else None,
         metadata=metadata,
+        reference=reference or name,
     )

@@ -174,6 +174,7 @@ class ModelInfo:
     metadata: dict[str, Any] = field(default_factory=dict)  # the GGUF's scalar metadata (no big arrays)
     max_images: int = 0  # images a request may carry (--max-images); 0: it takes none (no projector)
     max_image_bytes: int = 0  # an image's encoded size at most (--max-image-bytes)
+    reference: str = ""  # what `runner serve` takes to serve it again: the path or alias given ("": name)
 
     @property
     def reranks(self) -> bool:

@@ -11,6 +11,8 @@ worker thread (asyncio.to_thread), never on the event loop and never in the mode
 from __future__ import annotations
 
 import asyncio
+import re
+import shlex
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Union
@@ -83,7 +85,7 @@ async def with_pixels(backend: Backend, ask: Ask) -> Ask:
         raise ApiError(
             400,
             f"{field}: {ask.model} takes no images: it is served without a vision projector "
-            f"(runner serve {ask.model} --mmproj FILE)",
+            f"(runner serve {_as_typed(info.reference or ask.model)} --mmproj FILE)",
             param=field,
         )
     if len(refs) > info.max_images:
@@ -103,6 +105,12 @@ async def with_pixels(backend: Backend, ask: Ask) -> Ask:
             message = {**message, "content": content}
         messages.append(message)
     return replace(ask, messages=messages)
+
+
+def _as_typed(reference: str) -> str:
+    """A model's reference as a shell takes it: quoted only where a shell would split or expand it
+    (a leading ~ left to expand, as it was typed)."""
+    return shlex.quote(reference) if re.search(r"[^\w@%+=:,./~-]", reference) else reference
 
 
 def _decoded(refs: list[ImageRef], max_bytes: int) -> dict[int, Image]:
