@@ -86,6 +86,8 @@ def test_a_pair_too_long_is_refused_before_decoding_or_cut_when_asked(reranker: 
     with pytest.raises(PairTooLong) as refused:
         reranker.pairs(QUERY, ["sky", long])
     assert (refused.value.index, refused.value.limit) == (1, 512) and refused.value.n_tokens > 600
+    said = f"document 1: the query and this document make {refused.value.n_tokens:,} tokens together"
+    assert str(refused.value).startswith(said)
     cut = reranker.pairs(QUERY, [long], truncate=True)[0]
     whole = reranker.pair(QUERY, long)
     assert len(cut) == 512 and cut[:-1] == whole[:511] and cut[-1] == SEP

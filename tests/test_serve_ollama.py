@@ -187,3 +187,20 @@ def test_a_prompt_too_long_is_a_400_with_its_count(
     http: httpx.Client, case: tuple[str, str, int, str | None, str]
 ) -> None:
     check_too_long(http, case)
+
+
+@pytest.mark.fast
+def test_capabilities_say_what_a_pooling_model_does_and_no_chat() -> None:
+    """Ollama's clients read `capabilities` before they send anything: a reranker only reranks, an
+    encoder (an embedding model) only embeds; a chat model completes, with what its template offers."""
+    from dataclasses import replace
+
+    from runner.serve.backend import ModelInfo
+    from runner.serve.ollama.serving import capabilities
+
+    chat_model = ModelInfo(MODEL, "/m.gguf", 1, 0.0, None, "llama", "Q4_1", "", 512, 1, "{{ tools }}")
+    reranker = replace(chat_model, architecture="bert", template=None, metadata={"bert.pooling_type": 4})
+    encoder = replace(chat_model, architecture="bert", template=None, metadata={"bert.pooling_type": 1})
+    assert capabilities(chat_model) == ["completion", "tools"]
+    assert capabilities(reranker) == ["rerank"]
+    assert capabilities(encoder) == ["embedding"]

@@ -106,7 +106,12 @@ def test_objects_top_n_and_return_documents(server: Server, name: str, printed: 
         (
             {"query": QUERY, "documents": ["sky", "cat " * 600]},
             "documents[1]",
-            "more than the 512 a rerank pair",
+            "documents[1]: the query and this document make ",
+        ),
+        (
+            {"query": QUERY, "documents": ["sky", "cat " * 600]},
+            "documents[1]",
+            " tokens together, more than the 512 a rerank pair takes here",
         ),
     ],
 )
@@ -141,6 +146,23 @@ def test_the_capability_is_listed(server: Server, name: str) -> None:
     assert (
         "rerank" not in httpx.post(f"{server.url}/api/show", json={"model": "smollm2"}).json()["capabilities"]
     )
+
+
+def test_a_reranker_is_served_as_what_it_is_with_no_chat_warning(server: Server, name: str) -> None:
+    """What a pooling model gets: no chat template warning, no sequences or prompt states said at the
+    start (it keeps none), its pair length instead; /api/show without the chat warning, and no
+    prompt_states in /v1/models (SmolLM2 beside it keeps its own)."""
+    started = [line for line in server.stderr().splitlines() if f"runner: {name} (" in line]
+    assert len(started) == 1, server.stderr()
+    line = started[0]
+    assert "reranks (POST /v1/rerank): a query and a document of 512 tokens at most a pair" in line
+    assert "no chat, no KV cache kept between requests, no prompt states" in line
+    assert "prompt states kept up to" not in line and "at once" not in line and "ctx " not in line
+    assert "no chat template" not in server.stderr()
+    shown = httpx.post(f"{server.url}/api/show", json={"model": name}).json()
+    assert "warnings" not in shown and shown["capabilities"] == ["rerank"]
+    meta = {m["id"]: m["meta"] for m in httpx.get(f"{server.url}/v1/models").json()["data"]}
+    assert "prompt_states" not in meta[name] and "prompt_states" in meta["smollm2"]
 
 
 def test_the_pages_curl_example_answers(server: Server) -> None:

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from runner import loader, ui
-from runner.commands.output import describe_load, open_prompt_cache, sampling_for
+from runner.commands.output import describe_load, describe_model, open_prompt_cache, sampling_for
 from runner.errors import ModelNotFound, UsageError
 from runner.hub.catalog import load_catalog
 from runner.hub.refs import HubRef, LocalRef, resolve
@@ -195,13 +195,7 @@ def _run(request: ServeRequest, backend: EngineBackend, key: str | None, behind_
     server = _Server(config, backend)
     host = f"[{request.host}]" if ":" in request.host else request.host
     for name in backend.loaded():
-        served = backend.pool.loaded[name].thread.served
-        kept = f" · prompt states kept up to {served.cache_ram / 1e6:,.0f} MB" if served.cache_ram else ""
-        info = backend.info(name)
-        at_once = ui.count(info.parallel, "sequence")
-        vision = served.loaded.engine.vision
-        takes = f" · images through {vision.projector.name}, {info.max_images} a request" if vision else ""
-        ui.info(f"{describe_load(served.loaded)} · {at_once} at once{kept}{takes}")
+        ui.info(_started(backend, name))
     waiting = [n for n in backend.names() if n not in backend.loaded()]
     if waiting:
         ui.info(f"on demand: {', '.join(waiting)}")
@@ -215,6 +209,30 @@ def _run(request: ServeRequest, backend: EngineBackend, key: str | None, behind_
             store.close()
     if not server.started:  # uvicorn could not bind: it said why on stderr
         raise UsageError(f"could not serve on {host}:{request.port}")
+
+
+def _started(backend: EngineBackend, name: str) -> str:
+    """A loaded model's line at the start: how it was loaded and what it serves. A generating model's
+    sequences, kept prompt states and images; a pooling one (a reranker, an encoder) what it takes
+    instead, since it has no chat, keeps no KV cache between requests and no prompt states."""
+    thread = backend.pool.loaded[name].thread
+    served, info = thread.served, backend.info(name)
+    if info.cannot_generate is not None:
+        n = f"{thread.longest_input:,} tokens at most"
+        if info.reranks:
+            what = f"reranks (POST /v1/rerank): a query and a document of {n} a pair"
+        else:
+            what = f"embeds (POST /v1/embeddings, /api/embed): a text of {n}"
+        # the generating context's size and KV type do not apply to it: its threads and offload do
+        parts = describe_load(served.loaded, model=False).split(" · ")
+        how = [part for part in parts if not part.startswith(("ctx ", "KV "))]
+        loaded = " · ".join([describe_model(served.loaded), *how])
+        return f"{loaded} · {what} · no chat, no KV cache kept between requests, no prompt states"
+    kept = f" · prompt states kept up to {served.cache_ram / 1e6:,.0f} MB" if served.cache_ram else ""
+    at_once = ui.count(info.parallel, "sequence")
+    vision = served.loaded.engine.vision
+    takes = f" · images through {vision.projector.name}, {info.max_images} a request" if vision else ""
+    return f"{describe_load(served.loaded)} · {at_once} at once{kept}{takes}"
 
 
 def _planning(request: ServeRequest) -> LoadSettings:
@@ -326,8 +344,10 @@ def _offer(
     def describe() -> ModelInfo:
         if loaded is not None:
             return _info(loaded, request, given)
+        from runner.serve.backend import model_info
+
         header, path = header_and_path()
-        info = _header_info(
+        info = model_info(
             name,
             header,
             path,
@@ -372,6 +392,9 @@ def _budget(memory: int | None) -> dict[str, int]:
 def _served(loaded: LoadedModel, request: ServeRequest, reference: str | None = None) -> Served:
     from runner.serve.engine_backend import Served
 
+    info = _info(loaded, request, reference)
+    if info.cannot_generate is not None:  # a reranker, an encoder: no chat, so no template, no prompt states
+        return Served(info, loaded, _sampling(loaded, request.sampling))
     template = loaded.header.get("tokenizer.chat_template")
     if not isinstance(template, str) or not template.strip():  # as `runner run` and `chat` warn
         ui.warn(
@@ -381,7 +404,7 @@ def _served(loaded: LoadedModel, request: ServeRequest, reference: str | None = 
 
     limit = cache_ram_limit(request.cache_ram)
     disk = open_prompt_cache(True, None)  # heads `runner run` and `chat` stored: read, never written
-    return Served(_info(loaded, request, reference), loaded, _sampling(loaded, request.sampling), limit, disk)
+    return Served(info, loaded, _sampling(loaded, request.sampling), limit, disk)
 
 
 def cache_ram_limit(given: str | None) -> int:
@@ -449,42 +472,12 @@ def _sampling(loaded: LoadedModel, flags: dict[str, Any]) -> Callable[[dict[str,
 def _info(loaded: LoadedModel, request: ServeRequest, reference: str | None = None) -> ModelInfo:
     """What the API's model lists say of a loaded model: its header's, and the images it takes (with a
     projector attached: --max-images and --max-image-bytes)."""
+    from runner.serve.backend import model_info
+
     n_seq = loaded.engine.context.n_seq
     context = loaded.engine.context.n_ctx // max(1, n_seq)
-    info = _header_info(loaded.name, loaded.header, loaded.path, context, n_seq, reference=reference)
+    info = model_info(loaded.name, loaded.header, loaded.path, context, n_seq, reference=reference)
     if loaded.engine.vision is None:
         return info
     images, image_bytes = image_limits(request)
     return replace(info, max_images=images, max_image_bytes=image_bytes)
-
-
-def _header_info(
-    name: str, header: GGUFHeader, path: Path, context: int, parallel: int, *, reference: str | None = None
-) -> ModelInfo:
-    """What the API's model lists say of a model, from its header (and, once loaded, its context)."""
-    from runner.hub.quants import quant_of
-    from runner.serve.backend import ModelInfo
-
-    stat = path.stat()
-    metadata = {
-        k: v
-        for k, v in header.metadata.items()
-        if isinstance(v, (str, int, float, bool)) and len(str(v)) <= 1024 and not k.startswith("tokenizer.")
-    }
-    template = header.get("tokenizer.chat_template")
-    entry = load_catalog().get(name)
-    return ModelInfo(
-        name=name,
-        path=str(path),
-        size=stat.st_size,
-        modified=stat.st_mtime,
-        sha256=getattr(entry, "sha256", None),
-        architecture=header.architecture or "",
-        quantization=quant_of(path.name) or "",
-        parameters=str(header.get("general.size_label") or ""),
-        context=context,
-        parallel=parallel,
-        template=template if isinstance(template, str) else None,
-        metadata=metadata,
-        reference=reference or name,
-    )

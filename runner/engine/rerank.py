@@ -50,8 +50,8 @@ class PairTooLong(PromptTooLong):
 
     def __init__(self, index: int, n_tokens: int, limit: int) -> None:
         super().__init__(
-            f"document {index}: the query and it make {n_tokens:,} tokens; a rerank pair takes at most "
-            f"{limit:,} here",
+            f"document {index}: the query and this document make {n_tokens:,} tokens together; a rerank "
+            f"pair takes at most {limit:,} here",
             tokens=n_tokens,
             context=limit,
         )

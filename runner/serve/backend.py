@@ -10,12 +10,16 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
 
 from runner.engine.answer import FINISH_ERROR, FINISH_STOP, Result, Timings, timings_json
 from runner.engine.logprobs import TokenLogprob
 from runner.errors import CannotGenerate, RunnerError, UsageError
 from runner.memory.arch import cannot_generate
+
+if TYPE_CHECKING:
+    from runner.gguf import GGUFHeader
 
 
 @dataclass(frozen=True)
@@ -186,6 +190,40 @@ class ModelInfo:
         """Why it cannot generate text, after its name (a reranker, an encoder: runner.memory.arch);
         None where it can."""
         return cannot_generate(self.architecture, self.metadata.get(f"{self.architecture}.pooling_type"))
+
+
+def model_info(
+    name: str, header: GGUFHeader, path: Path, context: int, parallel: int, *, reference: str | None = None
+) -> ModelInfo:
+    """What the API's model lists say of a model, from its header (and, once loaded, its context):
+    its scalar metadata (no tokenizer arrays, no value over 1,024 characters), its file's size and
+    time, the catalog's sha256 where it pins one. `reference`: as ModelInfo's (None: the name)."""
+    from runner.hub.catalog import load_catalog
+    from runner.hub.quants import quant_of
+
+    stat = path.stat()
+    metadata = {
+        k: v
+        for k, v in header.metadata.items()
+        if isinstance(v, (str, int, float, bool)) and len(str(v)) <= 1024 and not k.startswith("tokenizer.")
+    }
+    template = header.get("tokenizer.chat_template")
+    entry = load_catalog().get(name)
+    return ModelInfo(
+        name=name,
+        path=str(path),
+        size=stat.st_size,
+        modified=stat.st_mtime,
+        sha256=getattr(entry, "sha256", None),
+        architecture=header.architecture or "",
+        quantization=quant_of(path.name) or "",
+        parameters=str(header.get("general.size_label") or ""),
+        context=context,
+        parallel=parallel,
+        template=template if isinstance(template, str) else None,
+        metadata=metadata,
+        reference=reference or name,
+    )
 
 
 class BadField(UsageError):

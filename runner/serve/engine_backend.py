@@ -205,6 +205,11 @@ class ModelThread:
             states_hits=states.restored if states is not None else 0,
         )
 
+    @property
+    def longest_input(self) -> int:
+        """The longest text an embedding takes, or a (query, document) pair a rerank, in tokens."""
+        return self._embeds.longest
+
     def idle(self) -> bool:
         """No request in flight or waiting (a model that may be unloaded)."""
         with self._lock:

@@ -203,7 +203,8 @@ class Ollama:
             "capabilities": serving.capabilities(info),
             "modified_at": serving.rfc3339(info.modified),
         }
-        if not (info.template or "").strip():  # as the server's start-up said: runner's own field
+        generates = info.cannot_generate is None  # a reranker, an encoder: no chat to warn about
+        if generates and not (info.template or "").strip():  # as the server's start-up said: runner's own
             shown["warnings"] = [f"{info.name} has no chat template: chat messages go as plain text"]
         return JSONResponse(shown)
 

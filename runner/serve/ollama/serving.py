@@ -224,9 +224,12 @@ def plain(value: Any) -> Any:
 
 def capabilities(info: ModelInfo) -> list[str]:
     """What Ollama's clients look for before they send tools, think or images: read off the chat
-    template, and "vision" where the model is served with a projector; a reranker only "rerank"."""
+    template, and "vision" where the model is served with a projector; a reranker only "rerank", an
+    encoder (or another model that cannot generate) only "embedding"."""
     if info.reranks:
         return ["rerank"]
+    if info.cannot_generate is not None:
+        return ["embedding"]
     template = info.template or ""
     found = ["completion"]
     if "tools" in template:

@@ -88,8 +88,8 @@ class Rerank:
             where = f"documents[{exc.index}]"
             raise ApiError(
                 400,
-                f"{where}: the query and it make {exc.n_tokens:,} tokens, more than the {exc.limit:,} "
-                "a rerank pair takes here",
+                f"{where}: the query and this document make {exc.n_tokens:,} tokens together, more than "
+                f"the {exc.limit:,} a rerank pair takes here",
                 param=where,
                 code="context_length_exceeded",
             ) from None
