@@ -248,6 +248,37 @@ def test_jsonl_input_fields_and_bad_lines(smollm2_path: Path, tmp_path: Path) ->
     assert "not UTF-8" in records[5]["error"]
 
 
+def test_json_and_logprobs_give_each_rows_object_or_are_refused(smollm2_path: Path, tmp_path: Path) -> None:
+    # --json in a batch is each row's object (as --jsonl); --logprobs scores each row's answer tokens
+    # as run --json --logprobs does, and without an object to carry them it is refused, as in one-shot
+    args = ("run", str(smollm2_path), "--temperature", "0", "--max-tokens", "4", "--logprobs", "2")
+    done = run_cli(*args, "--each-line", "--json", input=b"Hi\nName a planet.\n")
+    assert done.returncode == 0, done.stderr
+    rows = [json.loads(line) for line in done.stdout.decode().splitlines()]
+    assert [r["id"] for r in rows] == [1, 2]
+    for row in rows:
+        assert "".join(t["token"] for t in row["logprobs"]) == row["text"]
+        assert len(row["logprobs"]) == row["usage"]["completion_tokens"]
+        assert all(len(t["top_logprobs"]) == 2 and t["logprob"] <= 0 for t in row["logprobs"])
+    path = tmp_path / "in.jsonl"
+    path.write_text('{"prompt": "Hi"}\n')
+    from_file = run_cli(*args, "--input", str(path), "--jsonl")
+    assert from_file.returncode == 0 and json.loads(from_file.stdout)["logprobs"], from_file.stderr
+    jsonl = run_cli(*args, "--jsonl", "--each-line", input=b"Hi\n")
+    assert json.loads(jsonl.stdout)["logprobs"] == rows[0]["logprobs"]  # --json and --jsonl alike
+    plain = run_cli("run", str(smollm2_path), "--max-tokens", "4", "--each-line", "--jsonl", input=b"Hi\n")
+    assert "logprobs" not in json.loads(plain.stdout)  # only when asked
+    for bad in (
+        [*args, "--each-line"],
+        [*args, "--input", str(path)],
+        ["run", str(smollm2_path), "--each-line", "--jsonl", "--logprobs", "21"],
+    ):
+        refused = run_cli(*bad, input=b"Hi\n")
+        assert refused.returncode == 2 and refused.stdout == b"", refused.stderr
+        said = refused.stderr.decode()
+        assert "goes with --jsonl or --json" in said or "between 0 and 20" in said, said
+
+
 @pytest.mark.parametrize(
     ("args", "words"),
     [

@@ -151,7 +151,7 @@ def _batch(given: dict[str, Any], tty: bool) -> int:
         each_line=given["each_line"],
         input_path=str(input_path) if input_path is not None else None,
         parallel=given["parallel"],
-        jsonl=given["jsonl"],
+        jsonl=given["jsonl"] or given["json"],  # a batch's --json: each row's object, one a line
         system=given["system"],
         sampling=_sampling(given),
         max_tokens=given["max_tokens"],
@@ -161,6 +161,7 @@ def _batch(given: dict[str, Any], tty: bool) -> int:
         grammar=str(grammar) if grammar is not None else None,
         settings=_settings({**given, "draft": None}, spec=False),
         verbose=given["verbose"],
+        logprobs=given["logprobs"],
     )
     return run_batch_command(request, stdin=None if tty else sys.stdin.buffer, out=sys.stdout)
 

@@ -4,8 +4,9 @@ PROMPT beside either is a template: {} stands for each line, or each object's "p
 
 Output keeps the input's order. Plain: one line per input line, the answer with its own line breaks
 written as spaces (so `paste prompts.txt answers.txt` lines them up; --jsonl keeps the exact text),
-an empty line where a prompt failed. --jsonl: one object per input line, {"id", "text",
-"finish_reason", "usage", "timings"} as --json names them, or {"id", "error"}. Exit 0 when every
+an empty line where a prompt failed. --jsonl (or --json: each row's object): one object per input
+line, {"id", "text", "finish_reason", "usage", "timings"} as --json names them (with --logprobs N,
+"logprobs" as `run --json --logprobs` gives it), or {"id", "error"}. Exit 0 when every
 prompt was answered, 2 when some input was rejected (an empty or non-UTF-8 line, malformed JSON, an
 unknown field, a bad schema, a prompt longer than a sequence's context), 1 when an answer failed
 otherwise (JSON cut short or not matching its schema); the other prompts are answered either way.
@@ -15,13 +16,22 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, BinaryIO, TextIO
 
 from runner import ui
-from runner.commands.output import LOOP_WARNING, describe_load, open_prompt_cache, sampling_for, shape_problem
+from runner.commands.output import (
+    LOOP_WARNING,
+    describe_load,
+    logprobs_json,
+    open_prompt_cache,
+    sampling_for,
+    shape_problem,
+)
 from runner.engine.answer import FINISH_REPEAT, Result, result_json
 from runner.engine.batch import run_batch
+from runner.engine.logprobs import MAX_TOP
 from runner.engine.prefix import PrefixStore
 from runner.engine.prompt import render_prompt
 from runner.engine.request import Request
@@ -66,6 +76,7 @@ class BatchRequest:
     grammar: str | None = None
     settings: LoadSettings = DEFAULTS  # how the model loads (--ctx, --threads, --mmproj for rows' images ...)
     verbose: bool = False
+    logprobs: int | None = None  # --logprobs N: each row's answer tokens scored, in its --jsonl object
 
 
 @dataclass
@@ -90,6 +101,10 @@ def run_batch_command(request: BatchRequest, *, stdin: BinaryIO | None, out: Tex
         check_range(request.parallel, "--parallel", 1, 256)
     if request.each_line == (request.input_path is not None):
         raise UsageError("choose one: --each-line (prompts on stdin) or --input FILE.jsonl")
+    if request.logprobs is not None:
+        check_range(request.logprobs, "--logprobs", 0, MAX_TOP)
+        if not request.jsonl:
+            raise UsageError("--logprobs goes with --jsonl or --json (a field of each row's object)")
     lines = _read_lines(request, stdin)
     shared = constraint(schema=request.schema, format=request.format, grammar=request.grammar)
     items = _read_items(request, lines, shared)
@@ -230,9 +245,19 @@ def _answer(loaded: LoadedModel, request: BatchRequest, items: list[Item], out: 
             errors[item.index] = f"line {item.index + 1}: {exc}"
             continue
         max_tokens = item.max_tokens or request.max_tokens
-        asked.append(Request(prompt, sampling, max_tokens=max_tokens, stop=request.stop, shape=item.rule))
+        asked.append(
+            Request(
+                prompt,
+                sampling,
+                max_tokens=max_tokens,
+                stop=request.stop,
+                shape=item.rule,
+                logprobs=request.logprobs,
+            )
+        )
         rows.append(item.index)
-    writer = _OrderedWriter(out, items, request.jsonl, errors)
+    scored = (lambda r: logprobs_json(engine, r.logprobs)) if request.logprobs is not None else None
+    writer = _OrderedWriter(out, items, request.jsonl, errors, scored)
     writer.flush_ready()
     with ui.batch_progress(len(items), enabled=ui.stderr_is_tty()) as progress:
 
@@ -262,8 +287,16 @@ def _answer(loaded: LoadedModel, request: BatchRequest, items: list[Item], out: 
 class _OrderedWriter:
     """Answers as they finish, written in input order: one waits for those before it."""
 
-    def __init__(self, out: TextIO, items: list[Item], jsonl: bool, errors: dict[int, str]) -> None:
+    def __init__(
+        self,
+        out: TextIO,
+        items: list[Item],
+        jsonl: bool,
+        errors: dict[int, str],
+        scored: Callable[[Result], list[dict[str, Any]]] | None = None,
+    ) -> None:
         self.out, self.items, self.jsonl = out, {i.index: i for i in items}, jsonl
+        self.scored = scored  # --logprobs: a row's answer tokens, as run --json gives them
         self.ready: dict[int, dict[str, Any]] = {}
         self.next = 0
         self.finished = 0
@@ -299,6 +332,8 @@ class _OrderedWriter:
                 for name in ("text", "reasoning", "finish_reason", "usage", "timings")
                 if name in data
             }
+            if self.scored is not None:
+                row["logprobs"] = self.scored(result)
             self.ready[result.index] = {"id": item.id, **row}
         self.flush_ready()
 
