@@ -17,8 +17,16 @@ from typing import Any, TextIO
 
 from runner import ui
 from runner.commands.output import describe_load
-from runner.engine.quality import TOP_K, Quality, Reference, check_ctx, score_text, tokens_hash
-from runner.errors import UsageError
+from runner.engine.quality import (
+    TOP_K,
+    Quality,
+    Reference,
+    check_ctx,
+    score_text,
+    tokens_hash,
+    vocabulary_mismatch,
+)
+from runner.errors import DownloadError, UsageError
 from runner.loader import LoadedModel, open_model
 from runner.paths import cache_dir
 from runner.settings import LoadSettings
@@ -57,6 +65,7 @@ def quality(
     text, name = read_text(source)
     kept = None
     if reference is not None:
+        _check_vocabularies(model, reference)
         kept = _reference(reference, text, ctx, threads)
     loaded = _open(model, ctx, threads)
     try:
@@ -78,6 +87,28 @@ def _open(model: str, ctx: int, threads: int | None) -> LoadedModel:
     return open_model(
         model, LoadSettings(ctx=ctx, threads=threads, chat_template=False, output_rows=ctx // 2)
     )
+
+
+def _check_vocabularies(model: str, reference: str) -> None:
+    """The two vocabularies compared from the headers (read from the files, or a few MB from the Hub),
+    before the reference is scored: a reference of another vocabulary scores other tokens, and its
+    pass would be thrown away. A header that cannot be read before a fetch (a PyPI mirror's model not
+    yet here) leaves the check to the tokens' own, after the reference's pass."""
+    from runner.hub.catalog import load_catalog
+    from runner.hub.headers import read_model
+    from runner.hub.refs import resolve
+
+    catalog = load_catalog()
+    try:
+        ours, theirs = (read_model(resolve(name, catalog)).merged for name in (model, reference))
+    except DownloadError:
+        return
+    why = vocabulary_mismatch(ours, theirs)
+    if why is not None:
+        raise UsageError(
+            f"--reference {reference} has another vocabulary than {model} ({why}): the KL-divergence "
+            "compares models of one vocabulary, such as two quants of the same weights"
+        )
 
 
 def _progress(done: int, total: int) -> None:

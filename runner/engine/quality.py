@@ -70,6 +70,23 @@ def tokens_hash(tokens: Sequence[int]) -> str:
     return hashlib.sha256(b"".join(t.to_bytes(4, "little", signed=True) for t in tokens)).hexdigest()
 
 
+def vocabulary_mismatch(model: Any, reference: Any) -> str | None:
+    """Why a reference (its GGUF header) cannot be compared with the model (its header), or None: the
+    KL-divergence compares two distributions over one vocabulary, token by token, so the tokenizer,
+    its pre-tokenizer and every token must be the same. Read from the headers, before either loads."""
+    for key, what in (("tokenizer.ggml.model", "tokenizer"), ("tokenizer.ggml.pre", "pre-tokenizer")):
+        if model.get(key) != reference.get(key):
+            return f"its {what} is {reference.get(key)!r}, the model's {model.get(key)!r}"
+    ours, theirs = model.vocab_size, reference.vocab_size
+    if ours != theirs:
+        return f"its vocabulary has {theirs or 0:,} tokens, the model's {ours or 0:,}"
+    ours, theirs = model.get("tokenizer.ggml.tokens") or [], reference.get("tokenizer.ggml.tokens") or []
+    for i, (mine, other) in enumerate(zip(ours, theirs, strict=False)):
+        if mine != other:
+            return f"token {i} is {other!r} in it, {mine!r} in the model"
+    return None
+
+
 def check_ctx(ctx: int) -> None:
     if ctx < ROWS or ctx % 2:
         raise UsageError(f"--ctx {ctx}: perplexity needs an even context of at least {ROWS}")
@@ -205,12 +222,15 @@ def _quality(
         return quality
     k_mean = float(kld.mean())
     k_var = float((kld * kld).mean()) - k_mean * k_mean
+    # a KL-divergence is never below 0: a model against itself gives -7e-9 of rounding (the reference's
+    # log-probabilities kept as float32), printed as 0
+    k_mean = max(k_mean, 0.0)
     return Quality(
         **{
             **quality.__dict__,
             "kld_mean": k_mean,
             "kld_error": math.sqrt(max(k_var, 0.0) / (total - 1)),
-            "kld_p99": percentile(sorted(kld.tolist()), 0.99),
+            "kld_p99": max(percentile(sorted(kld.tolist()), 0.99), 0.0),
             "same_top": float(same.mean()),
             "reference_perplexity": math.exp(float(reference.nll.mean())),
         }
