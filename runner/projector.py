@@ -72,9 +72,27 @@ def planned(mmproj: str | None, ref: ModelRef, *, paired: bool, needed: bool, of
     none, and having none is the error."""
     found = find(mmproj, ref, paired=paired, offline=offline, download=False, fetch_missing=needed)
     if found is None and needed:
-        how = "" if isinstance(ref, LocalRef) else f"; none was pulled with {ref.display}"
-        raise UsageError(f"--image needs the model's vision projector{how}: give --mmproj FILE|REF")
+        raise _no_projector(ref, offline)
     return found
+
+
+def _no_projector(ref: ModelRef, offline: bool) -> RunnerError:
+    """Why a prompt with images has no projector: a local model names none, a cached Hub model was
+    pulled without one; a Hub model not cached, with the Hub out of reach, has neither file here,
+    and that is the cause to say (the projector is not the model's only missing file)."""
+    if isinstance(ref, LocalRef):
+        return UsageError("--image needs the model's vision projector: give --mmproj FILE|REF")
+    from runner.hub import fetch
+
+    reason = fetch.why_not_online(offline or fetch.env_offline())
+    if reason is not None and fetch.local_copy(ref) is None:
+        if not reason.startswith("runner is offline"):
+            reason = f"the Hugging Face Hub cannot be reached ({reason})"
+        return DownloadError(f"{ref.display} is not in the cache, nor its vision projector, and {reason}")
+    return UsageError(
+        f"--image needs the model's vision projector; none was pulled with {ref.display}: "
+        "give --mmproj FILE|REF"
+    )
 
 
 def fetched(found: str | None) -> str | None:

@@ -20,7 +20,7 @@ from runner.hub.catalog import load_catalog
 from runner.hub.projectors import cached_projector, choose_projector, pull_projector
 from runner.hub.quants import RepoFile
 from runner.hub.refs import resolve
-from tests.conftest import run_cli
+from tests.conftest import CLOSED_ENDPOINT, run_cli
 from tests.fakehub import FakeHub, fake_hub_fixture, hf_env, hub_cache_dir, instant_backoff
 from tests.helpers import random_png as png
 from tests.serving import model_server, openai_client
@@ -184,6 +184,23 @@ def test_a_model_without_a_projector_says_so_in_one_line(fake_hub: FakeHub, file
         "user/vis-GGUF has no projector of quant Q2_K; its projectors: mmproj-vis-F16.gguf"
         in missing.stderr.decode()
     )
+
+
+def test_a_vision_model_not_cached_and_out_of_reach_says_so_not_mmproj(files: dict[str, Path]) -> None:
+    # no Hub (a closed port), or offline: neither the model nor its projector can come, and that is
+    # the cause, as the same run without --image says it
+    image, model = ("--image", str(files["a.png"])), "user/never-pulled-GGUF"
+    closed = {"HF_ENDPOINT": CLOSED_ENDPOINT}
+    unreachable = run_cli("run", model, QUESTION, *image, env=closed)
+    offline = run_cli("run", model, QUESTION, *image, env={**closed, "HF_HUB_OFFLINE": "1"})
+    text_alone = run_cli("run", model, QUESTION, env=closed)
+    for done in (unreachable, offline, text_alone):
+        assert done.returncode == 1 and done.stdout == b"", done.stderr
+        assert len(done.stderr.decode().strip().splitlines()) == 1 and b"--mmproj" not in done.stderr
+    said = f"{model} is not in the cache, nor its vision projector, and".encode()
+    assert said + b" the Hugging Face Hub cannot be reached (127.0.0.1:9" in unreachable.stderr
+    assert said + b" runner is offline" in offline.stderr
+    assert b"the Hugging Face Hub cannot be reached (127.0.0.1:9" in text_alone.stderr
 
 
 def test_serve_takes_images_through_the_pulled_projector_named_or_on_demand(
