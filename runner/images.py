@@ -102,7 +102,8 @@ def load_image(
 ) -> Image:
     """Untrusted bytes -> an RGB Image, or an ImageError saying in one line why not."""
     if len(data) > max_bytes:
-        raise refuse(name, f"{_mb(len(data))} is over the {_mb(max_bytes)} an image may be")
+        size, bound = sizes(len(data), max_bytes)
+        raise refuse(name, f"the image is {size}, over the {bound} an image may be")
     fmt = sniff(data, name)
     header = header_size(data, fmt)
     if header is not None:
@@ -122,6 +123,18 @@ def load_image(
 
 def _mb(n: int) -> str:
     return f"{n / 1e6:.1f} MB" if n >= 100_000 else f"{n:,} bytes"
+
+
+def sizes(n: int, bound: int, *more: int) -> tuple[str, ...]:
+    """n, the bound it is over and any `more`, in the one unit the bound reads best in (MB, KB or
+    bytes), with the decimals that keep n apart from the bound: "481.3 KB" against "100.0 KB", never
+    "0.5 MB" against "0.1 MB", and never two sizes that look equal."""
+    scale, unit = (1e6, "MB") if bound >= 1_000_000 else (1e3, "KB") if bound >= 1_000 else (1, "bytes")
+    for decimals in (1, 2, 3) if scale > 1 else ():
+        shown = tuple(f"{x / scale:,.{decimals}f} {unit}" for x in (n, bound, *more))
+        if shown[0] != shown[1]:
+            return shown
+    return tuple(f"{x:,} bytes" for x in (n, bound, *more))
 
 
 # -- 2. What the bytes are --------------------------------------------------------------------------
@@ -405,7 +418,11 @@ def parse_data_url(text: str, *, name: str = "image", max_bytes: int = MAX_IMAGE
     if not payload:
         raise refuse(name, "no image data (an empty data URL or base64 string)")
     if (size := len(payload) // 4 * 3) > max_bytes + 2:  # 2: what padding may take off
-        raise refuse(name, f"{_mb(size)} of base64 is over the {_mb(max_bytes)} an image may be")
+        exact = size - (len(payload) - len(payload.rstrip("=")))  # less the bytes padding stands for
+        decoded, bound, sent = sizes(exact, max_bytes, len(payload))
+        raise refuse(
+            name, f"the image is {decoded} once decoded ({sent} of base64), over the {bound} an image may be"
+        )
     try:
         return base64.b64decode(payload, validate=True)
     except (binascii.Error, ValueError):

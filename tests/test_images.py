@@ -35,6 +35,7 @@ from runner.images import (
     load_image,
     parse_data_url,
     read_image_arg,
+    sizes,
 )
 from tests.helpers import wav
 
@@ -341,8 +342,9 @@ def test_pillows_bomb_warning_is_a_refusal_too() -> None:
 @pytest.mark.fast
 def test_too_many_bytes_are_refused_before_anything_is_parsed(monkeypatch: pytest.MonkeyPatch) -> None:
     data = encode(pattern(), "PNG")
-    assert "is over the 10 bytes an image may be" in refusal(data, name="big", max_bytes=10)
-    assert "is over the" in refusal(b"x" * 11, name="big", max_bytes=10)  # not even sniffed
+    said = f"big: the image is {len(data):,} bytes, over the 10 bytes an image may be"
+    assert refusal(data, name="big", max_bytes=10) == said
+    assert "is 11 bytes, over the" in refusal(b"x" * 11, name="big", max_bytes=10)  # not even sniffed
     assert load_image(data, name="ok", max_bytes=len(data)).width == 5
 
 
@@ -400,8 +402,19 @@ def test_bad_data_urls_and_every_other_url_are_refused(text: str, expected: str)
 
 @pytest.mark.fast
 def test_base64_over_the_limit_is_refused_before_decoding() -> None:
-    with pytest.raises(ImageError, match="over the 1,000 bytes"):
+    """The bound is on the decoded image: the refusal says so, in the bound's own unit, with the base64
+    as sent beside it (481 KB of image is 642 KB of base64, never "0.5 MB of base64 over 0.1 MB")."""
+    with pytest.raises(ImageError) as caught:
         parse_data_url("A" * 4000, max_bytes=1000)
+    assert str(caught.value).endswith(
+        "the image is 3.0 KB once decoded (4.0 KB of base64), over the 1.0 KB an image may be"
+    )
+    image = base64.b64encode(b"\0" * 481_263).decode()
+    with pytest.raises(ImageError) as caught:
+        parse_data_url(f"data:image/png;base64,{image}", name="images[0]", max_bytes=100_000)
+    said = "images[0]: the image is 481.3 KB once decoded (641.7 KB of base64), over the 100.0 KB an "
+    said += "image may be"
+    assert str(caught.value) == said
     assert len(parse_data_url("A" * 1336 + "AA==", max_bytes=1003)) == 1003
 
 
@@ -430,6 +443,21 @@ class Endless(io.RawIOBase):
         self.read_so_far += len(buffer)
         buffer[:] = b"\x89" * len(buffer)
         return len(buffer)
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize(
+    ("n", "bound", "shown"),
+    [
+        (481_263, 100_000, ("481.3 KB", "100.0 KB")),
+        (25_000_000, 20_000_000, ("25.0 MB", "20.0 MB")),
+        (20_040_000, 20_000_000, ("20.04 MB", "20.00 MB")),  # decimals until they differ
+        (20_000_001, 20_000_000, ("20,000,001 bytes", "20,000,000 bytes")),  # else bytes, exact
+        (11, 10, ("11 bytes", "10 bytes")),
+    ],
+)
+def test_a_size_and_its_bound_are_said_in_one_unit(n: int, bound: int, shown: tuple[str, str]) -> None:
+    assert sizes(n, bound) == shown
 
 
 @pytest.mark.fast

@@ -307,7 +307,13 @@ BAD: dict[str, tuple[str, dict[str, Any], str | None, str]] = {
     ),
     "truncated": ("/v1/chat/completions", openai_image(CUT), IMG, "truncated or corrupt"),
     "corrupt": ("/v1/chat/completions", openai_image(b64(corrupt_png())), IMG, "truncated or corrupt"),
-    "too many bytes": ("/v1/chat/completions", openai_image(b64(BIG)), IMG, "over the 50,000 bytes"),
+    "too many bytes": (
+        "/v1/chat/completions",
+        openai_image(b64(BIG)),
+        IMG,
+        f"the image is {len(BIG) / 1000:.1f} KB once decoded ({len(b64(BIG)) / 1000:.1f} KB of base64), over "
+        "the 50.0 KB an image may be",
+    ),
     "empty": ("/v1/chat/completions", openai_image(""), IMG, "no image data"),
     "an image from the assistant": (
         "/v1/chat/completions",
