@@ -26,6 +26,7 @@ from tests.serving import HI, MODEL, WEATHER, StandIn, body, chat, check_refused
 
 BIG = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "x" * (4 << 20)}]})
 DEEP = json.dumps({"model": MODEL, "messages": HI, "metadata": json.loads("[" * 70 + "]" * 70)})
+TOO_BIG = f"the body is {len(BIG):,} bytes, over the 4,194,304 bytes (4.2 MB) a request may be here"
 SURROGATE = '{"model": "smollm2", "messages": [{"role": "user", "content": "a\\ud800b"}]}'
 
 
@@ -116,8 +117,8 @@ BAD = {
     ),
     "completion unknown model": ("/v1/completions", body(model="nope", prompt="a"), 404, "model", "served"),
     "completion prompt a number": ("/v1/completions", body(model=MODEL, prompt=3), 400, "prompt", "string"),
-    "chat body over 4 MiB": ("/v1/chat/completions", BIG, 413, None, "over 4194304 bytes"),
-    "completion body over 4 MiB": ("/v1/completions", BIG, 413, None, "over 4194304 bytes"),
+    "chat body over 4 MiB": ("/v1/chat/completions", BIG, 413, None, TOO_BIG),
+    "completion body over 4 MiB": ("/v1/completions", BIG, 413, None, TOO_BIG),
     "ollama unknown model": ("/api/chat", chat(model="nope"), 404, None, "served: smollm2"),
     "ollama not JSON": ("/api/chat", "{", 400, None, "not valid JSON"),
     "ollama not an object": ("/api/generate", "[]", 400, None, "must be a JSON object"),
@@ -163,7 +164,7 @@ BAD = {
         None,
         "served",
     ),
-    "ollama body over 4 MiB": ("/api/chat", BIG, 413, None, "over 4194304 bytes"),
+    "ollama body over 4 MiB": ("/api/chat", BIG, 413, None, TOO_BIG),
     "top_logprobs 21": (
         "/v1/chat/completions",
         chat(logprobs=True, top_logprobs=21),
@@ -441,6 +442,18 @@ def _refused(client: anthropic.Anthropic, error: type[anthropic.APIStatusError],
     said = caught.value.body
     assert isinstance(said, dict) and said["type"] == "error" and set(said["error"]) == {"type", "message"}
     return f"{said['error']['type']}: {said['error']['message']}"
+
+
+@pytest.mark.fast
+def test_a_body_sent_without_its_length_is_bounded_as_it_arrives(http: TestClient, backend: StandIn) -> None:
+    """Chunked, with no Content-Length to read first: refused once it passes the bound, in the same
+    words (the bound's digits grouped)."""
+    chunks = iter([BIG[i : i + (1 << 20)].encode() for i in range(0, len(BIG), 1 << 20)])
+    got = http.post("/v1/chat/completions", content=chunks)
+    assert got.status_code == 413 and "content-length" not in got.request.headers
+    said = got.json()["error"]
+    assert said["message"] == "the body is over the 4,194,304 bytes (4.2 MB) a request may be here", said
+    assert backend.asks == []
 
 
 @pytest.mark.fast

@@ -29,20 +29,28 @@ async def read_json(request: Request, max_body: int) -> dict[str, Any]:
         if not declared.isdigit():
             raise ApiError(400, "Content-Length is not a number")
         if int(declared) > max_body:
-            raise ApiError(413, f"the body is over {max_body} bytes", code="body_too_large")
+            raise ApiError(413, too_large(max_body, int(declared)), code="body_too_large")
     chunks: list[bytes] = []
     size = 0
     try:
         async for chunk in request.stream():
             size += len(chunk)
             if size > max_body:
-                raise ApiError(413, f"the body is over {max_body} bytes", code="body_too_large")
+                raise ApiError(413, too_large(max_body), code="body_too_large")
             chunks.append(chunk)
     except ClientDisconnect:
         raise ApiError(400, "the client left before its body arrived") from None
     if size > PARSE_HERE:  # images in it, most likely: megabytes of JSON parsed off the event loop
         return await asyncio.to_thread(_parsed, b"".join(chunks))
     return _parsed(b"".join(chunks))
+
+
+def too_large(max_body: int, declared: int | None = None) -> str:
+    """A 413's words: the bound in bytes with its digits grouped (and in MB), the size declared if
+    it was."""
+    bound = f"{max_body:,} bytes" + (f" ({max_body / 1e6:.1f} MB)" if max_body >= 1_000_000 else "")
+    said = f"the body is {declared:,} bytes, over" if declared is not None else "the body is over"
+    return f"{said} the {bound} a request may be here"
 
 
 def _parsed(raw: bytes) -> dict[str, Any]:
