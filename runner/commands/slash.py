@@ -149,6 +149,16 @@ def _unquoted(arg: str) -> str:
 
 
 def _set(session: Session, args: str) -> None:
+    param = args.partition(" ")[0].strip().lower().replace("_", "-")
+    try:
+        _setting(session, args)
+    except InvalidSetting as exc:  # the check's words name the flag (--temperature): here it is /set's
+        flag, said = f"--{param}", f"/set {param}"
+        problem = exc.problem.replace(flag, said) if exc.problem else exc.problem
+        raise InvalidSetting(str(exc).replace(flag, said), field=exc.field, problem=problem) from None
+
+
+def _setting(session: Session, args: str) -> None:
     param, _, value = args.partition(" ")
     param, value = param.strip().lower().replace("_", "-"), value.strip()
     valid = ", ".join([*SAMPLING_PARAMS, "max-tokens", "system", "think", "format", "schema"])
