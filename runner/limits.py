@@ -14,6 +14,8 @@ from runner.errors import InvalidSetting
 DEFAULT_CTX = 8192  # without --ctx: the trained context, at most this (the planner may choose less)
 MIN_CTX = 32
 MAX_INT32 = 2**31 - 1  # llama.cpp's n_gpu_layers is an int32, and so are the positions n_ctx counts
+CTX_STEP = 256  # llama.cpp pads a context up to a multiple of this
+MAX_CTX = MAX_INT32 // CTX_STEP * CTX_STEP  # the largest --ctx whose padded context an int32 still counts
 MAX_THREADS = 1024
 
 
@@ -23,6 +25,18 @@ def check_answer_limits(max_tokens: int | None, stop: tuple[str, ...] | list[str
         check_range(max_tokens, "--max-tokens", 1, None)
     if any(not s for s in stop):
         raise InvalidSetting("--stop needs a non-empty string")
+
+
+def check_ctx(ctx: int) -> None:
+    """--ctx within what llama.cpp takes: at least MIN_CTX, at most MAX_CTX (a larger one pads past
+    what its 32-bit positions count, and the plan would then speak of a context nobody asked for)."""
+    if ctx > MAX_CTX:
+        problem = (
+            f"must be at most {MAX_CTX:,}, the largest context llama.cpp counts (got {ctx:,}); a model's "
+            "own is the context it was trained on, which runner show MODEL says"
+        )
+        raise InvalidSetting(f"--ctx {problem}", problem=problem)
+    check_range(ctx, "--ctx", MIN_CTX, MAX_CTX)
 
 
 FLASH_ATTN = {"auto": None, "on": True, "off": False}

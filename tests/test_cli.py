@@ -238,8 +238,11 @@ def test_system_message_reaches_the_model() -> None:
         (["--frequency-penalty", "-9"], "--frequency-penalty must be between -2 and 2 (got -9)"),
         (["--seed", "-4"], "--seed must be between 0 and 4294967294 (got -4)"),
         (["--max-tokens", "0"], "--max-tokens must be at least 1 (got 0)"),
-        (["--ctx", "8"], "--ctx must be between 32 and 2147483647 (got 8)"),
-        (["--ctx", "2147483648"], "--ctx must be between 32 and 2147483647 (got 2147483648)"),
+        (["--ctx", "8"], "--ctx must be between 32 and 2147483392 (got 8)"),
+        (
+            ["--ctx", "2147483647"],
+            "--ctx must be at most 2,147,483,392, the largest context llama.cpp counts",
+        ),
         (["--gpu-layers", "-2"], "--gpu-layers must be between -1 and 2147483647 (got -2)"),
         (["--threads", "0"], "--threads must be between 1 and 1024 (got 0)"),
         (["--stop", ""], "--stop needs a non-empty string"),

@@ -662,3 +662,19 @@ def test_fit_without_a_measurement_says_its_bound_is_one_and_what_bench_measured
     own = io.StringIO()
     fit_model(Request(str(smollm2_path), as_json=True), out=own)
     assert json.loads(own.getvalue())["decode"]["source"] == "measured"
+
+
+@pytest.mark.fast
+def test_a_ctx_past_what_llama_cpp_counts_is_refused_naming_the_bound() -> None:
+    """--ctx 2147483647 padded to 256 is 2**31, past llama.cpp's 32-bit positions: refused at once with
+    the bound and where the model's own context is said, never planned at a context nobody asked for."""
+    from runner.limits import MAX_CTX, MAX_INT32
+    from runner.memory.plan import check_asked
+
+    assert MAX_CTX == 2_147_483_392 and -(-MAX_CTX // 256) * 256 <= MAX_INT32
+    check_asked(ctx=MAX_CTX, gpu_layers=None)
+    with pytest.raises(InvalidSetting) as refused:
+        check_asked(ctx=MAX_INT32, gpu_layers=None)
+    said = str(refused.value)
+    assert said.startswith("--ctx must be at most 2,147,483,392, the largest context llama.cpp counts")
+    assert "(got 2,147,483,647)" in said and "trained on" in said and "2,147,483,648" not in said

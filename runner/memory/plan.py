@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from runner.errors import InvalidSetting
-from runner.limits import DEFAULT_CTX, MAX_INT32, MIN_CTX, check_range
+from runner.limits import DEFAULT_CTX, MAX_INT32, check_ctx, check_range
 from runner.memory.devices import Machine
 from runner.memory.estimate import Estimate, Load, estimate, with_compute
 from runner.memory.projector import ProjectorMemory
@@ -97,7 +97,7 @@ def check(est: Estimate, machine: Machine) -> tuple[Verdict, ...]:
 def check_asked(*, ctx: int | None, gpu_layers: int | None) -> None:
     """--ctx and --gpu-layers within what llama.cpp takes (-1: every layer), else InvalidSetting."""
     if ctx is not None:
-        check_range(ctx, "--ctx", MIN_CTX, MAX_INT32)
+        check_ctx(ctx)
     if gpu_layers is not None:
         check_range(gpu_layers, "--gpu-layers", -1, MAX_INT32)
 
