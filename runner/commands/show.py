@@ -42,6 +42,10 @@ def show_model(
     ref = resolve(model, load_catalog())
     read = read_model(ref, offline=offline)
     summary = summarize(read.merged, display=ref.display, file=read.source, size=read.size)
+    summary["expected_bytes"] = sum(h.expected_file_size for h in read.headers)
+    summary["complete"] = summary["size_bytes"] >= summary["expected_bytes"]
+    if not summary["complete"]:  # `run` refuses it (runner.loader): said here too, not only described
+        ui.warn(_cut_short(summary))
     projector = vision.find(mmproj, ref, paired=True, offline=offline, download=False)  # or pulled with it
     try:
         summary["vision"] = _vision(vision.memory(projector, read.merged), projector) if projector else None
@@ -125,11 +129,28 @@ def _lines(s: dict[str, Any], model: str) -> list[tuple[str, str]]:
         ("embedding", _per_layer(s["embedding_length"])),
         ("vocabulary", f"{s['vocab_size']} tokens" if s["vocab_size"] else "?"),
         ("license", s["license"] or "not stated"),
-        ("size", ui.human_bytes(s["size_bytes"])),
+        ("size", _size(s)),
         ("chat template", template),
         *([("vision", _vision_line(s["vision"]))] if s["vision"] else []),
         ("file", s["file"]),
     ]
+
+
+def _cut_short(s: dict[str, Any]) -> str:
+    have, expected = ui.human_bytes(s["size_bytes"]), ui.human_bytes(s["expected_bytes"])
+    return (
+        f"{s['file']} is truncated: {have} of the {expected} its header describes "
+        "(runner run refuses it until it is whole: fetch or copy it again)"
+    )
+
+
+def _size(s: dict[str, Any]) -> str:
+    size = ui.human_bytes(s["size_bytes"])
+    return (
+        size
+        if s["complete"]
+        else f"{size} (truncated: its header describes {ui.human_bytes(s['expected_bytes'])})"
+    )
 
 
 def _vision_line(v: dict[str, Any]) -> str:
