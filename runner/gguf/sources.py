@@ -65,7 +65,7 @@ class FileSource:
         except OSError:
             raise ModelNotFound(f"no such file: {self.name}") from None
         if stat.S_ISDIR(st.st_mode):
-            raise ModelNotFound(f"no such file: {self.name} (it is a directory)")
+            raise ModelNotFound(f"{self.name} is a directory, not a model file (a .gguf)")
         self.size: int = st.st_size
         self.stat = st
 
