@@ -55,6 +55,7 @@ class Timings:
     prefill_s: float = 0.0
     ttft_s: float = 0.0  # start of the request to the first generated token
     completion_tokens: int = 0
+    reasoning_tokens: int = 0  # of those, the reasoning's (OpenAI's completion_tokens_details)
     decode_s: float = 0.0  # after the first token, to the last
     total_s: float = 0.0
     startup_s: float = 0.0  # the process's start to this request's first prefill (0: unknown)

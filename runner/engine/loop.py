@@ -33,6 +33,7 @@ from runner.engine.prefix import Found, PrefixStore, copy_sequence
 from runner.engine.promptcache import CacheUse
 from runner.engine.sequence import Job, Slot, draft, dropped, failed, share_cost
 from runner.engine.speculate import Speculator
+from runner.engine.text.reasoning import closing
 from runner.errors import EngineError, InvalidSetting
 
 if TYPE_CHECKING:
@@ -239,6 +240,10 @@ class Loop:
         """The slot's next token from the logits of batch row `row` (-1: the last), by its sampler
         chain, after its guide (a schema's) masked every token the schema cannot take there. -1
         where the guide refused the token (the answer has ended, its error said)."""
+        if slot.forcing:  # the end of its reasoning, its budget spent: the chain sees it, nothing drawn
+            token = slot.forcing.pop(0)
+            self.lib.llama_sampler_accept(slot.sampler, token)
+            return token
         guide = slot.guide
         if guide is not None:
             guide.mask(self.lib.llama_get_logits_ith(self.context.ctx, row))
@@ -368,6 +373,11 @@ class Loop:
         self.used[seq] = time.perf_counter()
         speculator = self._speculator(seq) if job.media is None else None  # no drafts after images
         slot = Slot(seq, job, sampling[0], speculator, time.perf_counter(), sampling[1], cache_use=use)
+        closing_text = closing(job.reasoning) if job.reasoning_budget is not None else None
+        if closing_text is not None:  # tokenized once, forced when the budget is spent
+            slot.closer = self.model.tokenize(closing_text, add_special=False, parse_special=True)
+            if job.reasoning_budget == 0 and job.in_reasoning and job.grammar is None and job.guide is None:
+                slot.forcing, slot.closer = slot.closer, []  # no thinking at all: its end comes first
         self._placed(slot)
         slot.threads_mark = context.threads.mark()
         if slot.speculator is not None:

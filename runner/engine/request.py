@@ -56,6 +56,7 @@ class Request:
     head: int = 0  # the prompt's stable head, kept in the prefix store's disk tier (run, chat)
     stop_loops: bool | None = None  # an answer going round in a loop ends; None: where no limit is given
     ignore_end: bool = False  # end-of-generation tokens are tokens like any (benchmarks' tg128)
+    reasoning_budget: int | None = None  # thinking tokens at most, then its end forced (--reasoning-budget)
 
     @property
     def grammar(self) -> str | None:
@@ -96,6 +97,7 @@ def to_job(
         sampler=sampler,
         reasoning=request.prompt.reasoning_style,
         in_reasoning=request.prompt.opens_reasoning,
+        reasoning_budget=request.reasoning_budget,
         markers=markers(request.prompt.tool_format) if calls else frozenset(),
         calls=calls,
         head=request.head if request.prompt.media is None else 0,

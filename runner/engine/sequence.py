@@ -63,6 +63,7 @@ class Job:
     sampler: Any = None  # a chain built beforehand (Engine.sampler): the loop owns and frees it
     reasoning: str | None = None  # the template's reasoning style ("think" | "channels"), split out
     in_reasoning: bool = False  # the template opened a <think> block: the answer starts in it
+    reasoning_budget: int | None = None  # reasoning tokens at most: then its end is forced (Slot.closer)
     markers: frozenset[str] = frozenset()  # control tokens shown as text: its tools' call format's marks
     calls: bool = False  # the request has tools: a gpt-oss message to functions.NAME stays in the answer
     head: int = 0  # the prompt's stable head: kept in the prefix store's disk tier (run, chat)
@@ -112,6 +113,9 @@ class Slot:
     scored_held: list[TokenLogprob] = field(default_factory=list)  # taken, their text not yet out
     logprobs: list[TokenLogprob] = field(default_factory=list)  # the answer's tokens', in order
     prompt_logprobs: list[TokenLogprob] = field(default_factory=list)  # job.echo: the prompt's
+    reasoned: int = 0  # the answer's tokens that were reasoning
+    closer: list[int] = field(default_factory=list)  # what ends its reasoning (job.reasoning_budget)
+    forcing: list[int] = field(default_factory=list)  # the closer's tokens still to come, not sampled
     text: TextAssembler = field(init=False)
     splitter: Splitter = field(init=False)
     parts: dict[str, list[str]] = field(default_factory=lambda: {"answer": [], "reasoning": []})
@@ -136,6 +140,11 @@ class Slot:
         answering = scored is not None and self.splitter.answering()
         text, stopped = self.text.push(_piece(vocab, token, job))
         parts = self.splitter.push(text) if text else []
+        if job.reasoning is not None and not self.splitter.answering():
+            self.reasoned += 1
+            budget = job.reasoning_budget if job.grammar is None and job.guide is None else None
+            if budget is not None and self.reasoned >= budget and self.closer:
+                self.forcing, self.closer = self.closer, []  # the budget spent: its end comes next
         # an answer token (not a reasoning's, a marker's, the blank lines after </think>): its entry
         # goes out with the answer text it makes (held back with it, for a stop string)
         if scored is not None and answering and (self.splitter.answering(settled=True) or not text):
@@ -200,6 +209,7 @@ class Slot:
             prefill_s=first - self.start,
             ttft_s=first - began,
             completion_tokens=self.n_out,
+            reasoning_tokens=self.reasoned,
             decode_s=now - first,
             total_s=now - began,
             speculation=self.speculator.stats() if self.speculator is not None else SpecStats(),
@@ -252,7 +262,7 @@ def draft(active: list[Slot], room: int, n_ctx_seq: int) -> int:
     total = 0
     for slot in active:
         spec = slot.speculator
-        if spec is None:
+        if spec is None or slot.forcing:  # the forced tokens are known: nothing to draft
             continue
         job = slot.job
         left = job.max_tokens - slot.n_out if job.max_tokens else n_ctx_seq

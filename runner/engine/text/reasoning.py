@@ -44,6 +44,20 @@ def style_of(template: str | None) -> str | None:
     return None
 
 
+BUDGET_NOTE = "\n\nI have used my thinking budget; I must answer now.\n"  # what the model reads, forced
+
+
+def closing(style: str | None, note: str = BUDGET_NOTE) -> str | None:
+    """What ends a model's thinking in its own format, `note` first (the reasoning budget's: the
+    model reads it, then the end of its thinking, and answers): </think> for "think", the end of
+    the analysis message and the start of the final one for gpt-oss's channels. None: no style."""
+    if style == "think":
+        return f"{note}{THINK_CLOSE}\n\n"
+    if style == "channels":
+        return f"{note}{END}{START}assistant{CHANNEL}final{MESSAGE}"
+    return None
+
+
 def opens_reasoning(prompt_text: str) -> bool:
     """Whether a rendered prompt ends inside an open <think> block (the template opened it)."""
     at = prompt_text.rfind(THINK_OPEN)
