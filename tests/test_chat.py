@@ -181,6 +181,32 @@ def test_continue_the_last_chat_from_a_shell() -> None:
     assert len(conversations()) == 1
 
 
+def test_run_c_prints_json_that_parses_or_nothing_and_exit_1() -> None:
+    # JSON that always parses, on this path too: --format json given to -c, or carried by the
+    # conversation (as /set format json leaves it), holds the answer until it is checked
+    assert chat_pipe("Describe a cat as JSON with a name and an age.\n", "--max-tokens", "40").returncode == 0
+    whole = run_cli("run", "-c", "Another cat please", "--format", "json", "--max-tokens", "200", *GREEDY)
+    assert whole.returncode == 0, whole.stderr
+    assert isinstance(json.loads(whole.stdout), dict) and whole.stdout.endswith(b"}\n")
+    [conversation] = conversations()
+    assert conversation.settings["format"] == "json"  # kept with the conversation, as /set keeps it
+    as_json = run_cli("run", "-c", "And a dog", "--max-tokens", "200", "--json", *GREEDY)
+    assert as_json.returncode == 0, as_json.stderr
+    assert isinstance(json.loads(json.loads(as_json.stdout)["text"]), dict)  # the conversation's format
+    for args in ((), ("--json",), ("--format", "json")):
+        cut = run_cli("run", "-c", "Another cat please, in detail", "--max-tokens", "5", *args, *GREEDY)
+        assert (cut.returncode, cut.stdout) == (1, b""), cut.stderr
+        said = cut.stderr.decode()
+        assert said.count("before its JSON closed") == 1 and "runner: error:" in said  # no warning beside
+    [conversation] = conversations()
+    assert len(conversation.messages) == 12  # each cut answer kept in the conversation, as chat keeps it
+    for flag, value in (("--logprobs", "2"), ("--grammar", "g.gbnf")):
+        refused = run_cli("run", "-c", "x", flag, value, "--json")
+        assert refused.returncode == 2 and refused.stdout == b"", refused.stderr
+        assert f"takes no {flag}".encode() in refused.stderr
+    assert len(conversations()[0].messages) == 12  # the refused turns were never sent
+
+
 def test_slash_command_errors_are_one_line_and_the_chat_goes_on(tmp_path: Path) -> None:
     bad = tmp_path / "bad.json"
     bad.write_text('{"messages": "nope"}')

@@ -121,6 +121,32 @@ def test_resume_reads_the_images_again_or_says_why_not(mlp: Path, photo: Path) -
     assert [len(m.images) for m in conversation.messages] == [1, 0, 0, 0]
 
 
+def test_run_c_takes_images_as_one_more_turn(mlp: Path, photo: Path) -> None:
+    # `run -c PROMPT --image FILE` is the turn a chat sends after /image FILE: kept by path and sha256
+    projector = ("--mmproj", str(mlp))
+    assert chat("Hi\n", *projector).returncode == 0
+    more = run_cli("run", "-c", "What is this?", "--image", str(photo), *projector, *SAME)
+    assert more.returncode == 0 and more.stdout.strip(), more.stderr
+    [conversation] = conversations()
+    ref = ImageRef(hashlib.sha256(photo.read_bytes()).hexdigest(), photo.stat().st_size, str(photo))
+    assert [m.images for m in conversation.messages] == [(), (), (ref,), ()]
+    assert conversation.messages[2].content == "What is this?"
+    # the same turns through a chat with /image: the same answer (the pixels reached the model)
+    same = chat(f"Hi\n/image {photo}\nWhat is this?\n", *projector)
+    assert same.returncode == 0, same.stderr
+    assert same.stdout.decode().split("\n\n")[1].strip() == more.stdout.decode().strip()
+    # refused plainly, never ignored: no projector, an image from stdin (nothing to read again)
+    bare = run_cli("run", "-c", "And this?", "--image", str(photo), *SAME)
+    assert bare.returncode == 2 and bare.stdout == b"", bare.stderr
+    assert (
+        "runner: error: --image needs the model's vision projector: give --mmproj FILE"
+        in bare.stderr.decode()
+    )
+    piped = run_cli("run", "-c", "And this?", "--image", "-", *projector, input=photo.read_bytes())
+    assert piped.returncode == 2 and b"give a file" in piped.stderr, piped.stderr
+    assert len(conversations()) == 2 and len(conversations()[1].messages) == 4  # neither turn was sent
+
+
 def png_claiming(width: int, height: int) -> bytes:
     """A PNG whose header says width x height, and nothing else."""
     body = b"IHDR" + struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)

@@ -113,10 +113,10 @@ def _route(given: dict[str, Any]) -> None:
     tty = sys.stdin is None or sys.stdin.isatty()
     image, prompt = given["image"], given["prompt"]
     batch = given["each_line"] or given["input"] is not None
-    if (image and batch) or (image and not batch and (given["continue_"] or (prompt is None and tty))):
+    if image and (batch or (not given["continue_"] and prompt is None and tty)):
         raise UsageError(
-            '--image goes with one prompt (PROMPT, or text piped in); with --input, a row\'s "images"; '
-            "in a chat, /image PATH"
+            "--image goes with one prompt (PROMPT, text piped in, or run -c PROMPT); with --input, a row's "
+            '"images"; in a chat, /image PATH'
         )
     if batch:
         if _tools(given, chat=False) is not None:
@@ -182,10 +182,53 @@ def _chat_or_continue(given: dict[str, Any], tty: bool) -> None:
     if given["continue_"]:
         from runner.engine.prompt import read_prompt
 
+        shape = _turn_shape(given)
+        images = tuple(given["image"] or ())
+        if "-" in images:
+            raise UsageError(
+                "-c keeps each image by its path, to read again as the chat goes on: give a file"
+            )
         prompt_text = read_prompt(text, None if tty else sys.stdin.buffer)
-        continue_last(request, prompt_text, out=sys.stdout, as_json=given["json"])
+        continue_last(request, prompt_text, out=sys.stdout, as_json=given["json"], shape=shape, images=images)
     else:
+        asked = [flag for flag, name in ONE_PROMPT_FLAGS if given[name] is not None]
+        if asked:
+            raise UsageError(
+                f"{' and '.join(asked)} go{'es' if len(asked) == 1 else ''} with a prompt, and no prompt was "
+                "given: a chat opens, where /set format json and /set schema S shape the answers"
+            )
         chat(request, stdin=sys.stdin, out=sys.stdout, interactive=True)
+
+
+# run's flags for one prompt's answer that a chat has no flag for (/set has format and schema)
+ONE_PROMPT_FLAGS = (
+    ("--format", "format"),
+    ("--schema", "schema"),
+    ("--grammar", "grammar"),
+    ("--logprobs", "logprobs"),
+)
+
+
+def _turn_shape(given: dict[str, Any]) -> tuple[str, str] | None:
+    """What run -c takes of the flags that shape one answer: --format json or --schema S, this turn's
+    shape and the conversation's from then on (as /set would keep it, and as every flag -c is given
+    is kept); the others it refuses rather than ignore."""
+    refused = [
+        flag
+        for flag, name in (("--grammar", "grammar"), ("--raw", "raw"), ("--logprobs", "logprobs"))
+        if given[name] not in (None, False)
+    ]
+    if refused:
+        raise UsageError(
+            f"-c continues a chat through its template, which takes no {' or '.join(refused)}: "
+            "ask one prompt instead (runner run MODEL PROMPT)"
+        )
+    if given["format"] is not None and given["schema"] is not None:
+        raise UsageError("--format and --schema do not go together: choose one")
+    for kind in ("format", "schema"):
+        if given[kind] is not None:
+            return kind, given[kind]
+    return None
 
 
 def _tools(given: dict[str, Any], *, chat: bool) -> ToolSettings | None:

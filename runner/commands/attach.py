@@ -7,7 +7,8 @@ resumed conversation reads each file again and checks its sha256: an image gone 
 said once, and the message that carried it goes on without it (text only). The pixels come through
 runner.images (Pillow, bounded) as `run --image`'s do, and reach the model the same way
 (runner.engine.conversation.fit puts each message's images before its text).
-Not a command itself: a helper of session.py and slash.py.
+`runner run -c PROMPT --image FILE` attaches its files the same way, to the turn it adds.
+Not a command itself: a helper of session.py, slash.py and chat.py.
 """
 
 from __future__ import annotations
@@ -26,6 +27,22 @@ from runner.images import MAX_IMAGES, Image, ImageRef, load_image, read_image_ar
 from runner.store import StoredMessage
 
 NO_PROJECTOR = "/image needs the model's vision projector: start the chat with --mmproj FILE"
+NO_PROJECTOR_C = "--image needs the model's vision projector: give --mmproj FILE"  # run -c
+
+
+def read_attachments(args: Sequence[str]) -> list[tuple[Path, Image]]:
+    """/image's and `run -c --image`'s files, each read, decoded and checked now (a bad one:
+    ImageError), by absolute path: a message keeps the path, and a resumed chat reads it again."""
+    if len(args) > MAX_IMAGES:
+        raise UsageError(f"{len(args)} images: at most {MAX_IMAGES} a message")
+    read = []
+    for arg in args:
+        path = Path(arg).expanduser().absolute()
+        image = read_image_arg(str(path), io.BytesIO())  # an absolute path: never "-", stdin
+        for warning in image.warnings:
+            ui.warn(warning)
+        read.append((path, image))
+    return read
 
 
 class Attachments:
@@ -49,16 +66,17 @@ class Attachments:
             raise UsageError("/image PATH attaches an image to the next message (/image none drops them)")
         if len(self.pending) >= MAX_IMAGES:
             raise UsageError(f"at most {MAX_IMAGES} images a message: send it first (/image none drops them)")
-        path = Path(arg).expanduser().absolute()
-        image = read_image_arg(str(path), io.BytesIO())  # an absolute path: never "-", stdin
-        for warning in image.warnings:
-            ui.warn(warning)
-        self._decoded[image.sha256] = image
-        self.pending.append(ImageRef(image.sha256, image.size, str(path)))
+        [(path, image)] = read_attachments((arg,))
+        self.add(path, image)
         ui.info(
             f"attached {path.name} ({image.width}x{image.height}, {ui.count(image.size, 'byte')}): "
             "it goes with your next message"
         )
+
+    def add(self, path: Path, image: Image) -> None:
+        """An image read_attachments read, for the next message (kept by its path and sha256)."""
+        self._decoded[image.sha256] = image
+        self.pending.append(ImageRef(image.sha256, image.size, str(path)))
 
     def show(self) -> str:
         """/image alone: what the next message will carry."""

@@ -18,12 +18,14 @@ from typing import Any, TextIO
 
 from runner import interrupt, ui
 from runner.commands.agent import Servers
-from runner.commands.attach import pasted_path
+from runner.commands.attach import NO_PROJECTOR_C, pasted_path, read_attachments
 from runner.commands.lineinput import QUIT_HINT, PipeInput, TerminalInput
-from runner.commands.output import describe_load, to_json
+from runner.commands.output import describe_load, shape_problem, shaped, to_json
 from runner.commands.session import ChatRequest, Session, user_turns
 from runner.commands.slash import COMMANDS, command, is_command, recap
 from runner.engine import rpc
+from runner.engine.answer import FINISH_INTERRUPTED
+from runner.engine.text.constrain import constraint
 from runner.engine.text.template import TEMPLATE_KEY
 from runner.errors import PromptTooLong, RunnerError, UsageError
 from runner.hub.catalog import load_catalog
@@ -171,9 +173,24 @@ def _turn(session: Session, text: str, source: Any) -> bool:
         return True
 
 
-def continue_last(request: ChatRequest, prompt: str, *, out: TextIO, as_json: bool) -> None:
-    """`runner run -c PROMPT`: one more turn of the last conversation, the answer alone on stdout."""
+def continue_last(
+    request: ChatRequest,
+    prompt: str,
+    *,
+    out: TextIO,
+    as_json: bool,
+    shape: tuple[str, str] | None = None,
+    images: tuple[str, ...] = (),
+) -> None:
+    """`runner run -c PROMPT`: one more turn of the last conversation, the answer alone on stdout.
+    `shape`: --format json or --schema S, kept with the conversation as /set keeps it; `images`:
+    --image files, carried by this turn's message as /image attaches them. An answer held to a shape
+    (by the flag, or by the conversation's /set) is written once checked, as `run --format json`
+    writes it: one cut short or invalid is kept in the conversation and exits 1 with nothing on stdout."""
     check_answer_limits(request.max_tokens, request.stop)
+    if shape is not None:
+        constraint(**{shape[0]: shape[1]})  # checked before anything loads
+    attached = read_attachments(images)
     store = open_store(True)
     if store is None:
         raise UsageError("-c continues the last stored conversation, and the store is off")
@@ -189,21 +206,45 @@ def continue_last(request: ChatRequest, prompt: str, *, out: TextIO, as_json: bo
             session = Session(loaded, request, kept, out, interactive=False, quiet=as_json)
             session.host = servers.ready() if servers is not None else None
             session.adopt(stored, stored_here=True)
-
-            def printed() -> None:  # --json: the object, whole answer or partial one (a worker gone)
-                if as_json and session.last is not None:
-                    data = to_json(loaded.name, session.last)
-                    if session.host is not None:
-                        data["steps"] = [step.to_json() for step in session.steps]
-                    out.write(json.dumps(data, ensure_ascii=False) + "\n")
-                    out.flush()
-
-            try:
-                with interrupt.deferred(), rpc.if_lost(lambda _why: printed()):  # after the session kept it
-                    session.send(prompt)
-                    session.keep_state()
-            finally:
-                if session.last is not None:  # an answer came, whole or interrupted
-                    printed()
+            if shape is not None:
+                session.set_constraint(*shape)
+            if attached and not session.attached.vision:
+                raise UsageError(NO_PROJECTOR_C)
+            for path, image in attached:
+                session.attached.add(path, image)
+            held = session.constraint is not None and session.constraint.is_json
+            session.quiet = as_json or held  # a shaped answer is written once checked
+            _continue(session, prompt, as_json=as_json, held=held)
     finally:
         store.close()
+
+
+def _continue(session: Session, prompt: str, *, as_json: bool, held: bool) -> None:
+    """run -c's turn: sent, kept, and its answer written (whole, or as one JSON object)."""
+    out, name = session.out, session.loaded.name
+
+    def printed() -> None:  # the answer, whole or partial (a worker gone); a shaped one only if it holds
+        last = session.last
+        if last is None:
+            return
+        if held and last.finish_reason != FINISH_INTERRUPTED:
+            if shape_problem(last) is not None:
+                return  # said below: exit 1, nothing on stdout
+            last = replace(last, text=last.text.strip())
+            if not as_json:
+                out.write(last.text + "\n")
+        if as_json:
+            data = to_json(name, last)
+            if session.host is not None:
+                data["steps"] = [step.to_json() for step in session.steps]
+            out.write(json.dumps(data, ensure_ascii=False) + "\n")
+        out.flush()
+
+    try:
+        with interrupt.deferred(), rpc.if_lost(lambda _why: printed()):  # after the session kept it
+            session.send(prompt)
+            session.keep_state()
+    finally:
+        printed()  # an answer came, whole or interrupted
+    if held and session.last is not None and session.last.finish_reason != FINISH_INTERRUPTED:
+        shaped(session.last)  # ConstraintError (exit 1) where it is not the shape asked for

@@ -360,7 +360,7 @@ class Session:
         result = answer
         interrupted = result.finish_reason == FINISH_INTERRUPTED
         problem = shape_problem(result)
-        if problem is not None:
+        if problem is not None and not self.quiet:  # run -c says it as its error (exit 1)
             ui.warn(problem)
         message = self._message(answer)
         self.turns.append(message)
