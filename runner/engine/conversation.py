@@ -63,7 +63,7 @@ def fit(
     *,
     first: int = 0,
     max_tokens: int | None = None,
-    enable_thinking: bool | None = None,
+    enable_thinking: bool | str | None = None,
     images: Sequence[Sequence[Any]] = (),
     tools: Sequence[dict[str, Any]] = (),
 ) -> Fitted:
@@ -99,7 +99,7 @@ class _Shown:
     """What every rendering of the turns shows beside them."""
 
     system: str | None
-    enable_thinking: bool | None
+    enable_thinking: bool | str | None
     images: Sequence[Sequence[Any]]
     tools: Sequence[dict[str, Any]]
 

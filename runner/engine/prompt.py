@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 from runner import ui
 from runner.engine.request import Prompt
-from runner.engine.text.reasoning import opens_reasoning, style_of
+from runner.engine.text.reasoning import opens_reasoning, style_of, think_settings
 from runner.engine.text.template import TEMPLATE_KEY, Message, render
 from runner.engine.text.toolcalls import GENERIC, format_of
 from runner.errors import UsageError
@@ -42,7 +43,7 @@ def render_prompt(
     messages: list[Message],
     *,
     raw: bool = False,
-    enable_thinking: bool | None = None,
+    enable_thinking: bool | str | None = None,
     quiet: bool = False,
     tools: list[dict[str, Any]] | None = None,
     images: Sequence[Any] = (),
@@ -54,6 +55,8 @@ def render_prompt(
     (runner.images.Image, decoded), in the order of the media markers (engine.vision.marker) the
     messages hold: tokenized by the projector's tokenizer, as llama-server does. A template also says
     how its model writes a tool call (Prompt.tool_format); without one, calls are read as generic.
+    `enable_thinking`: --think/--no-think, or a level (runner.engine.text.reasoning.think_settings):
+    the template's own switch, else a reasoning budget the prompt carries (Prompt.think_budget).
     """
 
     def tokenized(text: str, style: str | None = None, opens: bool = False, calls: str = GENERIC) -> Prompt:
@@ -85,15 +88,18 @@ def render_prompt(
         if system is not None:
             text = f"{system}\n\n{text}"
         return tokenized(text)
+    switches, budget = think_settings(enable_thinking, source)
     text = render(
         source,
         messages,
         bos_token=engine.model.bos_text,
         eos_token=engine.model.eos_text,
-        enable_thinking=enable_thinking,
+        enable_thinking=switches.get("enable_thinking"),  # type: ignore[arg-type]
+        reasoning_effort=switches.get("reasoning_effort"),  # type: ignore[arg-type]
         tools=tools,
     )
     if engine.model.adds_bos and engine.model.bos_text and text.startswith(engine.model.bos_text):
         text = text[len(engine.model.bos_text) :]  # tokenize adds it; a second BOS degrades answers
     style = style_of(source)
-    return tokenized(text, style, style == "think" and opens_reasoning(text), format_of(source))
+    prompt = tokenized(text, style, style == "think" and opens_reasoning(text), format_of(source))
+    return replace(prompt, think_budget=budget) if budget is not None and style is not None else prompt

@@ -37,6 +37,7 @@ class Prompt:
     opens_reasoning: bool = False  # the template opened a <think> block: the answer starts in it
     media: MediaPrompt | None = None  # its images: tokens holds their positions
     tool_format: str = GENERIC  # runner.engine.text.toolcalls.format_of the template: its calls' format
+    think_budget: int | None = None  # a --think level's reasoning budget, where its template has no switch
 
 
 @dataclass(frozen=True)
@@ -97,7 +98,9 @@ def to_job(
         sampler=sampler,
         reasoning=request.prompt.reasoning_style,
         in_reasoning=request.prompt.opens_reasoning,
-        reasoning_budget=request.reasoning_budget,
+        reasoning_budget=request.prompt.think_budget
+        if request.reasoning_budget is None
+        else request.reasoning_budget,
         markers=markers(request.prompt.tool_format) if calls else frozenset(),
         calls=calls,
         head=request.head if request.prompt.media is None else 0,

@@ -44,6 +44,31 @@ def style_of(template: str | None) -> str | None:
     return None
 
 
+THINK_LEVELS = ("off", "low", "medium", "high")  # --think LEVEL, Ollama's think, OpenAI's reasoning_effort
+# thinking tokens at most, for a model whose template has no switch of its own for the level asked
+LEVEL_BUDGETS = {"off": 0, "low": 256, "medium": 1024}
+
+
+def think_settings(think: bool | str | None, template: str) -> tuple[dict[str, bool | str], int | None]:
+    """What --think asks of a chat template, and the reasoning budget where the template cannot do it
+    itself. True/False: `enable_thinking` as before. A level (THINK_LEVELS): the template's own switch
+    where it has one (`enable_thinking`: Qwen3, SmolLM3, off or on; `reasoning_effort`: gpt-oss, its
+    levels, "low" for off); else, and for a level the switch cannot say, a budget (LEVEL_BUDGETS;
+    "high": none). None: the template's defaults."""
+    if think is None:
+        return {}, None
+    if isinstance(think, bool):
+        return {"enable_thinking": think}, None
+    kwargs: dict[str, bool | str] = {}
+    switch, effort = "enable_thinking" in template, "reasoning_effort" in template
+    if switch:
+        kwargs["enable_thinking"] = think != "off"
+    if effort:
+        kwargs["reasoning_effort"] = "low" if think == "off" else think
+    handled = (switch and think == "off") or (effort and think != "off") or think == "high"
+    return kwargs, None if handled else LEVEL_BUDGETS[think]
+
+
 BUDGET_NOTE = "\n\nI have used my thinking budget; I must answer now.\n"  # what the model reads, forced
 
 

@@ -115,15 +115,19 @@ def render(
     add_generation_prompt: bool = True,
     enable_thinking: bool | None = None,
     tools: list[dict[str, Any]] | None = None,
+    reasoning_effort: str | None = None,
 ) -> str:
     """Render messages with the model's template; any failure is the model file's fault.
 
-    enable_thinking (--think/--no-think) is passed only when set: templates that read it (Qwen3,
-    SmolLM3) keep their own default otherwise, and the others never see it.
+    enable_thinking (--think/--no-think) and reasoning_effort (gpt-oss's levels) are passed only when
+    set: templates that read them (Qwen3, SmolLM3; gpt-oss) keep their own default otherwise, and the
+    others never see them.
     """
     import jinja2
 
     extra: dict[str, Any] = {} if enable_thinking is None else {"enable_thinking": enable_thinking}
+    if reasoning_effort is not None:
+        extra["reasoning_effort"] = reasoning_effort
     if tools:
         extra["tools"] = tools
     try:
