@@ -8,17 +8,6 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, BinaryIO, TextIO
 
 from runner import interrupt, ui
-from runner.commands.agent import (
-    Approvals,
-    HeldCalls,
-    Servers,
-    ToolSettings,
-    Turns,
-    answer_with_tools,
-    ask_terminal,
-    template_message,
-)
-from runner.commands.attach import Attachments
 from runner.commands.output import (
     LOOP_WARNING,
     AnswerWriter,
@@ -34,22 +23,20 @@ from runner.commands.output import (
 )
 from runner.engine.answer import FINISH_INTERRUPTED, FINISH_REPEAT, Result
 from runner.engine.cells import common_prefix
-from runner.engine.conversation import fit
 from runner.engine.logprobs import MAX_TOP
 from runner.engine.prompt import read_prompt, render_prompt
 from runner.engine.promptcache import PromptCache
 from runner.engine.request import Request
 from runner.engine.text.constrain import Constraint, constraint
 from runner.engine.text.template import build_messages
-from runner.engine.text.tools import call_shape
 from runner.errors import UsageError
 from runner.images import MAX_IMAGES, read_image_arg
 from runner.limits import check_answer_limits, check_range
 from runner.loader import LoadedModel, open_model
 from runner.settings import DEFAULTS, LoadSettings
-from runner.store import StoredMessage
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # tools (--mcp) are imported only by a run that asks for them
+    from runner.commands.agent import Servers, ToolSettings
     from runner.tools.host import ToolHost
 
 
@@ -118,6 +105,8 @@ def _servers(request: RunRequest, constrained: Constraint | None) -> Servers | N
     tools = request.tools
     if tools is None:
         return None
+    from runner.commands.agent import Servers
+
     tools.check()
     if request.raw or constrained is not None or request.logprobs is not None:
         raise UsageError("--mcp goes without --raw, --format, --schema, --grammar and --logprobs")
@@ -130,6 +119,19 @@ def _answer_with_tools(
     """The answer through the agent loop (runner.commands.agent): each call shown on stderr, asked
     where stdin and stderr are a terminal, else run only where --allow-tools allows it; stdout gets
     the final answer alone (with --json, its `steps`)."""
+    from runner.commands.agent import (
+        Approvals,
+        HeldCalls,
+        Turns,
+        answer_with_tools,
+        ask_terminal,
+        template_message,
+    )
+    from runner.commands.attach import Attachments
+    from runner.engine.conversation import fit
+    from runner.engine.text.tools import call_shape
+    from runner.store import StoredMessage
+
     assert request.tools is not None
     prompt, images = asked
     sampling, _sources = sampling_for(loaded, request.sampling)
