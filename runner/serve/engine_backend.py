@@ -298,7 +298,7 @@ class ModelThread:
             return
         index = next(self._ids)
         generation.prompt_tokens = len(prompt.tokens)
-        generation.scored = functools.partial(scored_tokens, self.engine)
+        generation.scored = functools.partial(scored_tokens, self.engine.model)
         generation.request = asked
         # streamed, each token's logprobs go with its text; whole, they come with the result only
         streamed = generation.logprobs if ask.logprobs is not None and ask.stream else None
