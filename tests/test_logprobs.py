@@ -52,8 +52,9 @@ def test_an_answers_logprobs_are_its_tokens_scored_as_a_prompt(engine) -> None:
 
 @pytest.mark.model
 def test_a_schemas_mask_is_in_the_logprobs(engine) -> None:
-    """With a schema, the refused tokens have no probability: every alternative listed with any is a
-    token the enum can start with, and the chosen ones share the whole mass between them."""
+    """With a schema, the refused tokens have no probability and are no alternatives: of 20 asked,
+    only tokens the enum can start with are listed (fewer than 20), never one at -3.4e38, and they
+    share the whole mass between them."""
     from runner.engine.text.constrain import schema_guide_of
 
     guide = schema_guide_of(json.dumps({"enum": ["yes", "no"]}))
@@ -61,10 +62,31 @@ def test_a_schemas_mask_is_in_the_logprobs(engine) -> None:
     result = engine.generate(prompt, GREEDY, max_tokens=4, guide=guide, logprobs=20)
     assert result.text in ('"yes"', '"no"')
     first = result.logprobs[0]
-    allowed = [(t, lp) for t, lp in first.top if lp > FLOOR]
-    assert allowed and all('"yes"'.startswith(engine.model.token_bytes(t).decode()) or '"no"'.startswith(
-        engine.model.token_bytes(t).decode()) for t, _ in allowed)  # fmt: skip
-    assert abs(math.fsum(math.exp(lp) for _, lp in allowed) - 1) < 1e-6
+    assert 0 < len(first.top) < 20 and all(lp > FLOOR for _, lp in first.top)
+    assert all('"yes"'.startswith(engine.model.token_bytes(t).decode()) or '"no"'.startswith(
+        engine.model.token_bytes(t).decode()) for t, _ in first.top)  # fmt: skip
+    assert abs(math.fsum(math.exp(lp) for _, lp in first.top) - 1) < 1e-6
+    assert all(lp > FLOOR for scored in result.logprobs for _, lp in scored.top)
+
+
+@pytest.mark.fast
+def test_a_masked_token_is_no_alternative() -> None:
+    """A row as a schema's mask leaves it (-inf where refused): the alternatives are the tokens left,
+    best first, however many were asked for; an unmasked row lists as many as asked."""
+    import numpy as np
+
+    from runner.engine.logprobs import read
+
+    row = np.array([2.0, -np.inf, 1.0, -np.inf, 0.5], dtype=np.float32)
+    scored = read(row, 0, 4)
+    assert [t for t, _ in scored.top] == [0, 2, 4]
+    assert abs(math.fsum(math.exp(lp) for _, lp in scored.top) - 1) < 1e-6
+    assert [t for t, _ in read(np.array([2.0, 0.0, 1.0, -1.0, 0.5], dtype=np.float32), 0, 4).top] == [
+        0,
+        2,
+        4,
+        1,
+    ]
 
 
 @pytest.mark.fast

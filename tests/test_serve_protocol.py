@@ -457,6 +457,40 @@ def test_a_body_sent_without_its_length_is_bounded_as_it_arrives(http: TestClien
 
 
 @pytest.mark.fast
+def test_an_images_media_type_is_held_to_its_bytes_as_anthropic_holds_it(
+    http: TestClient, backend: StandIn
+) -> None:
+    """Anthropic's API refuses PNG bytes sent as image/jpeg, a media type outside its four, and none:
+    so does runner, in Anthropic's error shape, through Anthropic's own client, before the model."""
+    import base64
+
+    from tests.helpers import random_png
+
+    png = base64.b64encode(random_png(1)).decode()
+    client = anthropic_client(http)
+
+    def sent(source: dict[str, Any]) -> str:
+        content = [{"type": "image", "source": {"type": "base64", **source}}, {"type": "text", "text": "Hi"}]
+        with pytest.raises(anthropic.BadRequestError) as caught:
+            client.messages.create(model=MODEL, max_tokens=8, messages=[{"role": "user", "content": content}])
+        said = caught.value.body
+        assert isinstance(said, dict) and said["type"] == "error", said
+        assert said["error"]["type"] == "invalid_request_error", said
+        return said["error"]["message"]
+
+    where = "messages[0].content[0].source"
+    assert sent({"media_type": "image/jpeg", "data": png}) == (
+        f"{where}.data: the image's bytes are image/png, not the image/jpeg its media_type says"
+    )
+    assert sent({"media_type": "image/bmp", "data": png}).startswith(
+        f"{where}.media_type: Input should be one of 'image/jpeg', 'image/png', 'image/gif', 'image/webp'"
+    )
+    assert sent({"data": png}) == f"{where}.media_type: Field required"
+    assert "takes no images" in sent({"media_type": "image/png", "data": png})  # right: on to the model
+    assert backend.asks == []
+
+
+@pytest.mark.fast
 def test_bad_requests_are_refused_in_anthropics_shape(http: TestClient, backend: StandIn) -> None:
     client = anthropic_client(http)
     bad = anthropic.BadRequestError

@@ -1,6 +1,7 @@
 """Token log-probabilities from a row of logits: the sampled token's and the most likely ones', as
 llama-server computes them (a softmax over the whole vocabulary of the row the sampler read, before
-temperature and the other samplers; after a schema's mask, which set the refused tokens to -inf).
+temperature and the other samplers; after a schema's mask, which set the refused tokens to -inf, so
+those are never listed as alternatives).
 
 Only the sequences that ask pay for it (runner.engine.loop reads a row for those alone); the prompt's
 own log-probabilities (`echo`) come from an evaluation with logits at every position, in chunks of
@@ -70,7 +71,9 @@ def log_sum_exp(logits: Any) -> float:
 
 
 def read(logits: Any, token: int, n_top: int) -> TokenLogprob:
-    """`token`'s log-probability in this row of logits and the row's `n_top` most likely tokens."""
+    """`token`'s log-probability in this row of logits and the row's `n_top` most likely tokens. A
+    token a schema masked (-inf: it could not be picked) is no alternative: fewer are listed where the
+    schema leaves fewer than `n_top` (llama-server would list them at float's lowest, -3.4e38)."""
     import numpy as np
 
     lse = log_sum_exp(logits)
@@ -78,7 +81,7 @@ def read(logits: Any, token: int, n_top: int) -> TokenLogprob:
     if n_top > 0:
         ids = np.argpartition(logits, -n_top)[-n_top:]
         ids = ids[np.lexsort((ids, -logits[ids]))]  # most likely first, ties by id
-        best = tuple((int(i), _finite(float(logits[i]) - lse)) for i in ids)
+        best = tuple((int(i), _finite(float(logits[i]) - lse)) for i in ids if logits[i] != -np.inf)
     return TokenLogprob(int(token), _finite(float(logits[token]) - lse), best)
 
 

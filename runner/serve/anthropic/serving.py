@@ -9,12 +9,15 @@ The stop sequence an answer names is the one the engine stopped at (Outcome.stop
 
 from __future__ import annotations
 
+import base64
 import json
 from collections.abc import AsyncGenerator
 from typing import Any
 
 from starlette.requests import Request
 
+from runner.errors import ImageError
+from runner.images import sniff
 from runner.serve.anthropic import errors
 from runner.serve.anthropic.protocol import (
     CountRequest,
@@ -39,6 +42,9 @@ from runner.serve.shared.translate import (
 )
 
 # -- requests -------------------------------------------------------------------------------------
+
+# the image media types Anthropic's API takes, by the format runner.images sniffs (BMP is not one)
+MEDIA_TYPES = {"JPEG": "image/jpeg", "PNG": "image/png", "GIF": "image/gif", "WEBP": "image/webp"}
 
 
 def ask_of(req: CountRequest, model: str, **fields: Any) -> Ask:
@@ -116,12 +122,34 @@ def image_ref(source: Any, field: str) -> ImageRef:
         if not isinstance(data, str) or not isinstance(media, (str, type(None))):
             message = f'{field}: a base64 source is {{"media_type": "image/png", "data": "..."}}'
             raise ApiError(400, message, param=field)
-        return ImageRef(f"{field}.data", f"data:{media};base64,{data}" if media else data)
+        _check_media(media, data, field)
+        return ImageRef(f"{field}.data", f"data:{media};base64,{data}")
     if isinstance(source, dict) and kind == "url" and isinstance(source.get("url"), str):
         return ImageRef(f"{field}.url", source["url"])
     said = json.dumps(kind)[:60] if isinstance(kind, str) else "a source without a type"
     message = f'{field}.type: {said} sources are not served: send the image as base64 ("type": "base64")'
     raise ApiError(400, message, param=f"{field}.type")
+
+
+def _check_media(media: str | None, data: str, field: str) -> None:
+    """As Anthropic's API: a media type, one of its four, and bytes of that format (PNG bytes sent as
+    image/jpeg are a 400 there). The format is read from the base64's first characters alone, on the
+    event loop; bytes that are no image are left to the decoding, which says what they look like."""
+    if media is None:
+        raise ApiError(400, f"{field}.media_type: Field required", param=f"{field}.media_type")
+    if media not in MEDIA_TYPES.values():
+        allowed = ", ".join(repr(m) for m in MEDIA_TYPES.values())
+        message = f"{field}.media_type: Input should be one of {allowed} (got {json.dumps(media)[:60]})"
+        raise ApiError(400, message, param=f"{field}.media_type")
+    head = "".join(data[:256].split())[:32]
+    try:
+        kind = sniff(base64.b64decode(head[: len(head) // 4 * 4], validate=True), field)
+    except (ImageError, ValueError):
+        return
+    found = MEDIA_TYPES.get(kind, f"image/{kind.lower()}")
+    if found != media:
+        message = f"{field}.data: the image's bytes are {found}, not the {media} its media_type says"
+        raise ApiError(400, message, param=f"{field}.media_type")
 
 
 # -- answers --------------------------------------------------------------------------------------
