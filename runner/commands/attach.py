@@ -59,7 +59,8 @@ class Attachments:
         return self.engine.vision is not None
 
     def attach(self, arg: str) -> None:
-        """/image PATH: the file read, decoded and checked now (a bad one: ImageError, nothing attached)."""
+        """/image PATH: the file read, decoded and checked now (a bad one: ImageError, nothing attached).
+        An image already attached (the same bytes, whatever the file's name) is not attached twice: said."""
         if not self.vision:
             raise UsageError(NO_PROJECTOR)
         if not arg:
@@ -67,6 +68,11 @@ class Attachments:
         if len(self.pending) >= MAX_IMAGES:
             raise UsageError(f"at most {MAX_IMAGES} images a message: send it first (/image none drops them)")
         [(path, image)] = read_attachments((arg,))
+        same = next((r for r in self.pending if r.sha256 == image.sha256), None)
+        if same is not None:
+            named = "" if Path(same.path) == path else f" (as {Path(same.path).name}: the same image)"
+            ui.info(f"{path.name} is already attached{named}; it goes once with your next message")
+            return
         self.add(path, image)
         ui.info(
             f"attached {path.name} ({image.width}x{image.height}, {ui.count(image.size, 'byte')}): "
