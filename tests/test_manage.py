@@ -293,6 +293,8 @@ def test_show_a_local_file(files: dict[str, Path]) -> None:
         "size_bytes": path.stat().st_size,
         "chat_template": TINY_TEMPLATE,
         "vision": None,  # no --mmproj: nothing said of images
+        "expected_bytes": path.stat().st_size,  # what its header describes: the file is whole
+        "complete": True,
     }
     none = run_cli("show", str(files["bare"]), "--template")
     assert (none.returncode, none.stdout) == (2, b"")
