@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from runner.engine.text.schemawalk import DATA, MAPS, subschemas
+from runner.engine.text.unique import enforce_unique
 from runner.errors import InvalidSetting, RunnerError
 
 FORMATS = ("json",)
@@ -188,9 +189,13 @@ def _schema_error(problem: str) -> InvalidSetting:
     return InvalidSetting(f"--schema: {problem}", field="schema", problem=problem)
 
 
-# How llguidance writes JSON: whitespace where llama.cpp's converter allows it (none, a space, or a
-# line break and up to 20 spaces or tabs), never a run a small model could fill without end.
-JSON_OPTIONS: dict[str, Any] = {"whitespace_pattern": r"(?: |\n[ \t]{0,20})?"}
+# How llguidance writes JSON: one layout, Python's json.dumps's (`{"a": 1, "b": [2, 3]}`), no other
+# whitespace. llama.cpp's json.gbnf bounds each run of whitespace (none, a space, or a line break and
+# up to 20 spaces or tabs) but allows one between every two tokens, and SmolLM2 sampled took them:
+# `"shape"\n:\n{\n"kind"\n:\n"square"`, a third of an answer's tokens spent on line breaks
+# (docs/pipelines.md). A fixed layout leaves the model no whitespace to choose: fewer tokens, one
+# line a script and a person read alike, and no run a small model could fill without end.
+JSON_OPTIONS: dict[str, Any] = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
 
 def _ref_loop(schema: dict[str, Any], ref: str) -> bool:
@@ -325,6 +330,9 @@ def schema_guide(schema: dict[str, Any]) -> str:
             problem = f"$ref {ref!r} (at {_where(path)}) leads only to itself: it describes no value"
             raise _schema_error(problem)
     bounded, options = _bounded(_unrolled(schema)), dict(JSON_OPTIONS)
+    unheld = enforce_unique(bounded, lambda ref: _target(bounded, ref))
+    if unheld is not None:
+        raise _schema_error(unheld)
     for _ in range(64):  # each unknown format found, left out, and the schema compiled again
         try:
             grammar = LLMatcher.grammar_from_json_schema(bounded, defaults=options)  # type: ignore[arg-type]
