@@ -323,3 +323,50 @@ def test_a_harmony_answer_is_split_the_same_by_every_api(harmony_model: Path, tm
         items = {item.type: item for item in response.output}
         texts = [part.text for part in items["reasoning"].content or []]
         assert ("".join(texts), response.output_text) == (REASONED, ANSWERED)
+
+
+def test_every_api_bounds_the_thinking_and_says_its_tokens(thinking_model: Path, tmp_path: Path) -> None:
+    """runner serve honours each API's own field for how long a model thinks: llama-server's
+    reasoning_budget_tokens and OpenAI's reasoning_effort, Anthropic's thinking.budget_tokens, Ollama's
+    think level, Responses' reasoning.effort. The model here never ends its thinking by itself (its
+    template opened a <think> block, SmolLM2 never closes it): an answer comes only where a budget
+    closed it. A value the API does not have is a 400 naming the field."""
+    import anthropic
+    import ollama
+    import openai
+
+    from tests.serving import serving
+
+    think = "What is 2 + 2? Think step by step."  # SmolLM2 thinks past 60 tokens on this one
+    name, question = thinking_model.stem, [{"role": "user", "content": think}]
+    with serving([str(thinking_model), "--parallel", "1", "--ctx", "2048"], tmp_path / "stderr") as server:
+        client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused")
+        asked = dict(model=name, messages=question, max_tokens=60, temperature=0)
+        free = client.chat.completions.create(**asked)  # type: ignore[call-overload]
+        assert not free.choices[0].message.content
+        assert free.usage.completion_tokens_details.reasoning_tokens == 60
+        bounded = client.chat.completions.create(**asked, extra_body={"reasoning_budget_tokens": 8})  # type: ignore[call-overload]
+        assert bounded.choices[0].message.content  # the budget closed the thinking: an answer came
+        assert 8 <= bounded.usage.completion_tokens_details.reasoning_tokens < 60
+        off = client.chat.completions.create(**asked, reasoning_effort="none")  # type: ignore[call-overload]
+        assert off.choices[0].message.content  # its template's switch, enable_thinking false
+        with pytest.raises(openai.BadRequestError) as refused:
+            client.chat.completions.create(**asked, reasoning_effort="extreme")  # type: ignore[call-overload]
+        assert refused.value.body["param"] == "reasoning_effort"  # type: ignore[index]
+        reply = anthropic.Anthropic(base_url=server.url, api_key="unused").messages.create(
+            model=name,
+            messages=question,  # type: ignore[arg-type]
+            max_tokens=60,
+            thinking={"type": "enabled", "budget_tokens": 8},
+            extra_body={"temperature": 0},
+        )
+        blocks = {block.type: block for block in reply.content}
+        assert blocks["thinking"].thinking and blocks["text"].text  # type: ignore[union-attr]
+        thought = ollama.Client(host=server.url).chat(
+            model=name, messages=question, think="low", options={"num_predict": 60, "temperature": 0}
+        )
+        assert thought.message.thinking and not thought.message.content  # low: 256 tokens, more than 60
+        response = client.responses.create(
+            model=name, input=question, max_output_tokens=60, temperature=0, reasoning={"effort": "none"}
+        )
+        assert response.output_text

@@ -37,7 +37,8 @@ class Ask:
     stop: tuple[str, ...] = ()
     json_schema: dict[str, Any] | None = None  # response_format json_schema / Ollama format {schema}
     json_object: bool = False  # response_format json_object / Ollama format "json"
-    think: bool | None = None  # enable_thinking for the templates that read it
+    think: bool | str | None = None  # on/off, or a level (off|low|medium|high: reasoning.think_settings)
+    reasoning_budget: int | None = None  # thinking tokens at most, then its end forced (0: none at all)
     tools: list[dict[str, Any]] | None = None  # OpenAI-shaped tool definitions, rendered by the template
     tool_choice: str | dict[str, Any] | None = None  # "auto" | "none" | "required" | {"function": {"name"}}
     keep_alive: float | None = None  # seconds the model stays loaded once idle (<0: for ever; None: as is)
@@ -136,6 +137,11 @@ class Outcome:
     @property
     def completion_tokens(self) -> int:
         return self.result.timings.completion_tokens
+
+    @property
+    def reasoning_tokens(self) -> int:
+        """Of the completion's tokens, the reasoning's (OpenAI's completion_tokens_details)."""
+        return self.result.timings.reasoning_tokens
 
     @property
     def ttft_s(self) -> float:

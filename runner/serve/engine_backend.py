@@ -476,4 +476,5 @@ def _asked(request: _Request, prompt: Prompt) -> Request:
         forced_call=request.forced,
         logprobs=ask.logprobs,
         echo=ask.echo,
+        reasoning_budget=ask.reasoning_budget,
     )

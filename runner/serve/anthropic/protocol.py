@@ -117,7 +117,7 @@ class ToolChoice(Loose):
 
 class Thinking(Loose):
     type: Literal["enabled", "disabled", "adaptive", "between_tools"]  # the last two: the model's default
-    budget_tokens: Optional[StrictInt] = Field(default=None, ge=1)  # accepted, not enforced
+    budget_tokens: Optional[StrictInt] = Field(default=None, ge=1)  # thinking tokens at most (enforced)
 
 
 class OutputFormat(Loose):

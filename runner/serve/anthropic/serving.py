@@ -55,6 +55,9 @@ def ask_of(req: CountRequest, model: str, **fields: Any) -> Ask:
         model=model,
         messages=chat_messages(req.system, req.messages),
         think={"enabled": True, "disabled": False}.get(req.thinking.type) if req.thinking else None,
+        reasoning_budget=req.thinking.budget_tokens
+        if req.thinking and req.thinking.type == "enabled"
+        else None,
         tools=tools or None,
         tool_choice=tool_choice_of(req),
         json_schema=output.schema_ if output else None,

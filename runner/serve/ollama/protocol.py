@@ -112,11 +112,9 @@ class Base(Loose):
 
     @field_validator("think")
     @classmethod
-    def _think(cls, value: Any) -> bool | None:
-        if value is None or isinstance(value, bool):
-            return value
-        if value in ("low", "medium", "high"):  # gpt-oss's levels: thinking on
-            return True
+    def _think(cls, value: Any) -> bool | str | None:
+        if value is None or isinstance(value, bool) or value in ("low", "medium", "high"):
+            return value  # a level: the template's own (gpt-oss), else a reasoning budget
         raise ValueError('must be true, false, "low", "medium" or "high"')
 
 

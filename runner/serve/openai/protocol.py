@@ -153,6 +153,8 @@ class ChatRequest(Knobs):
     logprobs: Optional[StrictBool] = None
     top_logprobs: TopLogprobs = None
     chat_template_kwargs: Optional[dict[str, Any]] = None
+    reasoning_effort: Optional[StrictStr] = None  # OpenAI's: minimal|low|medium|high (none: off)
+    reasoning_budget_tokens: Optional[StrictInt] = Field(default=None, ge=-1)  # llama-server's: -1 none
 
     @model_validator(mode="after")
     def _logprobs(self) -> ChatRequest:

@@ -54,6 +54,7 @@ def chat_ask(req: ChatRequest, model: str) -> Ask:
         model,
         messages=[message_of(message, i) for i, message in enumerate(req.messages)],
         think=think(req),
+        reasoning_budget=None if req.reasoning_budget_tokens in (None, -1) else req.reasoning_budget_tokens,
         tools=tool_list(req.tools),
         tool_choice=tool_choice_of(req),
     )
@@ -96,8 +97,18 @@ def message_of(message: ChatMessage, index: int) -> dict[str, Any]:
     return out
 
 
-def think(req: ChatRequest) -> bool | None:
-    """llama-server's chat_template_kwargs.enable_thinking, the one template switch served."""
+EFFORTS = {"none": "off", "minimal": "low", "low": "low", "medium": "medium", "high": "high"}
+
+
+def think(req: ChatRequest) -> bool | str | None:
+    """OpenAI's reasoning_effort as a level (runner.engine.text.reasoning.think_settings), else
+    llama-server's chat_template_kwargs.enable_thinking."""
+    if req.reasoning_effort is not None:
+        if req.reasoning_effort not in EFFORTS:
+            raise ApiError(
+                400, f"reasoning_effort must be one of {', '.join(EFFORTS)}", param="reasoning_effort"
+            )
+        return EFFORTS[req.reasoning_effort]
     value = (req.chat_template_kwargs or {}).get("enable_thinking")
     if value is not None and not isinstance(value, bool):
         raise ApiError(
@@ -137,6 +148,7 @@ def usage(outcomes: list[Outcome]) -> dict[str, Any]:
         "completion_tokens": completion,
         "total_tokens": first.prompt_tokens + completion,
         "prompt_tokens_details": {"cached_tokens": first.cached_tokens},
+        "completion_tokens_details": {"reasoning_tokens": sum(o.reasoning_tokens for o in outcomes)},
     }
 
 

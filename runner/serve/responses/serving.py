@@ -66,10 +66,21 @@ def ask_of(
         max_tokens=req.max_output_tokens,
         json_schema=json_schema,
         json_object=fmt is not None and fmt.type == "json_object",
-        think=None if effort is None else effort != "none",
+        think=None if effort is None else effort_level(effort),
         tools=[function_tool(tool.name, tool.description, tool.parameters) for tool in tools] or None,
         tool_choice=tool_choice_of(req.tool_choice, tools),
     )
+
+
+EFFORTS = {"none": "off", "minimal": "low", "low": "low", "medium": "medium", "high": "high"}
+
+
+def effort_level(effort: str) -> str:
+    """reasoning.effort as a think level (runner.engine.text.reasoning.think_settings); a 400 naming
+    the field for any other value."""
+    if effort not in EFFORTS:
+        raise ApiError(400, f"reasoning.effort must be one of {', '.join(EFFORTS)}", param="reasoning.effort")
+    return EFFORTS[effort]
 
 
 def head_of(req: ResponsesRequest, model: str, tools: list[FunctionTool], keep: bool) -> dict[str, Any]:
