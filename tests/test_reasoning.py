@@ -370,3 +370,24 @@ def test_every_api_bounds_the_thinking_and_says_its_tokens(thinking_model: Path,
             model=name, input=question, max_output_tokens=60, temperature=0, reasoning={"effort": "none"}
         )
         assert response.output_text
+
+
+def test_run_and_chat_take_a_think_level_and_a_budget(thinking_model: Path) -> None:
+    """--reasoning-budget N closes the thinking after N tokens (an answer comes); --think off reaches the
+    template's own switch; a level its template cannot say becomes a budget; /set think LEVEL too."""
+    asked = ("run", str(thinking_model), "What is 2 + 2? Think step by step.", "--max-tokens", "60")
+    asked += ("--temperature", "0", "--json")
+    free = json.loads(run_cli(*asked).stdout)
+    assert not free["text"] and free["reasoning"]  # it never ends its thinking by itself
+    bounded = json.loads(run_cli(*asked, "--reasoning-budget", "8").stdout)
+    assert bounded["text"] and "thinking budget" in bounded["reasoning"]
+    off = json.loads(run_cli(*asked, "--think", "off").stdout)
+    assert off["text"] and not off.get("reasoning")  # enable_thinking false: the template closed it
+    low = json.loads(run_cli(*asked, "--think", "low").stdout)
+    assert not low["text"]  # low on this template: a budget of 256 tokens, more than these 60
+    chat = run_cli(
+        "chat", str(thinking_model), "--max-tokens", "60", "--temperature", "0", "--reasoning-budget", "8",
+        input=b"What is 2 + 2? Think step by step.\n/set think off\n/show\n",
+    )  # fmt: skip
+    assert chat.returncode == 0 and chat.stdout.strip(), chat.stderr
+    assert b"think off" in chat.stderr

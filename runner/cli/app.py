@@ -96,7 +96,13 @@ def _silence_stdout() -> None:
 
 
 # --resume alone means the last conversation; --quality alone, the text shipped with runner
-OPTIONAL_VALUES = {("chat", "resume"): "last", ("bench", "quality"): ""}
+# --think alone, the template's thinking on
+OPTIONAL_VALUES = {
+    ("chat", "resume"): "last",
+    ("bench", "quality"): "",
+    ("run", "think"): "on",
+    ("chat", "think"): "on",
+}
 
 
 def command(only: str | None = None) -> click.Command:

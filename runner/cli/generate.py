@@ -70,6 +70,8 @@ def run(
     json: o.Json = False,
     verbose: o.Verbose = False,
     think: o.Think = None,
+    no_think: o.NoThink = False,
+    reasoning_budget: o.ReasoningBudget = None,
     hide_reasoning: o.HideReasoning = False,
     schema: o.Schema = None,
     format: o.Format = None,
@@ -251,6 +253,25 @@ def _tools(given: dict[str, Any], *, chat: bool) -> ToolSettings | None:
     )
 
 
+def _think(given: dict[str, Any]) -> bool | str | None:
+    """--think [LEVEL] and --no-think as the engine takes them: True/False (the template's switch, as
+    ever), or a level (runner.engine.text.reasoning.think_settings)."""
+    from runner.engine.text.reasoning import THINK_LEVELS
+
+    think, off = given["think"], given["no_think"]
+    if off and think is not None:
+        raise UsageError("--think and --no-think: give one")
+    if off or think is None:
+        return False if off else None
+    if think == "on":
+        return True
+    if think not in THINK_LEVELS:
+        raise UsageError(
+            f"--think takes off, low, medium or high, or nothing (got {think!r}); a prompt goes before it"
+        )
+    return str(think)
+
+
 def _answer_fields(given: dict[str, Any]) -> dict[str, Any]:
     """What run's and chat's flags say alike of the answers (a chat's, or one prompt's)."""
     return dict(
@@ -261,7 +282,8 @@ def _answer_fields(given: dict[str, Any]) -> dict[str, Any]:
         settings=_settings(given),
         prompt_cache=not given["no_prompt_cache"],
         prompt_cache_size=given["prompt_cache_size"],
-        think=given["think"],
+        think=_think(given),
+        reasoning_budget=given["reasoning_budget"],
         hide_reasoning=given["hide_reasoning"],
         verbose=given["verbose"],
     )
@@ -319,6 +341,8 @@ def chat(
     no_save: o.NoSave = False,
     markdown: o.Markdown = False,
     think: o.Think = None,
+    no_think: o.NoThink = False,
+    reasoning_budget: o.ReasoningBudget = None,
     hide_reasoning: o.HideReasoning = False,
     verbose: o.Verbose = False,
     mcp: to.Mcp = None,

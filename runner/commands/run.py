@@ -54,7 +54,8 @@ class RunRequest:
     prompt_cache_size: str | None = None  # --prompt-cache-size as typed
     as_json: bool = False
     verbose: bool = False
-    think: bool | None = None  # --think / --no-think: enable_thinking for templates that read it
+    think: bool | str | None = None  # --think [LEVEL] / --no-think (reasoning.think_settings)
+    reasoning_budget: int | None = None  # --reasoning-budget N: thinking tokens at most
     hide_reasoning: bool = False
     schema: str | None = None  # --schema: inline JSON or a file
     format: str | None = None  # --format json
@@ -166,6 +167,7 @@ def _answer_with_tools(
             quiet=request.as_json,
         )
         req = Request(rendered, sampling, request.max_tokens, request.stop, shape, tuple(tools), forced)
+        req = replace(req, reasoning_budget=request.reasoning_budget)
         with interrupt.deferred(), writer:
             result = stream_answer(loaded, req, writer)
             writer.release(result)
@@ -209,6 +211,7 @@ def _asked(
         shape=shape,
         logprobs=request.logprobs,
         head=head,
+        reasoning_budget=request.reasoning_budget,
     )
 
 

@@ -17,7 +17,7 @@ import dataclasses
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
@@ -46,6 +46,7 @@ from runner.engine.conversation import Fitted, fit
 from runner.engine.promptcache import MIN_HEAD, text_head
 from runner.engine.request import Request
 from runner.engine.text.constrain import Constraint, constraint
+from runner.engine.text.reasoning import THINK_LEVELS
 from runner.engine.text.tools import call_shape
 from runner.errors import RunnerError, UsageError
 from runner.limits import check_answer_limits
@@ -85,7 +86,8 @@ class ChatRequest:
     resume: str | None = None  # "last", or a conversation id
     load: Path | None = None
     markdown: bool = False
-    think: bool | None = None
+    think: bool | str | None = None  # --think [LEVEL] / --no-think
+    reasoning_budget: int | None = None  # --reasoning-budget N
     hide_reasoning: bool = False
     tools: ToolSettings | None = None  # --mcp and the tool flags (a chat reads mcp.json without them)
 
@@ -193,7 +195,7 @@ class Session:
         self.max_tokens = value
         self._keep_settings()
 
-    def set_think(self, value: bool | None) -> None:
+    def set_think(self, value: bool | str | None) -> None:
         self.think = value
         self._keep_settings()
 
@@ -213,7 +215,8 @@ class Session:
         if "max_tokens" in stored and self.request.max_tokens is None:
             self.set_max_tokens(_typed(stored["max_tokens"], int, "max_tokens"))
         if "think" in stored and self.request.think is None:
-            self.set_think(_typed(stored["think"], bool, "think"))
+            level = stored["think"]
+            self.set_think(level if level in THINK_LEVELS else _typed(level, bool, "think"))
         for kind in ("format", "schema"):
             if kind in stored:
                 self.set_constraint(kind, _typed(stored[kind], str, kind))
@@ -351,6 +354,7 @@ class Session:
                 max_tokens=self.max_tokens,
                 stop=self.request.stop,
                 shape=self.constraint,
+                reasoning_budget=self.request.reasoning_budget,
             )
             with writer:
                 answer = stream_answer(
@@ -393,6 +397,7 @@ class Session:
             asked = Request(
                 fitted.prompt, self.sampling, self.max_tokens, self.request.stop, shape, tuple(tools), forced
             )
+            asked = replace(asked, reasoning_budget=self.request.reasoning_budget)
             with writer:
                 result = stream_answer(
                     self.loaded, asked, writer, prompt_cache=self.prompt_cache, if_lost=lost

@@ -24,7 +24,7 @@ from runner.commands.output import (
     describe_threads,
 )
 from runner.commands.session import Session, user_turns
-from runner.engine.text.reasoning import style_of
+from runner.engine.text.reasoning import THINK_LEVELS, style_of
 from runner.engine.text.template import TEMPLATE_KEY
 from runner.errors import InvalidSetting, UsageError
 from runner.store import StoredConversation, StoredMessage
@@ -36,7 +36,8 @@ COMMANDS = {
     "/set": "/set PARAM VALUE: "
     + ", ".join(
         ["temperature", "top-k", "top-p", "min-p", "repeat-penalty", "presence-penalty"]
-        + ["frequency-penalty", "seed", "max-tokens", "system", "think", "format json|none", "schema S|none"]
+        + ["frequency-penalty", "seed", "max-tokens", "system", "think LEVEL"]
+        + ["format json|none", "schema S|none"]
     ),
     "/show": "model, file, parameters and where they came from, template, context used",
     "/stats": "the last answer's timings and the tokens it evaluated",
@@ -127,6 +128,12 @@ def _tools(session: Session, args: str) -> None:
     ui.echo("\n".join(lines) or "no servers")
 
 
+def _think_shown(think: bool | str | None) -> str:
+    if think is None:
+        return "the template's default"
+    return ("on" if think else "off") if isinstance(think, bool) else think
+
+
 def _edit(session: Session, source: Any) -> None:
     text = source.edit()
     if text:
@@ -172,9 +179,10 @@ def _setting(session: Session, args: str) -> None:
         limit = session.max_tokens
         ui.info(f"max-tokens {limit}" if limit else "max-tokens: none (answers run until the model ends)")
     elif param == "think":
-        choices = {"on": True, "off": False, "default": None}
+        levels = {v: v for v in THINK_LEVELS if v != "off"}  # off: the template's switch, as ever
+        choices: dict[str, bool | str | None] = {"on": True, "off": False, "default": None, **levels}
         if value.lower() not in choices:
-            raise UsageError("/set think on|off|default")
+            raise UsageError("/set think on|off|low|medium|high|default")
         session.set_think(choices[value.lower()])
         ui.info(f"think {value.lower()}" + (" (the template's)" if session.think is None else ""))
     elif param in ("format", "schema"):
@@ -213,7 +221,7 @@ def _show(session: Session) -> str:
         ),
         ("sampling", describe_sampling(session.sampling, session.sources)),
         ("max-tokens", str(session.max_tokens) if session.max_tokens else "none (until the model ends)"),
-        ("think", {None: "the template's default", True: "on", False: "off"}[session.think]),
+        ("think", _think_shown(session.think)),
         ("template", source),
         ("stored", saved if session.store is not None else "off (--no-save, or the database failed)"),
     ]
