@@ -236,11 +236,11 @@ def _turn_shape(given: dict[str, Any]) -> tuple[str, str] | None:
 def _tools(given: dict[str, Any], *, chat: bool) -> ToolSettings | None:
     """The tool flags (runner.commands.agent): None for a run that gives none (no MCP server starts
     and the SDK is never imported); a chat reads the config folder's mcp.json even without --mcp."""
-    from runner.commands.agent import ToolSettings
-
     named = given["mcp"] or given["allow_tools"] or given["tool_choice"] != "auto"
     if not chat and not named:
         return None
+    from runner.commands.agent import ToolSettings
+
     allow = tuple(
         name.strip() for item in given["allow_tools"] or () for name in item.split(",") if name.strip()
     )
