@@ -1,6 +1,12 @@
 """Start-up side by side: two or more installs of runner, measured in interleaved rounds.
 
     python scripts/bench_startup.py before=/tmp/a/bin/runner after=.venv/bin/runner --rounds 30
+    python scripts/bench_startup.py now=.venv/bin/runner --minimal --rounds 5
+
+--minimal adds the floor issue 56 measures against: a script that loads the model with
+llama-cpp-python's low-level API, tokenizes, decodes, samples one token greedily and prints it, as a
+process of its own (its wall time), interleaved with the installs; each install's one-token run
+against it (target: <= 1.1x).
 
 Each round runs, for every install in turn: `runner --help` (wall), `runner run --help` (wall), and
 `runner run MODEL hi --max-tokens 1 --json` (wall, and `timings.startup_s`: the process's start to its
@@ -19,12 +25,43 @@ import json
 import statistics
 import subprocess
 import time
+from pathlib import Path
 
 
 def wall(command: list[str]) -> tuple[float, str]:
     start = time.perf_counter()
     done = subprocess.run(command, capture_output=True, text=True, check=True)
     return time.perf_counter() - start, done.stdout
+
+
+MINIMAL = r"""
+import sys
+import llama_cpp as L
+import ctypes
+quiet = L.llama_log_callback(lambda *a: None)  # kept: ctypes frees a callback nobody holds
+L.llama_log_set(quiet, None)
+L.llama_backend_init()
+model = L.llama_model_load_from_file(sys.argv[1].encode(), L.llama_model_default_params())
+params = L.llama_context_default_params()
+params.n_ctx, params.n_batch = 512, 512
+ctx = L.llama_init_from_model(model, params)
+vocab = L.llama_model_get_vocab(model)
+text = b"<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+tokens = (L.llama_token * 64)()
+n = L.llama_tokenize(vocab, text, len(text), tokens, 64, True, True)
+L.llama_decode(ctx, L.llama_batch_get_one(tokens, n))
+chain = L.llama_sampler_chain_init(L.llama_sampler_chain_default_params())
+L.llama_sampler_chain_add(chain, L.llama_sampler_init_greedy())
+token = L.llama_sampler_sample(chain, ctx, -1)
+piece = ctypes.create_string_buffer(64)
+size = L.llama_token_to_piece(vocab, token, piece, 64, 0, False)
+print(piece.raw[:size].decode("utf-8", "replace"))
+"""
+
+
+def model_file(model: str, exe: str) -> str:
+    """The GGUF file `runner show` finds for MODEL (offline: nothing fetched)."""
+    return str(json.loads(wall([exe, "show", model, "--offline", "--json"])[1])["file"])
 
 
 def quartiles(values: list[float]) -> str:
@@ -39,6 +76,7 @@ def main() -> None:
     parser.add_argument("installs", nargs="+", help="LABEL=PATH of a runner executable")
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--model", default="smollm2")
+    parser.add_argument("--minimal", action="store_true", help="also the minimal llama-cpp-python script")
     args = parser.parse_args()
     installs = [tuple(item.split("=", 1)) for item in args.installs]
     figures: dict[str, dict[str, list[float]]] = {
@@ -46,7 +84,12 @@ def main() -> None:
     }
     for _label, exe in installs:  # warm the page cache and the header/compute caches once
         wall([exe, "run", args.model, "hi", "--max-tokens", "1", "--json"])
+    floor: list[float] = []
+    path = model_file(args.model, installs[0][1]) if args.minimal else ""
+    python = str(Path(installs[0][1]).with_name("python"))
     for _ in range(args.rounds):
+        if args.minimal:
+            floor.append(wall([python, "-c", MINIMAL, path])[0])
         for label, exe in installs:
             f = figures[label]
             f["help"].append(wall([exe, "--help"])[0])
@@ -64,6 +107,12 @@ def main() -> None:
         ratio = statistics.median(f["startup"]) / base
         cells = " | ".join(quartiles(f[k]) for k in ("help", "run_help", "run", "startup"))
         print(f"| {label} | {cells} | {ratio:.3f} |")
+    if floor:
+        minimal = statistics.median(floor)
+        print(f"minimal llama-cpp-python script (load, tokenize, decode, one token): {quartiles(floor)}")
+        for label, _ in installs:
+            run = statistics.median(figures[label]["run"]) / minimal
+            print(f"{label}: one-token run / minimal script = {run:.3f} (target <= 1.1)")
 
 
 if __name__ == "__main__":
