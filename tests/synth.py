@@ -384,6 +384,21 @@ def _copy_tokenizer(w: GGUFWriter, tokenizer: Path, edits: dict[int, str], templ
         w.add_chat_template(template)
 
 
+def set_context_length(path: str | Path, n_ctx: int) -> Path:
+    """The GGUF at `path` with its trained context set to n_ctx, in place: write_scripted's 4,096 for
+    an answer longer than that. A scripted model with no `once` has zero attention output, so its
+    greedy answer is the same at any length. The key's uint32 is found by its name and type in the
+    header and rewritten (GGUFReader would parse the whole tokenizer first: seconds)."""
+    import mmap
+    import re
+    import struct
+
+    with open(path, "r+b") as f, mmap.mmap(f.fileno(), 0) as data:
+        [key] = list(re.finditer(rb"\.context_length\x04\x00\x00\x00", data))  # name, then type UINT32
+        struct.pack_into("<I", data, key.end(), n_ctx)
+    return Path(path)
+
+
 def write_unknown_arch(path: str | Path) -> Path:
     """A well-formed GGUF of an architecture llama.cpp does not know ("foobar"): the header reader
     takes it, llama.cpp's load refuses it with its own reason."""

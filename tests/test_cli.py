@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import pty
 import signal
+import struct
 import subprocess
 import sys
+import termios
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import click
@@ -437,39 +442,52 @@ def test_bench_says_when_its_repetitions_disagree_beyond_the_noise() -> None:
     assert (single["spread"], single["unsteady"]) == ({}, [])  # one run: nothing to compare
 
 
-def _stderr_until(args: list[str], wanted: bytes, *, terminal: bool, then: float = 0) -> bytes:
-    """`runner ARGS`'s stderr (a pty or a pipe) until it shows wanted (and `then` seconds more) or the
-    process ends; then Ctrl-C. The pty is a terminal that draws (TERM=xterm): under TERM=dumb, as CI may
-    run, rich draws no live progress at all, and rightly."""
+def _bench_until(
+    args: list[str], reached: Callable[[bytes, int], bool], *, terminal: bool
+) -> tuple[bytes, bytes, int]:
+    """`runner bench ARGS`, its stderr on a pty or a pipe, until reached(stderr so far, its pid) says
+    it got where the test wants it; then Ctrl-C: (stderr, stdout, exit code). The pty is a terminal
+    that draws (TERM=xterm, 160 columns whatever COLUMNS says): under TERM=dumb, as CI may run, rich
+    draws no live progress at all, and rightly. SIGINT starts at its default, as a terminal's shell
+    leaves it (a script's `&` ignores it, and the bench would run on)."""
     import select
 
     leader, follower = pty.openpty() if terminal else os.pipe()
+    if terminal:
+        fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 160, 0, 0))
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
     proc = subprocess.Popen(
         [sys.executable, "-m", "runner", *args],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=follower,
-        env={**os.environ, "TERM": "xterm"} if terminal else None,
+        env={**env, "TERM": "xterm"} if terminal else env,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     os.close(follower)
-    seen, found, end = b"", False, time.monotonic() + 180
+    seen, deadline = b"", time.monotonic() + 180
     try:
-        while time.monotonic() < end:
-            if select.select([leader], [], [], 1)[0]:
-                chunk = os.read(leader, 4096)
-                if not chunk:
-                    break
-                seen += chunk
-            if not found and wanted in seen:
-                found, end = True, time.monotonic() + then
-    except OSError:  # the pty closed: the process ended
-        pass
+        while not reached(seen, proc.pid):
+            assert proc.poll() is None, f"the bench ended first ({proc.returncode}): {seen!r}"
+            assert time.monotonic() < deadline, f"the bench did not get there within 180 s: {seen!r}"
+            if select.select([leader], [], [], 0.1)[0]:
+                with contextlib.suppress(OSError):  # the pty closed: the process ended (said next turn)
+                    seen += os.read(leader, 4096)
     finally:
         proc.send_signal(signal.SIGINT)
         out, _ = proc.communicate(timeout=60)
         os.close(leader)
-    assert out == b""  # stdout waits for the figures
-    return seen
+    return seen, out, proc.returncode
+
+
+def _running_a_child(pid: int) -> bool:
+    """Whether the process has started one of its own (the bench's end to end: a `runner run`)."""
+    import psutil
+
+    try:
+        return bool(psutil.Process(pid).children())
+    except psutil.Error:
+        return False
 
 
 @pytest.mark.model
@@ -502,9 +520,21 @@ PP_TG_CTX = 512 + 128 + 64
 
 
 def test_bench_shows_its_progress_on_a_terminal_and_nothing_in_a_pipe() -> None:
-    args = ["bench", "smollm2", "--repetitions", "2"]
-    shown = _stderr_until(args, b"tg128 (1 of 2)", terminal=True)
-    assert b"loading the model" in shown and b"pp512 (1 of 2)" in shown  # each step as it starts
-    assert b"tg128 (1 of 2)" in shown and b"2/12" in shown  # the load and pp512 done, of 1 + 4 x 2 + 3
-    piped = _stderr_until(args, b"benchmarking", terminal=False, then=3)  # a bar would be drawn by now
-    assert piped.decode().startswith("runner: benchmarking smollm2") and len(piped.splitlines()) == 1
+    """Each step is named on a terminal's stderr as it starts, and nothing is drawn in a pipe. On the
+    terminal the Ctrl-C comes at tg128 (1 of 100): 99 more of each test and 100 `runner run`
+    processes are still to come, minutes on any machine, so the bench cannot end first."""
+    shown, out, code = _bench_until(
+        ["bench", "smollm2", "--repetitions", "100"],
+        lambda seen, _: b"tg128 (1 of 100)" in seen,
+        terminal=True,
+    )
+    assert (code, out) == (130, b""), shown  # stopped mid-bench; stdout waits for the figures
+    assert b"loading the model" in shown and b"pp512 (1 of 100)" in shown  # each step as it starts
+    assert b"2/404" in shown  # the load and pp512 done, of 1 + 4 x 100 + 3
+    # in a pipe, the Ctrl-C once the end to end's `runner run` has started: the load, pp512, tg128 and
+    # TTFT went by with no bar (should the rest end before the Ctrl-C, the figures are on stdout)
+    piped, out, code = _bench_until(
+        ["bench", "smollm2", "--repetitions", "1"], lambda _, pid: _running_a_child(pid), terminal=False
+    )
+    assert piped.decode().startswith("runner: benchmarking smollm2") and len(piped.splitlines()) == 1, piped
+    assert (code, out) == (130, b"") or (code == 0 and b"tg128" in out), (code, out)

@@ -5,6 +5,14 @@ the conversation was left with its user turn unanswered, so the next `run -c` st
 in a row. Now they take Ctrl-C's path (runner.interrupt): the partial answer is kept and stored,
 marked interrupted, and the exit code is 128 + the signal (143, 129). Where Ctrl-C only stops an
 answer (a chat on a terminal), they end the process too.
+
+Each test waits for a state it can see (the answer's first words, a prompt), never for a time, and
+what it interrupts cannot end first on any machine: the chats answer with `endless`, a scripted model
+whose answer only a signal, --max-tokens or a full context ends, and which is longer than a pipe or a
+terminal holds, so that it stalls while the test is not reading. Every process starts with SIGINT,
+SIGTERM and SIGHUP at their defaults, as a terminal's shell starts it: a suite run under nohup, or as
+a script's background job (SIGINT ignored), would pass its ignored signals on, and runner rightly
+keeps a signal its parent ignores.
 """
 
 from __future__ import annotations
@@ -29,8 +37,40 @@ from tests.fakehub import FakeHub, fake_hub_fixture, hf_env
 
 GREEDY = ["--temperature", "0"]
 LONG = "Tell me a very long story about the sea."
+# endless's context and answer: 30,000 tokens of ~5 bytes make ~150 KB, where a pipe holds 64 KiB and a
+# terminal ~18 KiB; --max-tokens keeps runner from ending a loop it sees (Job.stop_loops), and leaves
+# the turns before room in the context.
+ENDLESS_CTX = 32768
+ENDLESS = [*GREEDY, "--ctx", str(ENDLESS_CTX), "--max-tokens", "30000"]
 PROMPT_DONE = "\x1b[?2004l"  # prompt_toolkit turns bracketed paste off as the prompt returns the line
 WORDS = r"\w+\W+\w+\W+\w+"  # the answer has begun
+
+
+def _default_signals() -> None:
+    """In the child, before runner starts: SIGINT, SIGTERM and SIGHUP as a terminal's shell leaves
+    them, whatever this process inherited (nohup ignores SIGHUP; a script's `&` ignores SIGINT)."""
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, signal.SIG_DFL)
+
+
+@pytest.fixture(scope="module")
+def endless(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A scripted model on SmolLM2's tokenizer (tests/synth.py): "Hi" is answered " there", and a
+    message ending in "." with " apple pear plum" over and over, which no end of text ever stops."""
+    from runner.engine.engine import Engine
+    from tests.synth import set_context_length, write_scripted
+
+    with Engine(smollm2_path, n_ctx=256, n_threads=1) as vocab:
+        hi, there, dot, a, b, c = (
+            vocab.model.tokenize(text, add_special=False)[-1]
+            for text in (" Hi", " there", LONG, " apple", " pear", " plum")
+        )
+        [end] = vocab.model.tokenize(vocab.model.eos_text, add_special=False)
+        assert vocab.model.is_end(end) and vocab.model.tokenize(" Hi", add_special=False) == [hi]
+    says = "{% for m in messages %} {{ m['content'] }}{% endfor %}"  # a prompt ends with its last message
+    path = tmp_path_factory.mktemp("endless") / "endless.gguf"
+    write_scripted(path, smollm2_path, [hi, there, end, dot, a, b, c, a], template=says)
+    return set_context_length(path, ENDLESS_CTX)
 
 
 def _start(*args: str, stdin: Any = subprocess.PIPE) -> subprocess.Popen[bytes]:
@@ -39,12 +79,14 @@ def _start(*args: str, stdin: Any = subprocess.PIPE) -> subprocess.Popen[bytes]:
         stdin=stdin,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
+        preexec_fn=_default_signals,
     )
 
 
 def _answer_begun(proc: subprocess.Popen[bytes], *, after: int = 0) -> bytes:
     """What stdout had once the answer after the first `after` answers (one line each) has begun,
-    past the load and the prefill, however slow the machine."""
+    past the load and the prefill, however slow the machine. Nothing more is read: an answer longer
+    than the pipe holds then waits for the test."""
     assert proc.stdout is not None
     got = b""
     deadline = time.monotonic() + 120
@@ -95,9 +137,9 @@ def _ends_interrupted(conversation: StoredConversation, prompt: str, printed: by
 
 
 @pytest.mark.timeout(300)
-def test_sigterm_to_run_c_keeps_the_partial_answer_and_exits_143() -> None:
-    assert run_cli("chat", "smollm2", "--max-tokens", "6", *GREEDY, input=b"Hi\n").returncode == 0
-    proc = _start("run", "-c", LONG, "--max-tokens", "2000", *GREEDY, stdin=subprocess.DEVNULL)
+def test_sigterm_to_run_c_keeps_the_partial_answer_and_exits_143(endless: Path) -> None:
+    assert run_cli("chat", str(endless), "--max-tokens", "6", *GREEDY, input=b"Hi\n").returncode == 0
+    proc = _start("run", "-c", LONG, *ENDLESS, stdin=subprocess.DEVNULL)
     got = _answer_begun(proc)
     rest, err = _stop(proc, signal.SIGTERM, again=0.01)  # a second one does not cut the saving short
     assert proc.returncode == 143, err
@@ -105,15 +147,15 @@ def test_sigterm_to_run_c_keeps_the_partial_answer_and_exits_143() -> None:
     assert _roles(conversation) == ["user", "assistant", "user", "assistant"]
     _ends_interrupted(conversation, LONG, got + rest)
     # the next turn follows the partial answer: never two user turns in a row
-    after = run_cli("run", "-c", "Shorter, please.", "--max-tokens", "6", *GREEDY)
+    after = run_cli("run", "-c", "Shorter, please.", *GREEDY, "--ctx", str(ENDLESS_CTX), "--max-tokens", "6")
     assert after.returncode == 0, after.stderr
     [conversation] = _conversations()
     assert _roles(conversation) == ["user", "assistant"] * 3
 
 
 @pytest.mark.timeout(300)
-def test_sighup_to_a_piped_chat_keeps_the_partial_answer_and_exits_129() -> None:
-    proc = _start("chat", "smollm2", "--max-tokens", "2000", *GREEDY)
+def test_sighup_to_a_piped_chat_keeps_the_partial_answer_and_exits_129(endless: Path) -> None:
+    proc = _start("chat", str(endless), *ENDLESS)
     assert proc.stdin is not None
     proc.stdin.write(f"Hi\n{LONG}\n".encode())
     proc.stdin.flush()  # stdin stays open: the chat would wait for more
@@ -128,16 +170,18 @@ def test_sighup_to_a_piped_chat_keeps_the_partial_answer_and_exits_129() -> None
     _ends_interrupted(conversation, LONG, printed[len(first) + 1 :])
 
 
-def _terminal_chat_mid_answer() -> pexpect.spawn:
-    """`runner chat` on a terminal, asked for a long answer, once its first words have come."""
+def _terminal_chat_mid_answer(model: Path) -> pexpect.spawn:
+    """`runner chat` on a terminal, asked for an endless answer, once its first words have come (pexpect
+    reads no more until asked: the answer then waits on the full terminal)."""
     env = {**os.environ, "PROMPT_TOOLKIT_NO_CPR": "1", "TERM": "xterm"}
     child = pexpect.spawn(
         sys.executable,
-        ["-m", "runner", "chat", "smollm2", "--max-tokens", "2000", *GREEDY],
+        ["-m", "runner", "chat", str(model), *ENDLESS],
         env=env,
         encoding="utf-8",
         timeout=120,
         dimensions=(40, 160),
+        preexec_fn=_default_signals,
     )
     child.expect_exact(">>>")
     child.sendline(LONG)
@@ -147,10 +191,10 @@ def _terminal_chat_mid_answer() -> pexpect.spawn:
 
 
 @pytest.mark.timeout(300)
-def test_sigterm_to_a_terminal_chat_ends_it_where_ctrl_c_would_not() -> None:
+def test_sigterm_to_a_terminal_chat_ends_it_where_ctrl_c_would_not(endless: Path) -> None:
     """On a terminal, Ctrl-C stops the answer and the prompt returns; SIGTERM stops the answer, keeps
     it, and ends the chat."""
-    child = _terminal_chat_mid_answer()
+    child = _terminal_chat_mid_answer(endless)
     child.kill(signal.SIGTERM)
     child.expect(pexpect.EOF, timeout=30)
     child.close()
@@ -162,10 +206,10 @@ def test_sigterm_to_a_terminal_chat_ends_it_where_ctrl_c_would_not() -> None:
 
 
 @pytest.mark.timeout(300)
-def test_a_closed_terminal_ends_the_chat_with_129_and_keeps_the_answer() -> None:
+def test_a_closed_terminal_ends_the_chat_with_129_and_keeps_the_answer(endless: Path) -> None:
     """The terminal goes (its master side closed): the chat gets SIGHUP, and every write after it
     would fail (EIO); the partial answer is stored all the same."""
-    child = _terminal_chat_mid_answer()
+    child = _terminal_chat_mid_answer(endless)
     terminal = child.ptyproc
     terminal.fileobj.close()  # the terminal window closes: the kernel hangs its pty up
     deadline = time.monotonic() + 30
@@ -179,16 +223,15 @@ def test_a_closed_terminal_ends_the_chat_with_129_and_keeps_the_answer() -> None
 
 
 @pytest.mark.timeout(300)
-def test_sigterm_mid_batch_leaves_only_whole_json_lines_and_exits_143(
-    smollm2_path: Path, tmp_path: Path
-) -> None:
+def test_sigterm_mid_batch_leaves_only_whole_json_lines_and_exits_143(endless: Path, tmp_path: Path) -> None:
     prompts = tmp_path / "prompts.txt"
     prompts.write_text(
         "".join(f"Write a long story about a {w}.\n" for w in ["cat", "dog", "owl", "fox", "cow", "pig"])
     )
-    args = ["--each-line", "--jsonl", "--parallel", "2", "--max-tokens", "60"]
+    # each line ~21 KB: the five after the first are more than the pipe holds, so they wait for the test
+    args = ["--each-line", "--jsonl", "--parallel", "2", "--max-tokens", "4000", "--ctx", "4096", *GREEDY]
     with prompts.open("rb") as stdin:
-        proc = _start("run", str(smollm2_path), *args, stdin=stdin)
+        proc = _start("run", str(endless), *args, stdin=stdin)
     assert proc.stdout is not None
     first = proc.stdout.readline()  # the first answer is out: the others are still being written
     rest, err = _stop(proc, signal.SIGTERM)
@@ -248,6 +291,7 @@ def test_sigterm_mid_pull_keeps_the_partial_file_for_the_next_pull(fake_hub: Fak
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
+        preexec_fn=_default_signals,
     )
     deadline = time.monotonic() + 60
     partial: list[Path] = []
