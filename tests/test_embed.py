@@ -54,6 +54,8 @@ def test_normalized_is_unit_length_and_zero_stays_zero() -> None:
 @pytest.mark.model
 def test_mean_pooling_for_a_chat_model_and_its_size(embedder: Embedder) -> None:
     assert embedder.pooling == "mean"  # SmolLM2's GGUF declares no pooling
+    # flash attention off where the engine's is "auto", unlike a reranker's (runner.engine.embed says why)
+    assert (embedder.engine.context.flash_attn, embedder.context.flash_attn) == (None, False)
     assert embedder.n_embd == 576
     assert embedder.n_ctx == 512  # EMBED_CTX: the session engine was trained on more
 

@@ -1,7 +1,6 @@
 """Reranking: scripts/make_test_reranker.py's model scored in-process and by `runner rerank`, against
-llama-server --reranking's own scores for the same file and texts (recorded below from
-scripts/bench_rerank.py), and every bad input refused with one line and exit 2, as is the reranker
-asked to generate."""
+llama-server --reranking's own scores with its defaults for the same file and texts (recorded below),
+and every bad input refused with one line and exit 2, as is the reranker asked to generate."""
 
 from __future__ import annotations
 
@@ -16,22 +15,35 @@ import pytest
 from runner.commands.rerank import ranked
 from runner.engine.embed import IsAReranker
 from runner.engine.engine import Engine
+from runner.engine.llamacpp import Placement
 from runner.engine.rerank import MAX_DOCUMENTS, NotAReranker, PairTooLong, QueryTooLong, Reranker
 from runner.memory.arch import cannot_generate
 from tests.conftest import run_cli
 from tests.helpers import load_script
 
-TOLERANCE = 1e-4  # the issue's bound; runner and llama-server agree to 0 (alone) and 2.1e-5 (batched)
+# The issue's bound, for the same batch: runner and llama-server agree to 0 alone, 1.2e-5 all 8 in one.
+# Not across batches: a pair's score moves with what shares its batch (llama.cpp's CPU flash-attention
+# kernel, on by llama-server's default as by runner's), by up to 1.5e-3 here (docs/rerank.md)
+TOLERANCE = 1e-4
 make = load_script("make_test_reranker")
 QUERY, DOCUMENTS = make.QUERY, make.DOCUMENTS
-# llama-server --reranking -fa off (the pinned build), one document a request, seed 0: bench_rerank.py
+# llama-server --reranking with its defaults (flash attention "auto": on, on the CPU), the pinned build,
+# 2 threads, seed 0: each document in a request of its own, then all 8 in one request
 SERVER_SCORES = [
+    -0.8089609146118164, -0.4437981843948364, -0.22084565460681915, -0.13841767609119415,
+    -0.45903974771499634, -0.25645947456359863, -2.134817600250244, -0.16306377947330475,
+]  # fmt: skip
+SERVER_SCORES_BATCHED = [
+    -0.8093493580818176, -0.44366455078125, -0.2223292738199234, -0.13845612108707428,
+    -0.45874595642089844, -0.25629138946533203, -2.133941411972046, -0.16178108751773834,
+]  # fmt: skip
+SERVER_SCORES_FA_OFF = [  # llama-server --reranking -fa off, each document alone
     -0.8096712231636047, -0.44366347789764404, -0.22190798819065094, -0.13852150738239288,
     -0.4586058259010315, -0.25641709566116333, -2.134000301361084, -0.16201002895832062,
 ]  # fmt: skip
-SERVER_SCORES_TEMPLATE = [
-    -0.6595780849456787, -0.03869844600558281, 0.24952690303325653, 0.3536994457244873,
-    -0.3249495029449463, 0.06816934049129486, -1.897052526473999, 0.6768612861633301,
+SERVER_SCORES_TEMPLATE_BATCHED = [  # with a `rerank` template, all 8 in one request
+    -0.6593949794769287, -0.03871507570147514, 0.24974225461483002, 0.3535158038139343,
+    -0.32492929697036743, 0.06795041263103485, -1.8970332145690918, 0.6770508885383606,
 ]  # fmt: skip
 CLS, SEP = 2, 3
 
@@ -62,11 +74,23 @@ def test_a_pair_is_built_as_llama_server_builds_it(reranker: Reranker) -> None:
 
 @pytest.mark.model
 def test_scores_are_llama_servers_alone_and_batched(reranker: Reranker) -> None:
+    assert reranker.context.flash_attn is None  # llama-server's default, "auto"
     alone = [reranker.scores(QUERY, [d])[0] for d in DOCUMENTS]
     batched = reranker.scores(QUERY, DOCUMENTS)
     assert max(abs(a - b) for a, b in zip(alone, SERVER_SCORES, strict=True)) <= TOLERANCE
-    assert max(abs(a - b) for a, b in zip(batched, SERVER_SCORES, strict=True)) <= TOLERANCE
+    assert max(abs(a - b) for a, b in zip(batched, SERVER_SCORES_BATCHED, strict=True)) <= TOLERANCE
     assert max(SERVER_SCORES) - min(SERVER_SCORES) > 1.0  # the documents' scores differ: the check can fail
+
+
+@pytest.mark.model
+def test_flash_attention_asked_off_is_llama_servers_fa_off(reranker_path: Path) -> None:
+    """`runner serve --flash-attn off` reaches the rerank context: the scores are llama-server -fa off's."""
+    with Engine(reranker_path, n_ctx=512, n_threads=2, placement=Placement(flash_attn=False)) as engine:
+        engine.context.close()
+        with Reranker(engine) as r:
+            alone = [r.scores(QUERY, [d])[0] for d in DOCUMENTS]
+    assert max(abs(a - b) for a, b in zip(alone, SERVER_SCORES_FA_OFF, strict=True)) <= TOLERANCE
+    assert max(abs(a - b) for a, b in zip(SERVER_SCORES_FA_OFF, SERVER_SCORES, strict=True)) > 5 * TOLERANCE
 
 
 @pytest.mark.model
@@ -77,7 +101,7 @@ def test_a_rerank_template_is_used_as_llama_server_uses_it(tmp_path: Path) -> No
         with Reranker(engine) as r:
             assert r.template is not None and "{document}" in r.template
             scores = r.scores(QUERY, DOCUMENTS)
-    assert max(abs(a - b) for a, b in zip(scores, SERVER_SCORES_TEMPLATE, strict=True)) <= TOLERANCE
+    assert max(abs(a - b) for a, b in zip(scores, SERVER_SCORES_TEMPLATE_BATCHED, strict=True)) <= TOLERANCE
 
 
 @pytest.mark.model
@@ -121,13 +145,13 @@ def test_ranked_is_best_first_ties_in_order_and_top() -> None:
 
 
 def test_rerank_prints_score_tab_document_best_first(reranker_path: Path) -> None:
-    done = run_cli("rerank", str(reranker_path), QUERY, *DOCUMENTS[:4])
+    done = run_cli("rerank", str(reranker_path), QUERY, *DOCUMENTS)  # one batch, as llama-server's request
     assert done.returncode == 0 and done.stderr == b""
     lines = [line.split("\t", 1) for line in done.stdout.decode().splitlines()]
-    expected = sorted(range(4), key=lambda i: -SERVER_SCORES[i])
+    expected = sorted(range(len(DOCUMENTS)), key=lambda i: -SERVER_SCORES_BATCHED[i])
     assert [doc for _, doc in lines] == [DOCUMENTS[i] for i in expected]
     assert all(
-        abs(float(score) - SERVER_SCORES[i]) <= TOLERANCE
+        abs(float(score) - SERVER_SCORES_BATCHED[i]) <= TOLERANCE
         for (score, _), i in zip(lines, expected, strict=True)
     )
 

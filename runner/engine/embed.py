@@ -16,12 +16,15 @@ batched with a shorter one came out at cosine 0.86 to itself alone). Each input 
 own; as many consecutive inputs as fit the batch and MAX_SEQS go in one decode. Vectors are
 L2-normalized, as OpenAI's and Ollama's /api/embed return them.
 
-Flash attention is off here unless the engine was told to use it: on the CPU its kernel takes another
-path once a batch passes ~64 tokens, and the same text then came out up to 8e-3 apart per component
-(cosine 1 - 5e-4) depending on what it was batched with; without it, within 2.1e-3 (cosine
-1 - 1.3e-5): the rounding of SIMD lanes where a sequence starts at another offset of the batch. The
-KV cells are f16 whatever the engine's (they hold one batch only; a quantized V cache would need flash
-attention).
+Flash attention is off here unless the engine was told to use it, where llama-server's default
+("auto") turns it on: on the CPU its kernel takes another path once a batch passes ~64 tokens, and the
+same text then came out up to 8e-3 apart per component (cosine 1 - 5e-4) depending on what it was
+batched with; without it, within 2.1e-3 (cosine 1 - 1.3e-5): the rounding of SIMD lanes where a
+sequence starts at another offset of the batch. A vector is stored and compared with vectors made in
+other calls, so it should not depend on its batch-mates; that costs speed (SmolLM2: ~1.7x the time)
+and puts the vectors up to 1e-2 per component from llama-server's (docs/embed.md). A reranker's
+scores are compared within one call: its context keeps "auto" (runner.engine.rerank). The KV cells are
+f16 whatever the engine's (they hold one batch only; a quantized V cache would need flash attention).
 """
 
 from __future__ import annotations
@@ -132,8 +135,7 @@ class Embedder:
         self.standalone = standalone
         asked = n_ctx or min(EMBED_CTX, engine.model.n_ctx_train or EMBED_CTX)
         n_seq = min(MAX_SEQS, int(lib.llama_max_parallel_sequences()))
-        flash_attn = engine.context.flash_attn or False  # off unless asked for
-        placement = Placement(kv_type=None, flash_attn=flash_attn)  # f16 scratch cells
+        placement = Placement(kv_type=None, flash_attn=self._flash_attn(engine))  # f16 scratch cells
         self.context = Context(
             engine.model, asked, n_seq, engine.context.threads, placement, pooling=self._pooling(lib)
         )
@@ -146,6 +148,11 @@ class Embedder:
     def _pooling(self, lib: Any) -> int:
         """The context's pooling type (runner.engine.rerank's context asks for RANK)."""
         return pooling_for(lib, self.engine.model.handle)
+
+    def _flash_attn(self, engine: Engine) -> bool | None:
+        """Flash attention for this context: off unless the engine was told to use it (the module's
+        docstring says why; runner.engine.rerank's context keeps llama-server's "auto")."""
+        return engine.context.flash_attn or False
 
     def tokenize(self, text: str) -> list[int]:
         """A text's tokens as llama-server's embedding endpoint takes them (specials added and parsed)."""

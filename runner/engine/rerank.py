@@ -15,6 +15,11 @@ where the vocabulary says to add it (EOS falling back to SEP where there is none
 tokenized without specials. A pair must sit whole in one micro-batch: llama.cpp asserts it, and the
 assertion ends the process, so every pair is measured before anything is decoded, and one too long
 is refused naming its document, or with `truncate` has its document cut (its head kept) to fit.
+
+Flash attention is llama-server's default, "auto" (on, on the CPU), unless `runner serve --flash-attn`
+said otherwise; runner.engine.embed's context keeps it off. A pair's score then moves with what shares its
+batch (1.5e-3 on the test reranker, in llama-server too), but it is llama-server's to the bit for a
+pair alone, and scoring takes a third of the time (docs/rerank.md).
 """
 
 from __future__ import annotations
@@ -113,6 +118,10 @@ class Reranker(Embedder):
 
     def _pooling(self, lib: Any) -> int:
         return int(lib.LLAMA_POOLING_TYPE_RANK)
+
+    def _flash_attn(self, engine: Engine) -> bool | None:
+        """The engine's: llama.cpp's "auto" (on, on the CPU) unless --flash-attn said otherwise."""
+        return engine.context.flash_attn
 
     def pair(self, query: str, document: str) -> list[int]:
         """The pair's tokens, as llama-server builds them."""
