@@ -19,7 +19,7 @@ is refused naming its document, or with `truncate` has its document cut (its hea
 Flash attention is llama-server's default, "auto" (on, on the CPU), unless `runner serve --flash-attn`
 said otherwise; runner.engine.embed's context keeps it off. A pair's score then moves with what shares its
 batch (1.5e-3 on the test reranker, in llama-server too), but it is llama-server's to the bit for a
-pair alone, and scoring takes a third of the time (docs/rerank.md).
+pair alone, and that model scores in a third of the time (a larger one in about the same: docs/rerank.md).
 """
 
 from __future__ import annotations
