@@ -10,8 +10,8 @@ tests/test_rerank.py's expected numbers.
 
     python scripts/bench_rerank.py [--llama-server PATH] [--threads 2]
 
-llama-server runs with flash attention off (as runner's rerank context), --no-repack where the CPU
-has AMX (benchlib.peer_flags). Figures: docs/rerank.md.
+llama-server runs with its default flash attention ("auto", as runner's rerank context), with
+--no-repack where the CPU has AMX (benchlib.peer_flags). Figures: docs/rerank.md.
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ def runner_scores(model: Path, query: str, documents: list[str], threads: int) -
 async def llama_server(binary: Path, model: Path, threads: int, log: Path) -> tuple[list[float], list[float]]:
     """(each document alone, all in one request) from llama-server --reranking."""
     port = free_port()
-    command = [str(binary), "-m", str(model), "--reranking", "-fa", "off", "-t", str(threads)]
+    command = [str(binary), "-m", str(model), "--reranking", "-t", str(threads)]
     process = start([*command, "--port", str(port), *peer_flags()], log)
     url = f"http://127.0.0.1:{port}"
     try:
