@@ -347,35 +347,6 @@ Continue = Annotated[
         rich_help_panel=CHAT,
     ),
 ]
-Think = Annotated[
-    Optional[str],
-    typer.Option(
-        "--think",
-        is_flag=False,
-        flag_value="on",
-        metavar="[LEVEL]",
-        help="How much a reasoning model thinks: off, low, medium, high (alone: on); the template's own "
-        "switch where it has one (enable_thinking, reasoning_effort), else a budget "
-        "[default: the template's]",
-        rich_help_panel=OUTPUT,
-        show_default=False,
-    ),
-]
-NoThink = Annotated[
-    bool,
-    typer.Option("--no-think", help="Ask a reasoning model not to think", rich_help_panel=OUTPUT),
-]
-ReasoningBudget = Annotated[
-    Optional[int],
-    typer.Option(
-        "--reasoning-budget",
-        metavar="N",
-        help="Thinking tokens at most; then its end is forced, a short note first, and the answer follows "
-        "(0: no thinking at all)",
-        rich_help_panel=OUTPUT,
-        show_default=False,
-    ),
-]
 HideReasoning = Annotated[
     bool,
     typer.Option(

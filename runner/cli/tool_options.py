@@ -1,10 +1,13 @@
-"""The tool flags of run and chat (runner.commands.agent: MCP servers' tools, each call asked first)."""
+"""The flags of run and chat for long work: tools (runner.commands.agent: MCP servers' tools, each call
+asked first) and how long a model thinks (runner.engine.text.reasoning: levels and budgets)."""
 
 from __future__ import annotations
 
 from typing import Annotated, Optional
 
 import typer
+
+from runner.cli.options import OUTPUT
 
 TOOLS = "Tools (MCP)"
 Mcp = Annotated[
@@ -42,5 +45,35 @@ ToolChoice = Annotated[
         metavar="auto|required|none|NAME",
         help="The first step's tool choice, as the API's tool_choice (required or a name force a call)",
         rich_help_panel=TOOLS,
+    ),
+]
+
+Think = Annotated[
+    Optional[str],
+    typer.Option(
+        "--think",
+        is_flag=False,
+        flag_value="on",
+        metavar="[LEVEL]",
+        help="How much a reasoning model thinks: off, low, medium, high (alone: on); the template's own "
+        "switch where it has one (enable_thinking, reasoning_effort), else a budget "
+        "[default: the template's]",
+        rich_help_panel=OUTPUT,
+        show_default=False,
+    ),
+]
+NoThink = Annotated[
+    bool,
+    typer.Option("--no-think", help="Ask a reasoning model not to think", rich_help_panel=OUTPUT),
+]
+ReasoningBudget = Annotated[
+    Optional[int],
+    typer.Option(
+        "--reasoning-budget",
+        metavar="N",
+        help="Thinking tokens at most; then its end is forced, a short note first, and the answer follows "
+        "(0: no thinking at all)",
+        rich_help_panel=OUTPUT,
+        show_default=False,
     ),
 ]

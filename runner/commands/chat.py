@@ -21,7 +21,7 @@ from runner.commands.agent import Servers
 from runner.commands.attach import NO_PROJECTOR_C, pasted_path, read_attachments
 from runner.commands.lineinput import QUIT_HINT, PipeInput, TerminalInput
 from runner.commands.output import describe_load, shape_problem, shaped, to_json
-from runner.commands.session import ChatRequest, Session, user_turns
+from runner.commands.session import ChatRequest, Session
 from runner.commands.slash import COMMANDS, command, is_command, recap
 from runner.engine import rpc
 from runner.engine.answer import FINISH_INTERRUPTED
@@ -32,7 +32,7 @@ from runner.hub.catalog import load_catalog
 from runner.limits import check_answer_limits
 from runner.loader import LoadedModel, open_model
 from runner.paths import data_dir
-from runner.store import Store, StoredConversation, StoreError, saving_disabled
+from runner.store import Store, StoredConversation, StoreError, saving_disabled, user_turns
 from runner.store.file import read_conversation
 
 HISTORY_FILE = "chat_input_history"

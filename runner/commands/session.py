@@ -1,14 +1,12 @@
-"""The chat's session: one loaded model and the conversation with it, the settings it is opened with
+"""The chat's session: one loaded model, the conversation with it, the settings it is opened with
 (ChatRequest), the turns sent and answered, and their store.
 
-Sending a message fits the conversation to the context (the oldest exchanges give way), streams the answer
-and keeps both turns; /retry, /undo and /clear change the turns here too. A store that fails stops saving
-and the chat goes on; at the end the evaluated state goes to the prompt cache for --resume and `run -c`.
-Each turn holds its stored conversation (`holding`) from the question to the answer, and starts from the
-conversation as stored then: runners continuing one conversation at once take turns, never interleave.
-The settings /set changes (sampling, max-tokens, think, format) are stored with the conversation and
-come back with it, each unless a flag given then says otherwise.
-Not a command itself: chat.py runs the loop, slash.py the slash commands over a Session.
+Sending a message fits the conversation to the context (the oldest exchanges give way), streams the
+answer and keeps both turns; /retry, /undo and /clear change the turns too. A store that fails stops
+saving and the chat goes on; at the end the evaluated state goes to the prompt cache (--resume, run -c).
+Each turn holds its stored conversation (`holding`) from question to answer: runners continuing one
+conversation take turns. /set's settings are stored with the conversation and come back with it,
+unless a flag says otherwise. Not a command itself: chat.py runs the loop, slash.py the commands.
 """
 
 from __future__ import annotations
@@ -52,7 +50,7 @@ from runner.errors import RunnerError, UsageError
 from runner.limits import check_answer_limits
 from runner.loader import LoadedModel
 from runner.settings import DEFAULTS, LoadSettings
-from runner.store import Store, StoredConversation, StoredMessage, StoreError
+from runner.store import Store, StoredConversation, StoredMessage, StoreError, user_turns
 from runner.store.turns import holding
 
 if TYPE_CHECKING:
@@ -496,8 +494,3 @@ def _typed(value: Any, kind: type | tuple[type, ...], name: str) -> Any:
     if isinstance(kind, type):
         wanted = {int: "an integer", bool: "true or false", str: "text"}.get(kind, wanted)
     raise UsageError(f"the conversation's setting {name} must be {wanted} (got {value!r})")
-
-
-def user_turns(turns: list[StoredMessage]) -> int:
-    """How many of these turns are the user's: the count /show, /undo and a resumed chat report."""
-    return sum(1 for m in turns if m.role == "user")

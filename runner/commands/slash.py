@@ -23,11 +23,11 @@ from runner.commands.output import (
     describe_speculation,
     describe_threads,
 )
-from runner.commands.session import Session, user_turns
+from runner.commands.session import Session
 from runner.engine.text.reasoning import THINK_LEVELS, style_of
 from runner.engine.text.template import TEMPLATE_KEY
 from runner.errors import InvalidSetting, UsageError
-from runner.store import StoredConversation, StoredMessage
+from runner.store import StoredConversation, StoredMessage, user_turns
 from runner.store.file import read_conversation
 from runner.store.file import to_json as conversation_json
 

@@ -16,6 +16,7 @@ from runner.store.conversations import (
     first_words,
     inspect,
     saving_disabled,
+    user_turns,
 )
 from runner.store.migrations import MIGRATIONS
 
@@ -35,4 +36,5 @@ __all__ = [
     "first_words",
     "inspect",
     "saving_disabled",
+    "user_turns",
 ]

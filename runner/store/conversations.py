@@ -56,6 +56,11 @@ def tool_step(data: Any) -> dict[str, Any]:
     return out
 
 
+def user_turns(turns: list[StoredMessage]) -> int:
+    """How many of these turns are the user's: the count /show, /undo and a resumed chat report."""
+    return sum(1 for m in turns if m.role == "user")
+
+
 def saving_disabled() -> bool:
     return os.environ.get(NO_SAVE_ENV, "").strip().lower() not in ("", "0", "false", "no")
 
