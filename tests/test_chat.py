@@ -185,12 +185,21 @@ def test_run_c_prints_json_that_parses_or_nothing_and_exit_1() -> None:
     # JSON that always parses, on this path too: --format json given to -c, or carried by the
     # conversation (as /set format json leaves it), holds the answer until it is checked
     assert chat_pipe("Describe a cat as JSON with a name and an age.\n", "--max-tokens", "40").returncode == 0
-    whole = run_cli("run", "-c", "Another cat please", "--format", "json", "--max-tokens", "200", *GREEDY)
+    whole = run_cli(
+        "run",
+        "-c",
+        "Another cat as JSON, with a name and an age",
+        "--format",
+        "json",
+        "--max-tokens",
+        "200",
+        *GREEDY,
+    )
     assert whole.returncode == 0, whole.stderr
     assert isinstance(json.loads(whole.stdout), dict) and whole.stdout.endswith(b"}\n")
     [conversation] = conversations()
     assert conversation.settings["format"] == "json"  # kept with the conversation, as /set keeps it
-    as_json = run_cli("run", "-c", "And a dog", "--max-tokens", "200", "--json", *GREEDY)
+    as_json = run_cli("run", "-c", "Now a dog, the same way", "--max-tokens", "200", "--json", *GREEDY)
     assert as_json.returncode == 0, as_json.stderr
     assert isinstance(json.loads(json.loads(as_json.stdout)["text"]), dict)  # the conversation's format
     for args in ((), ("--json",), ("--format", "json")):

