@@ -22,8 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from runner.engine.engine import CTX_STEP, Engine
 from runner.engine.prompt import Prompt, render_prompt
-from runner.engine.text.template import TEMPLATE_KEY, Message
-from runner.engine.text.tools import tools_as_system
+from runner.engine.text.template import Message
 from runner.errors import PromptTooLong
 
 if TYPE_CHECKING:
@@ -114,9 +113,6 @@ def _render(
     messages = ([Message("system", shown.system)] if shown.system is not None else []) + sent
     pictures = [image for i in kept for image in carried.get(i, ())]
     tools = list(shown.tools) or None
-    source = header.get(TEMPLATE_KEY)
-    if tools and not (isinstance(source, str) and "tools" in source):
-        messages, tools = tools_as_system(messages, tools), None  # the template would not show them
     return render_prompt(
         engine,
         header,

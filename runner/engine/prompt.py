@@ -11,6 +11,7 @@ from runner.engine.request import Prompt
 from runner.engine.text.reasoning import opens_reasoning, style_of, think_settings
 from runner.engine.text.template import TEMPLATE_KEY, Message, render
 from runner.engine.text.toolcalls import GENERIC, format_of
+from runner.engine.text.tools import tools_as_system
 from runner.errors import UsageError
 
 if TYPE_CHECKING:
@@ -57,6 +58,7 @@ def render_prompt(
     how its model writes a tool call (Prompt.tool_format); without one, calls are read as generic.
     `enable_thinking`: --think/--no-think, or a level (runner.engine.text.reasoning.think_settings):
     the template's own switch, else a reasoning budget the prompt carries (Prompt.think_budget).
+    `tools` go to a template that reads them; any other gets them described in the system message.
     """
 
     def tokenized(text: str, style: str | None = None, opens: bool = False, calls: str = GENERIC) -> Prompt:
@@ -67,6 +69,9 @@ def render_prompt(
         media = engine.vision.tokenize(text, images)
         return Prompt(media.tokens, text, style, opens, media, calls)
 
+    source = header.get(TEMPLATE_KEY)
+    if tools and not raw and not (isinstance(source, str) and "tools" in source):
+        messages, tools = tools_as_system(messages, tools), None  # the template would not show them
     system = messages[0].content if messages and messages[0].role == "system" else None
     turns = messages[1:] if system is not None else messages
     if raw:
@@ -76,7 +81,6 @@ def render_prompt(
             )
         text = "\n\n".join(m.content for m in turns)
         return tokenized(text)
-    source = header.get(TEMPLATE_KEY)
     if not isinstance(source, str) or not source.strip():
         if not quiet:
             ui.warn(f"{header.source} has no chat template; sending the prompt as is (as with --raw)")

@@ -32,8 +32,8 @@ from runner.engine.request import Prompt, Request, to_job
 from runner.engine.sequence import dropped
 from runner.engine.text.constrain import Constraint, checked_schema, json_shape, schema_shape
 from runner.engine.text.sampling import SamplingConfig
-from runner.engine.text.template import TEMPLATE_KEY, Message
-from runner.engine.text.tools import call_shape, tools_as_system
+from runner.engine.text.template import Message
+from runner.engine.text.tools import call_shape
 from runner.errors import InvalidSetting, RunnerError
 from runner.loader import LoadedModel
 from runner.serve.backend import Ask, BadField, ModelInfo, QueueFull, TooLong, scored_tokens
@@ -364,10 +364,6 @@ class ModelThread:
         if images and vision is None:  # the HTTP side checks first: a model loaded without a projector
             raise BadField("messages", f"{self.served.info.name} takes no images (served without --mmproj)")
         tools = ask.tools if ask.tools and ask.tool_choice != "none" else None
-        source = header.get(TEMPLATE_KEY)
-        if tools and not (isinstance(source, str) and "tools" in source):
-            messages = tools_as_system(messages, tools)  # the template would not show them
-            tools = None
         return render_prompt(
             engine, header, messages, enable_thinking=ask.think, quiet=True, tools=tools, images=images
         )
