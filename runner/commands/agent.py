@@ -4,7 +4,7 @@ An answer that calls tools is not the end of a turn: each call is shown, approve
 MCP server (runner.tools.host), and its result goes back to the model as a message of its own; the
 model answers again, until it answers without a call or --max-tool-steps is reached. Every answer goes
 through the one generation loop (the caller's `ask`: Engine.stream, as any answer); what is kept of
-each step (the store, the turns) is the caller's too (`Keep`). How a call is approved is `Approvals`:
+each step (the store, the turns) is the caller's too (`Turns`). How a call is approved is `Approvals`:
 --allow-tools, "always" chosen in this chat, or the terminal's question; with no terminal to ask, a
 call nothing allowed ends the answer (ToolNotAllowed, exit 1) before anything runs.
 """
@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from runner import interrupt, ui
 from runner.commands.output import AnswerWriter
@@ -173,25 +173,15 @@ def shown(arguments: dict[str, Any]) -> str:
     return text
 
 
-class Keep(Protocol):
-    """Where each step goes as it is made (the caller's turns and store)."""
-
-    def calls(self, result: Result, calls: list[dict[str, Any]]) -> None: ...
-
-    def tool_result(
-        self, call: dict[str, Any], text: str, images: Sequence[tuple[str, bytes]] = ()
-    ) -> None: ...
-
-
 def answer_with_tools(
     ask: Callable[[str | dict[str, Any]], Result],
     host: ToolHost,
     settings: ToolSettings,
     approvals: Approvals,
-    keep: Keep,
+    keep: Turns,
 ) -> tuple[Result, list[Step]]:
     """The turn's answers until one makes no call: `ask(tool_choice)` answers the conversation as it
-    stands (each step's messages given to `keep` first), with the tools of `host`. The last answer and
+    stands (each step's messages kept in `keep` first), with the tools of `host`. The last answer and
     the steps, each also said on stderr as it ends."""
     steps: list[Step] = []
     for n in range(settings.max_steps + 1):
@@ -223,7 +213,7 @@ def answer_with_tools(
     raise AssertionError("unreachable")  # the last pass returns
 
 
-def _run(call: dict[str, Any], host: ToolHost, approvals: Approvals, keep: Keep) -> Step:
+def _run(call: dict[str, Any], host: ToolHost, approvals: Approvals, keep: Turns) -> Step:
     """One call: approved, run (its result kept as the model will read it), measured."""
     tools = {t.name: t for t in host.tools()}
     tool = tools[call["name"]]  # the parser reads calls of these tools only
@@ -345,7 +335,7 @@ def template_message(message: StoredMessage) -> Message:
 
 @dataclass
 class Turns:
-    """The turns a tool loop adds to (Keep): each step a StoredMessage, given to `persist` as it is
+    """The turns a tool loop adds to: each step a StoredMessage, given to `persist` as it is
     made (the chat's store) and appended to `turns`."""
 
     turns: list[StoredMessage]
