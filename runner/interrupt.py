@@ -30,6 +30,7 @@ traceback. A signal the parent chose to ignore (nohup's SIGHUP) stays ignored.
 
 from __future__ import annotations
 
+import errno
 import os
 import select
 import signal
@@ -49,6 +50,7 @@ _previous: dict[int, Any] = {}  # each signal's handler before the outermost def
 _stop: int | None = None  # SIGTERM or SIGHUP, once one came: the process is ending
 _stop_raised = False  # Stopped was raised for it
 _hook_before: Any = None  # sys.unraisablehook before install()
+_lost: int | None = None  # the errno of an answer's output that went away (output_lost)
 
 
 class Stopped(BaseException):
@@ -82,8 +84,23 @@ def stopping() -> int | None:
     return _stop
 
 
+def output_lost(error: OSError) -> None:
+    """An answer's reader went away mid-answer (a pipe closed: EPIPE; a terminal hung up: EIO, which a
+    write can see before the SIGHUP that comes with it is handled): the answer stops at the next token,
+    and what came is kept, as after a Ctrl-C; the exit code says what happened (exit_code)."""
+    global _lost
+    if _lost is None:
+        _lost = error.errno
+    _flag.set()
+
+
 def exit_code() -> int:
-    """The exit code of an interrupted run: 130 after Ctrl-C, 143 after SIGTERM, 129 after SIGHUP."""
+    """The exit code of an interrupted run: 130 after Ctrl-C, 143 after SIGTERM, 129 after SIGHUP (or a
+    terminal gone), 141 after a pipe nobody reads any more (as a shell reports `yes | head`)."""
+    if _stop is None and _lost == errno.EPIPE:
+        return 128 + signal.SIGPIPE
+    if _stop is None and _lost == errno.EIO:
+        return 128 + signal.SIGHUP
     return 128 + (_stop or signal.SIGINT)
 
 

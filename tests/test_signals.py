@@ -191,6 +191,30 @@ def _terminal_chat_mid_answer(model: Path) -> pexpect.spawn:
 
 
 @pytest.mark.timeout(300)
+def test_a_reader_gone_mid_answer_keeps_the_partial_answer_and_exits_141(endless: Path) -> None:
+    """`runner chat | head`: head has what it wanted and goes. The write that fails then (EPIPE; on a
+    hung-up terminal EIO, which a write can meet before the SIGHUP is handled) stops the answer, and
+    what came is kept, as after a Ctrl-C, where the write's OSError once lost it."""
+    proc = _start("chat", str(endless), *ENDLESS)
+    assert proc.stdin is not None and proc.stdout is not None
+    proc.stdin.write(f"{LONG}\n".encode())
+    proc.stdin.flush()  # stdin stays open: only the reader's going ends the chat
+    got = _answer_begun(proc)
+    proc.stdout.close()  # the pipe's reader goes, its 64 KiB unread
+    try:
+        _, err = proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        pytest.fail("runner did not exit within 30 s of its reader going")
+    assert b"Traceback" not in err and proc.returncode == 141, err
+    [conversation] = _conversations()
+    assert _roles(conversation) == ["user", "assistant"]
+    answer = conversation.messages[-1]
+    assert answer.interrupted, answer
+    assert answer.content.strip().startswith(got.decode().strip()), (got, answer.content)
+
+
+@pytest.mark.timeout(300)
 def test_sigterm_to_a_terminal_chat_ends_it_where_ctrl_c_would_not(endless: Path) -> None:
     """On a terminal, Ctrl-C stops the answer and the prompt returns; SIGTERM stops the answer, keeps
     it, and ends the chat."""

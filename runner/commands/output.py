@@ -15,7 +15,7 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import Any, TextIO
 
-from runner import ui
+from runner import interrupt, ui
 from runner.engine import rpc
 from runner.engine.answer import FINISH_INTERRUPTED, FINISH_LENGTH, FINISH_STOP, Result, Timings, result_json
 from runner.engine.llamacpp import supports_gpu_offload
@@ -78,6 +78,7 @@ class AnswerWriter:
         self._answer = ""
         self._last: dict[int, str] = {}  # stream id -> the last character written there
         self._reasoned = False
+        self.lost: OSError | None = None  # the output went away mid-answer: nothing more is written
 
     def __enter__(self) -> AnswerWriter:
         if self._markdown is not None:
@@ -116,11 +117,20 @@ class AnswerWriter:
                 self._put(stream, "\n")
 
     def _put(self, stream: TextIO, text: str, *, dim: bool = False) -> None:
-        if stream is self.out and self._wrap is not None:
-            self._wrap.write(text, dimmed=dim)
-        else:
-            stream.write(ui.dim(text) if dim else text)
-            stream.flush()
+        """A write a reader that went away fails (EPIPE, EIO) stops the answer and keeps what came
+        (runner.interrupt.output_lost), where its OSError would have lost the answer."""
+        if self.lost is not None:
+            return
+        try:
+            if stream is self.out and self._wrap is not None:
+                self._wrap.write(text, dimmed=dim)
+            else:
+                stream.write(ui.dim(text) if dim else text)
+                stream.flush()
+        except OSError as exc:
+            self.lost = exc
+            interrupt.output_lost(exc)
+            return
         self._last[id(stream)] = text[-1]
 
 
