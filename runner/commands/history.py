@@ -10,7 +10,7 @@ from typing import Any, TextIO
 from runner import ui
 from runner.errors import UsageError
 from runner.store import ORIGIN_SERVE, Store, StoredConversation, StoredResponse, StoreError, saving_disabled
-from runner.store.file import iso_time, to_json
+from runner.store.file import iso_time, to_json, transcript
 
 COLUMNS = ("ID", "FROM", "MODEL", "TURNS", "UPDATED", "FIRST WORDS")
 RESPONSE_FORMAT = "runner-response"
@@ -141,27 +141,6 @@ def _json(conversation: StoredConversation) -> dict[str, Any]:
     data = to_json(conversation)
     data["created"], data["updated"] = iso_time(conversation.created), iso_time(conversation.updated)
     return data
-
-
-def transcript(conversation: StoredConversation) -> str:
-    """The conversation as text; where more than one model answered it, each answer names its own."""
-    when = iso_time(conversation.updated)
-    lines = [f"# conversation {conversation.id} · {conversation.model} · {when}", ""]
-    if conversation.system:
-        lines += [f"system: {conversation.system}", ""]
-    models = {m.model or conversation.model for m in conversation.messages if m.role == "assistant"}
-    named = len(models | {conversation.model}) > 1
-    for m in conversation.messages:
-        notes = [m.model or conversation.model] if named and m.role == "assistant" else []
-        notes += ["interrupted"] if m.interrupted else []
-        mark = f" ({', '.join(notes)})" if notes else ""
-        images = "".join(f"[image {i.path}] " for i in m.images)  # the path: history shows it whole
-        role = f"tool {m.tool}" if m.role == "tool" and m.tool else m.role
-        lines += [f"{role}{mark}: {images}{m.content}".rstrip()]
-        for call in m.tool_calls:
-            lines.append(f"  call {call['name']} {json.dumps(call['arguments'], ensure_ascii=False)}")
-        lines.append("")
-    return "\n".join(lines)
 
 
 def _response_json(response: StoredResponse) -> dict[str, Any]:

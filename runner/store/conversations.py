@@ -121,6 +121,7 @@ class StoredConversation:
     updated: float
     messages: list[StoredMessage]
     settings: dict[str, Any] = field(default_factory=dict)  # the chat's /set values (Session.settings)
+    title: str | None = None  # the name it was given (runner serve's page); None: its first words
 
 
 @dataclass(frozen=True)
@@ -144,6 +145,7 @@ class Summary:
     updated: float
     first_words: str
     origin: str = "chat"  # ORIGIN_CHAT or ORIGIN_SERVE
+    title: str | None = None  # the name a conversation was given (None: none)
 
 
 ORIGIN_CHAT = "chat"  # a conversation: runner chat, runner run -c
@@ -298,6 +300,10 @@ class Store:
                 (json.dumps(settings) if settings else None, time.time(), conversation),
             )
 
+    def set_title(self, conversation: int, title: str | None) -> None:
+        with self._write("rename a conversation") as db:
+            db.execute("UPDATE conversations SET title = ? WHERE id = ?", (title, conversation))
+
     def remove(self, conversation: int) -> bool:
         with self._write("remove a conversation") as db:
             cursor = db.execute("DELETE FROM conversations WHERE id = ?", (conversation,))
@@ -373,7 +379,7 @@ class Store:
     def load(self, conversation: int) -> StoredConversation | None:
         with self._errors("read"):
             head = self._db.execute(
-                "SELECT id, model, system, created, updated, settings FROM conversations WHERE id = ?",
+                "SELECT id, model, system, created, updated, settings, title FROM conversations WHERE id = ?",
                 (conversation,),
             ).fetchone()
             if head is None:
@@ -399,20 +405,20 @@ class Store:
             for row_id, role, content, reasoning, interrupted, created, stats, model, images, tool in rows
         ]
         settings = json.loads(head[5]) if head[5] else {}
-        return StoredConversation(head[0], head[1], head[2], head[3], head[4], messages, settings)
+        return StoredConversation(head[0], head[1], head[2], head[3], head[4], messages, settings, head[6])
 
     def summaries(self, limit: int | None = None) -> list[Summary]:
         """Conversations with at least one message, most recently updated first."""
         query = (
-            "SELECT c.id, c.model, c.updated,"
+            "SELECT c.id, c.model, c.updated, c.title,"
             " (SELECT COUNT(*) FROM messages m WHERE m.conversation_id = c.id AND m.role = 'user'),"
             " (SELECT content FROM messages m WHERE m.conversation_id = c.id ORDER BY m.id LIMIT 1)"
             " FROM conversations c WHERE EXISTS (SELECT 1 FROM messages m WHERE m.conversation_id = c.id)"
             " ORDER BY c.updated DESC, c.id DESC"
         )
         return [
-            Summary(i, model, turns, updated, first_words(first or ""))
-            for i, model, updated, turns, first in self._listed(query, limit)
+            Summary(i, model, turns, updated, first_words(first or ""), title=title)
+            for i, model, updated, title, turns, first in self._listed(query, limit)
         ]
 
     def _listed(self, query: str, limit: int | None) -> list[Any]:

@@ -29,7 +29,28 @@ def to_json(conversation: StoredConversation) -> dict[str, Any]:
         "updated": iso_time(conversation.updated),
         "settings": conversation.settings,
         "messages": [m.to_json() for m in conversation.messages],
-    }
+    } | ({"title": conversation.title} if conversation.title else {})
+
+
+def transcript(conversation: StoredConversation) -> str:
+    """The conversation as text; where more than one model answered it, each answer names its own."""
+    when = iso_time(conversation.updated)
+    lines = [f"# conversation {conversation.id} · {conversation.model} · {when}", ""]
+    if conversation.system:
+        lines += [f"system: {conversation.system}", ""]
+    models = {m.model or conversation.model for m in conversation.messages if m.role == "assistant"}
+    named = len(models | {conversation.model}) > 1
+    for m in conversation.messages:
+        notes = [m.model or conversation.model] if named and m.role == "assistant" else []
+        notes += ["interrupted"] if m.interrupted else []
+        mark = f" ({', '.join(notes)})" if notes else ""
+        images = "".join(f"[image {i.path}] " for i in m.images)  # the path: history shows it whole
+        role = f"tool {m.tool}" if m.role == "tool" and m.tool else m.role
+        lines += [f"{role}{mark}: {images}{m.content}".rstrip()]
+        for call in m.tool_calls:
+            lines.append(f"  call {call['name']} {json.dumps(call['arguments'], ensure_ascii=False)}")
+        lines.append("")
+    return "\n".join(lines)
 
 
 def iso_time(moment: float) -> str:

@@ -103,3 +103,9 @@ def m006_tool_steps(db: sqlite3.Connection) -> None:
     db.execute("DROP TABLE messages")
     db.execute("ALTER TABLE messages_new RENAME TO messages")
     db.execute("CREATE INDEX messages_of_conversation ON messages (conversation_id, id)")
+
+
+@migration
+def m007_titles(db: sqlite3.Connection) -> None:
+    # a conversation's name, given in runner serve's chat page (None: its first words name it)
+    db.execute("ALTER TABLE conversations ADD COLUMN title TEXT")
