@@ -112,6 +112,15 @@ NoMetrics = Annotated[
         show_default=False,
     ),
 ]
+NoWebui = Annotated[
+    bool,
+    typer.Option(
+        "--no-webui",
+        help="No chat page on GET / (nor its /runner/v1 conversation API) [default: served]",
+        rich_help_panel=SERVER,
+        show_default=False,
+    ),
+]
 
 ServeMmproj = Annotated[
     Optional[str],
@@ -162,6 +171,7 @@ def serve(
     max_image_bytes: MaxImageBytes = None,
     max_images: MaxImages = None,
     no_metrics: NoMetrics = False,
+    no_webui: NoWebui = False,
     ctx: o.Ctx = None,
     threads: o.Threads = None,
     gpu_layers: o.GpuLayers = None,
@@ -235,6 +245,7 @@ def _request(given: dict[str, Any]) -> ServeRequest:
         models_dir=str(models_dir) if models_dir is not None else None,
         sampling={name: given[name] for name in SAMPLING_FLAGS},
         metrics=not given["no_metrics"],
+        webui=not given["no_webui"],
         **{name: given[name] for name in AS_GIVEN},
     )
 

@@ -67,6 +67,7 @@ class ServeRequest:
     max_images: int | None = None  # --max-images: a request's images at most (None: runner.images.MAX_IMAGES)
     rpc: str | None = None  # --rpc: the models' layers across these workers (docs/rpc.md)
     metrics: bool = True  # GET /metrics (Prometheus), and everything counted for it; --no-metrics: neither
+    webui: bool = True  # the chat page on GET / and its conversation API (/runner/v1); --no-webui: neither
 
 
 def serve(request: ServeRequest) -> None:
@@ -168,8 +169,10 @@ def _run(request: ServeRequest, backend: EngineBackend, key: str | None, behind_
 
     from runner.serve.app import MAX_BODY, create_app
     from runner.serve.responses.store import open_responses
+    from runner.serve.webui.conversations import open_conversations
 
     store = open_responses()  # where /v1/responses keeps its responses (None: it keeps none)
+    chats = open_conversations() if request.webui else None  # the chat page's (None: no page)
     images, image_bytes = image_limits(request)
     seeing = any(backend.info(name).max_images for name in backend.names())
     body = max_body(images, image_bytes) if seeing else MAX_BODY  # room for images where a model takes them
@@ -181,6 +184,7 @@ def _run(request: ServeRequest, backend: EngineBackend, key: str | None, behind_
         log=ui.info,
         store=store,
         metrics=backend.pool.metrics,
+        webui=chats,
     )
     config = uvicorn.Config(
         app,
@@ -199,14 +203,15 @@ def _run(request: ServeRequest, backend: EngineBackend, key: str | None, behind_
     waiting = [n for n in backend.names() if n not in backend.loaded()]
     if waiting:
         ui.info(f"on demand: {', '.join(waiting)}")
-    apis = "OpenAI /v1, Anthropic /v1/messages, Ollama /api"
+    apis = "OpenAI /v1, Anthropic /v1/messages, Ollama /api" + (", a chat page on /" if chats else "")
     if not behind_front:  # else the front says where it serves
         ui.info(f"serving {', '.join(backend.names())} on http://{host}:{request.port} ({apis})")
     try:
         server.run()
     finally:
-        if store is not None:
-            store.close()
+        for kept in (store, chats):
+            if kept is not None:
+                kept.close()
     if not server.started:  # uvicorn could not bind: it said why on stderr
         raise UsageError(f"could not serve on {host}:{request.port}")
 

@@ -27,6 +27,8 @@ from runner.serve.backend import Backend
 from runner.serve.metrics import Metrics, RequestCounter
 from runner.serve.responses.store import ResponseStore
 from runner.serve.shared.http import PROBE, TRAFFIC, ApiError, Traffic, as_api_error, brief, quoted
+from runner.serve.webui.conversations import Conversations
+from runner.serve.webui.site import WebUI, open_path
 
 MAX_BODY = 4 << 20  # a request's body: room for a long conversation, not for a flood
 
@@ -40,14 +42,19 @@ def create_app(
     log: Callable[[str], None] | None = None,
     store: ResponseStore | None = None,
     metrics: Metrics | None = None,
+    webui: Conversations | None = None,
 ) -> Starlette:
     """The server's ASGI app. api_key: required on every request but GET / and GET /health. cors: the
     one origin browsers may call from ("*": any); None, the default, sends no CORS headers at all.
     log: where the access lines go (stderr by default). store: where /v1/responses keeps responses
     (None: it keeps none). metrics: the registry GET /metrics shows, every request counted in it
-    (None: no /metrics, nothing counted)."""
+    (None: no /metrics, nothing counted). webui: the store the chat page keeps conversations in (None:
+    no page; GET / answers as Ollama's clients expect either way, the page to a browser)."""
+    page = WebUI(backend, webui, max_body) if webui is not None else None
 
     async def root(request: Request) -> Response:
+        if page is not None and page.wanted(request):
+            return page.index(request)
         return PlainTextResponse("runner is running")  # Ollama's clients probe / before anything else
 
     async def health(request: Request) -> Response:
@@ -59,6 +66,7 @@ def create_app(
         Route("/", root, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
         *apis.routes(backend, max_body, store),
+        *(page.routes() if page is not None else []),
     ]
     count = None
     if metrics is not None:
@@ -196,7 +204,8 @@ class ApiKey:
         await response(scope, receive, send)
 
     def _open(self, scope: Scope) -> bool:
-        return scope.get("method") in ("GET", "HEAD") and scope.get("path") in OPEN_PATHS
+        method, path = scope.get("method", ""), scope.get("path", "")
+        return method in ("GET", "HEAD") and path in OPEN_PATHS or open_path(method, path)
 
     def _allowed(self, scope: Scope) -> bool:
         ok = False
