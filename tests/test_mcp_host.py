@@ -257,6 +257,32 @@ def test_close_ends_every_server_process(tmp_path: Path) -> None:
             os.kill(pid, 0)
 
 
+def test_launch_starts_the_processes_the_sdk_then_talks_to(tmp_path: Path) -> None:
+    """launch() returns once each stdio server's process runs (started before the SDK's import, so
+    that the import overlaps the servers' start); the SDK's transport then takes that process over
+    rather than starting a second one."""
+    import psutil
+
+    me = psutil.Process()
+    before = {child.pid for child in me.children()}  # the module's own server
+    with ToolHost([stdio("x", "tools"), stdio("y", "tools")], log_dir=tmp_path) as host:
+        host.launch()
+        launched = {child.pid for child in me.children()} - before
+        assert len(launched) == 2, launched
+        assert host.wait_ready() == []
+        answered = {int(host.call(name, {}).text) for name in ("x_pid", "y_pid")}
+        assert answered == launched == {child.pid for child in me.children()} - before
+
+
+def test_a_server_started_before_the_sdk_gets_the_sdks_environment() -> None:
+    """The variables a server inherits when runner starts it itself are the SDK's safe list."""
+    from mcp.client.stdio import DEFAULT_INHERITED_ENV_VARS
+
+    from runner.tools.connection import SAFE_ENV
+
+    assert sorted(SAFE_ENV) == sorted(DEFAULT_INHERITED_ENV_VARS)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import secrets
-import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -366,9 +365,10 @@ class Turns:
 
 
 class Servers:
-    """The MCP servers of --mcp (and the default file), started on a thread of their own while the
-    model loads: `ready()` waits for the slowest, says each that failed in one line, and gives the
-    host. A config file that cannot be read is refused at once, before the model loads."""
+    """The MCP servers of --mcp (and the default file), their processes started at once, before the
+    model loads, so that their start goes on beside the load: `ready()` waits for the slowest, says
+    each that failed in one line, and gives the host. A config file that cannot be read is refused
+    at once, before the model loads."""
 
     def __init__(self, settings: ToolSettings, *, default: bool) -> None:
         from runner.tools.config import configs, load_config
@@ -377,24 +377,23 @@ class Servers:
         given = [Path(p) for p in settings.configs]
         paths = configs(given) if default or given else []
         self.host = ToolHost(load_config(paths), timeout_s=settings.timeout_s) if paths else None
-        self._warnings: list[str] = []
-        self._thread = threading.Thread(target=self._start, name="runner-mcp-start", daemon=True)
+        self._warnings: list[str] | None = None
         if self.host is not None:
-            self._thread.start()
-
-    def _start(self) -> None:
-        assert self.host is not None
-        self._warnings = self.host.start()
+            try:
+                self.host.launch()
+            except BaseException:  # Ctrl-C while they start: what started is stopped
+                self.host.close()
+                raise
 
     def ready(self) -> ToolHost | None:
         if self.host is None:
             return None
-        self._thread.join()
-        for warning in self._warnings:
-            ui.warn(warning)
+        if self._warnings is None:
+            self._warnings = self.host.wait_ready()
+            for warning in self._warnings:
+                ui.warn(warning)
         return self.host
 
     def close(self) -> None:
         if self.host is not None:
-            self._thread.join()
             self.host.close()

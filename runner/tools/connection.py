@@ -9,10 +9,18 @@ loop, sharing the SDK client.
 A stdio server's stderr goes to its own log file, never the terminal, and its environment is only
 what the config names, over the SDK's short list of safe variables (PATH, HOME, USER, LOGNAME,
 SHELL, TERM): nothing of runner's own (HF_TOKEN, RUNNER_*) reaches a server.
+
+A stdio server's process is started before the SDK is imported (`_spawn`), exactly as the SDK's
+`stdio_client` starts it (same command, environment, stderr, a session of its own), and then handed to
+`stdio_client`, which runs the transport over it as over one it started: the SDK's import (~0.4 s of
+CPU) overlaps the servers' own start instead of delaying it.
 """
 
 from __future__ import annotations
 
+import contextvars
+import os
+import sys
 import time
 from concurrent.futures import Future
 from contextlib import AsyncExitStack
@@ -25,6 +33,11 @@ from runner.tools.config import ServerConfig
 LOG_LIMIT = 10 * 1024 * 1024  # a log over this is emptied when its server next starts
 LIST_PAGES = 50  # a server that pages without end is read this far
 WHY_CHARS = 300  # the most of a server's last stderr line a warning quotes
+# the SDK's DEFAULT_INHERITED_ENV_VARS on POSIX (mcp.client.stdio), for a server started before the
+# SDK is imported; tests/test_mcp_host.py holds the two equal
+SAFE_ENV = ("HOME", "LOGNAME", "PATH", "SHELL", "TERM", "USER")
+
+_started: contextvars.ContextVar[Any] = contextvars.ContextVar("runner_mcp_started", default=None)
 
 
 @dataclass
@@ -56,6 +69,8 @@ class Connection:
         self._client: Any = None
         self._stop: Any = None  # an anyio.Event, made on the loop
         self._log_start = 0  # where this run's stderr begins in the log
+        self._started: tuple[Any, TextIO] | None = None  # spawn()'s process and log, for serve()
+        self._spawn_failed: Exception | None = None
 
     async def serve(self, ready: Future[Listing]) -> None:
         """Connect, list, set `ready`, then hold the connection until `stop` (or a cancel)."""
@@ -74,6 +89,20 @@ class Connection:
                 ready.set_exception(Lost(self.why(exc)))
         finally:
             self._client = None
+
+    async def spawn(self) -> None:
+        """Start a stdio server's process now, before the SDK is imported; the next `serve` connects
+        over it. A failure to start is kept for `serve` to report."""
+        if self.config.transport != "stdio" or sys.platform == "win32" or self._started is not None:
+            return
+        assert self.log is not None
+        log = _open_log(self.log, self.config)
+        self._log_start = log.tell()
+        try:
+            self._started = (await _spawn(self.config, log), log)
+        except Exception as exc:
+            log.close()
+            self._spawn_failed = exc
 
     async def stop(self) -> None:
         if self._stop is not None:
@@ -103,10 +132,12 @@ class Connection:
 
     async def _open(self, stack: AsyncExitStack) -> Any:
         """The SDK client, connected and initialized (what `async with Client(...)` gives)."""
+        if self.config.transport == "stdio":
+            transport = await self._stdio(stack)  # its process started before the SDK's import
         from mcp import Client
 
         if self.config.transport == "stdio":
-            return await stack.enter_async_context(Client(self._stdio(stack), cache=None))
+            return await stack.enter_async_context(Client(transport, cache=None))
         if self.config.transport == "sse":
             return await stack.enter_async_context(Client(self._sse(), cache=None))
         try:
@@ -120,16 +151,26 @@ class Connection:
             except Exception:
                 raise first from None
 
-    def _stdio(self, stack: AsyncExitStack) -> Any:
-        from mcp import StdioServerParameters, stdio_client
-
+    async def _stdio(self, stack: AsyncExitStack) -> Any:
+        """The SDK's stdio transport over the server's process: the one `spawn` started, or (a
+        restart) one started here."""
         config = self.config
         assert config.command is not None and self.log is not None
+        failed, self._spawn_failed = self._spawn_failed, None
+        if failed is not None:
+            raise failed
+        if self._started is None:
+            await self.spawn()
+            return await self._stdio(stack)
+        (process, log), self._started = self._started, None
+        stack.enter_context(log)
+        from mcp import StdioServerParameters, stdio_client
+
+        _hand_over()
+        _started.set(process)
         params = StdioServerParameters(
             command=config.command, args=list(config.args), env=dict(config.env), cwd=config.cwd
         )
-        log = stack.enter_context(_open_log(self.log, config))
-        self._log_start = log.tell()
         return stdio_client(params, errlog=log)
 
     async def _http(self, stack: AsyncExitStack) -> Any:
@@ -202,6 +243,41 @@ def _open_log(path: Path, config: ServerConfig) -> TextIO:
     log.write(f"--- {stamp} runner starts {config.name}: {config.where()}\n")
     log.flush()
     return log
+
+
+async def _spawn(config: ServerConfig, log: TextIO) -> Any:
+    """The server's process as the SDK's stdio_client starts it (mcp.client.stdio
+    _create_platform_compatible_process): its command, the safe variables and the config's own
+    environment, stderr to its log, a session of its own (so that a shutdown kills its whole tree)."""
+    import anyio
+
+    assert config.command is not None
+    env = {name: value for name in SAFE_ENV if (value := os.environ.get(name)) is not None}
+    env = {name: value for name, value in env.items() if not value.startswith("()")} | dict(config.env)
+    return await anyio.open_process(
+        [config.command, *config.args], env=env, stderr=log, cwd=config.cwd, start_new_session=True
+    )
+
+
+def _hand_over() -> None:
+    """Make the SDK's stdio_client take the process this task started (`_started`) where it would
+    start one: its process factory, wrapped once. A task that started none (a restart after the
+    SDK's import, Windows) gets the SDK's own."""
+    from mcp.client import stdio
+
+    create = stdio._create_platform_compatible_process
+    if getattr(create, "runner_hand_over", False):
+        return
+
+    async def started_or_start(*args: Any, **kwargs: Any) -> Any:
+        process = _started.get()
+        if process is None:
+            return await create(*args, **kwargs)
+        _started.set(None)
+        return process
+
+    started_or_start.runner_hand_over = True  # type: ignore[attr-defined]
+    stdio._create_platform_compatible_process = started_or_start
 
 
 def _innermost(exc: BaseException) -> BaseException:

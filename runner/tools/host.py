@@ -6,7 +6,9 @@ is done. All bookkeeping (states, names, on/off) lives on the caller's thread; t
 the connections (runner/tools/connection.py).
 
 - `start()` starts every server at once and waits for the slowest, `start_timeout_s` at most: a
-  server that fails is one warning line, and the others go on.
+  server that fails is one warning line, and the others go on. It is `launch()` (every stdio
+  server's process started, which takes milliseconds) and then `wait_ready()`: a chat launches them
+  before its model loads and waits for them after.
 - `call()` runs a tool, `timeout_s` at most (then the SDK cancels the request, sending
   `notifications/cancelled`). While it waits it polls runner's Ctrl-C flag (runner/interrupt.py);
   on Ctrl-C it cancels the request the same way and returns a result marked `interrupted`,
@@ -38,6 +40,7 @@ START_TIMEOUT_S = 30.0
 POLL_S = 0.05  # how often a wait looks at the Ctrl-C flag
 CANCEL_WAIT_S = 5.0  # how long a cancelled call may take to send its cancel and return
 CLOSE_WAIT_S = 8.0  # the SDK's shutdown: stdin closed, 2 s, SIGTERM, 2 s, SIGKILL
+SPAWN_WAIT_S = 5.0  # the most launch() waits for the processes to be started
 SDK_LOGGERS = ("mcp",)  # the SDK logs a bad server's output with tracebacks: to a file, not stderr
 
 
@@ -76,25 +79,50 @@ class ToolHost:
         self._portal: Any = None
         self._portal_cm: Any = None
         self._sdk_log: logging.Handler | None = None
+        self._pending: dict[_Server, Future[Listing]] = {}
+        self._began = 0.0  # when launch() had started the servers
 
     # -- starting and stopping ------------------------------------------------------------------
 
     def start(self) -> list[str]:
         """Start every server in parallel; one warning line per server that failed (and per name
         a later config file redefined). The others are ready when this returns."""
+        self.launch()
+        return self.wait_ready()
+
+    def launch(self) -> None:
+        """Start every server in parallel, waiting only until their processes are started (a remote
+        server's connection begun): their start goes on beside what the caller does next."""
         from anyio.from_thread import start_blocking_portal
 
         if self._portal is not None:
-            raise RuntimeError("ToolHost.start: started already")
+            raise RuntimeError("ToolHost.launch: launched already")
+        self._quiet_sdk()
+        self._portal_cm = start_blocking_portal(name="runner-mcp")
+        self._portal = self._portal_cm.__enter__()
+        self._portal.call(self._spawn_all)
+        self._began = time.monotonic()
+        self._pending = {server: self._launch(server) for server in self._servers.values()}
+
+    async def _spawn_all(self) -> None:
+        import anyio
+
+        with anyio.move_on_after(SPAWN_WAIT_S):
+            async with anyio.create_task_group() as group:
+                for server in self._servers.values():
+                    group.start_soon(server.connection.spawn)
+
+    def wait_ready(self) -> list[str]:
+        """Wait for the launched servers (see start)."""
+        if self._portal is None:
+            raise RuntimeError("ToolHost.wait_ready: not launched")
         notes = [
             f"server {s.config.name}: {s.config.source} replaces the one in {s.config.replaced[-1]}"
             for s in self._servers.values()
             if s.config.replaced
         ]
-        self._quiet_sdk()
-        self._portal_cm = start_blocking_portal(name="runner-mcp")
-        self._portal = self._portal_cm.__enter__()
-        self._await_ready({s: self._launch(s) for s in self._servers.values()})
+        pending, self._pending = self._pending, {}
+        self._await_ready(pending, self._began)
         self._tools = {
             tool.name: tool
             for tool in name_tools(
@@ -132,9 +160,10 @@ class ToolHost:
         server.owner = self._portal.start_task_soon(server.connection.serve, ready)
         return ready
 
-    def _await_ready(self, pending: dict[_Server, Future[Listing]]) -> None:
-        """Wait for the servers to be ready, start_timeout_s at most, Ctrl-C seen; set each one's state."""
-        deadline = time.monotonic() + self.start_timeout_s
+    def _await_ready(self, pending: dict[_Server, Future[Listing]], began: float | None = None) -> None:
+        """Wait for the servers to be ready, start_timeout_s at most from `began` (now), Ctrl-C seen;
+        set each one's state."""
+        deadline = (time.monotonic() if began is None else began) + self.start_timeout_s
         left = list(pending.values())
         while left and time.monotonic() < deadline and not interrupt.requested():
             wait(left, timeout=POLL_S)
