@@ -71,6 +71,17 @@ class ImageError(UsageError):
         self.problem = problem
 
 
+class AudioError(UsageError):
+    """Audio runner will not read: not WAV (MP3, FLAC and Ogg are named and refused), too long or
+    too large, truncated, empty, or not finite. The message names where it came from (`name`, as
+    ImageError's); `problem` says what is wrong without naming it."""
+
+    def __init__(self, message: str, *, name: str, problem: str) -> None:
+        super().__init__(message)
+        self.name = name
+        self.problem = problem
+
+
 class WontFit(RunnerError):
     """The model would not fit this machine's memory at the context asked for."""
 

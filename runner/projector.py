@@ -1,4 +1,5 @@
-"""--mmproj: a vision projector (an mmproj GGUF) beside a model, for images in its prompts.
+"""--mmproj: a vision projector (an mmproj GGUF) beside a model, for images in its prompts, or an
+audio projector, for audio clips (runner.gguf.audio_projector checks those; docs/audio.md).
 
 A projector file is untrusted like a model, and the pinned libmtmd aborts or crashes the process on a
 malformed one, so its header is read by the bounded reader and checked against what clip.cpp expects
@@ -36,25 +37,36 @@ def attach(engine: Any, mmproj: str | Path, header: GGUFHeader) -> None:
 
 
 def check(path: str | Path, header: GGUFHeader | None) -> Any:
-    """The projector's facts (runner.gguf.projector.ProjectorInfo), or one line saying why not; its
-    width checked against the model's where its header is given."""
-    from runner.gguf.projector import check_projector
-
+    """The projector's facts (runner.gguf.projector.ProjectorInfo, or an audio projector's
+    runner.gguf.audio_projector.AudioProjectorInfo), or one line saying why not; its width checked
+    against the model's where its header is given."""
     width = header.arch_get("embedding_length") if header is not None else None
-    return check_projector(read_header(path), text_n_embd=width if isinstance(width, int) else None)
+    return _checked(read_header(path), width if isinstance(width, int) else None)
+
+
+def _checked(projector: GGUFHeader, width: int | None) -> Any:
+    from runner.gguf.audio_projector import check_audio_projector, is_audio_projector
+    from runner.gguf.projector import check_projector, read_key_types
+
+    if is_audio_projector(projector):
+        return check_audio_projector(projector, read_key_types(projector.source), text_n_embd=width)
+    return check_projector(projector, text_n_embd=width)
 
 
 def memory(mmproj: str | Path, header: GGUFHeader | None = None) -> Any:
     """What libmtmd will allocate for the projector at mmproj (a file, or the Hub URL of one not
     downloaded: its header read remotely), checked first (runner.memory.projector.ProjectorMemory:
     its weights and its encoder's compute buffer, either place the plan may put them)."""
-    from runner.gguf.projector import check_projector
+    from runner.gguf.audio_projector import AudioProjectorInfo
+    from runner.memory.audio_projector import estimate_audio_projector
     from runner.memory.projector import estimate_projector
 
     remote = isinstance(mmproj, str) and mmproj.startswith(("http://", "https://"))
     projector = read_header(mmproj if remote else _file(mmproj))
     width = header.arch_get("embedding_length") if header is not None else None
-    info = check_projector(projector, text_n_embd=width if isinstance(width, int) else None)
+    info = _checked(projector, width if isinstance(width, int) else None)
+    if isinstance(info, AudioProjectorInfo):
+        return estimate_audio_projector(projector, info)
     return estimate_projector(projector, info)
 
 

@@ -7,12 +7,21 @@ Measures, in one process, on one model, thread count and prompt:
 and, as processes: (d) `runner run` end to end (--json timings and wall time) and `runner --help`.
 Rounds interleave (a), (b), (c) so machine noise hits all alike; medians are reported with ratios to (a).
 
+--tiny: the per-token cost above llama_decode, where a GPU would see it. A tiny model (2 layers of
+width 64, SmolLM2's tokenizer, random f16 weights, written once) decodes in ~0.3-0.45 ms a token on
+one core, so whatever runner adds per token shows. Greedy, one thread, no drafting, 5 interleaved
+rounds of: the raw loop (tokenize, llama_decode one token, greedy sample, detokenize the piece),
+runner's Engine in this process, and `runner run` as a process (its --json decode timing, the
+answer streamed to a pipe as a script reads it). Prints the ratios and the microseconds a token.
+
     python scripts/bench_engine.py [--model PATH] [--threads 2] [--rounds 5] [--tokens 128]
+    python scripts/bench_engine.py --tiny [--rounds 5] [--tokens 1000]
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import os
 import statistics
@@ -73,11 +82,14 @@ class Raw:
         assert lib.llama_decode(self.ctx, lib.llama_batch_get_one(arr, len(tokens))) == 0
         one = (lib.llama_token * 1)()
         batch = lib.llama_batch_get_one(one, 1)
+        piece = (ctypes.c_char * 256)()
         one[0] = lib.llama_sampler_sample(self.sampler, self.ctx, -1)
+        text = [piece.raw[: lib.llama_token_to_piece(self.vocab, one[0], piece, 256, 0, False)]]
         t1 = time.perf_counter()
         for _ in range(n_gen - 1):
             assert lib.llama_decode(self.ctx, batch) == 0
             one[0] = lib.llama_sampler_sample(self.sampler, self.ctx, -1)
+            text.append(piece.raw[: lib.llama_token_to_piece(self.vocab, one[0], piece, 256, 0, False)])
         t2 = time.perf_counter()
         return len(tokens) / (t1 - t0), (n_gen - 1) / (t2 - t1), t1 - t0
 
@@ -123,11 +135,11 @@ class HighLevel:
 class Runner:
     """(c): runner's engine, greedy, no stop strings."""
 
-    def __init__(self, path: Path, threads: int) -> None:
+    def __init__(self, path: Path, threads: int, n_ctx: int = CTX) -> None:
         from runner.engine.engine import Engine
         from runner.engine.text.sampling import SamplingConfig
 
-        self.engine = Engine(path, n_ctx=CTX, n_threads=threads)
+        self.engine = Engine(path, n_ctx=n_ctx, n_threads=threads)
         self.sampling = SamplingConfig(temperature=0)
 
     def run(self, tokens: list[int], n_gen: int) -> tuple[float, float, float]:
@@ -147,6 +159,62 @@ def wall(cmd: list[str], repeat: int) -> float:
     return statistics.median(times)
 
 
+def tiny_model(folder: Path) -> Path:
+    """2 layers of width 64 on SmolLM2's tokenizer, random f16 weights (tests/synth.py), made once."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+    import synth
+
+    spec = synth.Spec(
+        "llama", n_layer=2, n_embd=64, n_head=2, n_head_kv=2, n_ff=256, tokenizer=default_model()
+    )
+    path = folder / "tiny-2x64-f16.gguf"
+    return path if path.is_file() else synth.write_model(path, spec)
+
+
+def run_process_decode(path: Path, n_gen: int) -> float:
+    """`runner run`'s own decode tokens/s: greedy, one thread, no drafting, streamed to a pipe."""
+    command = [sys.executable, "-m", "runner", "run", str(path), "Hello, my name is", "--json"]
+    command += ["--temperature", "0", "--threads", "1", "--spec", "none", "--max-tokens", str(n_gen)]
+    command += ["--ctx", str(max(CTX, 2 * n_gen))]
+    report = json.loads(subprocess.run(command, capture_output=True, check=True, text=True).stdout)
+    assert report["usage"]["completion_tokens"] == n_gen, report["finish_reason"]
+    return float(report["timings"]["decode_tokens_per_s"])
+
+
+def tiny(rounds: int, n_gen: int) -> None:
+    """--tiny: see the module's doc."""
+    import tempfile
+
+    folder = Path(tempfile.gettempdir()) / "runner-bench-tiny"
+    folder.mkdir(exist_ok=True)
+    path = tiny_model(folder)
+    raw, engine = Raw(path, 1), Runner(path, 1, n_ctx=max(CTX, 2 * n_gen))
+    tokens = raw.tokenize("Hello, my name is")
+    raw.run(tokens, 16), engine.run(tokens, 16)
+    decode: dict[str, list[float]] = {"raw loop": [], "runner Engine": [], "runner run": []}
+    for _ in range(rounds):
+        decode["raw loop"].append(raw.run(tokens, n_gen)[1])
+        decode["runner Engine"].append(engine.run(tokens, n_gen)[1])
+        decode["runner run"].append(run_process_decode(path, n_gen))
+    base = statistics.median(decode["raw loop"])
+    print(f"tiny model {path.name} · 1 thread · greedy · no drafting · {n_gen} tokens · {rounds} rounds")
+    print(f"machine: {machine_line()}")
+    print()
+    print("| | decode tok/s | vs raw | µs a token | above the raw loop |")
+    print("|---|---|---|---|---|")
+    for name, runs in decode.items():
+        median = statistics.median(runs)
+        us = 1e6 / median
+        print(f"| {name} | {median:.0f} | {median / base:.3f} | {us:.0f} | {us - 1e6 / base:+.1f} µs |")
+
+
+def machine_line() -> str:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from benchlib import machine
+
+    return str(machine())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -154,8 +222,13 @@ def main() -> None:
     parser.add_argument("--model", type=Path)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--tokens", type=int, default=128)
+    parser.add_argument("--tokens", type=int, default=None, help="default 128; 1000 with --tiny")
+    parser.add_argument("--tiny", action="store_true", help="the per-token cost on a tiny model")
     args = parser.parse_args()
+    if args.tiny:
+        tiny(args.rounds, args.tokens or 1000)
+        return
+    args.tokens = args.tokens or 128
     path = args.model or default_model()
 
     raw = Raw(path, args.threads)

@@ -16,9 +16,10 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
-from gguf import GGMLQuantizationType, GGUFWriter
+from gguf import GGMLQuantizationType, GGUFValueType, GGUFWriter
 from gguf.quants import quantize
 
 QTYPES = {
@@ -456,3 +457,92 @@ def write_all(folder: str | Path, names: list[str] | None = None) -> dict[str, P
 if __name__ == "__main__":
     for name, p in write_all(sys.argv[1] if len(sys.argv) > 1 else "/tmp/synth").items():
         print(name, p, p.stat().st_size)
+
+
+# -- an audio projector (mmproj) for a text model: a whisper-style encoder, random weights -------------
+
+AUDIO_KINDS = ("ultravox", "voxtral", "qwen2a")
+AUDIO_STACK = {"ultravox": 8, "voxtral": 4}  # clip.audio.projector.stack_factor (qwen2a has none)
+
+
+def audio_projector_spec(
+    kind: str, text_n_embd: int, seed: int = 0, *, width: int = 40, heads: int = 2, blocks: int = 2
+) -> tuple[dict[str, tuple[Any, GGUFValueType]], dict[str, np.ndarray]]:
+    """The keys (value, GGUF type) and tensors (numpy's shape: ggml's reversed) clip.cpp loads for a
+    `kind` audio projector (its whisper encoder, models/whisper-enc.cpp: two 1-D convolutions over
+    128 mel bins, 1500 positions, `blocks` pre-norm blocks with no K bias, ln_post, then the kind's
+    projection into the text model's width). A width that is not a power of two: the ultravox and
+    voxtral frame stacking pads it wrongly otherwise (the issue's abort)."""
+    if kind not in AUDIO_KINDS:
+        raise ValueError(f"unknown audio projector type {kind!r}: one of {', '.join(AUDIO_KINDS)}")
+    rng = np.random.default_rng(seed)
+    e, f, mel, n_pos = width, 2 * width + 8, 128, 1500  # ffn width unlike e: clip.cpp swaps up/down if equal
+
+    def weight(*shape: int, scale: float = 0.05) -> np.ndarray:
+        return (rng.standard_normal(shape) * scale).astype(np.float32)
+
+    u32, f32 = GGUFValueType.UINT32, GGUFValueType.FLOAT32
+    keys: dict[str, tuple[Any, GGUFValueType]] = {
+        "general.name": (f"runner test audio projector ({kind})", GGUFValueType.STRING),
+        "clip.has_vision_encoder": (False, GGUFValueType.BOOL),
+        "clip.has_audio_encoder": (True, GGUFValueType.BOOL),
+        "clip.projector_type": (kind, GGUFValueType.STRING),
+        "clip.audio.num_mel_bins": (mel, u32),
+        "clip.audio.embedding_length": (e, u32),
+        "clip.audio.feed_forward_length": (f, u32),
+        "clip.audio.block_count": (blocks, u32),
+        "clip.audio.attention.head_count": (heads, u32),
+        "clip.audio.projection_dim": (text_n_embd, u32),
+        "clip.audio.attention.layer_norm_epsilon": (1e-5, f32),
+    }
+    if kind in AUDIO_STACK:
+        keys["clip.audio.projector.stack_factor"] = (AUDIO_STACK[kind], u32)
+    tensors: dict[str, np.ndarray] = {
+        "a.conv1d.1.weight": weight(e, mel, 3),  # ggml [3, mel, E]
+        "a.conv1d.1.bias": weight(e, 1),  # ggml [1, E]: added to the conv's [T, E] output
+        "a.conv1d.2.weight": weight(e, e, 3),
+        "a.conv1d.2.bias": weight(e, 1),
+        "a.position_embd.weight": weight(n_pos, e),
+    }
+    for i in range(blocks):
+        blk = f"a.blk.{i}"
+        for part in ("attn_q", "attn_k", "attn_v", "attn_out"):
+            tensors[f"{blk}.{part}.weight"] = weight(e, e)
+            if part != "attn_k":  # whisper's K has no bias (whisper-enc.cpp asserts it)
+                tensors[f"{blk}.{part}.bias"] = weight(e)
+        for norm in ("ln1", "ln2"):
+            tensors[f"{blk}.{norm}.weight"], tensors[f"{blk}.{norm}.bias"] = np.ones(e, np.float32), weight(e)
+        tensors[f"{blk}.ffn_up.weight"], tensors[f"{blk}.ffn_up.bias"] = weight(f, e), weight(f)
+        tensors[f"{blk}.ffn_down.weight"], tensors[f"{blk}.ffn_down.bias"] = weight(e, f), weight(e)
+    tensors["a.post_ln.weight"], tensors["a.post_ln.bias"] = np.ones(e, np.float32), weight(e)
+    stacked = e * AUDIO_STACK.get(kind, 1)
+    if kind == "ultravox":  # rms norm, up into 2 h, swiglu to h, rms norm, out (no biases)
+        h = 2 * width
+        tensors["mm.a.norm_pre.weight"] = np.ones(stacked, np.float32)
+        tensors["mm.a.mlp.1.weight"] = weight(2 * h, stacked)
+        tensors["mm.a.norm_mid.weight"] = np.ones(h, np.float32)
+        tensors["mm.a.mlp.2.weight"] = weight(text_n_embd, h)
+    elif kind == "voxtral":  # up, GELU, out (no biases)
+        tensors["mm.a.mlp.1.weight"] = weight(2 * width, stacked)
+        tensors["mm.a.mlp.2.weight"] = weight(text_n_embd, 2 * width)
+    else:  # qwen2a: one projection with a bias
+        tensors["mm.a.fc.weight"], tensors["mm.a.fc.bias"] = weight(text_n_embd, e), weight(text_n_embd)
+    return keys, tensors
+
+
+def write_audio_projector(
+    path: str | Path,
+    text_n_embd: int,
+    kind: str = "ultravox",
+    seed: int = 0,
+    spec: tuple[dict[str, tuple[Any, GGUFValueType]], dict[str, np.ndarray]] | None = None,
+) -> Path:
+    """An audio projector file (audio_projector_spec's, or `spec`: one edited to be malformed)."""
+    path = Path(path)
+    keys, tensors = spec if spec is not None else audio_projector_spec(kind, text_n_embd, seed)
+    w = GGUFWriter(str(path), "clip")
+    for key, (value, vtype) in keys.items():
+        w.add_key_value(key, value, vtype)
+    for name, data in tensors.items():
+        w.add_tensor(name, data)
+    return _finish(w, path)

@@ -90,6 +90,7 @@ def run(
     rpc: o.Rpc = None,
     logprobs: o.Logprobs = None,
     image: o.Image = None,
+    audio: o.AudioClip = None,
     mmproj: o.Mmproj = None,
     debug: o.Debug = False,
 ) -> None:
@@ -115,6 +116,8 @@ def _route(given: dict[str, Any]) -> None:
     tty = sys.stdin is None or sys.stdin.isatty()
     image, prompt = given["image"], given["prompt"]
     batch = given["each_line"] or given["input"] is not None
+    if given["audio"] and (batch or given["continue_"] or (prompt is None and tty)):
+        raise UsageError("--audio goes with one prompt (PROMPT, or text piped in)")
     if image and (batch or (not given["continue_"] and prompt is None and tty)):
         raise UsageError(
             "--image goes with one prompt (PROMPT, text piped in, or run -c PROMPT); with --input, a row's "
@@ -305,6 +308,7 @@ def _one(given: dict[str, Any], tty: bool) -> None:
         grammar=str(grammar) if grammar is not None else None,
         logprobs=given["logprobs"],
         images=tuple(given["image"] or ()),
+        audio=tuple(given["audio"] or ()),
         tools=_tools(given, chat=False),
     )
     run_once(request, stdin=None if tty else sys.stdin.buffer, out=sys.stdout)

@@ -248,6 +248,15 @@ Image = Annotated[
         show_default=False,
     ),
 ]
+AudioClip = Annotated[
+    Optional[list[str]],
+    typer.Option(
+        "--audio",
+        metavar="FILE",
+        help="An audio clip for a model with an audio projector (repeatable; - reads it from stdin): WAV.",
+        show_default=False,
+    ),
+]
 Mmproj = Annotated[
     Optional[str],
     typer.Option(

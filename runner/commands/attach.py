@@ -45,6 +45,21 @@ def read_attachments(args: Sequence[str]) -> list[tuple[Path, Image]]:
     return read
 
 
+MAX_CLIPS = 8  # audio clips in one prompt
+
+
+def read_clips(args: Sequence[str], stdin: Any, *, images: Sequence[str] = ()) -> list[Any]:
+    """`run --audio`'s clips (- : stdin), each read, decoded and bounded now (runner.audio: WAV; a bad
+    one is an AudioError), before any model loads."""
+    from runner.audio import read_audio_arg
+
+    if len(args) > MAX_CLIPS:
+        raise UsageError(f"{len(args)} audio clips: at most {MAX_CLIPS} a prompt")
+    if list(args).count("-") + list(images).count("-") > 1:
+        raise UsageError("- reads stdin once: give one image or clip that way")
+    return [read_audio_arg(arg, stdin) for arg in args]
+
+
 class Attachments:
     """The images attached to the next message, and those the conversation's messages carried, decoded
     (by sha256: the same bytes are the same image, whatever the file's name)."""

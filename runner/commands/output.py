@@ -75,7 +75,7 @@ class AnswerWriter:
         width = _columns(out) if self.tty and self._markdown is None else 0
         self._wrap = ui.WordWrap(out, width) if width else None  # a terminal breaks lines inside words
         self._update: Any = None
-        self._answer = ""
+        self._answer: list[str] = []  # for the Markdown view only, which redraws it whole
         self._last: dict[int, str] = {}  # stream id -> the last character written there
         self._reasoned = False
         self.lost: OSError | None = None  # the output went away mid-answer: nothing more is written
@@ -96,9 +96,9 @@ class AnswerWriter:
             if self._reasoned and self.tty and self._update is None:
                 self._put(self.out, "\n\n" if self._last.get(id(self.out)) != "\n" else "\n")
                 self._reasoned = False
-            self._answer += text
             if self._update is not None:
-                self._update(self._answer)
+                self._answer.append(text)
+                self._update("".join(self._answer))
             else:
                 self._put(self.out, text)
             return

@@ -62,6 +62,7 @@ class RunRequest:
     grammar: str | None = None  # --grammar FILE (GBNF)
     logprobs: int | None = None  # --logprobs N: each answer token's log-probability in --json
     images: tuple[str, ...] = ()  # --image FILE (- : stdin), in order; load.mmproj their projector
+    audio: tuple[str, ...] = ()  # --audio FILE (- : stdin), in order, after the images (runner.audio)
     tools: ToolSettings | None = None  # --mcp and the tool flags: the agent loop (runner.commands.agent)
 
 
@@ -75,8 +76,13 @@ def run_once(request: RunRequest, *, stdin: BinaryIO | None, out: TextIO) -> Res
     cache = open_prompt_cache(request.prompt_cache, request.prompt_cache_size)
     constrained = constraint(schema=request.schema, format=request.format, grammar=request.grammar)
     tools = request.tools is not None  # a tool's images go to a vision model: --mmproj alone is asked
-    images = read_images(request.images, None if tools else request.settings.mmproj, stdin)
-    prompt = read_prompt(request.prompt, None if "-" in request.images else stdin)
+    images = read_images(request.images, None if tools or request.audio else request.settings.mmproj, stdin)
+    if request.audio:
+        from runner.commands.attach import read_clips
+
+        images += read_clips(request.audio, stdin, images=request.images)
+    piped = "-" in request.images or "-" in request.audio
+    prompt = read_prompt(request.prompt, None if piped else stdin)
     mmproj = request.settings.mmproj if images or tools else None
     servers = _servers(request, constrained)  # started beside the load
     try:

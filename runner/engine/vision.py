@@ -18,12 +18,17 @@ opens it (runner.gguf.projector: libmtmd aborts the process on a malformed one).
 per process, so no text a user sends can move an image. On M-RoPE models (Qwen2-VL, Qwen2.5-VL) an
 image takes fewer positions than cells: runner.engine.positions keeps the two apart. Importing
 llama_cpp.mtmd_cpp loads libmtmd: it happens only when a projector is attached.
+
+Audio clips (runner.audio: mono samples, resampled here to mtmd_get_audio_sample_rate) take the same
+path: a marker each, mtmd_bitmap_init_from_audio, and libmtmd's 30-second windows are media chunks as
+an image's are, each hashed apart (the clip's sha256, then a hash of it and the window's index).
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import hashlib
 import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -31,12 +36,13 @@ from pathlib import Path
 from typing import Any
 
 from runner import interrupt, ui
+from runner.audio import Audio
 from runner.engine.llamacpp import LLAMA_LOG, default_threads
 from runner.engine.positions import IMAGE_SLOT, image_tokens
 from runner.errors import EngineError, UsageError
 from runner.images import Image
 
-CHUNK_TEXT, CHUNK_IMAGE = 0, 1  # enum mtmd_input_chunk_type
+CHUNK_TEXT, CHUNK_IMAGE, CHUNK_AUDIO = 0, 1, 2  # enum mtmd_input_chunk_type
 ENCODE_WAIT = "stopping after the image's encode, which llama.cpp cannot stop part-way…"
 _ROUTED: list[bool] = []  # libmtmd's log set to runner's (once a process)
 
@@ -117,9 +123,12 @@ class Vision:
             self._ctx = lib.mtmd_init_from_file(str(projector).encode(), model, params)
         if not self._ctx:
             raise EngineError(f"libmtmd could not load the projector {projector}: {LLAMA_LOG.last_error()}")
-        if not lib.mtmd_support_vision(self._ctx):
+        self.sees = bool(lib.mtmd_support_vision(self._ctx))
+        self.hears = bool(lib.mtmd_support_audio(self._ctx))  # an audio encoder (runner.audio's clips)
+        if not self.sees and not self.hears:
             self.close()
-            raise UsageError(f"{projector} is not a vision projector (it takes no images)")
+            raise UsageError(f"{projector} is not a vision or audio projector (it takes no images nor audio)")
+        self.audio_rate = int(lib.mtmd_get_audio_sample_rate(self._ctx)) if self.hears else 0
         self.mrope = bool(lib.mtmd_decode_use_mrope(self._ctx))  # Qwen2-VL's: positions apart from cells
 
     def close(self) -> None:
@@ -127,22 +136,18 @@ class Vision:
             mtmd().mtmd_free(self._ctx)
             self._ctx = None
 
-    def tokenize(self, text: str, images: Sequence[Image]) -> MediaPrompt:
-        """The rendered prompt (a marker where each image goes) as tokens and image spans, BOS added
-        as the vocabulary says and special tokens parsed, as llama-server tokenizes it."""
+    def tokenize(self, text: str, images: Sequence[Image | Audio]) -> MediaPrompt:
+        """The rendered prompt (a marker where each image or audio clip goes) as tokens and media
+        spans, BOS added as the vocabulary says and special tokens parsed, as llama-server tokenizes it."""
         found = text.count(self.marker)
         if found != len(images):
             raise EngineError(f"the prompt holds {found} image markers for {len(images)} images")
         lib = mtmd()
         bitmaps = (lib.mtmd_bitmap_p_ctypes * max(1, len(images)))()
-        keep = []
+        keep: list[Any] = []
         try:
             for i, image in enumerate(images):
-                data = (ctypes.c_uint8 * len(image.rgb)).from_buffer_copy(image.rgb)
-                keep.append(data)
-                bitmaps[i] = lib.mtmd_bitmap_init(image.width, image.height, data)
-                if not bitmaps[i]:
-                    raise EngineError(f"libmtmd refused a {image.width}x{image.height} image")
+                bitmaps[i] = self._bitmap(lib, image, keep)
                 lib.mtmd_bitmap_set_id(bitmaps[i], image.sha256.encode())
             encoded = text.encode()
             given = lib.mtmd_input_text(encoded, len(encoded), True, True)  # text_len: 0 gives no chunks
@@ -159,8 +164,31 @@ class Vision:
                 if bitmaps[i]:
                     lib.mtmd_bitmap_free(bitmaps[i])
 
+    def _bitmap(self, lib: Any, item: Image | Audio, keep: list[Any]) -> Any:
+        """libmtmd's bitmap of an image (RGB bytes) or an audio clip (mono float samples at the
+        projector's rate), its data kept alive in `keep` until the prompt is tokenized."""
+        if isinstance(item, Audio):
+            if not self.hears:
+                raise UsageError(f"{self.projector} takes no audio (it has no audio encoder)")
+            samples = item.at(self.audio_rate)
+            data = (ctypes.c_float * (len(samples) // 4)).from_buffer_copy(samples)
+            keep.append(data)
+            bitmap = lib.mtmd_bitmap_init_from_audio(len(data), data)
+            if not bitmap:
+                raise EngineError(f"libmtmd refused a clip of {len(data)} samples")
+            return bitmap
+        if not self.sees:
+            raise UsageError(f"{self.projector} takes no images (it has no vision encoder)")
+        pixels = (ctypes.c_uint8 * len(item.rgb)).from_buffer_copy(item.rgb)
+        keep.append(pixels)
+        bitmap = lib.mtmd_bitmap_init(item.width, item.height, pixels)
+        if not bitmap:
+            raise EngineError(f"libmtmd refused a {item.width}x{item.height} image")
+        return bitmap
+
     def _prompt(self, lib: Any, chunks: Any) -> MediaPrompt:
         prompt = MediaPrompt([], vision=self)
+        windows: dict[str, int] = {}  # an audio clip's windows so far
         for i in range(lib.mtmd_input_chunks_size(chunks)):
             chunk = lib.mtmd_input_chunks_get(chunks, i)
             kind = lib.mtmd_input_chunk_get_type(chunk)
@@ -176,12 +204,17 @@ class Vision:
                     )
                 prompt.tokens.extend(tokens)
                 continue
-            if kind != CHUNK_IMAGE:
+            if kind not in (CHUNK_IMAGE, CHUNK_AUDIO):
                 prompt.close()
-                raise EngineError("libmtmd gave a chunk that is neither text nor an image")
+                raise EngineError("libmtmd gave a chunk that is neither text, an image nor audio")
             n_tokens = int(lib.mtmd_input_chunk_get_n_tokens(chunk))
             n_pos = int(lib.mtmd_input_chunk_get_n_pos(chunk))
             sha = (lib.mtmd_input_chunk_get_id(chunk) or b"").decode()
+            if kind == CHUNK_AUDIO:  # a clip's 30-second windows share its id: each gets its own hash
+                windows[sha] = windows.get(sha, -1) + 1
+                sha = (
+                    sha if not windows[sha] else hashlib.sha256(f"{sha}#{windows[sha]}".encode()).hexdigest()
+                )
             if not 0 < n_tokens < IMAGE_SLOT or not 0 < n_pos <= n_tokens:
                 prompt.close()
                 raise EngineError(f"an image of {n_tokens} tokens over {n_pos} positions")

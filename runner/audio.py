@@ -1,0 +1,320 @@
+"""Audio in: the one place untrusted audio bytes become mono float samples, before anything reaches
+libmtmd.
+
+Every clip a prompt carries (a path, stdin, base64 in a request) comes through `load_audio`, which
+takes its steps in this order, each cheaper than the next:
+
+1. the size in bytes, against `max_bytes` (25 MB by default, OpenAI's limit), before anything is parsed;
+2. the magic bytes: RIFF/WAVE goes on; MP3 (ID3 or an MPEG frame sync), FLAC and Ogg are named and
+   refused (runner decodes WAV only: no decoder for them is among the libraries it may depend on),
+   as are images, video, text and empty input;
+3. the WAV header, walked chunk by chunk with the standard library: PCM (8, 16, 24 or 32 bits) or
+   IEEE float (32 or 64 bits), up to 8 channels; the duration it declares, against `max_seconds`
+   (10 minutes by default), before a sample is decoded; a data chunk shorter than it says is
+   truncated and refused, never padded;
+4. the samples, with numpy: scaled to [-1, 1) as miniaudio does (libmtmd's own decoder, so that a
+   WAV at the projector's rate gives llama-server's very samples), channels averaged to mono, and
+   NaN or infinite samples refused. Resampling to the projector's rate (`Audio.at`: 16 kHz for the
+   whisper family, libmtmd's mtmd_get_audio_sample_rate) is linear interpolation, done when the
+   projector is known.
+
+libmtmd's own file loader is never handed these bytes (it guesses formats, and its video path may run
+ffmpeg). Every refusal is an `AudioError`: one line naming where the clip came from. numpy is imported
+inside the functions that decode, so nothing here loads unless audio is given.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from runner.errors import AudioError
+
+MAX_AUDIO_BYTES = 25_000_000  # a clip's encoded size, as OpenAI's transcription API takes
+MAX_AUDIO_SECONDS = 600.0  # a clip's duration, from its header
+MIN_AUDIO_SECONDS = 0.01  # shorter is no clip (libmtmd asserts more than one sample)
+MAX_CHANNELS = 8
+ACCEPTED = "accepted: WAV (PCM 8/16/24/32-bit or float); convert others, e.g. ffmpeg -i IN -ar 16000 OUT.wav"
+CONVERT = "runner decodes WAV only: convert it, e.g. ffmpeg -i IN -ar 16000 -ac 1 OUT.wav"
+AUDIO_SUFFIXES = frozenset({".wav", ".wave", ".mp3", ".flac", ".ogg", ".oga", ".opus", ".m4a"})
+
+PCM, IEEE_FLOAT, EXTENSIBLE = 1, 3, 0xFFFE  # WAVE format tags
+
+
+@dataclass(frozen=True)
+class Audio:
+    """A clip as the model takes it: `samples` are mono float32 (little-endian) at `rate` Hz."""
+
+    samples: bytes = field(repr=False)
+    rate: int
+    sha256: str  # hex, of the bytes as given (the same file is the same clip, whatever its name)
+    size: int  # bytes as given
+    format: str  # "WAV"
+    name: str  # where it came from, for messages: a path, "-" for stdin, an API field
+    channels: int = 1  # as given (the samples are mixed to mono)
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def frames(self) -> int:
+        return len(self.samples) // 4
+
+    @property
+    def seconds(self) -> float:
+        return self.frames / self.rate
+
+    def at(self, rate: int) -> bytes:
+        """The samples at `rate` Hz (the projector's): as they are, or linearly interpolated."""
+        if rate == self.rate:
+            return self.samples
+        import numpy as np
+
+        x = np.frombuffer(self.samples, dtype="<f4")
+        n = max(2, int(round(len(x) * rate / self.rate)))
+        t = np.arange(n, dtype=np.float64) * (self.rate / rate)
+        return np.interp(t, np.arange(len(x)), x).astype("<f4").tobytes()
+
+
+def refuse(name: str, problem: str) -> AudioError:
+    """The one-line refusal for the clip `name`, `problem` saying what is wrong without naming it."""
+    label = "stdin" if name == "-" else name if name.isprintable() else repr(name)
+    return AudioError(f"{label}: {problem}", name=name, problem=problem)
+
+
+def sniff(data: bytes, name: str) -> str:
+    """The format of `data` ("WAV") by its magic bytes; any other audio is named and refused, and
+    anything else is said for what it looks like."""
+    if data.startswith(b"RIFF") and data[8:12] == b"WAVE":
+        return "WAV"
+    if not data:
+        raise refuse(name, f"is empty: no audio ({ACCEPTED})")
+    other = _other_audio(data)
+    if other is not None:
+        raise refuse(name, f"looks like {other}, which {CONVERT}")
+    raise refuse(name, f"{_looks_like(data)}, not audio runner reads ({ACCEPTED})")
+
+
+def _other_audio(data: bytes) -> str | None:
+    if data.startswith(b"ID3") or (len(data) >= 2 and data[0] == 0xFF and data[1] & 0xE0 == 0xE0):
+        return "MP3 (MPEG audio)"
+    if data.startswith(b"fLaC"):
+        return "FLAC audio"
+    if data.startswith(b"OggS"):
+        return "Ogg audio (Vorbis or Opus)"
+    if data[4:8] == b"ftyp" and data[8:11] in (b"M4A", b"M4B"):
+        return "M4A (AAC) audio"
+    return None
+
+
+_MAGIC = (
+    (b"\x89PNG", "a PNG image"),
+    (b"\xff\xd8\xff", "a JPEG image"),
+    (b"GIF8", "a GIF image"),
+    (b"BM", "a BMP image"),
+    (b"%PDF", "a PDF document"),
+    (b"\x1a\x45\xdf\xa3", "WebM or Matroska video"),
+    (b"PK\x03\x04", "a ZIP archive"),
+)
+
+
+def _looks_like(data: bytes) -> str:
+    if data.startswith(b"RIFF"):
+        kind = {b"WEBP": "a WebP image", b"AVI ": "AVI video"}.get(data[8:12], "a RIFF file that is not WAVE")
+        return f"looks like {kind}"
+    if data[4:8] == b"ftyp":
+        return "looks like MP4 video"
+    for magic, kind in _MAGIC:
+        if data.startswith(magic):
+            return f"looks like {kind}"
+    try:
+        head = data[:512].decode("utf-8")
+    except UnicodeDecodeError:
+        return "is in a format runner does not recognise"
+    return (
+        "looks like text"
+        if head.isprintable() or head.strip()
+        else "is in a format runner does not recognise"
+    )
+
+
+@dataclass(frozen=True)
+class WavHeader:
+    """What a WAV's chunks say, read before any sample is."""
+
+    tag: int  # PCM or IEEE_FLOAT (an extensible file's subformat)
+    channels: int
+    rate: int
+    bits: int
+    data_at: int  # the data chunk's first byte
+    data_bytes: int  # whole frames of it, as its header says
+    present: int  # the bytes there are from data_at: fewer than data_bytes is a truncated file
+
+    @property
+    def frame_bytes(self) -> int:
+        return self.channels * self.bits // 8
+
+    @property
+    def seconds(self) -> float:
+        return self.data_bytes // self.frame_bytes / self.rate
+
+
+def read_wav_header(data: bytes, name: str) -> WavHeader:
+    """The fmt and data chunks of a RIFF/WAVE file, checked: a format runner decodes, a sane rate and
+    channel count; the data chunk's size as it says (one that says 0 or 0xFFFFFFFF, as a stream's
+    writer leaves it, runs to the end of the bytes), whether or not that many bytes are there."""
+    pos, fmt = 12, None
+    while pos + 8 <= len(data):
+        cid, size = data[pos : pos + 4], struct.unpack_from("<I", data, pos + 4)[0]
+        body = pos + 8
+        if cid == b"fmt ":
+            fmt = _fmt(data[body : body + size], name)
+        elif cid == b"data":
+            if fmt is None:
+                raise refuse(name, "is a WAV file whose data comes before its format (fmt) chunk")
+            tag, channels, rate, bits = fmt
+            rest = len(data) - body
+            if size in (0, 0xFFFFFFFF):
+                size = rest
+            frame = channels * bits // 8
+            return WavHeader(tag, channels, rate, bits, body, size - size % frame, rest)
+        pos = body + size + (size & 1)  # chunks are padded to an even size
+    if fmt is None:
+        raise refuse(name, "is a truncated WAV file: it has no format (fmt) chunk")
+    raise refuse(name, "is a truncated WAV file: it has no data chunk")
+
+
+def _fmt(chunk: bytes, name: str) -> tuple[int, int, int, int]:
+    if len(chunk) < 16:
+        raise refuse(name, "is a truncated WAV file: its format (fmt) chunk is cut short")
+    tag, channels, rate, _, _, bits = struct.unpack_from("<HHIIHH", chunk)
+    if tag == EXTENSIBLE and len(chunk) >= 26:
+        tag = struct.unpack_from("<H", chunk, 24)[0]  # the subformat GUID's first two bytes
+    supported = {PCM: (8, 16, 24, 32), IEEE_FLOAT: (32, 64)}
+    if tag not in supported:
+        raise refuse(name, f"is a WAV file in format {tag:#06x}, not PCM or float ({ACCEPTED})")
+    if bits not in supported[tag]:
+        kind = "PCM" if tag == PCM else "float"
+        raise refuse(name, f"is {bits}-bit {kind} WAV, which runner does not decode ({ACCEPTED})")
+    if not 1 <= channels <= MAX_CHANNELS:
+        raise refuse(name, f"is a WAV file of {channels} channels (1 to {MAX_CHANNELS} are taken)")
+    if not 1000 <= rate <= 384_000:
+        raise refuse(name, f"is a WAV file at {rate} Hz (1,000 to 384,000 are taken)")
+    return tag, channels, rate, bits
+
+
+def load_audio(
+    data: bytes,
+    *,
+    name: str,
+    max_bytes: int = MAX_AUDIO_BYTES,
+    max_seconds: float = MAX_AUDIO_SECONDS,
+) -> Audio:
+    """Untrusted bytes -> a mono Audio clip, or an AudioError saying in one line why not."""
+    if len(data) > max_bytes:
+        raise refuse(name, f"the clip is {_mb(len(data))}, over the {_mb(max_bytes)} a clip may be")
+    fmt = sniff(data, name)
+    header = read_wav_header(data, name)
+    seconds = header.seconds
+    if seconds > max_seconds:
+        raise refuse(name, f"is {_duration(seconds)} long, over the {_duration(max_seconds)} a clip may be")
+    if header.data_bytes > header.present:
+        said, there = header.data_bytes, header.present
+        raise refuse(
+            name, f"is a truncated WAV file: its data chunk says {said:,} bytes, {there:,} are there"
+        )
+    if seconds < MIN_AUDIO_SECONDS:
+        raise refuse(name, "holds no audio (a clip of less than 10 ms)")
+    samples = _decode(data[header.data_at : header.data_at + header.data_bytes], header, name)
+    return Audio(
+        samples=samples,
+        rate=header.rate,
+        sha256=hashlib.sha256(data).hexdigest(),
+        size=len(data),
+        format=fmt,
+        name=name,
+        channels=header.channels,
+    )
+
+
+def _decode(raw: bytes, h: WavHeader, name: str) -> bytes:
+    """The data chunk's frames as mono float32, scaled as miniaudio scales them (ma_pcm_*_to_f32)."""
+    import numpy as np
+
+    x: Any
+    if h.tag == IEEE_FLOAT:
+        x = np.frombuffer(raw, dtype="<f4" if h.bits == 32 else "<f8").astype(np.float32)
+        if not np.isfinite(x).all():
+            raise refuse(name, "holds samples that are not finite numbers (NaN or infinity)")
+    elif h.bits == 8:
+        x = np.frombuffer(raw, dtype=np.uint8).astype(np.float32) * np.float32(1 / 127.5) - np.float32(1)
+    elif h.bits == 16:
+        x = np.frombuffer(raw, dtype="<i2").astype(np.float32) * np.float32(1 / 32768)
+    elif h.bits == 24:
+        b = np.frombuffer(raw, dtype=np.uint8).reshape(-1, 3).astype(np.int32)
+        x = ((b[:, 0] << 8 | b[:, 1] << 16 | b[:, 2] << 24) >> 8).astype(np.float32) * np.float32(1 / 8388608)
+    else:
+        x = (np.frombuffer(raw, dtype="<i4").astype(np.float64) / 2147483648.0).astype(np.float32)
+    if h.channels > 1:
+        x = x.reshape(-1, h.channels).mean(axis=1, dtype=np.float32)
+    return x.astype("<f4").tobytes()
+
+
+def _mb(n: int) -> str:
+    return f"{n / 1e6:.1f} MB" if n >= 100_000 else f"{n:,} bytes"
+
+
+def _duration(seconds: float) -> str:
+    if seconds >= 120:
+        return f"{seconds / 60:.1f} minutes"
+    return f"{seconds:.1f} s"
+
+
+_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*):")
+
+
+def read_audio_arg(
+    arg: str,
+    stdin: BinaryIO | None,
+    *,
+    max_bytes: int = MAX_AUDIO_BYTES,
+    max_seconds: float = MAX_AUDIO_SECONDS,
+) -> Audio:
+    """A clip as the command line names it: `-` for stdin, anything else a local file."""
+    if arg == "-":
+        if stdin is None:
+            raise refuse("-", "stdin is a terminal here: pipe the audio in")
+        data = _read_bounded(stdin, max_bytes, "-")
+        return load_audio(data, name="-", max_bytes=max_bytes, max_seconds=max_seconds)
+    try:
+        with Path(arg).open("rb") as f:
+            data = _read_bounded(f, max_bytes, arg)
+    except FileNotFoundError:
+        scheme = _SCHEME.match(arg)
+        if scheme is not None and len(scheme.group(1)) > 1:  # not a Windows drive letter
+            raise refuse(
+                arg, "no such file (and URLs are not fetched): a local file, or - for stdin"
+            ) from None
+        raise refuse(arg, "no such file") from None
+    except IsADirectoryError:
+        raise refuse(arg, "is a directory, not an audio file") from None
+    except OSError as exc:
+        raise refuse(arg, f"cannot be read: {exc.strerror or exc}") from None
+    return load_audio(data, name=arg, max_bytes=max_bytes, max_seconds=max_seconds)
+
+
+def _read_bounded(f: BinaryIO, max_bytes: int, name: str) -> bytes:
+    """The whole file, or a refusal as soon as it is larger than max_bytes (never all read)."""
+    chunks: list[bytes] = []
+    left = max_bytes + 1
+    while left > 0:
+        chunk = f.read(min(left, 1 << 20))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        left -= len(chunk)
+    if left <= 0:
+        raise refuse(name, f"more than the {_mb(max_bytes)} a clip may be")
+    return b"".join(chunks)

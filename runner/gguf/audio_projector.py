@@ -1,0 +1,267 @@
+"""An audio projector ("mmproj" with a whisper-style encoder) checked from its header before libmtmd
+ever opens it.
+
+The pinned libmtmd (tools/mtmd/clip.cpp, models/whisper-enc.cpp) trusts the file, and a malformed
+audio projector aborts or crashes the process: a missing a.position_embd (a NULL dereference), fewer
+than 1500 positions (GGML_ASSERT at the first clip), clip.audio.num_mel_bins of another GGUF type
+(gguf's getter aborts) or disagreeing with the first convolution's input channels, an epsilon that
+is not f32, a Q/V bias missing or a K bias present (whisper-enc.cpp asserts both), 1-D convolution
+biases, a transposed projection; and an encoder width that is a power of two with ultravox or
+voxtral, whose frame stacking then pads wrongly and aborts at the first clip (the real files are
+whisper-large's 1280 wide). So check_audio_projector compares the header with what clip.cpp reads
+for ultravox, voxtral and qwen2a (Qwen2-Audio's), refuses everything else in one line
+(InvalidModelFile, naming the file), and says what a clip costs (AudioProjectorInfo).
+
+libmtmd cuts a clip into 30-second windows (3000 mel frames of 10 ms; a 30.0 s clip already takes
+two) and each window becomes one audio chunk of `window_tokens` embeddings: 3000 frames halved by
+the second convolution (1500 positions), then stacked by stack_factor (ultravox, voxtral: padded up
+to a multiple of it) or pooled by 2 (qwen2a, voxtral).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, NoReturn
+
+from runner.errors import InvalidModelFile
+from runner.gguf.header import GGUFHeader, TensorInfo
+
+AUDIO_SUPPORTED = ("ultravox", "voxtral", "qwen2a")
+STACKED = ("ultravox", "voxtral")  # clip.audio.projector.stack_factor required (clip.cpp 1803)
+POOLED = ("voxtral", "qwen2a")  # nn.AvgPool1d(2): half the positions (clip-model.h audio_has_avgpool)
+WINDOW_SECONDS = 30  # hparams.audio_chunk_len
+WINDOW_FRAMES = 3000  # mel frames of one window (hop 160 at 16 kHz)
+N_POS = WINDOW_FRAMES // 2  # positions after the stride-2 convolution: a.position_embd needs as many rows
+SAMPLE_RATE = 16_000  # hparams.audio_sample_rate of these types
+VECTOR = frozenset({"F32"})
+MATRIX = frozenset({"F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K"})
+CONV = frozenset({"F32", "F16"})
+
+# Every key clip.cpp reads for an audio projector of these types, with the GGUF type its getter asserts
+# fmt: off
+AUDIO_KEYS: dict[str, tuple[str, bool]] = {
+    "clip.has_audio_encoder":                  ("bool", True),
+    "clip.has_vision_encoder":                 ("bool", False),
+    "clip.projector_type":                     ("str", False),
+    "clip.audio.projector_type":               ("str", False),
+    "clip.audio.num_mel_bins":                 ("u32", True),
+    "clip.audio.embedding_length":             ("u32", True),
+    "clip.audio.attention.head_count":         ("u32", True),
+    "clip.audio.attention.head_count_kv":      ("u32", False),
+    "clip.audio.attention.head_dim":           ("u32", False),
+    "clip.audio.feed_forward_length":          ("u32", True),
+    "clip.audio.block_count":                  ("u32", True),
+    "clip.audio.projection_dim":               ("u32", True),
+    "clip.audio.attention.layer_norm_epsilon": ("f32", True),
+    "clip.audio.projector.stack_factor":       ("u32", False),
+}
+# fmt: on
+
+
+@dataclass(frozen=True)
+class AudioProjectorInfo:
+    """What a clip costs through this projector."""
+
+    projector_type: str  # one of AUDIO_SUPPORTED
+    n_mel: int
+    width: int  # the encoder's
+    heads: int
+    blocks: int
+    n_ff: int
+    stack: int  # frames stacked into one embedding (0: none)
+    window_tokens: int  # embeddings one 30-second window becomes
+    projection_width: int  # each embedding's width: the text model's n_embd
+    weights_bytes: int
+    sample_rate: int = SAMPLE_RATE
+
+    def windows(self, seconds: float) -> int:
+        """The 30-second windows libmtmd cuts a clip of `seconds` into (30.0 s is two: its last frame)."""
+        return int(seconds // WINDOW_SECONDS) + 1
+
+    def clip_tokens(self, seconds: float) -> int:
+        return self.windows(seconds) * self.window_tokens
+
+    def per_minute(self) -> str:
+        return (
+            f"{self.clip_tokens(59.9):,} audio tokens a minute of audio ({self.window_tokens:,} every 30 s)"
+        )
+
+
+def is_audio_projector(header: GGUFHeader) -> bool:
+    """An audio projector (an audio encoder and no vision encoder): check_audio_projector's to check."""
+    meta = header.metadata
+    return meta.get("clip.has_audio_encoder") is True and meta.get("clip.has_vision_encoder") is not True
+
+
+class _Check:
+    def __init__(self, header: GGUFHeader, types: Mapping[str, str]) -> None:
+        self.header, self.types = header, types
+        self.by_name = {t.name: t for t in header.tensors}
+
+    def fail(self, problem: str) -> NoReturn:
+        raise InvalidModelFile(f"{self.header.source} is not a usable audio projector: {problem}")
+
+    def key(self, key: str) -> Any:
+        want, required = AUDIO_KEYS[key]
+        if key not in self.header.metadata:
+            if required:
+                self.fail(f"it has no {key} ({want})")
+            return None
+        got = self.types.get(key)
+        if got != want:
+            self.fail(f"{key} is {got}, clip.cpp reads it as {want} and would abort")
+        value = self.header.metadata[key]
+        if want == "u32" and not 0 < value < 1 << 20:
+            self.fail(f"{key} is {value}, out of the range clip.cpp's graph can take")
+        return value
+
+    def tensor(self, name: str, shape: tuple[int, ...], types: frozenset[str]) -> TensorInfo:
+        t = self.by_name.get(name)
+        if t is None:
+            self.fail(f"it has no tensor {name}")
+        got = tuple(t.shape)
+        while len(got) > len(shape) and got[-1] == 1:
+            got = got[:-1]
+        if got != shape:
+            self.fail(f"tensor {name} has shape {list(t.shape)}, clip.cpp's graph needs {list(shape)}")
+        if t.type_name not in types:
+            self.fail(f"tensor {name} is {t.type_name}; this use of it takes {', '.join(sorted(types))}")
+        return t
+
+    def absent(self, name: str, why: str) -> None:
+        if name in self.by_name:
+            self.fail(f"it has a tensor {name}, {why}")
+
+
+def check_audio_projector(
+    header: GGUFHeader, types: Mapping[str, str], *, text_n_embd: int | None = None
+) -> AudioProjectorInfo:
+    """The header of an audio projector against what clip.cpp reads for its type; `types`: each key's
+    GGUF type (runner.gguf.projector.read_key_types)."""
+    c = _Check(header, types)
+    if c.key("clip.has_audio_encoder") is not True:
+        c.fail("clip.has_audio_encoder is not true: it has no audio encoder")
+    kind = c.key("clip.projector_type") or c.key("clip.audio.projector_type") or ""
+    if kind not in AUDIO_SUPPORTED:
+        c.fail(
+            f"its projector type {kind!r} is not one runner takes audio through "
+            f"({', '.join(AUDIO_SUPPORTED)})"
+        )
+    mel, e, heads = (
+        c.key("clip.audio.num_mel_bins"),
+        c.key("clip.audio.embedding_length"),
+        c.key("clip.audio.attention.head_count"),
+    )
+    ff, blocks = c.key("clip.audio.feed_forward_length"), c.key("clip.audio.block_count")
+    proj = c.key("clip.audio.projection_dim")
+    c.key("clip.audio.attention.layer_norm_epsilon")
+    for key in ("clip.audio.attention.head_count_kv", "clip.audio.attention.head_dim"):
+        if c.key(key) not in (None, heads if key.endswith("kv") else e // heads):
+            c.fail(f"{key} differs from what a whisper encoder has")
+    if mel > 256:
+        c.fail(f"clip.audio.num_mel_bins is {mel}: libmtmd takes 1 to 256")
+    if e % heads:
+        c.fail(f"its width {e} is not a multiple of its {heads} heads")
+    stack = c.key("clip.audio.projector.stack_factor") or 0
+    if kind in STACKED:
+        if not stack:
+            c.fail(f"a {kind} projector needs clip.audio.projector.stack_factor")
+        if e & (e - 1) == 0:
+            c.fail(
+                f"its encoder width {e} is a power of two, which libmtmd's {kind} frame stacking "
+                "pads wrongly (it aborts)"
+            )
+    elif stack:
+        c.fail(f"clip.audio.projector.stack_factor is given, which a {kind} projector has none of")
+    _check_encoder(c, mel, e, ff, blocks)
+    out = _check_projection(c, kind, e, stack, text_n_embd or proj)
+    if text_n_embd is not None and out != text_n_embd:
+        c.fail(
+            f"it projects into width {out}, the model's embeddings are {text_n_embd} wide: "
+            "is it this model's?"
+        )
+    return AudioProjectorInfo(
+        projector_type=kind,
+        n_mel=mel,
+        width=e,
+        heads=heads,
+        blocks=blocks,
+        n_ff=ff,
+        stack=stack,
+        window_tokens=window_tokens(kind, stack),
+        projection_width=out,
+        weights_bytes=sum(t.nbytes for t in header.tensors),
+    )
+
+
+def window_tokens(kind: str, stack: int) -> int:
+    """The embeddings one 30-second window becomes (clip_n_output_tokens): its 3000 frames stacked
+    by `stack` (padded up to a multiple of it), halved by the second convolution, pooled by 2."""
+    tokens = -(-WINDOW_FRAMES // stack) if stack else WINDOW_FRAMES
+    tokens //= 2
+    return tokens // 2 if kind in POOLED else tokens
+
+
+def _check_encoder(c: _Check, mel: int, e: int, ff: int, blocks: int) -> None:
+    """The whisper encoder's convolutions, positions and blocks (models/whisper-enc.cpp)."""
+    c.tensor("a.conv1d.1.weight", (3, mel, e), CONV)
+    c.tensor("a.conv1d.1.bias", (1, e), VECTOR)
+    c.tensor("a.conv1d.2.weight", (3, e, e), CONV)
+    c.tensor("a.conv1d.2.bias", (1, e), VECTOR)
+    pos = c.by_name.get("a.position_embd.weight")
+    if pos is None:
+        c.fail("it has no tensor a.position_embd.weight")
+    if len(pos.shape) != 2 or pos.shape[0] != e or pos.shape[1] < N_POS:
+        c.fail(
+            f"tensor a.position_embd.weight has shape {list(pos.shape)}, "
+            f"clip.cpp's graph needs [{e}, {N_POS} or more]"
+        )
+    if pos.type_name not in VECTOR | {"F16"}:
+        c.fail(f"tensor a.position_embd.weight is {pos.type_name}; it takes F16, F32")
+    _check_blocks(c, e, ff, blocks)
+    if "a.post_ln.weight" in c.by_name:
+        c.tensor("a.post_ln.weight", (e,), VECTOR)
+        c.tensor("a.post_ln.bias", (e,), VECTOR)
+
+
+def _check_blocks(c: _Check, e: int, ff: int, blocks: int) -> None:
+    for i in range(blocks):
+        blk = f"a.blk.{i}"
+        for part in ("attn_q", "attn_k", "attn_v", "attn_out"):
+            c.tensor(f"{blk}.{part}.weight", (e, e), MATRIX)
+        for part in ("attn_q", "attn_v", "attn_out"):
+            c.tensor(f"{blk}.{part}.bias", (e,), VECTOR)
+        c.absent(f"{blk}.attn_k.bias", "which a whisper encoder has none of (libmtmd asserts it)")
+        for norm in ("ln1", "ln2"):
+            c.tensor(f"{blk}.{norm}.weight", (e,), VECTOR)
+            c.tensor(f"{blk}.{norm}.bias", (e,), VECTOR)
+        c.tensor(f"{blk}.ffn_up.weight", (e, ff), MATRIX)
+        c.tensor(f"{blk}.ffn_up.bias", (ff,), VECTOR)
+        c.tensor(f"{blk}.ffn_down.weight", (ff, e), MATRIX)
+        c.tensor(f"{blk}.ffn_down.bias", (e,), VECTOR)
+    c.absent(f"a.blk.{blocks}.attn_q.weight", f"past its clip.audio.block_count {blocks}")
+
+
+def _check_projection(c: _Check, kind: str, e: int, stack: int, want: int) -> int:
+    """The projection into the text model's width (its output width, as the file has it)."""
+    if kind == "qwen2a":
+        fc = c.by_name.get("mm.a.fc.weight")
+        out = fc.shape[1] if fc is not None and len(fc.shape) == 2 and fc.shape[0] == e else want
+        c.tensor("mm.a.fc.weight", (e, out), MATRIX)
+        c.tensor("mm.a.fc.bias", (out,), VECTOR)
+        return out
+    stacked = e * stack
+    up = c.by_name.get("mm.a.mlp.1.weight")
+    hidden = up.shape[1] if up is not None and len(up.shape) == 2 and up.shape[0] == stacked else 0
+    c.tensor("mm.a.mlp.1.weight", (stacked, hidden or want), MATRIX)
+    down = c.by_name.get("mm.a.mlp.2.weight")
+    n_in = hidden // 2 if kind == "ultravox" else hidden  # ultravox's SwiGLU halves the width
+    if kind == "ultravox" and hidden % 2:
+        c.fail(f"tensor mm.a.mlp.1.weight has an odd output width {hidden}: its SwiGLU halves it")
+    out = down.shape[1] if down is not None and len(down.shape) == 2 and down.shape[0] == n_in else want
+    c.tensor("mm.a.mlp.2.weight", (n_in, out), MATRIX)
+    if kind == "ultravox":
+        c.tensor("mm.a.norm_pre.weight", (stacked,), VECTOR)
+        c.tensor("mm.a.norm_mid.weight", (n_in,), VECTOR)
+    return out

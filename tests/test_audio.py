@@ -1,0 +1,363 @@
+"""Audio in: WAV bytes decoded and bounded (runner.audio), audio projectors checked before libmtmd
+opens them (runner.gguf.audio_projector), and clips through the one loop: `runner run --audio` and
+`runner transcribe` give llama-server --mmproj's greedy answer token for token, on SmolLM2 with the
+random-weight audio projectors of tests/synth.py (answers mean nothing; the same input gives the
+same tokens). Every bad input is one line and exit 2."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import struct
+import subprocess
+import time
+import wave
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from runner.audio import MAX_AUDIO_SECONDS, load_audio
+from runner.errors import AudioError, InvalidModelFile
+from runner.gguf import read_header
+from runner.gguf.audio_projector import check_audio_projector
+from runner.gguf.projector import read_key_types
+from tests.conftest import run_cli
+from tests.helpers import random_png
+from tests.serving import free_port
+from tests.synth import audio_projector_spec, write_audio_projector
+
+LLAMA_SERVER = Path("/tmp/peers/build/bin/llama-server")
+GREEDY = (
+    "--temperature",
+    "0",
+    "--repeat-penalty",
+    "1",
+    "--presence-penalty",
+    "0",
+    "--frequency-penalty",
+    "0",
+)
+WIDTH = 576  # SmolLM2's embeddings
+
+
+def tone(seconds: float, rate: int = 16000, channels: int = 1, seed: int = 1, width: int = 2) -> bytes:
+    """A seeded WAV: a 440 Hz tone and some noise, each channel its own."""
+    rng = np.random.default_rng(seed)
+    t = np.arange(int(seconds * rate)) / rate
+    x = np.stack(
+        [
+            0.3 * np.sin(2 * np.pi * (440 + 110 * c) * t) + 0.05 * rng.standard_normal(t.size)
+            for c in range(channels)
+        ],
+        1,
+    )
+    out = io.BytesIO()
+    with wave.open(out, "wb") as w:
+        w.setnchannels(channels)
+        w.setsampwidth(width)
+        w.setframerate(rate)
+        if width == 1:
+            w.writeframes((x * 127 + 128).astype(np.uint8).tobytes())
+        else:
+            w.writeframes((x * 32767).astype("<i2").tobytes())
+    return out.getvalue()
+
+
+def float_wav(samples: np.ndarray, rate: int = 16000) -> bytes:
+    data = samples.astype("<f4").tobytes()
+    fmt = struct.pack("<HHIIHH", 3, 1, rate, rate * 4, 4, 32)
+    body = (
+        b"WAVE" + b"fmt " + struct.pack("<I", len(fmt)) + fmt + b"data" + struct.pack("<I", len(data)) + data
+    )
+    return b"RIFF" + struct.pack("<I", len(body)) + body
+
+
+# -- decoding: pure functions on hand-made bytes ----------------------------------------------------
+
+
+def test_a_16_bit_wav_becomes_the_samples_miniaudio_gives() -> None:
+    data = tone(0.5)
+    clip = load_audio(data, name="a.wav")
+    with wave.open(io.BytesIO(data)) as w:
+        ints = np.frombuffer(w.readframes(w.getnframes()), "<i2")
+    assert clip.rate == 16000 and clip.frames == 8000 and clip.seconds == 0.5
+    assert np.array_equal(np.frombuffer(clip.samples, "<f4"), ints.astype(np.float32) / 32768)
+    assert clip.at(16000) is clip.samples  # at the projector's rate: as they are
+
+
+def test_stereo_at_44k_is_mixed_to_mono_and_resampled() -> None:
+    clip = load_audio(tone(1.0, rate=44100, channels=2), name="s.wav")
+    assert clip.channels == 2 and clip.rate == 44100 and clip.frames == 44100
+    at16 = np.frombuffer(clip.at(16000), "<f4")
+    assert len(at16) == 16000 and np.isfinite(at16).all() and 0.1 < np.abs(at16).max() <= 1.0
+
+
+def test_8_bit_and_float_wavs_decode() -> None:
+    assert load_audio(tone(0.2, width=1), name="u8.wav").frames == 3200
+    x = np.linspace(-1, 1, 1600, dtype=np.float32)
+    assert np.array_equal(np.frombuffer(load_audio(float_wav(x), name="f.wav").samples, "<f4"), x)
+
+
+@pytest.mark.parametrize(
+    ("data", "problem"),
+    [
+        (b"", "is empty"),
+        (random_png(1), "looks like a PNG image"),
+        (b"ID3\x04\x00" + bytes(100), "MP3"),
+        (b"\xff\xfb\x90\x00" + bytes(100), "MP3"),
+        (b"fLaC" + bytes(100), "FLAC"),
+        (b"OggS" + bytes(100), "Ogg"),
+        (b"just some words, not audio", "looks like text"),
+        (tone(1.0)[:-5000], "truncated WAV"),
+        (tone(1.0)[:30], "truncated WAV"),
+        (tone(0.0), "holds no audio"),
+        (float_wav(np.array([0.1, np.nan] * 400)), "not finite"),
+    ],
+)
+def test_bad_audio_is_one_line(data: bytes, problem: str) -> None:
+    with pytest.raises(AudioError) as caught:
+        load_audio(data, name="x")
+    assert problem in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_a_two_hour_header_is_refused_before_decoding() -> None:
+    data = bytearray(tone(0.1))
+    at = data.index(b"data")
+    struct.pack_into("<I", data, at + 4, 2 * 3600 * 16000 * 2)  # 2 hours of 16-bit mono, 3 KB there
+    with pytest.raises(AudioError, match="is 120.0 minutes long, over the 10.0 minutes"):
+        load_audio(bytes(data), name="long.wav")
+    with pytest.raises(AudioError, match="over the 100 bytes"):
+        load_audio(tone(0.1), name="big.wav", max_bytes=100)
+    assert MAX_AUDIO_SECONDS == 600
+
+
+# -- projector files: checked before libmtmd opens them ----------------------------------------------
+
+
+def _spec_file(tmp_path: Path, name: str, edit=None, **kw) -> Path:
+    keys, tensors = audio_projector_spec(kw.pop("kind", "ultravox"), WIDTH, **kw)
+    if edit is not None:
+        edit(keys, tensors)
+    return write_audio_projector(tmp_path / f"{name}.gguf", WIDTH, spec=(keys, tensors))
+
+
+def _check(path: Path):
+    header = read_header(path)
+    return check_audio_projector(header, read_key_types(path), text_n_embd=WIDTH)
+
+
+@pytest.mark.parametrize("kind", ["ultravox", "voxtral", "qwen2a"])
+def test_the_synthetic_projectors_pass_and_say_what_a_clip_costs(tmp_path: Path, kind: str) -> None:
+    info = _check(_spec_file(tmp_path, kind, kind=kind))
+    # 3000 mel frames a window, halved by the conv: stacked by 8 (ultravox), by 4 and pooled (voxtral),
+    # pooled (qwen2a): what llama-server's prompt counts
+    assert info.window_tokens == {"ultravox": 187, "voxtral": 187, "qwen2a": 750}[kind]
+    assert (
+        info.windows(3.0) == 1 and info.windows(30.0) == 2 and info.clip_tokens(60) == 3 * info.window_tokens
+    )
+
+
+def _drop(name: str):
+    return lambda k, t: t.pop(name)
+
+
+def _set_key(key: str, value, vtype):
+    return lambda k, t: k.__setitem__(key, (value, vtype))
+
+
+@pytest.mark.parametrize(
+    ("edit", "problem"),
+    [
+        (_drop("a.position_embd.weight"), "no tensor a.position_embd.weight"),
+        (
+            lambda k, t: t.__setitem__("a.position_embd.weight", t["a.position_embd.weight"][:1000]),
+            "1500 or more",
+        ),
+        (_set_key("clip.audio.num_mel_bins", 128.0, "f32"), "num_mel_bins is f32"),
+        (_set_key("clip.audio.num_mel_bins", 80, "u32"), "a.conv1d.1.weight has shape"),
+        (_set_key("clip.audio.attention.layer_norm_epsilon", 1e-5, "f64"), "epsilon is f64"),
+        (lambda k, t: t.__setitem__("a.blk.0.attn_k.bias", t["a.blk.0.attn_q.bias"]), "attn_k.bias"),
+        (_drop("a.blk.1.attn_v.bias"), "no tensor a.blk.1.attn_v.bias"),
+        (
+            lambda k, t: t.__setitem__("a.conv1d.1.bias", t["a.conv1d.1.bias"][:, 0]),
+            "a.conv1d.1.bias has shape",
+        ),
+        (
+            lambda k, t: t.__setitem__("mm.a.mlp.2.weight", t["mm.a.mlp.2.weight"].T.copy()),
+            "mm.a.mlp.2.weight",
+        ),
+        (_set_key("clip.projector_type", "whisper-of-my-own", "str"), "not one runner takes audio through"),
+    ],
+)
+def test_a_malformed_projector_is_one_line(tmp_path: Path, edit, problem: str) -> None:
+    from gguf import GGUFValueType
+
+    TYPES = {"f32": GGUFValueType.FLOAT32, "f64": GGUFValueType.FLOAT64, "u32": GGUFValueType.UINT32,
+             "str": GGUFValueType.STRING}  # fmt: skip
+
+    def typed(keys, tensors):
+        edit(keys, tensors)
+        for key, (value, vtype) in list(keys.items()):
+            if isinstance(vtype, str):
+                keys[key] = (value, TYPES[vtype])
+
+    with pytest.raises(InvalidModelFile) as caught:
+        _check(_spec_file(tmp_path, "bad", typed))
+    assert problem in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_a_power_of_two_width_is_refused_for_frame_stacking(tmp_path: Path) -> None:
+    with pytest.raises(InvalidModelFile, match="power of two"):
+        _check(_spec_file(tmp_path, "w32", width=32))
+    assert _check(_spec_file(tmp_path, "q32", kind="qwen2a", width=32)).width == 32  # no stacking: fine
+
+
+# -- through the loop, against llama-server ----------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    folder = tmp_path_factory.mktemp("audio")
+    made = {
+        kind: write_audio_projector(folder / f"{kind}.gguf", WIDTH, kind)
+        for kind in ("ultravox", "voxtral", "qwen2a")
+    }
+    for name, data in (("a.wav", tone(3.0)), ("b.wav", tone(2.0, seed=2)), ("s44.wav", tone(2.0, 44100, 2))):
+        made[name] = folder / name
+        made[name].write_bytes(data)
+    return made
+
+
+def runner_answer(projector: Path, wav: Path, tokens: int = 8) -> dict:
+    done = run_cli(
+        "run", "smollm2", "Transcribe this.", "--audio", str(wav), "--mmproj", str(projector), *GREEDY,
+        "--flash-attn", "off", "--max-tokens", str(tokens), "--json", "--logprobs", "0", "--no-prompt-cache",
+        timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def server_answers(model: Path, projector: Path, wav: Path, tmp: Path, tokens: int = 8) -> tuple[dict, str]:
+    """llama-server's chat answer with an input_audio part, and its /v1/audio/transcriptions text."""
+    port = free_port()
+    with (tmp / "llama-server.log").open("wb") as log:
+        proc = subprocess.Popen(
+            [str(LLAMA_SERVER), "-m", str(model), "--mmproj", str(projector), "--port", str(port),
+             "-c", "4096", "-np", "1", "-fa", "off", "-t", "2", "--no-webui"],
+            stdout=log, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    try:
+        url = f"http://127.0.0.1:{port}"
+        end = time.monotonic() + 120
+        while time.monotonic() < end:
+            try:
+                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.3)
+        part = {
+            "type": "input_audio",
+            "input_audio": {"data": base64.b64encode(wav.read_bytes()).decode(), "format": "wav"},
+        }
+        content = [part, {"type": "text", "text": "Transcribe this."}]
+        body = {"messages": [{"role": "user", "content": content}], "max_tokens": tokens, "temperature": 0,
+                "logprobs": True, "top_logprobs": 1, "cache_prompt": False, "repeat_penalty": 1,
+                "presence_penalty": 0, "frequency_penalty": 0}  # fmt: skip
+        chat = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=300).json()
+        form = {"model": "x", "temperature": "0", "max_tokens": str(tokens)}
+        heard = httpx.post(
+            f"{url}/v1/audio/transcriptions",
+            data=form,
+            files={"file": ("a.wav", wav.read_bytes())},
+            timeout=300,
+        ).json()
+        return chat, heard["text"]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+@pytest.mark.skipif(not LLAMA_SERVER.exists(), reason="the pinned llama-server is not built here")
+@pytest.mark.parametrize("kind", ["ultravox", "voxtral"])
+def test_run_audio_and_transcribe_give_llama_servers_answer(
+    files: dict[str, Path], smollm2_path: Path, tmp_path: Path, kind: str
+) -> None:
+    ours = runner_answer(files[kind], files["a.wav"])
+    chat, heard = server_answers(smollm2_path, files[kind], files["a.wav"], tmp_path)
+    theirs = chat["choices"][0]["logprobs"]["content"]
+    if chat["choices"][0]["finish_reason"] == "stop":
+        theirs = theirs[:-1]  # llama-server scores the end-of-generation token too; runner does not
+    assert [t["id"] for t in ours["logprobs"]] == [t["id"] for t in theirs]
+    assert ours["usage"]["prompt_tokens"] == chat["usage"]["prompt_tokens"]
+    done = run_cli(
+        "transcribe",
+        "smollm2",
+        str(files["a.wav"]),
+        "--mmproj",
+        str(files[kind]),
+        "--max-tokens",
+        "8",
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.decode().strip() == heard.strip()
+
+
+def test_transcribe_several_files_and_stdin(files: dict[str, Path]) -> None:
+    uv = str(files["ultravox"])
+    done = run_cli("transcribe", "smollm2", str(files["a.wav"]), "-", "--mmproj", uv, "--max-tokens", "4",
+                   "--jsonl",
+                   input=files["s44.wav"].read_bytes(), timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    rows = [json.loads(line) for line in done.stdout.decode().splitlines()]
+    assert [r["file"] for r in rows] == [str(files["a.wav"]), "-"]
+    assert rows[0]["duration_s"] == 3.0 and rows[1]["duration_s"] == 2.0
+    assert all(r["text"] and r["usage"]["completion_tokens"] == 4 for r in rows)
+    tab = run_cli("transcribe", "smollm2", str(files["a.wav"]), str(files["b.wav"]), "--mmproj", uv,
+                  "--max-tokens", "4", timeout=300)  # fmt: skip
+    lines = tab.stdout.decode().splitlines()
+    assert tab.returncode == 0 and [line.split("\t")[0] for line in lines] == [
+        str(files["a.wav"]),
+        str(files["b.wav"]),
+    ]
+
+
+def test_bad_input_is_one_line_and_exit_2(files: dict[str, Path], tmp_path: Path) -> None:
+    bad = tmp_path / "bad.wav"
+    bad.write_bytes(tone(1.0)[:-3000])
+    png = tmp_path / "p.wav"
+    png.write_bytes(random_png(1))
+    mp3 = tmp_path / "a.mp3"
+    mp3.write_bytes(b"ID3\x04" + bytes(200))
+    vision = tmp_path / "bad-projector.gguf"
+    vision.write_bytes(b"GGUF" + bytes(64))
+    broken = _spec_file(tmp_path, "nopos", _drop("a.position_embd.weight"))
+    cases = [
+        (("--audio", str(bad), "--mmproj", str(files["ultravox"])), "truncated WAV"),
+        (("--audio", str(png), "--mmproj", str(files["ultravox"])), "looks like a PNG image"),
+        (("--audio", str(mp3), "--mmproj", str(files["ultravox"])), "MP3"),
+        (("--audio", str(tmp_path / "none.wav"), "--mmproj", str(files["ultravox"])), "no such file"),
+        (("--audio", str(files["a.wav"]), "--mmproj", str(broken)), "no tensor a.position_embd.weight"),
+        (("--image", str(tmp_path / "x.png"), "--mmproj", str(files["ultravox"])), "x.png"),
+    ]
+    for args, said in cases:
+        done = run_cli("run", "smollm2", "Hi", *args, "--max-tokens", "2", timeout=300)
+        err = done.stderr.decode()
+        assert done.returncode == 2, (args, err)
+        assert said in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, (args, err)
+
+
+def test_an_image_to_an_audio_projector_and_audio_to_a_text_model(
+    files: dict[str, Path], tmp_path: Path
+) -> None:
+    picture = tmp_path / "x.png"
+    picture.write_bytes(random_png(3))
+    done = run_cli("run", "smollm2", "Hi", "--image", str(picture), "--mmproj", str(files["ultravox"]),
+                   "--max-tokens", "2", timeout=300)  # fmt: skip
+    assert done.returncode == 2 and "takes no images" in done.stderr.decode()
+    done = run_cli("run", "smollm2", "Hi", "--audio", str(files["a.wav"]), "--max-tokens", "2", timeout=300)
+    assert done.returncode == 2 and "projector" in done.stderr.decode()
