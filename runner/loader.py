@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from runner import ui
+from runner import phases, ui
 from runner.engine.context import CTX_PAD
 from runner.engine.engine import Engine
 from runner.engine.llamacpp import Placement
@@ -406,7 +406,9 @@ def open_model(model: str, settings: LoadSettings = DEFAULTS) -> LoadedModel:
     mmproj = fetched(found)  # downloaded once the plan with it fits
     if settings.chat_template:
         compile_ahead(header.get(TEMPLATE_KEY))
+    phases.mark("plan")
     engine = _load(path, plan, settings)
+    phases.mark("load")
     _speculate(engine, drafting, settings, ref.display)
     if mmproj is not None:
         attach_projector(engine, mmproj, header)

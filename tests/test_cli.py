@@ -213,6 +213,19 @@ def test_verbose_reports_timings_on_stderr() -> None:
     for word in ("load", "prompt", "ttft", "prefill", "tok/s", "generated", "decode", "finish"):
         assert word in err
     assert "tok/s" not in done.stdout.decode()
+    # the start-up's phases, which add up to the start-up figure (each rounded to 10 ms)
+    [phases] = [line for line in err.splitlines() if line.startswith("runner: start-up: ")]
+    names = [part.rsplit(" ", 2)[0] for part in phases.removeprefix("runner: start-up: ").split(" · ")]
+    assert names == [
+        "interpreter and imports",
+        "model resolved and planned",
+        "load",
+        "prompt rendered and tokenized",
+        "first token",
+    ]
+    seconds = [float(part.rsplit(" ", 2)[1]) for part in phases.split(" · ")]
+    startup = float(err.split("start-up ", 1)[1].split(" s", 1)[0])
+    assert abs(sum(seconds[:-1]) - startup) <= 0.03 + 0.01 * len(seconds), (phases, startup)
 
 
 def test_system_message_reaches_the_model() -> None:

@@ -7,7 +7,7 @@ import sys
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, BinaryIO, TextIO
 
-from runner import interrupt, ui
+from runner import interrupt, phases, ui
 from runner.commands.output import (
     LOOP_WARNING,
     AnswerWriter,
@@ -21,7 +21,7 @@ from runner.commands.output import (
     stream_answer,
     to_json,
 )
-from runner.engine.answer import FINISH_INTERRUPTED, FINISH_REPEAT, Result
+from runner.engine.answer import FINISH_INTERRUPTED, FINISH_REPEAT, Result, since_process_start
 from runner.engine.cells import common_prefix
 from runner.engine.logprobs import MAX_TOP
 from runner.engine.prompt import read_prompt, render_prompt
@@ -68,6 +68,7 @@ class RunRequest:
 
 def run_once(request: RunRequest, *, stdin: BinaryIO | None, out: TextIO) -> Result:
     """Check the flags, read the prompt and images, load, ask, answer; every flag refused before a load."""
+    phases.begin(since_process_start())
     check_answer_limits(request.max_tokens, request.stop)
     if request.logprobs is not None:
         check_range(request.logprobs, "--logprobs", 0, MAX_TOP)
@@ -256,6 +257,7 @@ def _report(loaded: LoadedModel, request: RunRequest, result: Result) -> None:
         ui.warn(LOOP_WARNING)
     if request.verbose:
         ui.info(describe_timings(result))
+        ui.info(phases.describe(result.timings.ttft_s))
 
 
 def read_images(args: tuple[str, ...], mmproj: str | None, stdin: BinaryIO | None) -> list[Any]:

@@ -23,7 +23,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from runner import interrupt
+from runner import interrupt, phases
 from runner.engine.answer import FINISH_INTERRUPTED, Chunk, Result, since_process_start
 from runner.engine.context import CTX_STEP, Context
 from runner.engine.llamacpp import ANYWHERE, LLAMA_LOG, Placement, default_threads
@@ -192,6 +192,7 @@ class Engine:
             yield from self._stream(job, request, prompt_cache)
 
     def _stream(self, job: Job, request: Request, prompt_cache: PromptCache | None) -> Iterator[Chunk]:
+        phases.mark("prompt")
         start = time.perf_counter()
         startup = since_process_start()
         out: list[Chunk] = []
