@@ -231,7 +231,8 @@ def test_slash_command_errors_are_one_line_and_the_chat_goes_on(tmp_path: Path) 
 
 def test_a_long_conversation_in_a_small_context_drops_the_oldest_turns() -> None:
     lines = "".join(f"Tell me fact number {i} about the moon, in one sentence.\n" for i in range(12))
-    done = chat_pipe(lines + "/show\n", "--max-tokens", "24", "--ctx", "256", "-s", "You are a moon expert.")
+    args = ("--max-tokens", "24", "--ctx", "256", "-s", "You are a moon expert.", "--compact", "off")
+    done = chat_pipe(lines + "/show\n", *args)
     assert done.returncode == 0, done.stderr
     err = done.stderr.decode()
     assert "the context is full" in err and "oldest exchange" in err

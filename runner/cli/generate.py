@@ -72,6 +72,9 @@ def run(
     think: to.Think = None,
     no_think: to.NoThink = False,
     reasoning_budget: to.ReasoningBudget = None,
+    compact: to.Compact = None,
+    compact_keep: to.CompactKeep = None,
+    compact_prompt: to.CompactPrompt = None,
     hide_reasoning: o.HideReasoning = False,
     schema: o.Schema = None,
     format: o.Format = None,
@@ -183,6 +186,7 @@ def _chat_or_continue(given: dict[str, Any], tty: bool) -> None:
         **_answer_fields(given),
         save=not given["no_save"],
         tools=_tools(given, chat=not given["continue_"]),
+        compact=_compact(given),
     )
     if given["continue_"]:
         from runner.engine.prompt import read_prompt
@@ -254,6 +258,12 @@ def _tools(given: dict[str, Any], *, chat: bool) -> ToolSettings | None:
         timeout_s=given["tool_timeout"],
         choice=given["tool_choice"],
     )
+
+
+def _compact(given: dict[str, Any]) -> Any:
+    from runner.commands.compact import CompactSettings  # a chat's: imported with it
+
+    return CompactSettings(given["compact"], given["compact_keep"], given["compact_prompt"])
 
 
 def _think(given: dict[str, Any]) -> bool | str | None:
@@ -347,6 +357,9 @@ def chat(
     think: to.Think = None,
     no_think: to.NoThink = False,
     reasoning_budget: to.ReasoningBudget = None,
+    compact: to.Compact = None,
+    compact_keep: to.CompactKeep = None,
+    compact_prompt: to.CompactPrompt = None,
     hide_reasoning: o.HideReasoning = False,
     verbose: o.Verbose = False,
     mcp: to.Mcp = None,
@@ -383,6 +396,7 @@ def chat(
         load=load,
         markdown=markdown,
         tools=_tools(given, chat=True),
+        compact=_compact(given),
     )
     interactive = sys.stdin is not None and sys.stdin.isatty()
     run_chat(request, stdin=sys.stdin, out=sys.stdout, interactive=interactive)

@@ -1,5 +1,6 @@
 """The flags of run and chat for long work: tools (runner.commands.agent: MCP servers' tools, each call
-asked first) and how long a model thinks (runner.engine.text.reasoning: levels and budgets)."""
+asked first), how long a model thinks (runner.engine.text.reasoning: levels and budgets) and chats
+that outgrow their context (runner.commands.compact)."""
 
 from __future__ import annotations
 
@@ -74,6 +75,40 @@ ReasoningBudget = Annotated[
         help="Thinking tokens at most; then its end is forced, a short note first, and the answer follows "
         "(0: no thinking at all)",
         rich_help_panel=OUTPUT,
+        show_default=False,
+    ),
+]
+
+LONG_CHATS = "Long chats"
+Compact = Annotated[
+    Optional[str],
+    typer.Option(
+        "--compact",
+        metavar="auto|ask|off",
+        help="A chat past its context: auto summarises its older turns by the model itself; ask drops "
+        "them and offers /compact; off drops them [default: ask on a terminal, else auto]",
+        rich_help_panel=LONG_CHATS,
+        show_default=False,
+    ),
+]
+CompactKeep = Annotated[
+    Optional[int],
+    typer.Option(
+        "--compact-keep",
+        metavar="TOKENS",
+        help="Recent tokens a compaction keeps as they were (whole exchanges) [default: a quarter of "
+        "the context]",
+        rich_help_panel=LONG_CHATS,
+        show_default=False,
+    ),
+]
+CompactPrompt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--compact-prompt",
+        metavar="TEXT",
+        help="The instruction the model summarises older turns by (docs/chat.md has the default)",
+        rich_help_panel=LONG_CHATS,
         show_default=False,
     ),
 ]

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from runner import ui
+from runner.commands import compact
 from runner.commands.agent import (
     Approvals,
     HeldCalls,
@@ -28,9 +29,9 @@ from runner.commands.agent import (
     Turns,
     answer_with_tools,
     ask_terminal,
-    template_message,
 )
 from runner.commands.attach import Attachments
+from runner.commands.compact import CompactSettings
 from runner.commands.output import (
     LOOP_WARNING,
     describe_timings,
@@ -40,7 +41,7 @@ from runner.commands.output import (
     stream_answer,
 )
 from runner.engine.answer import FINISH_INTERRUPTED, FINISH_REPEAT, Result, result_json
-from runner.engine.conversation import Fitted, fit
+from runner.engine.conversation import Fitted
 from runner.engine.promptcache import MIN_HEAD, text_head
 from runner.engine.request import Request
 from runner.engine.text.constrain import Constraint, constraint
@@ -50,7 +51,7 @@ from runner.errors import RunnerError, UsageError
 from runner.limits import check_answer_limits
 from runner.loader import LoadedModel
 from runner.settings import DEFAULTS, LoadSettings
-from runner.store import Store, StoredConversation, StoredMessage, StoreError, user_turns
+from runner.store import Compaction, Store, StoredConversation, StoredMessage, StoreError, user_turns
 from runner.store.turns import holding
 
 if TYPE_CHECKING:
@@ -88,6 +89,7 @@ class ChatRequest:
     reasoning_budget: int | None = None  # --reasoning-budget N
     hide_reasoning: bool = False
     tools: ToolSettings | None = None  # --mcp and the tool flags (a chat reads mcp.json without them)
+    compact: CompactSettings | None = None  # --compact, --compact-keep, --compact-prompt
 
 
 class Session:
@@ -121,6 +123,7 @@ class Session:
         self.turns: list[StoredMessage] = []
         self.conversation: int | None = None
         self.first = 0  # the first turn sent to the model (older exchanges dropped to fit)
+        self.compaction: Compaction | None = None  # the summary sent for the first turns (compact.py)
         self.last: Result | None = None  # the last answer
         self.attached = Attachments(loaded.engine)  # /image: for the next message; those the turns carried
         self._held: ExitStack | None = None  # inside a turn: where a conversation created there is held
@@ -139,6 +142,7 @@ class Session:
         or a flag says otherwise (what the flags changed is stored with it from now on)."""
         self.turns = list(stored.messages)
         self.conversation, self.first = None, 0  # the settings adopted are not written to the one before
+        self.compaction = compact.stored(self.store, stored.id) if stored_here else None
         self.attached.resumed(self.turns)  # its images said, and read again where they still are
         if self.request.system is None:
             self.system = stored.system
@@ -274,7 +278,7 @@ class Session:
             ui.info(
                 f"another runner added {ui.count(added, 'turn')} to this conversation; they are part of it"
             )
-        self.turns = stored.messages
+        self.turns, self.compaction = stored.messages, compact.stored(self.store, self.conversation)
         self.first = min(self.first, len(self.turns))
 
     # -- turns -----------------------------------------------------------------------------------
@@ -285,28 +289,16 @@ class Session:
 
     def _fitted(self, turns: list[StoredMessage], tools: list[dict[str, Any]] | None = None) -> Fitted:
         """What the model would be sent for these turns (nothing changes: see _fit)."""
-        return fit(
-            self.loaded.engine,
-            self.loaded.header,
-            self.system,
-            [template_message(t) for t in turns],
-            first=self.first,
-            max_tokens=self.max_tokens,
-            enable_thinking=self.think,
-            images=self.attached.images_for(turns),
-            tools=self.tool_defs() if tools is None else tools,
-        )
+        return compact.fitted(self, turns, tools)
 
     def _fit(self, turns: list[StoredMessage], tools: list[dict[str, Any]] | None = None) -> Fitted:
-        fitted = self._fitted(turns, tools)
-        if fitted.first > self.first:
-            dropped = fitted.dropped_exchanges
-            ui.info(
-                f"the context is full: the {dropped} oldest exchange{'s' if dropped > 1 else ''} no longer "
-                "reach the model (the system message stays; /show says how full it is)"
-            )
-        self.first = fitted.first
-        return fitted
+        """The next prompt: older turns compacted, or dropped, where they no longer fit (said)."""
+        return compact.fit_turns(self, turns, tools)
+
+    def compact(self) -> None:
+        """/compact: the older turns summarised now."""
+        with self._holding():
+            compact.on_demand(self)
 
     def send(self, text: str) -> None:
         with self._holding():
@@ -460,7 +452,7 @@ class Session:
         ui.info(f"dropped the last exchange ({user_turns(self.turns)} left)")
 
     def clear(self) -> None:
-        self.turns, self.conversation, self.first = [], None, 0
+        self.turns, self.conversation, self.first, self.compaction = [], None, 0, None
         ui.info("a new conversation")
 
     def context_used(self) -> int:

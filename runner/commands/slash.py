@@ -44,6 +44,7 @@ COMMANDS = {
     "/clear": "start a new conversation",
     "/retry": "answer the last message again",
     "/undo": "drop the last exchange",
+    "/compact": "summarise the older turns into one message (the recent ones kept; all stay stored)",
     "/save": "/save FILE: the conversation as JSON",
     "/load": "/load FILE: continue a conversation saved as JSON",
     "/history": "this conversation so far; /history list: recent ones (runner chat --resume ID opens one)",
@@ -90,6 +91,7 @@ def command(session: Session, line: str, source: Any) -> bool:
         "/clear": session.clear,
         "/retry": session.retry,
         "/undo": session.undo,
+        "/compact": session.compact,
         "/save": lambda: _save(session, rest),
         "/load": lambda: _load(session, rest),
         "/history": lambda: _history(session, rest),
@@ -209,12 +211,17 @@ def _show(session: Session) -> str:
     else:
         source = "none in the GGUF: plain text"
     dropped = user_turns(session.turns[: session.first])
+    compacted = user_turns(session.turns[: session.compaction.turns]) if session.compaction else 0
+    dropped -= compacted
     saved = f"conversation {session.conversation}" if session.conversation else "not saved yet"
     rows = [
         ("model", describe_model(session.loaded)),
         ("load", describe_load(session.loaded, model=False)),
         ("context", f"{session.context_used():,} of {engine.context.n_ctx:,} tokens used"),
-        ("turns", f"{user_turns(session.turns)} ({dropped} no longer sent to the model)"),
+        (
+            "turns",
+            f"{user_turns(session.turns)} ({compacted} in a summary, {dropped} no longer sent to the model)",
+        ),
         (
             "system",
             repr(session.system) if session.system else "none (the template's default, if it has one)",

@@ -1,6 +1,7 @@
 """Conversations kept: the SQLite store (conversations), its schema's migrations, and a conversation
 as a JSON file (file: /save, /load, history export). `from runner.store import Store` is the way in."""
 
+from runner.store.compactions import Compaction, latest_compaction, save_compaction
 from runner.store.conversations import (
     DB_NAME,
     NO_SAVE_ENV,
@@ -21,6 +22,7 @@ from runner.store.conversations import (
 from runner.store.migrations import MIGRATIONS
 
 __all__ = [
+    "Compaction",
     "DB_NAME",
     "MIGRATIONS",
     "NO_SAVE_ENV",
@@ -35,6 +37,8 @@ __all__ = [
     "default_path",
     "first_words",
     "inspect",
+    "latest_compaction",
+    "save_compaction",
     "saving_disabled",
     "user_turns",
 ]

@@ -276,6 +276,10 @@ class Store:
             db.executemany(
                 "DELETE FROM messages WHERE id = ? AND conversation_id = ?", [(i, conversation) for i in ids]
             )
+            # a summary of messages no longer there goes with them (/undo past a compaction)
+            db.execute(
+                "DELETE FROM compactions WHERE conversation_id = ? AND through >= ?", (conversation, min(ids))
+            )
             db.execute("UPDATE conversations SET updated = ? WHERE id = ?", (time.time(), conversation))
 
     def set_system(self, conversation: int, system: str | None) -> None:

@@ -109,3 +109,21 @@ def m006_tool_steps(db: sqlite3.Connection) -> None:
 def m007_titles(db: sqlite3.Connection) -> None:
     # a conversation's name, given in runner serve's chat page (None: its first words name it)
     db.execute("ALTER TABLE conversations ADD COLUMN title TEXT")
+
+
+@migration
+def m008_compactions(db: sqlite3.Connection) -> None:
+    # a chat that outgrew its context (runner.commands.compact): the summary of its messages up to
+    # `through` (messages.id), which the model gets in their place; the messages themselves stay
+    db.execute(
+        """CREATE TABLE compactions (
+            id INTEGER PRIMARY KEY,
+            conversation_id INTEGER NOT NULL REFERENCES conversations(id) ON DELETE CASCADE,
+            through INTEGER NOT NULL,
+            summary TEXT NOT NULL,
+            model TEXT,
+            created REAL NOT NULL,
+            stats TEXT
+        )"""
+    )
+    db.execute("CREATE INDEX compactions_of_conversation ON compactions (conversation_id, id)")

@@ -1,0 +1,244 @@
+"""Chats that outgrow their context (runner.commands.compact): the older turns summarised by the model
+itself, the store keeping every original turn and the summary as its own record, `--resume` and
+`run -c` going on from the summary, and a SIGTERM during a compaction changing nothing.
+
+The chats are SmolLM2's at a small --ctx (a few turns fill it); the SIGTERM test uses `endless` (as
+test_signals does), a scripted model whose every summary runs to its length limit, over a conversation
+long enough that summarising it takes many prompts: the signal lands while it is being written.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from runner.commands.compact import SUMMARY_HEAD, CompactSettings, split_at, system_with
+from runner.errors import UsageError
+from runner.store import MIGRATIONS, Compaction, Store, StoredMessage, latest_compaction, save_compaction
+from tests.conftest import run_cli
+
+GREEDY = ["--temperature", "0"]
+SMALL = [*GREEDY, "--ctx", "512", "--max-tokens", "40"]
+LINES = [
+    f"Tell me three facts about the number {n} and a city whose name has {n} letters." for n in range(12)
+]
+
+
+@pytest.fixture(scope="module")
+def endless(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A scripted model on SmolLM2's tokenizer (tests/synth.py) that answers a text ending in "." with
+    " apple pear plum" over and over, until its length limit."""
+    from runner.engine.engine import Engine
+    from tests.synth import set_context_length, write_scripted
+
+    with Engine(smollm2_path, n_ctx=256, n_threads=1) as vocab:
+        dot, a, b, c = (
+            vocab.model.tokenize(text, add_special=False)[-1] for text in ("sea.", " apple", " pear", " plum")
+        )
+    says = "{% for m in messages %} {{ m['content'] }}{% endfor %}"  # a prompt ends with its last message
+    path = tmp_path_factory.mktemp("endless") / "endless.gguf"
+    write_scripted(path, smollm2_path, [dot, a, b, c, a], template=says)
+    return set_context_length(path, 32768)
+
+
+def _default_signals() -> None:
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # as a terminal's shell leaves them
+        signal.signal(signum, signal.SIG_DFL)
+
+
+# -- the store: the summary as its own record -------------------------------------------------------
+
+
+@pytest.mark.fast
+def test_a_summary_is_stored_beside_the_turns_it_stands_for(tmp_path: Path) -> None:
+    store = Store.open(tmp_path / "c.db")
+    try:
+        c = store.new_conversation("m", None)
+        ids = [
+            store.add_message(c, StoredMessage(role, f"{role} {i}"))
+            for i in range(3)
+            for role in ("user", "assistant")
+        ]
+        assert latest_compaction(store, c) is None
+        save_compaction(store, c, Compaction("they talked", 4, "m", stats={"parts": 1}, through=ids[3]))
+        found = latest_compaction(store, c)
+        assert found is not None and (found.summary, found.turns, found.through) == ("they talked", 4, ids[3])
+        assert found.stats == {"parts": 1}
+        loaded = store.load(c)
+        assert loaded is not None and len(loaded.messages) == 6  # every turn stays
+        store.delete_messages(c, ids[4:])  # /undo of the last exchange: the summary stands
+        assert latest_compaction(store, c) is not None
+        store.delete_messages(c, ids[2:4])  # /undo into the turns it stands for: it goes with them
+        assert latest_compaction(store, c) is None
+        store.remove(c)
+    finally:
+        store.close()
+    db = sqlite3.connect(tmp_path / "c.db")
+    assert db.execute("SELECT COUNT(*) FROM compactions").fetchone()[0] == 0  # gone with the conversation
+    assert db.execute("PRAGMA user_version").fetchone()[0] == len(MIGRATIONS)
+
+
+@pytest.mark.fast
+def test_the_settings_are_checked_and_the_summary_goes_in_the_system_message() -> None:
+    for bad in (dict(mode="always"), dict(keep=-1), dict(prompt="  ")):
+        with pytest.raises(UsageError):
+            CompactSettings(**bad)  # type: ignore[arg-type]
+    summary = Compaction("They met.", 2)
+    assert system_with(None, None) is None
+    assert system_with("Be brief.", summary) == f"Be brief.\n\n{SUMMARY_HEAD}\nThey met."
+    assert system_with(None, summary) == f"{SUMMARY_HEAD}\nThey met."
+
+
+@pytest.mark.model
+def test_a_compaction_keeps_the_last_exchange_whole_and_with_it_a_tool_loops_task(engine) -> None:
+    """Split points are where a user's message begins: the recent turns that fit `keep`, and the last
+    exchange at least, however large (a tool loop's task, with each step made for it so far)."""
+    step = {"id": "1", "name": "search", "arguments": {"q": "x"}}
+    turns = [StoredMessage("user", "Hello there. " * 20), StoredMessage("assistant", "Hi. " * 20)] * 3
+    turns += [
+        StoredMessage("user", "Find the file and tell me its size."),
+        StoredMessage("assistant", "", tool_calls=(step,)),
+        StoredMessage("tool", "result " * 400, call_id="1", tool="search"),
+        StoredMessage("assistant", "", tool_calls=(step,)),
+    ]
+    assert split_at(engine, turns, 0, keep=10_000) == 0  # all of it fits: nothing to compact
+    assert split_at(engine, turns, 0, keep=0) == 6  # the task's exchange stays whole
+    assert split_at(engine, turns, 0, keep=600) == 4  # and the exchange before it fits too
+    assert split_at(engine, turns, 6, keep=0) == 6  # summarised up to the task already: nothing more
+
+
+# -- chats driven past their context -------------------------------------------------------------
+
+
+def _store_state() -> tuple[list[StoredMessage], Compaction | None]:
+    store = Store.open()
+    try:
+        [summary] = store.summaries()
+        conversation = store.load(int(summary.id))
+        assert conversation is not None
+        return conversation.messages, latest_compaction(store, conversation.id)
+    finally:
+        store.close()
+
+
+@pytest.mark.timeout(600)
+def test_a_piped_chat_past_its_context_compacts_and_resume_goes_on_from_the_summary(
+    smollm2_path: Path,
+) -> None:
+    feed = "".join(line + "\n" for line in LINES).encode()
+    done = run_cli("chat", str(smollm2_path), *SMALL, input=feed, timeout=400)
+    err = done.stderr.decode()
+    assert done.returncode == 0, err
+    assert "compacting the" in err and "compacted:" in err, err
+    assert "no longer reach the model" not in err  # compacted, not dropped
+    messages, compaction = _store_state()
+    assert [m.content for m in messages if m.role == "user"] == LINES  # every original turn kept
+    assert all(m.content for m in messages if m.role == "assistant") and len(messages) == 2 * len(LINES)
+    assert compaction is not None and compaction.summary.strip() and compaction.model
+    assert 0 < compaction.turns < len(messages) and messages[compaction.turns].role == "user"
+    assert compaction.through == messages[compaction.turns - 1].id
+
+    shown = run_cli("history", "show", "--json", "1")
+    assert len(json.loads(shown.stdout)["messages"]) == len(messages)  # export has every turn
+
+    # run -c: one more turn, from the summary and the turns after it (the whole conversation would not fit)
+    more = run_cli("run", "-c", "And the next number?", *SMALL, "--json", timeout=200)
+    assert more.returncode == 0, more.stderr.decode()
+    answer = json.loads(more.stdout)
+    after, again = _store_state()
+    assert len(after) == len(messages) + 2 and after[-1].content == answer["text"]
+    sent = answer["usage"]["prompt_tokens"]
+    assert sent + 40 <= 512, answer  # it fitted with the summary, no turn dropped
+    assert again is not None and again.turns >= compaction.turns
+
+
+@pytest.mark.model
+def test_a_resumed_session_sends_the_summary_and_the_turns_after_it(smollm2_path: Path) -> None:
+    """What the model is sent after a compaction: the summary in the system message, then the turns it
+    does not stand for; none of those it does."""
+    from runner.commands.session import ChatRequest, Session
+    from runner.loader import open_model
+    from runner.settings import DEFAULTS
+
+    store = Store.open()
+    try:
+        c = store.new_conversation(str(smollm2_path), "Be brief.")
+        ids = [
+            store.add_message(c, StoredMessage(role, f"{role} says {word}"))
+            for word in ("apple", "pear", "plum")
+            for role in ("user", "assistant")
+        ]
+        save_compaction(store, c, Compaction("They named two fruits.", 4, "m", through=ids[3]))
+        stored = store.load(c)
+        assert stored is not None
+        request = ChatRequest(settings=replace(DEFAULTS, ctx=512), prompt_cache=False)
+        loaded = open_model(str(smollm2_path), request.settings)
+        try:
+            session = Session(loaded, request, store, out=io.StringIO(), interactive=False)
+            session.adopt(stored, stored_here=True)
+            text = session._fitted([*session.turns, StoredMessage("user", "and now?")]).prompt.text
+        finally:
+            loaded.close()
+    finally:
+        store.close()
+    assert "Be brief." in text and "They named two fruits." in text and "plum" in text and "and now?" in text
+    assert "apple" not in text and "pear" not in text
+
+
+@pytest.mark.timeout(300)
+def test_sigterm_during_a_compaction_changes_nothing(endless: Path) -> None:
+    """run -c on a long stored conversation: it compacts before it answers, in many prompts (the
+    scripted model writes each summary to its limit); SIGTERM then exits 143, with every turn as it
+    was and no summary stored (one is written whole, after its last part, or not at all)."""
+    store = Store.open()
+    try:
+        c = store.new_conversation(str(endless), None)
+        for n in range(150):
+            store.add_message(c, StoredMessage("user", f"Question {n}: " + ("tell me more. " * 12).strip()))
+            store.add_message(c, StoredMessage("assistant", ("apple pear plum. " * 20).strip()))
+        before = store.load(c)
+    finally:
+        store.close()
+    assert before is not None
+    args = ["run", "-c", "Go on.", *GREEDY, "--ctx", "2048", "--max-tokens", "30"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "runner", *args],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        preexec_fn=_default_signals,
+    )
+    assert proc.stderr is not None
+    err = b""
+    deadline = time.monotonic() + 120
+    while b"compacting the" not in err:
+        assert time.monotonic() < deadline and proc.poll() is None, err
+        err += os.read(proc.stderr.fileno(), 256)
+    proc.send_signal(signal.SIGTERM)
+    try:
+        err += proc.communicate(timeout=30)[1]
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        pytest.fail("runner did not exit within 30 s of SIGTERM")
+    assert proc.returncode == 128 + signal.SIGTERM and b"Traceback" not in err, err
+    assert b"compacted:" not in err, err  # it was stopped during the compaction
+    store = Store.open()
+    try:
+        assert store.integrity() == "ok" and latest_compaction(store, c) is None
+        after = store.load(c)
+    finally:
+        store.close()
+    assert after is not None
+    assert [(m.id, m.role, m.content) for m in after.messages] == [
+        (m.id, m.role, m.content) for m in before.messages
+    ]
