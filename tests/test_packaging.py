@@ -62,7 +62,8 @@ def test_no_file_names_a_registry_host() -> None:
 
 def test_build_and_twine_check(tmp_path: Path) -> None:
     """An sdist and a wheel from the checkout (the wheel built from the sdist, as a registry would),
-    accepted by twine; the wheel's metadata names llama-cpp-python by version, and carries models.toml."""
+    accepted by twine; the wheel's metadata names llama-cpp-python by version, and carries models.toml
+    and the chat page's static files."""
     out = tmp_path / "dist"
     subprocess.run(
         [sys.executable, "-m", "build", "--outdir", str(out), str(ROOT)], check=True, capture_output=True
@@ -79,6 +80,9 @@ def test_build_and_twine_check(tmp_path: Path) -> None:
     with zipfile.ZipFile(wheel) as archive:
         metadata = archive.read(next(n for n in archive.namelist() if n.endswith("METADATA"))).decode()
         assert "runner/models.toml" in archive.namelist()
+        static = "runner/serve/webui/static/"  # the chat page's files ship in the wheel, nothing built
+        page = {static + name for name in ("index.html", "app.js", "markdown.js", "style.css", "icon.svg")}
+        assert page <= set(archive.namelist())
     requires = [
         line.split(": ", 1)[1] for line in metadata.splitlines() if line.startswith("Requires-Dist: ")
     ]

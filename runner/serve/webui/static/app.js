@@ -280,7 +280,7 @@
     fold.hidden = true;
     const answer = el("div", "body");
     box.append(who, fold, answer);
-    let text = "", thought = "", pending = false, started = performance.now();
+    let text = "", thought = "", pending = false, painted = false;
     const paint = () => {
       pending = false;
       answer.replaceChildren(RunnerMarkdown.render(text));
@@ -317,8 +317,8 @@
           else if (event.type === "error") say(event.message || (event.error && event.error.message));
           if ((event.type === "answer" || event.type === "reasoning") && !pending) {
             pending = true;
-            if (!text && !thought) started = performance.now();
-            requestAnimationFrame(paint);
+            if (!painted) { painted = true; paint(); } // the first piece at once: no frame's wait
+            else requestAnimationFrame(paint); // then at most once a frame, however fast pieces come
           }
         }
       }
@@ -328,7 +328,6 @@
     } finally {
       state.streaming = null;
       busy(false);
-      void started;
     }
     if (state.id !== null) await open(state.id);
     else render();
