@@ -20,7 +20,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
+from helpers import random_png
 from serving import StandIn, outcome_of, serving
 
 CHROMIUM = os.environ.get("RUNNER_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
@@ -161,8 +163,6 @@ def test_a_chat_in_the_page_is_the_terminals(
 
 
 def test_stop_ends_the_answer_at_once_and_delete_asks_first(served: tuple[Any, Path], page: Any) -> None:
-    import httpx
-
     server, data = served
     ready(page, server.url)
     settings(page, max_tokens="1500")
@@ -192,6 +192,44 @@ def test_stop_ends_the_answer_at_once_and_delete_asks_first(served: tuple[Any, P
     page.click("#delete")
     page.wait_for_function(f"() => !document.querySelector('#chats [data-id=\"{number}\"]')")
     assert str(number) not in runner(data, "history").stdout.split()
+
+
+@pytest.fixture(scope="module")
+def seeing(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, Path, Path]]:
+    """`runner serve SmolLM2 --mmproj` a test projector (random weights: the answers mean nothing, but
+    the same prompt gives the same tokens), and an image."""
+    folder = tmp_path_factory.mktemp("webui-vision")
+    mlp, image = folder / "mlp.gguf", folder / "a.png"
+    script = Path(__file__).resolve().parent.parent / "scripts" / "make_test_projector.py"
+    made = [sys.executable, str(script), str(mlp), "--for", str(smollm2_path), "--type", "mlp"]
+    subprocess.run(made, check=True, capture_output=True)
+    image.write_bytes(random_png(1))
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("RUNNER_DATA_DIR", str(folder / "data"))
+        with serving([str(smollm2_path), "--mmproj", str(mlp), *GREEDY], folder / "stderr") as server:
+            yield server, mlp, image
+
+
+def test_an_image_is_answered_as_runner_run_answers_it(
+    seeing: tuple[Any, Path, Path], page: Any, smollm2_path: Path
+) -> None:
+    server, mlp, image = seeing
+    ready(page, server.url)
+    settings(page, max_tokens="12")
+    page.set_input_files("#file", str(image))  # the + button's file input (drag and paste fill the same list)
+    page.wait_for_selector("#attached img")
+    send(page, "What is this?")
+    answered(page)
+    page.wait_for_selector("#log article.user .thumbs img[src^='blob:']")  # shown again, from the server
+    shown = page.locator("#log article.assistant > .body").last.inner_text()
+    args = ["run", str(smollm2_path), "What is this?", "--image", str(image), "--mmproj", str(mlp)]
+    alone = runner(Path(server.log).parent / "data", *args, "--max-tokens", "12", "--json", *GREEDY)
+    assert alone.returncode == 0, alone.stderr
+    expected = json.loads(alone.stdout)["text"]
+    number = int(page.evaluate("location.hash.slice(1)"))
+    kept = httpx.get(f"{server.url}/runner/v1/conversations/{number}").json()["messages"]
+    assert kept[1]["content"] == expected and expected.split()[0] in shown
+    assert kept[0]["images"][0]["size"] == image.stat().st_size
 
 
 XSS = [
