@@ -5,6 +5,7 @@ and kept, rename, export, delete, regenerate, edit), the key, the terminal's loc
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import threading
@@ -14,11 +15,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from serving import MODEL, StandIn, outcome_of
+from serving import MODEL, Scripted, StandIn, outcome_of
 from starlette.testclient import TestClient
 
 from runner.serve.app import create_app
 from runner.serve.webui.conversations import Conversations
+from runner.serve.webui.turns import Turn
 from runner.store import Store, StoredMessage
 from runner.store.file import transcript
 from runner.store.turns import holding
@@ -287,3 +289,32 @@ def test_bad_requests_are_4xx(
         error = got.json()["error"]
         assert says in error["message"], error
         assert http.get("/runner/v1/conversations").status_code == 200
+
+
+def test_an_answer_to_a_conversation_deleted_meanwhile_is_said_not_raised(store: Conversations) -> None:
+    with client(StandIn(), store) as http:
+        number = turn(http, content="Hi")[0]["conversation"]
+        Store.open().remove(number)  # `runner history rm` while the page holds it open
+        got = http.post("/runner/v1/turns", json={"conversation": number, "content": "Again"})
+        assert got.status_code == 404 and "no conversation" in got.json()["error"]["message"]
+
+
+def test_an_answer_whose_conversation_went_meanwhile_is_said_not_raised(_own_data_dir: Path) -> None:
+    """The conversation removed while its answer came (`runner history rm`, the page's Delete): the
+    turn ends with an error event, the lock given back, nothing raised."""
+
+    async def answer() -> list[dict[str, Any]]:
+        kept = Conversations()
+        try:
+            held = await kept.hold(41)
+            turn = Turn(41, Scripted([("answer", "Hi")], outcome_of("Hi")), held, kept, MODEL)
+            await turn.run()
+            with holding(Store.open(), 41):  # given back: a terminal takes it at once
+                pass
+            return turn.events
+        finally:
+            kept.close()
+
+    got = asyncio.run(answer())
+    assert [e["type"] for e in got] == ["answer", "error", "end"]
+    assert "not kept" in got[1]["message"]

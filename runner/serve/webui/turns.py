@@ -22,7 +22,7 @@ from runner.images import Image, ImageRef, load_image
 from runner.serve.backend import Generation, Outcome
 from runner.serve.shared.translate import past_call
 from runner.serve.webui.conversations import Conversations, Held, as_json
-from runner.store import StoredConversation, StoredMessage
+from runner.store import StoredConversation, StoredMessage, StoreError
 
 # what a stored answer's stats keep of runner.engine.answer.TIMINGS: the names runner chat keeps
 STORED_TIMINGS = (
@@ -80,7 +80,12 @@ class Turn:
         message = answer_message(outcome, self._model)
         if failed and outcome.result.text == "" and outcome.result.reasoning == "":
             return  # nothing came: the question stays unanswered, as an error leaves it in the terminal
-        await self._store.add(self.conversation, message)
+        try:
+            await self._store.add(self.conversation, message)
+        except StoreError as exc:  # deleted meanwhile, or the database failing: said, never raised
+            ui.warn(f"conversation {self.conversation}: the answer was not kept: {exc}")
+            self.emit({"type": "error", "message": f"the answer was not kept: {exc}"})
+            return
         self.emit({"type": "done", "message": as_json(message)})
 
     async def follow(self) -> AsyncIterator[dict[str, Any]]:
