@@ -56,6 +56,19 @@ class CannotGenerate(UsageError):
         self.model = model
 
 
+class NoInfill(UsageError):
+    """A model asked to fill in the middle whose GGUF declares no FIM tokens (prefix, suffix, middle):
+    never given a made-up format. `model` names it."""
+
+    def __init__(self, model: str, missing: list[str]) -> None:
+        super().__init__(
+            f"{model} cannot fill in the middle: its GGUF has no FIM {', '.join(missing)} "
+            f"token{'s' if len(missing) > 1 else ''} (tokenizer.ggml.fim_*_token_id); "
+            "use a code model with them"
+        )
+        self.model = model
+
+
 class AccessDenied(UsageError):
     """The Hub wants a token (a gated or private repo) or refused the one given: the user's to fix."""
 

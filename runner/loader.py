@@ -319,6 +319,14 @@ def smaller_quants_that_fit(
     return out
 
 
+def locate_model(model: str, offline: bool = False) -> tuple[str, Path, GGUFHeader]:
+    """MODEL as typed -> its name, its local file (fetched if a Hub model is not cached) and its
+    header, checked whole: for a command that needs the file, not a loaded engine (runner tokens)."""
+    ref = resolve(model, load_catalog())
+    path, header = _checked_file(ref, offline)
+    return ref.display, path, header
+
+
 def _checked_file(ref: ModelRef, offline: bool) -> tuple[Path, GGUFHeader]:
     """A model's local file (fetched if a Hub model is not cached) and its header, checked whole."""
     if isinstance(ref, HubRef):

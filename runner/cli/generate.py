@@ -46,6 +46,7 @@ def run(
     prompt: o.PromptArg = None,
     system: o.System = None,
     raw: o.Raw = False,
+    suffix: o.Suffix = None,
     temperature: o.Temperature = None,
     top_k: o.TopK = None,
     top_p: o.TopP = None,
@@ -125,6 +126,10 @@ def _route(given: dict[str, Any]) -> None:
         raise UsageError(
             "--image goes with one prompt (PROMPT, text piped in, or run -c PROMPT); with --input, a row's "
             '"images"; in a chat, /image PATH'
+        )
+    if given["suffix"] is not None and (batch or given["continue_"] or (prompt is None and tty)):
+        raise UsageError(
+            "--suffix goes with one prompt (PROMPT, or text piped in): the code before the cursor"
         )
     if batch:
         if _tools(given, chat=False) is not None:
@@ -311,6 +316,7 @@ def _one(given: dict[str, Any], tty: bool) -> None:
         model=given["model"],
         prompt=given["prompt"],
         raw=given["raw"],
+        suffix=given["suffix"],
         **_answer_fields(given),
         as_json=given["json"],
         schema=given["schema"],

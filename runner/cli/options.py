@@ -25,6 +25,15 @@ PromptArg = Annotated[
 ]
 System = Annotated[Optional[str], typer.Option("--system", "-s", help="System message.", show_default=False)]
 Raw = Annotated[bool, typer.Option("--raw", help="Send the prompt as is, without the chat template.")]
+Suffix = Annotated[
+    Optional[str],
+    typer.Option(
+        "--suffix",
+        help="Fill in the middle: PROMPT is the code before the cursor, this the code after it "
+        "(the model's FIM tokens; docs/editors.md).",
+        show_default=False,
+    ),
+]
 
 Temperature = Annotated[
     Optional[float],

@@ -64,6 +64,7 @@ class RunRequest:
     images: tuple[str, ...] = ()  # --image FILE (- : stdin), in order; load.mmproj their projector
     audio: tuple[str, ...] = ()  # --audio FILE (- : stdin), in order, after the images (runner.audio)
     tools: ToolSettings | None = None  # --mcp and the tool flags: the agent loop (runner.commands.agent)
+    suffix: str | None = None  # --suffix: fill in the middle, the prompt as the prefix (runner.engine.infill)
 
 
 def run_once(request: RunRequest, *, stdin: BinaryIO | None, out: TextIO) -> Result:
@@ -97,7 +98,11 @@ def run_once(request: RunRequest, *, stdin: BinaryIO | None, out: TextIO) -> Res
             if host is not None:
                 result = _answer_with_tools(loaded, request, (prompt, images), host, out)
             else:
-                asked = _asked(loaded, request, prompt, images, constrained, cached=cached)
+                asked = (
+                    _asked(loaded, request, prompt, images, constrained, cached=cached)
+                    if request.suffix is None
+                    else _infill_asked(loaded, request, prompt, constrained)
+                )
                 result = _answer(loaded, request, asked, cache, out)
         finally:
             loaded.close()
@@ -220,6 +225,23 @@ def _asked(
         head=head,
         reasoning_budget=request.reasoning_budget,
     )
+
+
+def _infill_asked(loaded: LoadedModel, request: RunRequest, prompt: str, shape: Constraint | None) -> Request:
+    """--suffix: the prompt as the prefix, laid out in the model's FIM tokens as llama-server's /infill
+    lays them (NoInfill, exit 2, for a model without them)."""
+    from runner.engine.infill import infill_prompt
+    from runner.engine.text.fim import Infill
+
+    if request.tools is not None or request.system is not None or request.images:
+        raise UsageError("--suffix goes without --system, --image and the tool flags (the code alone)")
+    sampling, _sources = sampling_for(loaded, request.sampling)
+    context = loaded.engine.context
+    filled = infill_prompt(
+        loaded.engine.model, Infill(prompt, request.suffix or ""), context.n_ctx_seq, loaded.name
+    )
+    context.check_fits(filled.tokens, request.max_tokens)
+    return Request(filled, sampling, request.max_tokens, request.stop, shape=shape, logprobs=request.logprobs)
 
 
 def _answer(

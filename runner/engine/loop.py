@@ -31,6 +31,7 @@ from runner.engine.context import Interrupted
 from runner.engine.llamacpp import llama
 from runner.engine.prefix import Found, PrefixStore, copy_sequence
 from runner.engine.promptcache import CacheUse
+from runner.engine.reuse import reusable, reuse_chunks
 from runner.engine.sequence import Job, Slot, draft, dropped, failed, share_cost
 from runner.engine.speculate import Speculator
 from runner.engine.text.reasoning import closing
@@ -303,9 +304,10 @@ class Loop:
             return min(self.free, key=lambda s: self.used[s]), 0, None
         most = len(job.tokens) - 1  # at least one token evaluated: its logits give the first token
         seq = max(
-            self.free, key=lambda s: (min(common_prefix(self.cells[s], job.tokens), most), -self.used[s])
+            self.free,
+            key=lambda s: (reusable(self.cells[s], job.tokens, job.reuse_chunks, most), -self.used[s]),
         )
-        keep = min(common_prefix(self.cells[seq], job.tokens), most)
+        keep = reusable(self.cells[seq], job.tokens, job.reuse_chunks, most)  # the common head, or more
         found, best = None, keep + MIN_SHARED - 1
         for other in range(self.parallel):
             if other != seq:
@@ -359,6 +361,8 @@ class Loop:
         context = self.context
         held = self.cells[seq]
         use = CacheUse()
+        if job.reuse_chunks and found is None and self.reuse and not job.echo:  # runs moved into place
+            keep = reuse_chunks(context, job.tokens, seq, job.reuse_chunks, len(job.tokens) - 1)
         if self.store is not None:
             self.store.keep(context, seq, len(held) - (keep if found is None else 0))
         if found is not None and found.source is not None:

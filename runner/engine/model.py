@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from runner import interrupt
 from runner.engine.llamacpp import ANYWHERE, LLAMA_LOG, Placement, llama, model_params
+from runner.engine.text.fim import FIM_KEYS, FimTokens
 from runner.engine.text.sampling import SamplingConfig
 from runner.errors import EngineError, InvalidModelFile, InvalidSetting
 
@@ -23,10 +24,13 @@ if TYPE_CHECKING:
 class Model:
     """A GGUF's weights loaded into llama.cpp, and what its vocabulary says of tokens."""
 
-    def __init__(self, path: str | os.PathLike[str], placement: Placement = ANYWHERE) -> None:
+    def __init__(
+        self, path: str | os.PathLike[str], placement: Placement = ANYWHERE, *, vocab_only: bool = False
+    ) -> None:
         """Load the weights (EngineError, or InvalidModelFile where the file is at fault). A Ctrl-C
         stops the load (llama.cpp's progress callback) and returns with no model: the caller's
-        interrupt.deferred() raises as its block ends."""
+        interrupt.deferred() raises as its block ends. vocab_only: the vocabulary alone, no weights
+        (tokens counted, no context made over it)."""
         self.path = Path(path)
         self.placement = placement
         self.n_gpu_layers = placement.gpu_layers()
@@ -35,6 +39,7 @@ class Model:
         self._piece = ctypes.create_string_buffer(256)
         lib = llama()
         mparams, self._no_devices = model_params(lib, self.n_gpu_layers, placement.use_gpu)
+        mparams.vocab_only = vocab_only
         name = os.fsencode(self.path)
         with LLAMA_LOG.muted() as muted:  # the load's ~1,200 log lines, without taking the GIL
             self.handle = lib.llama_model_load_from_file(name, mparams)
@@ -104,6 +109,13 @@ class Model:
     def bos(self) -> int:
         """The beginning-of-sequence token (-1: none)."""
         return int(llama().llama_vocab_bos(self.vocab))
+
+    def fim_tokens(self) -> FimTokens:
+        """Its fill-in-the-middle tokens, from the GGUF's tokenizer.ggml.fim_*_token_id (-1: none)."""
+        lib, v = llama(), self.vocab
+        return FimTokens(
+            *(int(getattr(lib, f"llama_vocab_{key}")(v)) for key in FIM_KEYS)  # pre, suf, mid, pad, rep, sep
+        )
 
     @property
     def bos_text(self) -> str:

@@ -58,6 +58,7 @@ class Request:
     stop_loops: bool | None = None  # an answer going round in a loop ends; None: where no limit is given
     ignore_end: bool = False  # end-of-generation tokens are tokens like any (benchmarks' tg128)
     reasoning_budget: int | None = None  # thinking tokens at most, then its end forced (--reasoning-budget)
+    reuse_chunks: int = 0  # cached runs this long moved into place, not evaluated (fill-in-the-middle)
 
     @property
     def grammar(self) -> str | None:
@@ -104,6 +105,7 @@ def to_job(
         markers=markers(request.prompt.tool_format) if calls else frozenset(),
         calls=calls,
         head=request.head if request.prompt.media is None else 0,
+        reuse_chunks=request.reuse_chunks if request.prompt.media is None else 0,
         ignore_end=request.ignore_end,
         stop_loops=stop_loops,
         logprobs=request.logprobs,

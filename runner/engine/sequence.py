@@ -67,6 +67,7 @@ class Job:
     markers: frozenset[str] = frozenset()  # control tokens shown as text: its tools' call format's marks
     calls: bool = False  # the request has tools: a gpt-oss message to functions.NAME stays in the answer
     head: int = 0  # the prompt's stable head: kept in the prefix store's disk tier (run, chat)
+    reuse_chunks: int = 0  # cached runs this long or longer moved into place (runner.engine.reuse); 0: none
     ignore_end: bool = False  # end-of-generation tokens are tokens like any (benchmarks' tg128)
     stop_loops: bool = False  # an answer going round in a loop ends (FINISH_REPEAT): no limit was given
     logprobs: int | None = None  # each answer token's log-probability, with this many alternatives

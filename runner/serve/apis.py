@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from starlette.routing import Route
 
+from runner.serve import infill, tokens
 from runner.serve.anthropic import routes as anthropic_routes
 from runner.serve.anthropic.errors import SHAPE as ANTHROPIC
 from runner.serve.backend import Backend
@@ -33,8 +34,11 @@ def shape_of(path: str) -> ErrorShape:
 
 def routes(backend: Backend, max_body: int, store: ResponseStore | None) -> list[Route]:
     """Every API's routes over one backend (store: where /v1/responses keeps responses)."""
+    vocabularies = tokens.Vocabularies(backend)  # each model's vocabulary alone, for the token utilities
     return [
         *openai_routes.routes(backend, max_body),
+        *infill.routes(backend, max_body, vocabularies),
+        *tokens.routes(backend, max_body, vocabularies),
         *ollama_routes.routes(backend, max_body),
         *anthropic_routes.routes(backend, max_body),
         *responses_routes.routes(backend, max_body, store),

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from runner.engine.answer import FINISH_ERROR, FINISH_STOP, Result, Timings, timings_json
 from runner.engine.logprobs import TokenLogprob
+from runner.engine.text.fim import Infill
 from runner.errors import CannotGenerate, RunnerError, UsageError
 from runner.memory.arch import cannot_generate
 
@@ -32,6 +33,7 @@ class Ask:
     # images (runner.images.Image, decoded) in order: each image's marker goes where it is
     messages: list[dict[str, Any]] | None = None
     prompt: str | None = None  # a completion: the text as is, no template
+    infill: Infill | None = None  # fill-in-the-middle: a prefix and a suffix, laid out in FIM tokens
     sampling: dict[str, Any] = field(default_factory=dict)  # SamplingConfig's fields: temperature, top_k, ...
     max_tokens: int | None = None  # None: until the end of the answer or of the sequence's context
     stop: tuple[str, ...] = ()

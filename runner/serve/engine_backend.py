@@ -24,6 +24,7 @@ from typing import Any
 
 from runner import ui
 from runner.engine.answer import Result
+from runner.engine.infill import infill_prompt
 from runner.engine.loop import Loop
 from runner.engine.prefix import PrefixStore, StateCache
 from runner.engine.prompt import render_prompt
@@ -31,10 +32,11 @@ from runner.engine.promptcache import PromptCache
 from runner.engine.request import Prompt, Request, to_job
 from runner.engine.sequence import dropped
 from runner.engine.text.constrain import Constraint, checked_schema, json_shape, schema_shape
+from runner.engine.text.fim import REUSE_CHUNK
 from runner.engine.text.sampling import SamplingConfig
 from runner.engine.text.template import Message
 from runner.engine.text.tools import call_shape
-from runner.errors import InvalidSetting, RunnerError
+from runner.errors import InvalidSetting, NoInfill, RunnerError
 from runner.loader import LoadedModel
 from runner.serve.backend import Ask, BadField, ModelInfo, QueueFull, TooLong, scored_tokens
 from runner.serve.embed_queue import EmbedQueue, EmbedRequest
@@ -356,6 +358,13 @@ class ModelThread:
 
     def _prompt(self, ask: Ask) -> Prompt:
         engine, header = self.engine, self.served.loaded.header
+        if ask.infill is not None:
+            try:
+                return infill_prompt(
+                    engine.model, ask.infill, int(self._loop.n_ctx_seq), self.served.info.name
+                )
+            except NoInfill as exc:
+                raise BadField("model", str(exc)) from None
         if ask.prompt is not None:
             return render_prompt(engine, header, [Message("user", ask.prompt)], raw=True)
         vision = engine.vision
@@ -473,4 +482,5 @@ def _asked(request: _Request, prompt: Prompt) -> Request:
         logprobs=ask.logprobs,
         echo=ask.echo,
         reasoning_budget=ask.reasoning_budget,
+        reuse_chunks=REUSE_CHUNK if ask.infill is not None else 0,  # each keystroke moves the prefix's start
     )

@@ -15,6 +15,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from runner.engine.text.fim import Infill
 from runner.serve.backend import Ask, Backend, check_generates
 from runner.serve.ollama import serving
 from runner.serve.ollama.errors import SHAPE
@@ -70,6 +71,11 @@ class Ollama:
             raise ApiError(
                 400, "images: not served with raw: true (the images go in the template)", param="raw"
             )
+        if req.suffix:  # fill-in-the-middle: the prompt is the prefix (runner.engine.text.fim)
+            if refs:
+                raise ApiError(400, "images: not served with suffix", param="suffix")
+            ask = serving.ask_of(req, self.backend, model, infill=Infill(req.prompt, req.suffix))
+            return await self._answer(request, req, ask, model, chat=False, raw=True)
         if req.raw:
             ask = serving.ask_of(req, self.backend, model, prompt=req.prompt)
         else:  # the images first, then the prompt, as one user turn
@@ -87,7 +93,7 @@ class Ollama:
         check_generates(self.backend.info(model))  # before it loads: a reranker does not generate
         ask = await with_pixels(self.backend, ask)
         load_s = await self.backend.load(model, req.keep_alive)
-        generation = await submit(self.backend, ask, "prompt" if ask.prompt is not None else "messages")
+        generation = await submit(self.backend, ask, "messages" if ask.messages is not None else "prompt")
         if req.stream is not False:  # Ollama streams unless told not to
             lines = serving.lines(request, generation, model, chat=chat, raw=raw, load_s=load_s)
             return EventStream(lines, NDJSON)

@@ -157,7 +157,11 @@ class Page:
         body = TurnBody.model_validate(await read_json(request, self.max_body))
         model = resolve_model(self.backend, body.model)
         info = self.backend.info(model)
-        images = await asyncio.to_thread(self._images, body.images, info.max_images, info.max_image_bytes)
+        images = (
+            await asyncio.to_thread(self._images, body.images, info.max_images, info.max_image_bytes)
+            if body.images
+            else []
+        )
         if body.action != "regenerate" and not body.content.strip() and not images:
             raise ApiError(400, "content: an empty message", param="content")
         number = body.conversation
@@ -166,7 +170,7 @@ class Page:
             reference = self._reference(model)
             number = await self.store.call(lambda s: s.new_conversation(reference, body.system, settings))
         try:
-            turn, user = await self._begin(number, body, model, images)
+            turn, user = await self._begin(number, body, model, images, body.conversation is None)
         except BaseException:
             if body.conversation is None:  # nothing of it was kept: no empty conversation left behind
                 await self.store.call(lambda s: s.remove(number))
@@ -178,28 +182,32 @@ class Page:
         return EventStream(_lines(turn, traffic(request)), "application/x-ndjson")
 
     async def _begin(
-        self, number: int, body: TurnBody, model: str, images: list[tuple[ImageRef, Image]]
+        self, number: int, body: TurnBody, model: str, images: list[tuple[ImageRef, Image]], new: bool
     ) -> tuple[Turn, dict[str, Any] | None]:
-        """The conversation held, what the model is sent worked out, submitted; then the question kept
-        (never before the prompt is known to fit), and the Turn that will keep the answer."""
+        """The conversation held, what the model is sent worked out, submitted; the Turn that keeps
+        the question (written while the answer's first tokens come: the prompt is known to fit) and
+        the answer."""
         held = await self.store.hold(number)
         try:
-            found = await self.store.load(number)
+            found = (
+                StoredConversation(number, "", body.system, 0, 0, [])
+                if new
+                else await self.store.load(number)
+            )
             if found is None:
                 raise ApiError(404, f"no conversation {number}", kind="not_found_error")
+            if new:
+                found.settings = (body.settings or Settings()).stored()
             keep, gone, user = _edited(found, body, images)
             generation = await self._submit(found, keep, model, images)
-            reference = self._reference(model)
-            try:
-                stored = await self.store.call(lambda s: _apply(s, found, gone, user, reference))
-            except BaseException:
-                generation.cancel()
-                raise
         except BaseException:
             held.release()
             raise
-        turn = Turn(number, generation, held, self.store, reference)
-        return turn, (as_json(user) | {"id": stored}) if user is not None else None
+        reference = self._reference(model)
+        turn = Turn(
+            number, generation, held, self.store, reference, lambda s: _apply(s, found, gone, user, reference)
+        )
+        return turn, as_json(user) if user is not None else None
 
     async def _submit(
         self,
@@ -309,7 +317,7 @@ def _apply(
     ids = [m.id for m in gone if m.id is not None]
     if ids:
         store.delete_messages(found.id, ids)
-    if model != found.model:
+    if found.model and model != found.model:
         store.set_model(found.id, model)
     return store.add_message(found.id, user) if user is not None else None
 

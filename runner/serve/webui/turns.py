@@ -11,7 +11,7 @@ marked interrupted, as a Ctrl-C in the terminal keeps it.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,7 @@ from runner.images import Image, ImageRef, load_image
 from runner.serve.backend import Generation, Outcome
 from runner.serve.shared.translate import past_call
 from runner.serve.webui.conversations import Conversations, Held, as_json
-from runner.store import StoredConversation, StoredMessage, StoreError
+from runner.store import Store, StoredConversation, StoredMessage, StoreError
 
 # what a stored answer's stats keep of runner.engine.answer.TIMINGS: the names runner chat keeps
 STORED_TIMINGS = (
@@ -40,7 +40,13 @@ class Turn:
     them) and sent to every page that follows it; the answer stored when it ends, however it ends."""
 
     def __init__(
-        self, conversation: int, generation: Generation, held: Held, store: Conversations, model: str
+        self,
+        conversation: int,
+        generation: Generation,
+        held: Held,
+        store: Conversations,
+        model: str,
+        asked: Callable[[Store], object] = lambda store: None,
     ) -> None:
         self.conversation = conversation
         self.generation = generation
@@ -49,6 +55,7 @@ class Turn:
         self._held = held
         self._store = store
         self._model = model  # as the store names it: what `runner run -c` opens again
+        self._asked = asked  # the question's writes: done beside the answer's first tokens, not before
         self._more = asyncio.Event()
 
     def emit(self, event: dict[str, Any]) -> None:
@@ -61,16 +68,22 @@ class Turn:
         self.generation.cancel()
 
     async def run(self) -> None:
+        """The question written while the answer comes (it fits: it was submitted), the answer's
+        pieces sent on, then the answer kept, after the question; the conversation given back."""
+        asked = asyncio.ensure_future(self._store.call(self._asked))
         try:
             async for kind, text in self.generation:
                 if kind in ("answer", "reasoning") and text:
                     self.emit({"type": kind, "text": text})
+            await asked
             await self._keep(self.generation.outcome)
         except Exception as exc:  # an answer that failed its check; the store failing
             ui.warn(f"conversation {self.conversation}: the answer failed: {exc}")
+            self.generation.cancel()
             await self.generation.wait()
             self.emit({"type": "error", "message": str(exc) or type(exc).__name__})
-            await self._keep(self.generation.outcome, failed=True)
+            if not asked.cancelled() and asked.done() and asked.exception() is None:
+                await self._keep(self.generation.outcome, failed=True)
         finally:
             self._held.release()
             self.done = True
