@@ -139,10 +139,15 @@ def test_a_chat_in_the_page_is_the_terminals(
 
     more = runner(data, "run", "-c", "And of Spain?", "--max-tokens", "8", *GREEDY)
     assert more.returncode == 0, more.stderr
+    resumed = runner(
+        data, "chat", "--resume", str(number), "--max-tokens", "4", *GREEDY, stdin="And Italy?\n"
+    )
+    assert resumed.returncode == 0, resumed.stderr
     page.reload()
     page.wait_for_selector("body[data-ready=true]")
-    assert page.locator("#log article.user").all_inner_texts()[-1].endswith("And of Spain?")
-    assert page.locator("#log article.assistant").count() == 2  # the terminal's turn, in the page
+    users = page.locator("#log article.user").all_inner_texts()
+    assert users[-2].endswith("And of Spain?") and users[-1].endswith("And Italy?")
+    assert page.locator("#log article.assistant").count() == 3  # the terminal's turns, in the page
 
     chat = runner(
         data, "chat", str(smollm2_path), "--max-tokens", "4", *GREEDY, stdin="Hello from a terminal\n"
