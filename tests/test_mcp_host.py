@@ -98,6 +98,8 @@ def test_servers_start_in_parallel_and_a_failing_one_is_one_warning(tmp_path: Pa
             "server quits: its process ended (mcp test server exit starting)",
             "server absent: command not found: no-such-mcp",
         ]
+        ready_s = {s.name: s.ready_s for s in host.servers() if s.state == "ready"}
+        assert all(ready is not None and 1.5 <= ready <= took for ready in ready_s.values()), ready_s
         states = {s.name: s.state for s in host.servers()}
         assert states == {
             "a": "ready",
@@ -237,13 +239,13 @@ def test_a_crashed_server_restarts_once_and_its_stderr_stays_in_its_log(
 def test_a_server_that_never_answers_is_given_up_after_the_start_timeout(tmp_path: Path) -> None:
     began = time.monotonic()
     with ToolHost(
-        [stdio("mute", "mute"), stdio("fine", "tools")], start_timeout_s=1.5, log_dir=tmp_path
-    ) as host:
-        assert host.start() == ["server mute: not ready after 1.5 s"]
-        assert time.monotonic() - began < 3.0
+        [stdio("mute", "mute"), stdio("fine", "tools")], start_timeout_s=6, log_dir=tmp_path
+    ) as host:  # 6 s: room for the fine one's start on a busy machine
+        assert host.start() == ["server mute: not ready after 6 s"]
+        assert time.monotonic() - began < 7.5
         assert host.call("add", {"a": 1, "b": 1}).text == "2"
         assert host.call("mute_x", {}).text == "unknown tool 'mute_x'"
-    assert time.monotonic() - began < 9.0  # its process stopped: stdin closed, SIGTERM after 2 s
+    assert time.monotonic() - began < 13.5  # its process stopped: stdin closed, SIGTERM after 2 s
 
 
 def test_close_ends_every_server_process(tmp_path: Path) -> None:

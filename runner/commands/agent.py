@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from runner import interrupt, ui
 from runner.commands.output import AnswerWriter
-from runner.engine.answer import FINISH_INTERRUPTED, Result
+from runner.engine.answer import FINISH_INTERRUPTED, Result, since_process_start
 from runner.engine.text.reasoning import ANSWER
 from runner.engine.text.template import Message
 from runner.errors import RunnerError, UsageError
@@ -370,7 +370,7 @@ class Servers:
     each that failed in one line, and gives the host. A config file that cannot be read is refused
     at once, before the model loads."""
 
-    def __init__(self, settings: ToolSettings, *, default: bool) -> None:
+    def __init__(self, settings: ToolSettings, *, default: bool, verbose: bool = False) -> None:
         from runner.tools.config import configs, load_config
         from runner.tools.host import ToolHost
 
@@ -378,8 +378,11 @@ class Servers:
         paths = configs(given) if default or given else []
         self.host = ToolHost(load_config(paths), timeout_s=settings.timeout_s) if paths else None
         self._warnings: list[str] | None = None
+        self._verbose = verbose
+        self._launched = 0.0  # the process's age at the launch
         if self.host is not None:
             try:
+                self._launched = since_process_start()
                 self.host.launch()
             except BaseException:  # Ctrl-C while they start: what started is stopped
                 self.host.close()
@@ -392,7 +395,16 @@ class Servers:
             self._warnings = self.host.wait_ready()
             for warning in self._warnings:
                 ui.warn(warning)
+            if self._verbose:
+                ui.info(self.describe_start())
         return self.host
+
+    def describe_start(self) -> str:
+        """--verbose: when each server was ready, in seconds since the process started."""
+        assert self.host is not None
+        servers = [s for s in self.host.servers() if s.state == "ready" and s.ready_s is not None]
+        at = [f"{s.name} {self._launched + (s.ready_s or 0):.2f} s" for s in servers]
+        return "MCP servers ready, since the start: " + (" · ".join(at) or "none")
 
     def close(self) -> None:
         if self.host is not None:

@@ -90,11 +90,13 @@ def chat(request: ChatRequest, *, stdin: TextIO, out: TextIO, interactive: bool)
             loaded = _open(request, model or load_catalog().default)
             try:
                 session = Session(loaded, request, store, out, interactive)
+                # the prompt made (prompt_toolkit's import, ~0.2 s) while the servers start
+                source = _terminal(session) if interactive else PipeInput(stdin)
                 session.host = servers.ready() if servers is not None else None
                 if stored is not None:
                     session.adopt(stored, stored_here=stored_here)
                 try:
-                    _loop(session, interactive, stdin)
+                    _loop(session, interactive, source)
                 finally:
                     with interrupt.deferred():
                         session.keep_state()
@@ -113,10 +115,15 @@ def _servers(request: ChatRequest, *, default: bool) -> Servers | None:
     if request.tools is None:
         return None
     request.tools.check()
-    return Servers(request.tools, default=default)
+    return Servers(request.tools, default=default, verbose=request.verbose)
 
 
-def _loop(session: Session, interactive: bool, stdin: TextIO) -> None:
+def _terminal(session: Session) -> TerminalInput:
+    history = data_dir() / HISTORY_FILE if session.store is not None else None
+    return TerminalInput(history, list(COMMANDS))
+
+
+def _loop(session: Session, interactive: bool, source: Any) -> None:
     template = session.loaded.header.get(TEMPLATE_KEY)
     if not isinstance(template, str) or not template.strip():
         ui.warn(f"{session.loaded.name} has no chat template; turns go as plain 'User:/Assistant:' text")
@@ -129,10 +136,6 @@ def _loop(session: Session, interactive: bool, stdin: TextIO) -> None:
         recap(session)
         if session.turns and session.turns[-1].role == "user":
             ui.info("the last message has no answer (the chat stopped mid-answer): /retry answers it")
-        history = data_dir() / HISTORY_FILE if session.store is not None else None
-        source: Any = TerminalInput(history, list(COMMANDS))
-    else:
-        source = PipeInput(stdin)
     failed = False
     while True:
         try:

@@ -123,7 +123,7 @@ def _servers(request: RunRequest, constrained: Constraint | None) -> Servers | N
     tools.check()
     if request.raw or constrained is not None or request.logprobs is not None:
         raise UsageError("--mcp goes without --raw, --format, --schema, --grammar and --logprobs")
-    return Servers(tools, default=True)
+    return Servers(tools, default=True, verbose=request.verbose)
 
 
 def _answer_with_tools(

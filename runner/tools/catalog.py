@@ -53,6 +53,7 @@ class ServerState:
     resources: list[str] = field(default_factory=list)
     prompts: list[str] = field(default_factory=list)
     log: Path | None = None  # a stdio server's stderr
+    ready_s: float | None = None  # from launch() to its tools listed, for its first start
 
 
 def name_tools(listed: Iterable[tuple[str, Any]]) -> list[Tool]:

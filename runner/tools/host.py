@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, wait
 from pathlib import Path
 from types import TracebackType
@@ -55,6 +55,16 @@ class _Server:
         self.listing = Listing()
         self.enabled = True
         self.restarts = 0
+        self.ready_s: float | None = None  # launch() to its tools listed, its first start
+
+
+def _timer(server: _Server, began: float) -> Callable[[Future[Listing]], None]:
+    """A ready Future's callback: the seconds from `began` to the server's tools listed."""
+
+    def done(_ready: Future[Listing]) -> None:
+        server.ready_s = time.monotonic() - began
+
+    return done
 
 
 class ToolHost:
@@ -101,8 +111,10 @@ class ToolHost:
         self._portal_cm = start_blocking_portal(name="runner-mcp")
         self._portal = self._portal_cm.__enter__()
         self._portal.call(self._spawn_all)
-        self._began = time.monotonic()
+        self._began = began = time.monotonic()
         self._pending = {server: self._launch(server) for server in self._servers.values()}
+        for server, ready in self._pending.items():
+            ready.add_done_callback(_timer(server, began))
 
     async def _spawn_all(self) -> None:
         import anyio
@@ -198,6 +210,7 @@ class ToolHost:
                 resources=list(server.listing.resources),
                 prompts=list(server.listing.prompts),
                 log=server.connection.log,
+                ready_s=server.ready_s,
             )
             for name, server in self._servers.items()
         ]
