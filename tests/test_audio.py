@@ -18,6 +18,8 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from runner.audio import MAX_AUDIO_SECONDS, load_audio
 from runner.errors import AudioError, InvalidModelFile
@@ -361,3 +363,59 @@ def test_an_image_to_an_audio_projector_and_audio_to_a_text_model(
     assert done.returncode == 2 and "takes no images" in done.stderr.decode()
     done = run_cli("run", "smollm2", "Hi", "--audio", str(files["a.wav"]), "--max-tokens", "2", timeout=300)
     assert done.returncode == 2 and "projector" in done.stderr.decode()
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    cuts=st.lists(st.integers(0, 20_000), max_size=3),
+    flips=st.lists(st.tuples(st.integers(0, 20_000), st.integers(0, 255)), max_size=12),
+    head=st.binary(max_size=64),
+)
+def test_fuzzed_audio_bytes_decode_or_are_refused_in_one_line(
+    cuts: list[int], flips: list[tuple[int, int]], head: bytes
+) -> None:
+    """Any bytes, a real WAV's cut and flipped (its header most often): a clip of finite samples, or
+    an AudioError; nothing else is raised."""
+    data = bytearray(FUZZ_WAV)
+    for at, value in flips:
+        data[at % 64 if at % 3 else at % len(data)] = value
+    for cut in cuts:
+        data = data[: max(0, len(data) - cut)]
+    for sample in (bytes(data), head + bytes(data[len(head) :])):
+        try:
+            clip = load_audio(sample, name="fuzz", max_seconds=5)
+        except AudioError as exc:
+            assert "\n" not in str(exc)
+            continue
+        x = np.frombuffer(clip.samples, "<f4")
+        assert (
+            clip.frames > 0
+            and np.isfinite(x).all()
+            and np.isfinite(np.frombuffer(clip.at(16000), "<f4")).all()
+        )
+
+
+FUZZ_WAV = tone(0.5, rate=22050, channels=2)
+
+
+def test_input_rows_name_their_clips(files: dict[str, Path], tmp_path: Path) -> None:
+    rows = tmp_path / "rows.jsonl"
+    a, b = str(files["a.wav"]), str(files["b.wav"])
+    lines = [
+        {"prompt": "Transcribe this.", "audio": [a]},
+        {"prompt": "Hi", "audio": [b]},
+        {"prompt": "x", "audio": "a"},
+    ]
+    rows.write_text("\n".join(json.dumps(line) for line in lines) + "\n")
+    done = run_cli(
+        "run", "smollm2", "--input", str(rows), "--mmproj", str(files["ultravox"]), "--jsonl", *GREEDY,
+        "--flash-attn", "off", "--max-tokens", "8", "--parallel", "2", timeout=300,
+    )  # fmt: skip
+    out = [json.loads(line) for line in done.stdout.decode().splitlines()]
+    assert len(out) == 3 and "must be a list of audio file paths" in out[2]["error"], out
+    alone = runner_answer(files["ultravox"], files["a.wav"])
+    assert (
+        out[0]["text"] == alone["text"]
+        and out[0]["usage"]["prompt_tokens"] == alone["usage"]["prompt_tokens"]
+    )
+    assert out[1]["text"] and out[1]["usage"]["prompt_tokens"] > 187

@@ -60,6 +60,13 @@ def read_clips(args: Sequence[str], stdin: Any, *, images: Sequence[str] = ()) -
     return [read_audio_arg(arg, stdin) for arg in args]
 
 
+def row_clips(names: Any) -> list[Any]:
+    """An --input row's "audio": local WAV files (as --audio takes them, no stdin), decoded and bounded."""
+    if not isinstance(names, list) or not all(isinstance(n, str) and n not in ("", "-") for n in names):
+        raise UsageError('"audio" must be a list of audio file paths')
+    return read_clips(names, None)
+
+
 class Attachments:
     """The images attached to the next message, and those the conversation's messages carried, decoded
     (by sha256: the same bytes are the same image, whatever the file's name)."""

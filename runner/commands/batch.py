@@ -54,7 +54,7 @@ SAMPLING_FIELDS = (
     "frequency_penalty",
     "seed",
 )
-FIELDS = frozenset({"prompt", "system", "id", "max_tokens", "schema", "images", *SAMPLING_FIELDS})
+FIELDS = frozenset({"prompt", "system", "id", "max_tokens", "schema", "images", "audio", *SAMPLING_FIELDS})
 
 ROW_TIMINGS = ("ttft_s", "total_s", "prefill_tokens")  # what a --jsonl row shows of answer.TIMINGS
 
@@ -211,6 +211,10 @@ def _from_json(item: Item, text: str, line: int) -> None:
             item.rule = constraint(schema=json.dumps(schema) if isinstance(schema, dict) else str(schema))
         if "images" in obj:
             item.images = _images(obj["images"])
+        if "audio" in obj:  # clips after the images, as run --audio puts them
+            from runner.commands.attach import row_clips
+
+            item.images = [*item.images, *row_clips(obj["audio"])]
     except RunnerError as exc:
         item.error = f"line {line}: {exc}"
 

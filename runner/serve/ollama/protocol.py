@@ -84,6 +84,17 @@ def _images(value: Any) -> list[str]:
 Images = Annotated[Any, AfterValidator(_images)]
 
 
+def _no_audio(value: Any) -> None:
+    """`audio` / `audios`: no field of Ollama's API (it drops them); a WAV clip goes in `images`."""
+    if value is not None:
+        raise ValueError(
+            "is no field of Ollama's API: a WAV clip goes in images (base64), as Ollama takes one"
+        )
+
+
+NoAudio = Annotated[Any, AfterValidator(_no_audio)]
+
+
 class Base(Loose):
     """What /api/chat and /api/generate share."""
 
@@ -102,6 +113,8 @@ class Base(Loose):
         return (self.top_logprobs or 0) if self.logprobs else None
 
     images: Images = None
+    audio: NoAudio = None
+    audios: NoAudio = None
 
     @field_validator("format")
     @classmethod
@@ -127,6 +140,8 @@ class Message(Loose):
     content: Optional[StrictStr] = None
     thinking: Optional[StrictStr] = None
     images: Images = None
+    audio: NoAudio = None
+    audios: NoAudio = None
     tool_calls: Optional[list[ToolCall]] = None
     tool_name: Optional[StrictStr] = None
 
@@ -144,7 +159,7 @@ class GenerateRequest(Base):
     template: Optional[StrictStr] = None
     context: Optional[list[Any]] = None
 
-    @field_validator("template", "context")
+    @field_validator("suffix", "template", "context")
     @classmethod
     def _unserved(cls, value: Any, info: ValidationInfo) -> Any:
         if value:

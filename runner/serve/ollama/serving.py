@@ -16,6 +16,7 @@ from runner.serve.backend import Ask, Backend, Generation, ModelInfo, Outcome, S
 from runner.serve.ollama import errors
 from runner.serve.ollama.protocol import Base, Message, Options
 from runner.serve.shared.answers import Drained, streamed
+from runner.serve.shared.audio import media_ref
 from runner.serve.shared.fields import sampling, schema_of
 from runner.serve.shared.http import ApiError, json_line
 from runner.serve.shared.images import ImageRef, with_images
@@ -83,7 +84,7 @@ def message_of(message: Message, index: int) -> dict[str, Any]:
 
 def image_refs(images: list[str] | None, field: str) -> list[ImageRef]:
     """`images` (base64, decoded later off the event loop), each named by its field."""
-    return [ImageRef(f"{field}[{i}]", data) for i, data in enumerate(images or ())]
+    return [media_ref(f"{field}[{i}]", data) for i, data in enumerate(images or ())]  # a WAV: a clip
 
 
 # -- answers --------------------------------------------------------------------------------------

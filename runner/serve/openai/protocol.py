@@ -9,6 +9,7 @@ from typing import Annotated, Any, Literal, Optional
 
 from pydantic import Field, StrictBool, StrictInt, StrictStr, ValidationInfo, field_validator, model_validator
 
+from runner.serve.shared.audio import input_audio
 from runner.serve.shared.fields import (
     CallFunction,
     Loose,
@@ -119,19 +120,20 @@ class ChatMessage(Loose):
             {"text": "text"},
             not_a_list="must be a string or a list of content parts",
             refused=lambda i, kind: _refused(i, kind, user),
-            images={"image_url": _image_url} if user else None,
+            images={"image_url": _image_url, "input_audio": input_audio} if user else None,
         )
 
 
 PARTS = (
-    'only {"type": "text", "text"} and a user\'s {"type": "image_url", "image_url": {"url"}} parts are served'
+    'only {"type": "text", "text"} and a user\'s {"type": "image_url", "image_url": {"url"}} and '
+    '{"type": "input_audio", "input_audio": {"data", "format"}} parts are served'
 )
 
 
 def _refused(index: int, kind: Any, user: bool) -> str:
-    if kind == "image_url" and not user:
-        return f"[{index}]: image_url parts go in user messages"
-    if kind in ("text", "image_url"):
+    if kind in ("image_url", "input_audio") and not user:
+        return f"[{index}]: {kind} parts go in user messages"
+    if kind in ("text", "image_url", "input_audio"):
         return f"[{index}]: a {kind} part needs its {kind} field"
     return f"[{index}]: {PARTS} (got {shown(kind, 40)})"
 
@@ -191,8 +193,6 @@ class CompletionRequest(Knobs):
             raise ApiError(400, "echo is served whole, not streamed", param="echo")
         if self.echo and (self.n or 1) > 1:
             raise ApiError(400, "echo is served with n=1", param="echo")
-        if self.echo and self.suffix is not None:
-            raise ApiError(400, "echo is not served with suffix (fill-in-the-middle)", param="echo")
         return self
 
     @property
@@ -208,9 +208,9 @@ class CompletionRequest(Knobs):
             raise ValueError("must be a string (or a list of one string)")
         return value
 
-    @field_validator("best_of")
+    @field_validator("suffix", "best_of")
     @classmethod
     def _unserved(cls, value: Any, info: ValidationInfo) -> Any:
-        if value and value != 1:
+        if value and not (info.field_name == "best_of" and value == 1):
             raise ValueError("not supported")
         return value

@@ -10,9 +10,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from runner.engine.text.fim import Infill
 from runner.serve.backend import Ask, Backend, Generation
-from runner.serve.openai import embeddings, rerank, serving
+from runner.serve.openai import embeddings, rerank, serving, transcriptions
 from runner.serve.openai.errors import SHAPE
 from runner.serve.openai.protocol import ChatRequest, CompletionRequest, Knobs
 from runner.serve.shared.answers import EventStream, collect, submit
@@ -48,10 +47,7 @@ class OpenAI:
         # echo scores the prompt where logprobs are asked (else it is only written back), or where
         # nothing is generated (max_tokens 0: the prompt alone is the answer)
         scored = bool(req.echo) and (req.logprobs is not None or req.max_tokens == 0)
-        if req.suffix is not None:  # fill-in-the-middle: the prompt is the prefix (runner.engine.text.fim)
-            ask = serving.ask_of(req, model, infill=Infill(req.prompt, req.suffix))
-        else:
-            ask = serving.ask_of(req, model, prompt=req.prompt, echo=scored)
+        ask = serving.ask_of(req, model, prompt=req.prompt, echo=scored)
         head = {
             "id": new_id("cmpl-"),
             "object": "text_completion",
@@ -140,6 +136,7 @@ def routes(backend: Backend, max_body: int) -> list[Route]:
     api = OpenAI(backend, max_body)
     embed = embeddings.Embeddings(backend, max_body)
     ranker = rerank.Rerank(backend, max_body)
+    heard = transcriptions.Transcriptions(backend, max_body)
     return [
         Route("/v1/chat/completions", guarded(api.chat, SHAPE), methods=["POST"]),
         Route("/v1/completions", guarded(api.completions, SHAPE), methods=["POST"]),
@@ -147,4 +144,5 @@ def routes(backend: Backend, max_body: int) -> list[Route]:
         Route("/v1/models/{id:path}", guarded(api.model, SHAPE), methods=["GET"]),
         Route("/v1/embeddings", guarded(embed.create, SHAPE), methods=["POST"]),
         *(Route(path, guarded(ranker.create, SHAPE), methods=["POST"]) for path in RERANK_PATHS),
+        Route("/v1/audio/transcriptions", guarded(heard.create, SHAPE), methods=["POST"]),
     ]

@@ -35,6 +35,15 @@ class ImageRef:
         """The same image, its field named from further out (messages[2] + content[1]...)."""
         return replace(self, field=f"{prefix}.{self.field}")
 
+    def decoded(self, max_bytes: int) -> Any:
+        """The image's pixels (in a worker thread: base64, then Pillow); a 400 naming the field if
+        not. An audio part's kind (shared.audio.AudioRef) decodes a clip instead."""
+        try:
+            data = parse_data_url(self.data, name=self.field, max_bytes=max_bytes)
+            return load_image(data, name=self.field, max_bytes=max_bytes)
+        except ImageError as exc:
+            raise ApiError(400, str(exc), param=exc.name) from None
+
 
 Part = Union[str, ImageRef]
 
@@ -114,16 +123,5 @@ def _as_typed(reference: str) -> str:
 
 
 def _decoded(refs: list[ImageRef], max_bytes: int) -> dict[int, Image]:
-    """Each image's pixels, by the id of its ImageRef (in a worker thread: base64, then Pillow)."""
-    out = {}
-    for ref in refs:
-        try:
-            image = load_image(
-                parse_data_url(ref.data, name=ref.field, max_bytes=max_bytes),
-                name=ref.field,
-                max_bytes=max_bytes,
-            )
-        except ImageError as exc:
-            raise ApiError(400, str(exc), param=exc.name) from None
-        out[id(ref)] = image
-    return out
+    """Each image's pixels (or clip's samples), by the id of its ImageRef (in a worker thread)."""
+    return {id(ref): ref.decoded(max_bytes) for ref in refs}
