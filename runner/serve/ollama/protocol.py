@@ -159,7 +159,7 @@ class GenerateRequest(Base):
     template: Optional[StrictStr] = None
     context: Optional[list[Any]] = None
 
-    @field_validator("suffix", "template", "context")
+    @field_validator("template", "context")
     @classmethod
     def _unserved(cls, value: Any, info: ValidationInfo) -> Any:
         if value:

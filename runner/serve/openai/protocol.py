@@ -193,6 +193,8 @@ class CompletionRequest(Knobs):
             raise ApiError(400, "echo is served whole, not streamed", param="echo")
         if self.echo and (self.n or 1) > 1:
             raise ApiError(400, "echo is served with n=1", param="echo")
+        if self.echo and self.suffix is not None:
+            raise ApiError(400, "echo is not served with suffix (fill-in-the-middle)", param="echo")
         return self
 
     @property
@@ -208,9 +210,9 @@ class CompletionRequest(Knobs):
             raise ValueError("must be a string (or a list of one string)")
         return value
 
-    @field_validator("suffix", "best_of")
+    @field_validator("best_of")
     @classmethod
     def _unserved(cls, value: Any, info: ValidationInfo) -> Any:
-        if value and not (info.field_name == "best_of" and value == 1):
+        if value and value != 1:
             raise ValueError("not supported")
         return value

@@ -10,6 +10,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from runner.engine.text.fim import Infill
 from runner.serve.backend import Ask, Backend, Generation
 from runner.serve.openai import embeddings, rerank, serving, transcriptions
 from runner.serve.openai.errors import SHAPE
@@ -47,7 +48,10 @@ class OpenAI:
         # echo scores the prompt where logprobs are asked (else it is only written back), or where
         # nothing is generated (max_tokens 0: the prompt alone is the answer)
         scored = bool(req.echo) and (req.logprobs is not None or req.max_tokens == 0)
-        ask = serving.ask_of(req, model, prompt=req.prompt, echo=scored)
+        if req.suffix is not None:  # fill-in-the-middle: the prompt is the prefix (runner.engine.text.fim)
+            ask = serving.ask_of(req, model, infill=Infill(req.prompt, req.suffix))
+        else:
+            ask = serving.ask_of(req, model, prompt=req.prompt, echo=scored)
         head = {
             "id": new_id("cmpl-"),
             "object": "text_completion",
