@@ -171,14 +171,23 @@ def tiny_model(folder: Path) -> Path:
     return path if path.is_file() else synth.write_model(path, spec)
 
 
-def run_process_decode(path: Path, n_gen: int) -> float:
-    """`runner run`'s own decode tokens/s: greedy, one thread, no drafting, streamed to a pipe."""
-    command = [sys.executable, "-m", "runner", "run", str(path), "Hello, my name is", "--json"]
-    command += ["--temperature", "0", "--threads", "1", "--spec", "none", "--max-tokens", str(n_gen)]
-    command += ["--ctx", str(max(CTX, 2 * n_gen))]
-    report = json.loads(subprocess.run(command, capture_output=True, check=True, text=True).stdout)
+def run_process(path: Path, n_gen: int, *, as_json: bool = True) -> tuple[float, float]:
+    """`runner run` greedy, one thread, no drafting, --ctx 2048: its own decode tokens/s (--json's
+    timings; 0 without --json, where the answer streams to a pipe as a script reads it) and the
+    process's CPU seconds (user and system, from the kernel's count: unmoved by other processes)."""
+    import resource
+
+    command = [sys.executable, "-m", "runner", "run", str(path), "Hello, my name is", "--temperature", "0"]
+    command += ["--threads", "1", "--spec", "none", "--max-tokens", str(n_gen), "--ctx", str(CTX)]
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    out = subprocess.run([*command, *(["--json"] if as_json else [])], capture_output=True, check=True)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
+    if not as_json:
+        return 0.0, cpu
+    report = json.loads(out.stdout)
     assert report["usage"]["completion_tokens"] == n_gen, report["finish_reason"]
-    return float(report["timings"]["decode_tokens_per_s"])
+    return float(report["timings"]["decode_tokens_per_s"]), cpu
 
 
 def tiny(rounds: int, n_gen: int) -> None:
@@ -188,24 +197,33 @@ def tiny(rounds: int, n_gen: int) -> None:
     folder = Path(tempfile.gettempdir()) / "runner-bench-tiny"
     folder.mkdir(exist_ok=True)
     path = tiny_model(folder)
-    raw, engine = Raw(path, 1), Runner(path, 1, n_ctx=max(CTX, 2 * n_gen))
+    raw, engine = Raw(path, 1), Runner(path, 1)
     tokens = raw.tokenize("Hello, my name is")
     raw.run(tokens, 16), engine.run(tokens, 16)
     decode: dict[str, list[float]] = {"raw loop": [], "runner Engine": [], "runner run": []}
+    cpu: dict[str, list[float]] = {"raw loop": [], "runner Engine": [], "runner run": []}
+    short = n_gen // 5
     for _ in range(rounds):
-        decode["raw loop"].append(raw.run(tokens, n_gen)[1])
-        decode["runner Engine"].append(engine.run(tokens, n_gen)[1])
-        decode["runner run"].append(run_process_decode(path, n_gen))
-    base = statistics.median(decode["raw loop"])
+        for name, impl in (("raw loop", raw), ("runner Engine", engine)):
+            began = time.thread_time()  # llama.cpp decodes on this thread at one thread
+            decode[name].append(impl.run(tokens, n_gen)[1])
+            cpu[name].append((time.thread_time() - began) / n_gen)
+        tok_s, cpu_long = run_process(path, n_gen)
+        cpu_short = run_process(path, short, as_json=False)[1]
+        decode["runner run"].append(tok_s)
+        cpu["runner run"].append((cpu_long - cpu_short) / (n_gen - short))  # start-up and prompt apart
+    base, base_cpu = statistics.median(decode["raw loop"]), statistics.median(cpu["raw loop"])
     print(f"tiny model {path.name} · 1 thread · greedy · no drafting · {n_gen} tokens · {rounds} rounds")
     print(f"machine: {machine_line()}")
     print()
-    print("| | decode tok/s | vs raw | µs a token | above the raw loop |")
-    print("|---|---|---|---|---|")
+    print("| | decode tok/s | vs raw | CPU µs a token | above the raw loop | vs raw (CPU) |")
+    print("|---|---|---|---|---|---|")
     for name, runs in decode.items():
-        median = statistics.median(runs)
-        us = 1e6 / median
-        print(f"| {name} | {median:.0f} | {median / base:.3f} | {us:.0f} | {us - 1e6 / base:+.1f} µs |")
+        median, us = statistics.median(runs), statistics.median(cpu[name]) * 1e6
+        print(
+            f"| {name} | {median:.0f} | {median / base:.3f} | {us:.0f} | {us - base_cpu * 1e6:+.1f} µs | "
+            f"{base_cpu * 1e6 / us:.3f} |"
+        )
 
 
 def machine_line() -> str:
