@@ -22,6 +22,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from runner.audio import MAX_AUDIO_SECONDS, load_audio
+from runner.engine.batch import run_batch
+from runner.engine.engine import Engine
+from runner.engine.prompt import Prompt, render_prompt
+from runner.engine.request import Request
+from runner.engine.text.sampling import SamplingConfig
+from runner.engine.text.template import Message
 from runner.errors import AudioError, InvalidModelFile
 from runner.gguf import read_header
 from runner.gguf.audio_projector import check_audio_projector
@@ -80,6 +86,7 @@ def float_wav(samples: np.ndarray, rate: int = 16000) -> bytes:
 # -- decoding: pure functions on hand-made bytes ----------------------------------------------------
 
 
+@pytest.mark.fast
 def test_a_16_bit_wav_becomes_the_samples_miniaudio_gives() -> None:
     data = tone(0.5)
     clip = load_audio(data, name="a.wav")
@@ -90,6 +97,7 @@ def test_a_16_bit_wav_becomes_the_samples_miniaudio_gives() -> None:
     assert clip.at(16000) is clip.samples  # at the projector's rate: as they are
 
 
+@pytest.mark.fast
 def test_stereo_at_44k_is_mixed_to_mono_and_resampled() -> None:
     clip = load_audio(tone(1.0, rate=44100, channels=2), name="s.wav")
     assert clip.channels == 2 and clip.rate == 44100 and clip.frames == 44100
@@ -97,12 +105,14 @@ def test_stereo_at_44k_is_mixed_to_mono_and_resampled() -> None:
     assert len(at16) == 16000 and np.isfinite(at16).all() and 0.1 < np.abs(at16).max() <= 1.0
 
 
+@pytest.mark.fast
 def test_8_bit_and_float_wavs_decode() -> None:
     assert load_audio(tone(0.2, width=1), name="u8.wav").frames == 3200
     x = np.linspace(-1, 1, 1600, dtype=np.float32)
     assert np.array_equal(np.frombuffer(load_audio(float_wav(x), name="f.wav").samples, "<f4"), x)
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize(
     ("data", "problem"),
     [
@@ -125,6 +135,7 @@ def test_bad_audio_is_one_line(data: bytes, problem: str) -> None:
     assert problem in str(caught.value) and "\n" not in str(caught.value)
 
 
+@pytest.mark.fast
 def test_a_two_hour_header_is_refused_before_decoding() -> None:
     data = bytearray(tone(0.1))
     at = data.index(b"data")
@@ -151,6 +162,7 @@ def _check(path: Path):
     return check_audio_projector(header, read_key_types(path), text_n_embd=WIDTH)
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("kind", ["ultravox", "voxtral", "qwen2a"])
 def test_the_synthetic_projectors_pass_and_say_what_a_clip_costs(tmp_path: Path, kind: str) -> None:
     info = _check(_spec_file(tmp_path, kind, kind=kind))
@@ -170,6 +182,7 @@ def _set_key(key: str, value, vtype):
     return lambda k, t: k.__setitem__(key, (value, vtype))
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize(
     ("edit", "problem"),
     [
@@ -211,6 +224,7 @@ def test_a_malformed_projector_is_one_line(tmp_path: Path, edit, problem: str) -
     assert problem in str(caught.value) and "\n" not in str(caught.value)
 
 
+@pytest.mark.fast
 def test_a_power_of_two_width_is_refused_for_frame_stacking(tmp_path: Path) -> None:
     with pytest.raises(InvalidModelFile, match="power of two"):
         _check(_spec_file(tmp_path, "w32", width=32))
@@ -365,6 +379,7 @@ def test_an_image_to_an_audio_projector_and_audio_to_a_text_model(
     assert done.returncode == 2 and "projector" in done.stderr.decode()
 
 
+@pytest.mark.fast
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     cuts=st.lists(st.integers(0, 20_000), max_size=3),
@@ -419,3 +434,65 @@ def test_input_rows_name_their_clips(files: dict[str, Path], tmp_path: Path) -> 
         and out[0]["usage"]["prompt_tokens"] == alone["usage"]["prompt_tokens"]
     )
     assert out[1]["text"] and out[1]["usage"]["prompt_tokens"] > 187
+
+
+# -- in the loop: a batch of clips, a kept prefix over turns ----------------------------------------
+
+GREEDY_CONFIG = SamplingConfig(temperature=0)
+
+
+@pytest.fixture(scope="module")
+def audio_engine(files: dict[str, Path], smollm2_path: Path):
+    with Engine(smollm2_path, n_ctx=8192, n_threads=2, n_seq=8) as engine:
+        engine.attach_projector(files["ultravox"])
+        yield engine
+
+
+def clip_prompt(engine: Engine, path: Path, turns: list[Message], clips: list[bytes]) -> Prompt:
+    audio = [load_audio(c, name="t") for c in clips]
+    first = Message(turns[0].role, engine.vision.marker * len(clips) + turns[0].content)
+    return render_prompt(engine, read_header(path), [first, *turns[1:]], images=audio)
+
+
+@pytest.mark.model
+def test_a_batch_of_8_clips_gives_each_ones_answer(audio_engine: Engine, smollm2_path: Path) -> None:
+    engine = audio_engine
+    clips = [tone(1.0 + seed / 4, seed=seed) for seed in range(8)]
+    ask = [Message("user", "What is said?")]
+    alone = []
+    for clip in clips:
+        engine.context.reset()
+        p = clip_prompt(engine, smollm2_path, ask, [clip])
+        alone.append(engine.generate(p.tokens, GREEDY_CONFIG, max_tokens=8, media=p.media).text)
+    engine.context.reset()
+    done: dict[int, str] = {}
+    prompts = [clip_prompt(engine, smollm2_path, ask, [clip]) for clip in clips]
+    run_batch(
+        engine,
+        [Request(p, GREEDY_CONFIG, max_tokens=8) for p in prompts],
+        lambda r: done.__setitem__(r.index, r.text),
+    )
+    assert [done[i] for i in range(8)] == alone
+    assert len(set(alone)) > 1  # the clips differ, and so do the answers
+
+
+@pytest.mark.model
+def test_turn_5_re_sending_a_clip_evaluates_only_its_new_text(
+    audio_engine: Engine, smollm2_path: Path
+) -> None:
+    engine = audio_engine
+    engine.context.reset()
+    clip = tone(2.0, seed=7)
+    turns = [Message("user", "Listen.")]
+    for n in range(5):
+        prompt = clip_prompt(engine, smollm2_path, turns, [clip])
+        result = engine.answer(Request(prompt, GREEDY_CONFIG, max_tokens=4))
+        t = result.timings
+        if n == 0:
+            assert t.prefill_tokens == t.prompt_tokens  # the clip's window evaluated once, with its text
+        else:
+            kept = t.prompt_tokens - t.prefill_tokens
+            window = next(i for i, tok in enumerate(prompt.tokens) if tok < 0) + 187
+            assert kept >= window, (n, t)  # the clip is kept: only the new turn's text is evaluated
+            assert t.prefill_tokens < 40, (n, t)
+        turns += [Message("assistant", result.text), Message("user", f"And now, part {n + 2}?")]
