@@ -243,6 +243,15 @@ def test_infill_answers_in_llama_servers_shape_as_it_answered(http: httpx.Client
     assert {"prompt_n", "prompt_ms", "predicted_n", "predicted_per_second", "cache_n"} <= set(body["timings"])
 
 
+def test_response_fields_pick_the_answers_fields_by_path(http: httpx.Client) -> None:
+    fields = ["content", "timings/prompt_n", "timings/nothing", "tokens_evaluated"]
+    got = http.post(
+        "/infill", json={**ADD, "n_predict": 2, "temperature": 0, "response_fields": fields}
+    ).json()
+    assert set(got) == {"content", "timings/prompt_n", "tokens_evaluated"}, got
+    assert got["tokens_evaluated"] == SERVER_ADD["tokens_evaluated"]
+
+
 def test_infill_streams_pieces_then_the_whole_answer(http: httpx.Client) -> None:
     whole = http.post("/infill", json={**ADD, "input_suffix": "\n", "n_predict": 6, "temperature": 0}).json()
     with http.stream(

@@ -4,7 +4,8 @@ fields; streamed or whole), answered in llama-server's own shape (content, token
 ...). The prompt is laid out in the model's FIM tokens (runner.engine.text.fim) and goes into the
 engine as every answer does (an Ask, then one Request); a model whose GGUF has no FIM tokens is a 400
 naming it, before it loads. Fields llama-server takes and runner does not act on (n_indent,
-t_max_prompt_ms, t_max_predict_ms, cache_prompt, samplers, id_slot) are accepted and left alone.
+t_max_prompt_ms, t_max_predict_ms, cache_prompt, samplers, id_slot) are accepted and left alone;
+`response_fields` picks the whole answer's fields as llama-server does.
 """
 
 from __future__ import annotations
@@ -53,6 +54,9 @@ class InfillRequest(Loose):
     stop: Any = None
     stream: StrictBool = False
     return_tokens: StrictBool = False
+    response_fields: Optional[list[StrictStr]] = (
+        None  # llama.vim's: the answer's fields it reads, "a/b" nested
+    )
 
     @field_validator("stop")
     @classmethod
@@ -109,7 +113,8 @@ class InfillApi:
             return EventStream(chunks, "text/event-stream")
         (outcome,) = await collect(request, [generation])
         ids = [scored.id for scored in outcome.logprobs]
-        return JSONResponse(final(model, outcome.text, outcome, prompt, generation.prompt_tokens, ids))
+        answer = final(model, outcome.text, outcome, prompt, generation.prompt_tokens, ids)
+        return JSONResponse(picked(answer, req.response_fields) if req.response_fields else answer)
 
 
 def _chunks(model: str, prompt: str) -> Any:
@@ -163,6 +168,21 @@ def final(
         "tokens_cached": prompt_tokens + generated,
         "timings": timings(outcome),
     }
+
+
+def picked(answer: dict[str, Any], paths: list[str]) -> dict[str, Any]:
+    """Only the fields asked for, each under its path ("timings/prompt_n"), as llama-server's
+    json_get_nested_values picks them; a path the answer lacks is left out."""
+    out: dict[str, Any] = {}
+    for path in paths:
+        value: Any = answer
+        for key in path.split("/"):
+            if not isinstance(value, dict) or key not in value:
+                break
+            value = value[key]
+        else:
+            out[path] = value
+    return out
 
 
 def timings(outcome: Outcome) -> dict[str, float]:
