@@ -9,6 +9,20 @@ from pydantic import Field, StrictBool, StrictInt, StrictStr, field_validator
 
 from runner.serve.shared.fields import Loose, MaxTokens, MinP, Seed, Temperature, TopK, TopP
 
+# `include` values that ask for parts of output items a local model never makes (hosted tools' results,
+# encrypted reasoning: Codex asks for it with store false): accepted, with nothing to add
+NOTHING_TO_INCLUDE = frozenset(
+    {
+        "reasoning.encrypted_content",
+        "file_search_call.results",
+        "web_search_call.results",
+        "web_search_call.action.sources",
+        "code_interpreter_call.outputs",
+        "computer_call_output.output.image_url",
+        "message.input_image.image_url",
+    }
+)
+
 
 class FunctionTool(Loose):
     type: Literal["function"]
@@ -66,9 +80,16 @@ class ResponsesRequest(Loose):
     max_tool_calls: Optional[StrictInt] = None
     context_management: Any = None
 
+    @field_validator("include")
+    @classmethod
+    def _include(cls, value: list[Any] | None) -> list[Any] | None:
+        for i, item in enumerate(value or ()):
+            if item not in NOTHING_TO_INCLUDE:  # message.output_text.logprobs, or not one of OpenAI's
+                raise ValueError(f"[{i}]: {str(item)[:60]!r} is not supported")
+        return value
+
     @field_validator(
         "background",
-        "include",
         "conversation",
         "prompt",
         "top_logprobs",

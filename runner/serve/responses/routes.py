@@ -14,6 +14,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from runner import ui
 from runner.serve.backend import Backend
 from runner.serve.responses import serving
 from runner.serve.responses.errors import SHAPE
@@ -35,13 +36,19 @@ class Responses:
         self.backend = backend
         self.max_body = max_body
         self.store = store
+        self.said: set[str] = set()  # the tools left out, each said once on stderr
+
+    def _left_out(self, why: str) -> None:
+        if why not in self.said:
+            self.said.add(why)
+            ui.warn(f"/v1/responses: {why} (said once)")
 
     async def create(self, request: Request) -> Response:
         """Everything checked and the prompt submitted (too long is a 400) before anything streams or
         is kept: a refused request leaves nothing behind."""
         req = ResponsesRequest.model_validate(await read_json(request, self.max_body))
         model = resolve_model(self.backend, req.model)
-        tools = serving.function_tools(req.tools)
+        tools = serving.function_tools(req.tools, self._left_out)
         if req.input is None:
             raise ApiError(400, "input: Field required", param="input")
         items = input_items(req.input)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from typing import Any
 
 from runner.serve.backend import Ask
@@ -15,15 +16,24 @@ from runner.serve.shared.http import ApiError
 from runner.serve.shared.translate import NoSuchTool, NoTools, function_tool, new_id, tool_choice
 
 
-def function_tools(value: list[Any] | None) -> list[FunctionTool]:
-    """The tools, each a function: web_search, file_search, code_interpreter … are a 400 naming them."""
+def function_tools(
+    value: list[Any] | None, skipped: Callable[[str], None] | None = None
+) -> list[FunctionTool]:
+    """The function tools. A tool of another type (web_search, file_search, code_interpreter, a
+    namespace of tools: what Codex sends beside its functions) is one a local model cannot run: it is
+    left out, `skipped` told why (if given), and the request answered with the others."""
     tools = []
     for i, raw in enumerate(value or ()):
         kind = raw.get("type") if isinstance(raw, dict) else None
-        if kind != "function":
-            shown = json.dumps(kind)[:60] if isinstance(kind, str) else "a tool without a type"
-            message = f"tools[{i}].type: {shown} is not supported: only function tools are served"
+        if not isinstance(kind, str):
+            message = f"tools[{i}].type: a tool needs a type (function tools are served)"
             raise ApiError(400, message, param=f"tools[{i}].type")
+        if kind != "function":
+            name = raw.get("name") if isinstance(raw.get("name"), str) else None
+            said = f"{json.dumps(kind)[:60]} tool" + (f" {json.dumps(name)[:60]}" if name else "")
+            if skipped is not None:
+                skipped(f"tools[{i}]: the {said} is left out: only function tools are served")
+            continue
         tools.append(checked(FunctionTool, raw, f"tools[{i}]"))
     return tools
 
