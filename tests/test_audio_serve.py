@@ -267,3 +267,11 @@ def test_the_docs_examples_run(server: Server, files: dict[str, Path], tmp_path:
     words = curl.replace("127.0.0.1:8080", server.address).split() + ["-F", "max_tokens=4", "-sS", "-f"]
     done = subprocess.run(words, cwd=tmp_path, capture_output=True, timeout=180)
     assert done.returncode == 0 and done.stdout.strip(), done.stderr.decode()
+
+
+def test_the_model_lists_say_it_takes_audio(server: Server) -> None:
+    http = httpx.Client(base_url=server.url, timeout=120)
+    [model] = http.get("/v1/models").json()["data"]
+    assert model["meta"]["audio"] is True and model["meta"]["vision"] is False
+    shown = http.post("/api/show", json={"model": "smollm2"}).json()
+    assert "audio" in shown["capabilities"] and "vision" not in shown["capabilities"]

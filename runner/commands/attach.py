@@ -21,8 +21,9 @@ from typing import Any
 from urllib.parse import unquote, urlparse
 
 from runner import ui
+from runner.audio import AUDIO_SUFFIXES
 from runner.commands.lineinput import IMAGE_SUFFIXES
-from runner.errors import ImageError, UsageError
+from runner.errors import AudioError, ImageError, UsageError
 from runner.images import MAX_IMAGES, Image, ImageRef, load_image, read_image_arg
 from runner.store import StoredMessage
 
@@ -74,7 +75,7 @@ class Attachments:
     def __init__(self, engine: Any) -> None:
         self.engine = engine
         self.pending: list[ImageRef] = []
-        self._decoded: dict[str, Image | None] = {}  # None: gone or changed since it was attached
+        self._decoded: dict[str, Any] = {}  # Image or Audio; None: gone or changed since it was attached
 
     @property
     def vision(self) -> bool:
@@ -89,6 +90,9 @@ class Attachments:
             raise UsageError("/image PATH attaches an image to the next message (/image none drops them)")
         if len(self.pending) >= MAX_IMAGES:
             raise UsageError(f"at most {MAX_IMAGES} images a message: send it first (/image none drops them)")
+        if is_audio_file(arg):
+            self._attach_clip(arg)
+            return
         [(path, image)] = read_attachments((arg,))
         same = next((r for r in self.pending if r.sha256 == image.sha256), None)
         if same is not None:
@@ -100,6 +104,24 @@ class Attachments:
             f"attached {path.name} ({image.width}x{image.height}, {ui.count(image.size, 'byte')}): "
             "it goes with your next message"
         )
+
+    def _attach_clip(self, arg: str) -> None:
+        """/audio PATH (or a WAV given to /image, or pasted): the clip read, decoded and checked now,
+        kept by its path and sha256 as an image is (an AudioError: nothing attached)."""
+        from runner.audio import read_audio_arg
+
+        if not self.engine.vision.hears:
+            raise UsageError(
+                f"{self.engine.vision.projector.name} takes no audio: start the chat with an audio --mmproj"
+            )
+        path = Path(arg).expanduser().absolute()
+        clip = read_audio_arg(str(path), None)
+        if any(r.sha256 == clip.sha256 for r in self.pending):
+            ui.info(f"{path.name} is already attached; it goes once with your next message")
+            return
+        self._decoded[clip.sha256] = clip
+        self.pending.append(ImageRef(clip.sha256, clip.size, str(path)))
+        ui.info(f"attached {path.name} ({clip.seconds:.1f} s of audio): it goes with your next message")
 
     def add(self, path: Path, image: Image) -> None:
         """An image read_attachments read, for the next message (kept by its path and sha256)."""
@@ -179,8 +201,13 @@ class Attachments:
         self._decoded[ref.sha256] = None
         without = "the message that carried it goes on without it (text only)"
         try:
-            image = read_image_arg(ref.path, io.BytesIO())
-        except ImageError as exc:
+            if is_audio_file(ref.path):  # a clip: kept as an image is, read again by runner.audio
+                from runner.audio import read_audio_arg
+
+                image: Any = read_audio_arg(ref.path, None)
+            else:
+                image = read_image_arg(ref.path, io.BytesIO())
+        except (ImageError, AudioError) as exc:
             return f"{exc}; {without}"
         if image.sha256 != ref.sha256:
             return f"{ref.path}: changed since it was attached (its sha256 differs); {without}"
@@ -205,6 +232,20 @@ def pasted_path(line: str) -> Path | None:
         candidates.append(unquote(urlparse(text).path))
     for candidate in candidates:
         path = Path(candidate).expanduser()
-        if path.suffix.lower() in IMAGE_SUFFIXES and path.is_file():
+        if path.suffix.lower() in (*IMAGE_SUFFIXES, *AUDIO_SUFFIXES) and path.is_file():
             return path
     return None
+
+
+def is_audio_file(arg: str) -> bool:
+    """A file to read as audio: a WAV by its first bytes, or another audio format by its name (the
+    audio reader refuses it by name then); anything else is read as an image."""
+    path = Path(arg).expanduser()
+    if path.suffix.lower() in AUDIO_SUFFIXES:
+        return True
+    try:
+        with path.open("rb") as f:
+            head = f.read(12)
+    except OSError:
+        return False
+    return head[:4] == b"RIFF" and head[8:12] == b"WAVE"

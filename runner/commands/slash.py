@@ -51,6 +51,7 @@ COMMANDS = {
     "/edit": "write the next message in $EDITOR",
     "/image": "/image PATH: attach an image to the next message (--mmproj); /image: what is attached; "
     "/image none: drop them",
+    "/audio": "/audio PATH: attach a WAV clip to the next message (an audio --mmproj)",
     "/tools": "the MCP servers, their tools and state; /tools off NAME|SERVER, /tools on NAME|SERVER",
     "/bye": "quit (also /exit, Ctrl-D)",
     "/exit": "quit",
@@ -97,6 +98,7 @@ def command(session: Session, line: str, source: Any) -> bool:
         "/history": lambda: _history(session, rest),
         "/edit": lambda: _edit(session, source),
         "/image": lambda: _image(session, rest),
+        "/audio": lambda: _image(session, rest),  # Attachments.attach reads a clip as a clip
         "/tools": lambda: _tools(session, rest),
     }
     if name not in handlers:

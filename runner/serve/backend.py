@@ -186,6 +186,8 @@ class ModelInfo:
     metadata: dict[str, Any] = field(default_factory=dict)  # the GGUF's scalar metadata (no big arrays)
     max_images: int = 0  # images a request may carry (--max-images); 0: it takes none (no projector)
     max_image_bytes: int = 0  # an image's encoded size at most (--max-image-bytes)
+    sees: bool = True  # with a projector: it takes images (False: an audio projector alone)
+    hears: bool = False  # with a projector: it takes audio clips (input_audio, /v1/audio/transcriptions)
     reference: str = ""  # what `runner serve` takes to serve it again: the path or alias given ("": name)
 
     @property

@@ -237,6 +237,8 @@ def capabilities(info: ModelInfo) -> list[str]:
         found.append("tools")
     if "think" in template:
         found.append("thinking")
-    if info.max_images > 0:
+    if info.max_images > 0 and info.sees:
         found.append("vision")
+    if info.max_images > 0 and info.hears:
+        found.append("audio")
     return found

@@ -113,7 +113,9 @@ class OpenAI:
         loaded = name in self.backend.loaded()
         meta: dict[str, Any] = {"context": info.context, "parallel": info.parallel, "size": info.size}
         meta["loaded"] = loaded
-        meta["vision"] = info.max_images > 0  # it takes images (served with a projector, --mmproj)
+        # it takes images, or audio clips (served with a projector, --mmproj: vision, audio or both)
+        meta["vision"] = info.max_images > 0 and info.sees
+        meta["audio"] = info.max_images > 0 and info.hears
         meta["rerank"] = info.reranks  # it scores documents against a query (POST /v1/rerank), nothing else
         if loaded:
             meta["memory"] = self.backend.memory(name)  # planned bytes: weights, KV cache, compute
