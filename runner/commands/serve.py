@@ -32,15 +32,12 @@ from runner.projector import pulled_with
 from runner.settings import DEFAULTS, LoadSettings
 
 if TYPE_CHECKING:
-    from runner.commands.agent import Servers
     from runner.engine.text.sampling import SamplingConfig
     from runner.gguf import GGUFHeader
     from runner.memory.plan import Plan
     from runner.serve.backend import ModelInfo
     from runner.serve.engine_backend import Served
     from runner.serve.pool import EngineBackend, Offer, Pool
-    from runner.serve.webui.tools import PageTools
-    from runner.tools.loop import ToolSettings
 
 DEFAULT_PORT = 8080  # llama-server's; Ollama's 11434 is for OLLAMA_HOST=127.0.0.1:PORT users to pick
 DEFAULT_QUEUE = 64
@@ -71,7 +68,6 @@ class ServeRequest:
     rpc: str | None = None  # --rpc: the models' layers across these workers (docs/rpc.md)
     metrics: bool = True  # GET /metrics (Prometheus), and everything counted for it; --no-metrics: neither
     webui: bool = True  # the chat page on GET / and its conversation API (/runner/v1); --no-webui: neither
-    tools: ToolSettings | None = None  # --mcp and its flags: tools for the chat page's turns (None: none)
 
 
 def serve(request: ServeRequest) -> None:
@@ -111,7 +107,6 @@ def serve(request: ServeRequest) -> None:
         raise UsageError(f"--models: {Path(request.models_dir).expanduser()} is not a folder")
     budget = _budget(memory)
     metrics = Metrics() if request.metrics else None
-    servers = _servers(request)  # their start goes on beside the models' load
     pool = Pool([], queue=request.queue, budget=budget, keep_alive=keep_alive, metrics=metrics)
     try:
         for name in request.models:  # named: loaded now, served while the server runs
@@ -129,38 +124,9 @@ def serve(request: ServeRequest) -> None:
             pool.offers[loaded.name] = _offer(request, loaded.name, loaded)
             pool.preload(_served(loaded, request), _needs(loaded.plan, loaded.header))
             pool.scan = _scanner(request, dict(pool.offers))
-        tools = _page_tools(request, servers)
-        _run(request, EngineBackend(pool), key, behind_front=bool(inner), tools=tools)
+        _run(request, EngineBackend(pool), key, behind_front=bool(inner))
     finally:
         pool.close()
-        if servers is not None:
-            servers.close()
-
-
-def _servers(request: ServeRequest) -> Servers | None:
-    """--mcp's servers, started before the models load (a config that cannot be read is refused now)."""
-    if request.tools is None:
-        return None
-    from runner.commands.agent import Servers
-
-    request.tools.check()
-    if not request.webui:
-        raise UsageError("--mcp gives tools to the chat page's turns: it goes without --no-webui")
-    return Servers(request.tools, default=True)
-
-
-def _page_tools(request: ServeRequest, servers: Servers | None) -> PageTools | None:
-    """The started servers' tools, for the page (each server that failed said in one line)."""
-    if servers is None or request.tools is None:
-        return None
-    from runner.serve.webui.tools import PageTools
-
-    host = servers.ready()
-    if host is None:
-        return None
-    names = ", ".join(f"{s.name} ({len(s.tools)} tools)" for s in host.servers() if s.state == "ready")
-    ui.info(f"MCP servers for the chat page's turns, each call asked in the page: {names or 'none ready'}")
-    return PageTools(host, request.tools)
 
 
 def _within_memory(
@@ -198,13 +164,7 @@ def _scanner(request: ServeRequest, named: dict[str, Offer]) -> Callable[[], lis
     return scan
 
 
-def _run(
-    request: ServeRequest,
-    backend: EngineBackend,
-    key: str | None,
-    behind_front: bool = False,
-    tools: PageTools | None = None,
-) -> None:
+def _run(request: ServeRequest, backend: EngineBackend, key: str | None, behind_front: bool = False) -> None:
     import uvicorn
 
     from runner.serve.app import MAX_BODY, create_app
@@ -225,7 +185,6 @@ def _run(
         store=store,
         metrics=backend.pool.metrics,
         webui=chats,
-        page_tools=tools if chats is not None else None,
     )
     config = uvicorn.Config(
         app,
