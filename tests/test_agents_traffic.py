@@ -7,7 +7,7 @@ the streamed events parsed by the SDKs' own stream readers, a tool call round-tr
 probes); against `runner serve` with SmolLM2 (the bodies with their long texts shortened, every field
 kept, a few tokens answered); and each agent itself, headless, against `runner launch` with a scripted
 model that calls the agent's file-writing tool, then says it is done (skipped where the agent is not
-installed: `npm install -g @anthropic-ai/claude-code @openai/codex opencode-ai`)."""
+installed: scripts/get_agents.sh, which the test command runs, puts them in the test cache)."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ import pytest
 from starlette.testclient import TestClient
 
 from runner.serve.app import create_app
-from tests.conftest import run_cli
+from tests.conftest import TEST_HOME, run_cli
 from tests.serving import THREADS, StandIn, outcome_of, serving
 
 DATA = Path(__file__).parent / "data" / "agents"
@@ -280,15 +280,23 @@ def writer(smollm2_path: Path, path: Path, tool: str, arguments: dict[str, Any])
 def test_the_agent_writes_the_file_it_was_asked_to_through_runner_launch(
     agent: str, smollm2_path: Path, tmp_path: Path
 ) -> None:
-    if shutil.which(agent) is None:
-        pytest.skip(f"{agent} is not installed (npm install -g: docs/agents.md)")
+    path = (
+        f"{os.environ.get('PATH', '')}{os.pathsep}{TEST_HOME / 'agents' / 'bin'}"  # scripts/get_agents.sh's
+    )
+    if shutil.which(agent, path=path) is None:
+        pytest.skip(f"{agent} is not installed (scripts/get_agents.sh, or npm install -g: docs/agents.md)")
     tool, arguments, argv = AGENTS[agent]
     out = tmp_path / "work" / "hello.txt"
     out.parent.mkdir()
     filled = json.loads(json.dumps(arguments).replace("{out}", str(out)))
     model = writer(smollm2_path, tmp_path / f"writer-{agent}.gguf", tool, filled)
     home = tmp_path / "home"  # the agents' own settings, sessions and caches: not the user's
-    env = {"HOME": str(home), "CODEX_HOME": str(home / ".codex"), "XDG_CONFIG_HOME": str(home / ".config")}
+    env = {
+        "PATH": path,
+        "HOME": str(home),
+        "CODEX_HOME": str(home / ".codex"),
+        "XDG_CONFIG_HOME": str(home / ".config"),
+    }
     env |= {"XDG_DATA_HOME": str(home / ".local/share"), "XDG_CACHE_HOME": str(home / ".cache")}
     env["PWD"] = str(out.parent)  # opencode takes its project folder from $PWD
     (home / ".codex").mkdir(parents=True)
