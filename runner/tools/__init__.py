@@ -8,6 +8,7 @@ starts, so `runner --help` and every command without tools start as before.
 - connection.py: one server's connection, on the host's event loop
 - catalog.py: the tools as the model names them; a server's state for `/tools`
 - result.py: a call's outcome, bounded before it is kept
+- loop.py: the agent loop over an answer's calls (approved, run, kept), for the terminal and the page
 """
 
 from runner.tools.catalog import ServerState, Tool

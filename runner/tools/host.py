@@ -67,6 +67,10 @@ def _timer(server: _Server, began: float) -> Callable[[Future[Listing]], None]:
     return done
 
 
+def _never() -> bool:
+    return False
+
+
 class ToolHost:
     """MCP servers started from their configs; their tools listed, switched on and off, called."""
 
@@ -237,9 +241,17 @@ class ToolHost:
 
     # -- calls ------------------------------------------------------------------------------------
 
-    def call(self, name: str, arguments: dict[str, Any], *, timeout: float | None = None) -> ToolResult:
+    def call(
+        self,
+        name: str,
+        arguments: dict[str, Any],
+        *,
+        timeout: float | None = None,
+        stop: Callable[[], bool] | None = None,
+    ) -> ToolResult:
         """Run a tool. Every failure is a result with `is_error` and its reason, never an exception;
-        Ctrl-C while it runs cancels it and returns a result marked `interrupted`."""
+        Ctrl-C (or `stop()` true: the chat page's stop button) while it runs cancels it and returns a
+        result marked `interrupted`."""
         began = time.monotonic()
         if self._portal is None:
             return failure("the MCP servers are not running")
@@ -253,7 +265,7 @@ class ToolHost:
         if problem is not None:
             return failure(problem, time.monotonic() - began)
         limit = timeout if timeout is not None else self.timeout_s
-        result = self._run(server, tool, arguments, limit)
+        result = self._run(server, tool, arguments, limit, stop or _never)
         result.seconds = time.monotonic() - began
         return result
 
@@ -274,12 +286,14 @@ class ToolHost:
             return f"server {name} crashed earlier and did not restart: {why}"
         return None
 
-    def _run(self, server: _Server, tool: Tool, arguments: dict[str, Any], limit: float) -> ToolResult:
+    def _run(
+        self, server: _Server, tool: Tool, arguments: dict[str, Any], limit: float, stop: Callable[[], bool]
+    ) -> ToolResult:
         import anyio
 
         scope = self._portal.call(anyio.CancelScope)  # made on the loop, cancelled from there
         task = self._portal.start_task_soon(server.connection.call, tool.original, arguments, limit, scope)
-        interrupted = self._wait(task, scope, limit)
+        interrupted = self._wait(task, scope, limit, stop)
         if interrupted or task.cancelled():
             return failure(f"{tool.name}: interrupted (Ctrl-C); the call was cancelled", interrupted=True)
         error = task.exception()
@@ -291,9 +305,9 @@ class ToolHost:
             return failure(self._lost(server, str(error)))
         return failure(f"{tool.name} failed: {str(error).strip() or type(error).__name__}")
 
-    def _wait(self, task: Future[Any], scope: Any, limit: float) -> bool:
-        """Wait for a call, polling Ctrl-C; on it (or well past the limit) cancel the call's scope and
-        wait for the SDK to send its cancel. Whether Ctrl-C ended it."""
+    def _wait(self, task: Future[Any], scope: Any, limit: float, stop: Callable[[], bool]) -> bool:
+        """Wait for a call, polling Ctrl-C and `stop`; on either (or well past the limit) cancel the
+        call's scope and wait for the SDK to send its cancel. Whether Ctrl-C or `stop` ended it."""
         deadline = time.monotonic() + limit + CANCEL_WAIT_S  # the SDK's own timeout comes first
         cancelled_at: float | None = None
         interrupted = False
@@ -301,8 +315,8 @@ class ToolHost:
             while not task.done():
                 wait([task], timeout=POLL_S)
                 now = time.monotonic()
-                if cancelled_at is None and (interrupt.requested() or now > deadline):
-                    interrupted = interrupt.requested()
+                if cancelled_at is None and (interrupt.requested() or stop() or now > deadline):
+                    interrupted = interrupt.requested() or stop()
                     cancelled_at = now
                     self._portal.call(scope.cancel)
                 elif cancelled_at is not None and now - cancelled_at > CANCEL_WAIT_S:
