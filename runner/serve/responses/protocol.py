@@ -73,7 +73,7 @@ class ResponsesRequest(Loose):
     # would change the answer, and are not served: a 400 when set (their off values accepted)
     background: Optional[StrictBool] = None
     include: Optional[list[Any]] = None
-    truncation: Optional[Literal["auto", "disabled"]] = None
+    truncation: Optional[Literal["auto", "disabled"]] = None  # auto: the oldest turns go (truncation.py)
     conversation: Any = None
     prompt: Any = None
     top_logprobs: Optional[StrictInt] = None
@@ -101,11 +101,4 @@ class ResponsesRequest(Loose):
         if value:
             shown = f" ({', '.join(map(str, value))[:100]})" if isinstance(value, list) else ""
             raise ValueError(f"not supported{shown}")
-        return value
-
-    @field_validator("truncation")
-    @classmethod
-    def _truncation(cls, value: str | None) -> str | None:
-        if value == "auto":
-            raise ValueError('"auto" is not supported: a prompt is never truncated (too long is a 400)')
         return value

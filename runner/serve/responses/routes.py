@@ -15,17 +15,17 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from runner import ui
-from runner.serve.backend import Backend
+from runner.serve.backend import Ask, Backend
 from runner.serve.responses import serving
 from runner.serve.responses.errors import SHAPE
 from runner.serve.responses.input import Item, chat_messages, input_items, stored
 from runner.serve.responses.output import events, finished, whole_output
 from runner.serve.responses.protocol import ResponsesRequest
 from runner.serve.responses.store import ResponseStore
-from runner.serve.shared.answers import EventStream, collect, submit
+from runner.serve.responses.truncation import submit_fitted
+from runner.serve.shared.answers import EventStream, collect
 from runner.serve.shared.body import read_json, resolve_model
 from runner.serve.shared.http import ApiError, guarded, quoted
-from runner.serve.shared.images import with_pixels
 from runner.store import StoredResponse
 
 
@@ -56,9 +56,12 @@ class Responses:
         if req.previous_response_id is not None:
             previous = await self._load(req.previous_response_id, "previous_response_id")
             earlier = input_items(previous.conversation, "previous_response_id")
-        ask = serving.ask_of(req, model, chat_messages(req.instructions, earlier + items), tools)
-        ask = await with_pixels(self.backend, ask)  # decoded off the event loop
-        generation = await submit(self.backend, ask, "input")
+
+        def ask_for(kept: list[Item]) -> Ask:
+            return serving.ask_of(req, model, chat_messages(req.instructions, kept), tools)
+
+        auto = req.truncation == "auto"  # the oldest turns dropped until it fits (truncation.py)
+        generation = await submit_fitted(self.backend, ask_for, earlier + items, auto=auto)
         keep = self.store is not None and req.store is not False
         head = serving.head_of(req, model, tools, keep)
         one_call = req.parallel_tool_calls is False

@@ -121,7 +121,7 @@ def head_of(req: ResponsesRequest, model: str, tools: list[FunctionTool], keep: 
         "tool_choice": req.tool_choice if req.tool_choice is not None else "auto",
         "tools": [tool.model_dump(exclude_none=True) for tool in tools],
         "top_p": req.top_p,
-        "truncation": "disabled",
+        "truncation": req.truncation or "disabled",
         "usage": None,
         "user": req.user,
         "metadata": req.metadata or {},
