@@ -148,8 +148,13 @@ def test_a_piped_chat_past_its_context_compacts_and_resume_goes_on_from_the_summ
     assert 0 < compaction.turns < len(messages) and messages[compaction.turns].role == "user"
     assert compaction.through == messages[compaction.turns - 1].id
 
-    shown = run_cli("history", "show", "--json", "1")
-    assert len(json.loads(shown.stdout)["messages"]) == len(messages)  # export has every turn
+    data = json.loads(run_cli("history", "show", "--json", "1").stdout)  # every turn, those summarised marked
+    assert [m.get("compacted", False) for m in data["messages"]] == [
+        n < compaction.turns for n in range(len(messages))
+    ]
+    assert data["summary"]["text"] == compaction.summary and data["summary"]["messages"] == compaction.turns
+    shown = run_cli("history", "show", "1").stdout.decode()
+    assert shown.count("(compacted)") == compaction.turns and "summary of the" in shown
 
     # run -c: one more turn, from the summary and the turns after it (the whole conversation would not fit)
     more = run_cli("run", "-c", "And the next number?", *SMALL, "--json", timeout=200)
@@ -160,6 +165,41 @@ def test_a_piped_chat_past_its_context_compacts_and_resume_goes_on_from_the_summ
     sent = answer["usage"]["prompt_tokens"]
     assert sent + 40 <= 512, answer  # it fitted with the summary, no turn dropped
     assert again is not None and again.turns >= compaction.turns
+
+
+@pytest.mark.model
+def test_compact_on_demand_summarises_all_but_the_recent_turns_and_stores_it(smollm2_path: Path) -> None:
+    """/compact: the turns before the last exchange (--compact-keep 30 keeps no more) summarised,
+    the summary stored; a second /compact finds nothing older to summarise."""
+    from runner.commands.session import ChatRequest, Session
+    from runner.loader import open_model
+    from runner.settings import DEFAULTS
+
+    store = Store.open()
+    try:
+        c = store.new_conversation(str(smollm2_path), None)
+        for city in ("Paris", "Rome", "Oslo", "Lima"):
+            store.add_message(c, StoredMessage("user", f"My next trip is to {city}. Remember it, please."))
+            store.add_message(c, StoredMessage("assistant", f"Noted: your next trip is to {city}."))
+        stored = store.load(c)
+        assert stored is not None
+        settings = replace(DEFAULTS, ctx=512)
+        request = ChatRequest(settings=settings, prompt_cache=False, compact=CompactSettings(keep=30))
+        loaded = open_model(str(smollm2_path), settings)
+        try:
+            session = Session(loaded, request, store, out=io.StringIO(), interactive=True)
+            session.adopt(stored, stored_here=True)
+            session.compact()
+            assert session.compaction is not None and session.compaction.turns == 6
+            with pytest.raises(UsageError, match="nothing to compact"):
+                session.compact()
+        finally:
+            loaded.close()
+        kept = latest_compaction(store, c)
+        assert kept is not None and kept.turns == 6 and kept.summary == session.compaction.summary
+        assert kept.stats is not None and kept.stats["completion_tokens"] > 0
+    finally:
+        store.close()
 
 
 @pytest.mark.model
@@ -242,3 +282,67 @@ def test_sigterm_during_a_compaction_changes_nothing(endless: Path) -> None:
     assert [(m.id, m.role, m.content) for m in after.messages] == [
         (m.id, m.role, m.content) for m in before.messages
     ]
+
+
+# -- runner serve: the Responses API's truncation "auto" ----------------------------------------------
+
+
+@pytest.mark.fast
+def test_truncation_drops_whole_turns_from_the_beginning_and_keeps_the_instructions() -> None:
+    from runner.serve.responses.input import input_items
+    from runner.serve.responses.truncation import without_oldest_turn
+
+    call = {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"}
+    output = {"type": "function_call_output", "call_id": "c1", "output": "42"}
+    items = input_items(
+        [
+            {"role": "developer", "content": "Be brief."},
+            {"role": "user", "content": "one"},
+            call,
+            output,
+            {"role": "assistant", "content": "it is 42"},
+            {"role": "user", "content": "two"},
+            {"role": "assistant", "content": "2"},
+            {"role": "user", "content": "three"},
+        ]
+    )
+
+    def shown(kept: list | None) -> list[str]:
+        assert kept is not None
+        return [getattr(i, "role", None) or i.type for i in kept]
+
+    once = without_oldest_turn(items)
+    assert shown(once) == ["developer", "user", "assistant", "user"]  # the call and its output went too
+    assert shown(without_oldest_turn(once)) == ["developer", "user"]
+    assert without_oldest_turn(without_oldest_turn(once)) is None  # the last user message stays
+
+
+@pytest.mark.timeout(300)
+def test_responses_truncation_auto_drops_the_oldest_turns_of_a_stored_chain(
+    smollm2_path: Path, tmp_path: Path
+) -> None:
+    import openai
+
+    from tests.serving import serving
+
+    long = " ".join(f"word{i}" for i in range(120))  # ~300 tokens: two do not fit a 512-token context
+    with serving(["smollm2", "--ctx", "512", "--threads", "2"], tmp_path / "stderr") as server:
+        client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+        first = client.responses.create(model="smollm2", input=f"Remember: {long}", max_output_tokens=8)
+        asked = dict(model="smollm2", previous_response_id=first.id, max_output_tokens=8)
+        with pytest.raises(openai.BadRequestError) as refused:
+            client.responses.create(input=f"And: {long}", **asked)  # truncation "disabled", the default
+        assert refused.value.code == "context_length_exceeded" and refused.value.param == "input"
+        second = client.responses.create(input=f"And: {long}", truncation="auto", **asked)
+        assert second.truncation == "auto" and second.output_text  # answered (to its max_output_tokens)
+        assert second.usage is not None and second.usage.input_tokens < 512
+        third = client.responses.create(
+            model="smollm2",
+            input="Hi",
+            previous_response_id=second.id,
+            truncation="auto",
+            max_output_tokens=8,
+        )
+        assert third.output_text and third.usage is not None
+        with pytest.raises(openai.BadRequestError):  # the last message alone does not fit: still a 400
+            client.responses.create(model="smollm2", input="x " * 600, truncation="auto", max_output_tokens=8)

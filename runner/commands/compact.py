@@ -26,8 +26,9 @@ from typing import TYPE_CHECKING, Any
 from runner import ui
 from runner.commands.agent import template_message
 from runner.engine.answer import FINISH_INTERRUPTED
-from runner.engine.conversation import Fitted, fit
+from runner.engine.conversation import Fitted, answer_room, fit
 from runner.engine.prompt import render_prompt
+from runner.engine.promptcache import text_head
 from runner.engine.request import Request
 from runner.engine.text.template import Message
 from runner.errors import UsageError
@@ -53,6 +54,7 @@ SUMMARY_PROMPT = (
 SUMMARY_HEAD = "Summary of the conversation so far (its earlier turns are no longer shown):"
 SUMMARY_TOKENS = 1024  # a summary's length at most, and an eighth of the context at most
 KEEP_SHARE = 4  # the recent turns kept verbatim: a quarter of the context unless --compact-keep says
+AHEAD_SHARE = 8  # after an answer, compact where the next turn would have less than this share to spare
 MESSAGE_SHARE = 4  # one message in the text to summarise: a quarter of what a summarising prompt holds
 CHARS_PER_TOKEN = 4  # where a message is cut to fit, before it is tokenized
 
@@ -148,6 +150,41 @@ def _automatic(session: Session, tool_loop: bool) -> bool:
     to a dropped exchange) unless compaction is off."""
     mode = _mode(session)
     return mode == "auto" or (tool_loop and mode != "off")
+
+
+def ahead(session: Session) -> None:
+    """After an answer, where compaction happens by itself: when the next turn would come within an
+    AHEAD_SHARE of the context of not fitting, compact now, and evaluate what the next prompt begins
+    with (the summary and the recent turns) into the KV cache, so that the next turn's TTFT is what
+    it was before: its message alone is evaluated then."""
+    if _mode(session) != "auto" or not session.turns:
+        return
+    engine = session.loaded.engine
+    n_ctx = engine.context.n_ctx
+    upcoming = fitted(session, [*session.turns, StoredMessage("user", "\x00")])
+    room = answer_room(n_ctx, session.max_tokens) + n_ctx // AHEAD_SHARE
+    if upcoming.first == session.first and len(upcoming.prompt.tokens) + room <= n_ctx:
+        return
+    if not compact(session, session.turns, why="the context is nearly full"):
+        return
+    warm(session)
+
+
+def warm(session: Session) -> None:
+    """Evaluate the head every next prompt shares (up to the next user message's text, its images
+    apart) into the KV cache: a prompt evaluated, nothing generated (max_tokens 0)."""
+    turns = session.turns
+    one, other = (fitted(session, [*turns, StoredMessage("user", c)]).prompt for c in ("\x00", "\x01"))
+    head = next(
+        (i for i, (a, b) in enumerate(zip(one.tokens, other.tokens, strict=False)) if a != b), len(one.tokens)
+    )
+    head = min(head, text_head(one.tokens))
+    if head == 0:
+        return
+    prompt = replace(one, tokens=one.tokens[:head], media=None)
+    result = session.loaded.engine.answer(Request(prompt, session.sampling, max_tokens=0))
+    if result.finish_reason == FINISH_INTERRUPTED:
+        raise KeyboardInterrupt
 
 
 def on_demand(session: Session) -> None:

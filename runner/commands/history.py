@@ -9,7 +9,16 @@ from typing import Any, TextIO
 
 from runner import ui
 from runner.errors import UsageError
-from runner.store import ORIGIN_SERVE, Store, StoredConversation, StoredResponse, StoreError, saving_disabled
+from runner.store import (
+    ORIGIN_SERVE,
+    Compaction,
+    Store,
+    StoredConversation,
+    StoredResponse,
+    StoreError,
+    latest_compaction,
+    saving_disabled,
+)
 from runner.store.file import iso_time, to_json, transcript
 
 COLUMNS = ("ID", "FROM", "MODEL", "TURNS", "UPDATED", "FIRST WORDS")
@@ -87,16 +96,16 @@ def show_conversation(conversation: int | str, *, out: TextIO, as_json: bool = F
         if isinstance(conversation, str):
             response = _response(store, conversation)
         else:
-            found = _conversation(store, conversation)
+            found, summary = _conversation(store, conversation), latest_compaction(store, conversation)
     finally:
         store.close()
     if isinstance(conversation, str):
         text = json.dumps(_response_json(response), ensure_ascii=False, indent=2) + "\n" if as_json else None
         out.write(text or response_transcript(response))
     elif as_json:
-        out.write(json.dumps(_json(found), ensure_ascii=False, indent=2) + "\n")
+        out.write(json.dumps(_json(found, summary), ensure_ascii=False, indent=2) + "\n")
     else:
-        out.write(transcript(found))
+        out.write(transcript(found, summary))
 
 
 def remove_conversation(conversation: int | str) -> None:
@@ -124,21 +133,21 @@ def export_conversations(*, out: TextIO, as_json: bool = False) -> None:
     try:
         found = [store.load(s.id) for s in reversed(store.summaries()) if isinstance(s.id, int)]
         served = [store.load_response(str(s.id)) for s in reversed(store.response_summaries())]
+        conversations = [(c, latest_compaction(store, c.id)) for c in found if c is not None]
     finally:
         store.close()
-    conversations = [c for c in found if c is not None]
     responses = [r for r in served if r is not None]
     if as_json:
-        kept = [_json(c) for c in conversations] + [_response_json(r) for r in responses]
+        kept = [_json(*c) for c in conversations] + [_response_json(r) for r in responses]
         out.write(json.dumps(kept, ensure_ascii=False, indent=2) + "\n")
     else:
         out.write(
-            "\n".join([transcript(c) for c in conversations] + [response_transcript(r) for r in responses])
+            "\n".join([transcript(*c) for c in conversations] + [response_transcript(r) for r in responses])
         )
 
 
-def _json(conversation: StoredConversation) -> dict[str, Any]:
-    data = to_json(conversation)
+def _json(conversation: StoredConversation, summary: Compaction | None = None) -> dict[str, Any]:
+    data = to_json(conversation, summary)
     data["created"], data["updated"] = iso_time(conversation.created), iso_time(conversation.updated)
     return data
 

@@ -308,6 +308,7 @@ class Session:
             self.turns.append(user)
             self._persist(user)  # committed before the answer starts
             self._answer(fitted)
+            compact.ahead(self)  # the next turn would not fit: compacted now, while the answer is read
 
     def _answer(self, fitted: Fitted) -> None:
         if self.answers and not self.interactive and not self.quiet:

@@ -11,15 +11,16 @@ from typing import Any
 
 from runner.errors import UsageError
 from runner.images import ImageRef
-from runner.store import StoredConversation, StoredMessage
+from runner.store import Compaction, StoredConversation, StoredMessage
 from runner.store.conversations import tool_step
 
 FORMAT = "runner-conversation"
 
 
-def to_json(conversation: StoredConversation) -> dict[str, Any]:
-    """A conversation as a file holds it (/save, --load, history show --json, history export --json)."""
-    return {
+def to_json(conversation: StoredConversation, compaction: Compaction | None = None) -> dict[str, Any]:
+    """A conversation as a file holds it (/save, --load, history show --json, history export --json);
+    with its latest summary, if it has one: each message it stands for marked "compacted"."""
+    data: dict[str, Any] = {
         "format": FORMAT,
         "version": 1,
         "id": conversation.id,
@@ -30,19 +31,31 @@ def to_json(conversation: StoredConversation) -> dict[str, Any]:
         "settings": conversation.settings,
         "messages": [m.to_json() for m in conversation.messages],
     } | ({"title": conversation.title} if conversation.title else {})
+    if compaction is not None:
+        for message in data["messages"][: compaction.turns]:
+            message["compacted"] = True
+        data["summary"] = {
+            "text": compaction.summary,
+            "messages": compaction.turns,
+            "model": compaction.model,
+        }
+    return data
 
 
-def transcript(conversation: StoredConversation) -> str:
-    """The conversation as text; where more than one model answered it, each answer names its own."""
+def transcript(conversation: StoredConversation, compaction: Compaction | None = None) -> str:
+    """The conversation as text; where more than one model answered it, each answer names its own;
+    the messages a summary stands for marked compacted, the summary after them."""
     when = iso_time(conversation.updated)
     lines = [f"# conversation {conversation.id} · {conversation.model} · {when}", ""]
     if conversation.system:
         lines += [f"system: {conversation.system}", ""]
     models = {m.model or conversation.model for m in conversation.messages if m.role == "assistant"}
     named = len(models | {conversation.model}) > 1
-    for m in conversation.messages:
+    compacted = compaction.turns if compaction is not None else 0
+    for n, m in enumerate(conversation.messages):
         notes = [m.model or conversation.model] if named and m.role == "assistant" else []
         notes += ["interrupted"] if m.interrupted else []
+        notes += ["compacted"] if n < compacted else []
         mark = f" ({', '.join(notes)})" if notes else ""
         images = "".join(f"[image {i.path}] " for i in m.images)  # the path: history shows it whole
         role = f"tool {m.tool}" if m.role == "tool" and m.tool else m.role
@@ -50,6 +63,11 @@ def transcript(conversation: StoredConversation) -> str:
         for call in m.tool_calls:
             lines.append(f"  call {call['name']} {json.dumps(call['arguments'], ensure_ascii=False)}")
         lines.append("")
+        if compaction is not None and n == compacted - 1:
+            lines += [
+                f"summary of the {compacted} messages above (what the model is sent): {compaction.summary}",
+                "",
+            ]
     return "\n".join(lines)
 
 
