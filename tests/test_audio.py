@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+import re
 import struct
 import subprocess
 import time
@@ -496,3 +497,18 @@ def test_turn_5_re_sending_a_clip_evaluates_only_its_new_text(
             assert kept >= window, (n, t)  # the clip is kept: only the new turn's text is evaluated
             assert t.prefill_tokens < 40, (n, t)
         turns += [Message("assistant", result.text), Message("user", f"And now, part {n + 2}?")]
+
+
+@pytest.mark.parametrize("flash", ["on", "off"])
+def test_the_encoder_compute_buffer_is_planned_within_5_percent(files: dict[str, Path], flash: str) -> None:
+    """runner.memory.audio_projector's window buffer against what libmtmd's log says it reserved."""
+    from runner.memory.audio_projector import window_compute_bytes
+
+    done = run_cli("run", "smollm2", "Hi", "--audio", str(files["a.wav"]), "--mmproj", str(files["ultravox"]),
+                   "--max-tokens", "1", "--debug", "--flash-attn", flash, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    found = re.findall(rb"reserve_compute_meta: +CPU compute buffer size = +([\d.]+) MiB", done.stderr)
+    assert found, done.stderr[-2000:]
+    info = _check(files["ultravox"])
+    planned = window_compute_bytes(info, flash_attn=flash == "on")
+    assert abs(planned - float(found[-1]) * 2**20) <= 0.05 * planned, (planned, found)

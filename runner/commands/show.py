@@ -131,7 +131,11 @@ def _lines(s: dict[str, Any], model: str) -> list[tuple[str, str]]:
         ("license", s["license"] or "not stated"),
         ("size", _size(s)),
         ("chat template", template),
-        *([("vision", _vision_line(s["vision"]))] if s["vision"] else []),
+        *(
+            [("audio" if s["vision"]["image_size"] == 0 else "vision", _vision_line(s["vision"]))]
+            if s["vision"]
+            else []
+        ),
         ("file", s["file"]),
     ]
 

@@ -94,7 +94,10 @@ class ProjectorMemory:
 
 
 def per_image(image_tokens: int, image_size: int, tiles: int, sized: bool) -> str:
-    """ProjectorMemory.per_image from its numbers (show --json carries them)."""
+    """ProjectorMemory.per_image from its numbers (show --json carries them); an audio projector's
+    (image_size 0, runner.memory.audio_projector): what a 30-second window and a minute cost."""
+    if image_size == 0:
+        return f"{image_tokens:,} audio tokens every 30 s of audio, {2 * image_tokens:,} a minute"
     side = f"{image_size} x {image_size} px"
     if sized:
         return f"up to {image_tokens:,} image tokens an image (sized as it comes, up to {side})"
