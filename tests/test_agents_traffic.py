@@ -97,6 +97,35 @@ def test_claude_codes_request_is_answered_and_its_tool_call_comes_back(
 
 
 @pytest.mark.fast
+def test_a_picture_claude_code_read_goes_to_the_model_as_a_note(http: TestClient, backend: StandIn) -> None:
+    """A tool_result holding an image (Claude Code's Read of a PNG) or a document is named in the
+    tool message's text, not a 400 that would end the session."""
+    picture = {
+        "type": "image",
+        "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="},
+    }
+    read = {"type": "tool_use", "id": "toolu_1", "name": "Read", "input": {"file_path": "/tmp/a.png"}}
+    result = {
+        "type": "tool_result",
+        "tool_use_id": "toolu_1",
+        "content": [{"type": "text", "text": "a.png"}, picture],
+    }
+    messages = [
+        {"role": "user", "content": "What is in a.png?"},
+        {"role": "assistant", "content": [read]},
+        {"role": "user", "content": [result]},
+    ]
+    tools = [{"name": "Read", "input_schema": {"type": "object"}}]
+    got = http.post(
+        "/v1/messages", json={"model": "smollm2", "max_tokens": 5, "messages": messages, "tools": tools}
+    )
+    assert got.status_code == 200, got.text
+    tool_turn = backend.asks[-1].messages[-1]
+    assert tool_turn["role"] == "tool"
+    assert tool_turn["content"] == "a.png\n[the tool returned image content, not shown to the model]"
+
+
+@pytest.mark.fast
 def test_codexs_request_is_answered_its_hosted_tools_left_out(
     http: TestClient, backend: StandIn, capsys: pytest.CaptureFixture[str]
 ) -> None:

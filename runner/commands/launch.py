@@ -120,7 +120,8 @@ def plan_launch(agent: Agent, request: LaunchRequest) -> Planned:
         ctx = max(need, min(trained or need, LAUNCH_CTX_CAP))
     elif ctx < need:
         raise UsageError(f"--ctx {ctx:,} is too small: {said} and needs {need:,}: give --ctx {need}")
-    settings = replace(DEFAULTS, ctx=ctx, parallel=request.parallel, offline=request.offline)
+    planning = loader.serve_planning(request.parallel)  # the plan runner serve will make
+    settings = replace(DEFAULTS, ctx=ctx, offline=request.offline, **planning)
     plan, _ = loader.choose_plan(header, loader.machine(), settings, path=path)
     if plan.fits:
         return Planned(model, served_as, ctx)

@@ -52,7 +52,22 @@ class ToolResultBlock(Loose):
     @field_validator("content")
     @classmethod
     def _content(cls, value: Any) -> str:
+        """Its text; an image or a document the tool returned (Claude Code's Read of a picture or a
+        PDF) is named in the text, not a 400 for the whole conversation: results reach the model as text."""
+        if isinstance(value, list):
+            value = [_said(block) if _kind(block) in RESULT_MEDIA else block for block in value]
         return "" if value is None else text_of(value)
+
+
+RESULT_MEDIA = ("image", "document")
+
+
+def _kind(block: Any) -> Any:
+    return block.get("type") if isinstance(block, dict) else None
+
+
+def _said(block: dict[str, Any]) -> dict[str, str]:
+    return {"type": "text", "text": f"[the tool returned {block['type']} content, not shown to the model]"}
 
 
 class ThinkingBlock(Loose):
