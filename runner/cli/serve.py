@@ -10,9 +10,11 @@ import typer
 from runner.cli import options as o
 from runner.cli.app import app, edge
 from runner.cli.generate import SAMPLING_FLAGS
+from runner.cli.tool_options import TOOLS, MaxToolSteps, Mcp, ToolTimeout
 
 if TYPE_CHECKING:
     from runner.commands.serve import ServeRequest
+    from runner.tools.loop import ToolSettings
 
 SERVER = "Server"
 Models = Annotated[
@@ -151,6 +153,17 @@ MaxImages = Annotated[
         show_default=False,
     ),
 ]
+ServeAllowTools = Annotated[
+    Optional[list[str]],
+    typer.Option(
+        "--allow-tools",
+        metavar="NAMES",
+        help="With --mcp: tools the chat page's turns run without asking: names, or SERVER:* "
+        "(comma-separated, repeatable)",
+        rich_help_panel=TOOLS,
+        show_default=False,
+    ),
+]
 
 
 @app.command()
@@ -172,6 +185,10 @@ def serve(
     max_images: MaxImages = None,
     no_metrics: NoMetrics = False,
     no_webui: NoWebui = False,
+    mcp: Mcp = None,
+    allow_tools: ServeAllowTools = None,
+    max_tool_steps: MaxToolSteps = 10,
+    tool_timeout: ToolTimeout = 60.0,
     ctx: o.Ctx = None,
     threads: o.Threads = None,
     gpu_layers: o.GpuLayers = None,
@@ -197,6 +214,8 @@ def serve(
     With MODELS, those are loaded now. Without, every model cached here is served, each loaded
     on its first request, within the memory the plan sees (or --memory).
     The sampling flags are each request's defaults; a request's own fields win.
+    With --mcp, the chat page's turns may call the servers' tools, each call asked in the page first
+    (the APIs' tools stay their clients').
 
     \b
     Examples:
@@ -204,6 +223,7 @@ def serve(
       runner serve smollm2 --parallel 8 --port 11434
       runner serve smollm2 --spec none              # no speculative decoding (ngram by default)
       runner serve MODEL --mmproj mmproj.gguf       # its requests may carry images
+      runner serve MODEL --mcp mcp.json             # the chat page's turns may call these tools
       OLLAMA_HOST=127.0.0.1:11434 ollama run smollm2  # Ollama's clients, pointed at runner
     """
     from runner.commands.serve import serve as run_serve
@@ -246,7 +266,29 @@ def _request(given: dict[str, Any]) -> ServeRequest:
         sampling={name: given[name] for name in SAMPLING_FLAGS},
         metrics=not given["no_metrics"],
         webui=not given["no_webui"],
+        tools=_tools(given),
         **{name: given[name] for name in AS_GIVEN},
+    )
+
+
+def _tools(given: dict[str, Any]) -> ToolSettings | None:
+    """--mcp and its flags, for the chat page's turns (None: no --mcp, no MCP server starts)."""
+    if not given["mcp"]:
+        if given["allow_tools"]:
+            from runner.errors import UsageError
+
+            raise UsageError("--allow-tools goes with --mcp FILE (the tools the chat page's turns may call)")
+        return None
+    from runner.tools.loop import ToolSettings
+
+    allow = tuple(
+        name.strip() for item in given["allow_tools"] or () for name in item.split(",") if name.strip()
+    )
+    return ToolSettings(
+        configs=tuple(given["mcp"]),
+        allow=allow,
+        max_steps=given["max_tool_steps"],
+        timeout_s=given["tool_timeout"],
     )
 
 

@@ -32,12 +32,15 @@ from runner.projector import pulled_with
 from runner.settings import DEFAULTS, LoadSettings
 
 if TYPE_CHECKING:
+    from runner.commands.agent import Servers
     from runner.engine.text.sampling import SamplingConfig
     from runner.gguf import GGUFHeader
     from runner.memory.plan import Plan
     from runner.serve.backend import ModelInfo
     from runner.serve.engine_backend import Served
     from runner.serve.pool import EngineBackend, Offer, Pool
+    from runner.serve.webui.tools import PageTools
+    from runner.tools.loop import ToolSettings
 
 DEFAULT_PORT = 8080  # llama-server's; Ollama's 11434 is for OLLAMA_HOST=127.0.0.1:PORT users to pick
 DEFAULT_QUEUE = 64
@@ -68,6 +71,7 @@ class ServeRequest:
     rpc: str | None = None  # --rpc: the models' layers across these workers (docs/rpc.md)
     metrics: bool = True  # GET /metrics (Prometheus), and everything counted for it; --no-metrics: neither
     webui: bool = True  # the chat page on GET / and its conversation API (/runner/v1); --no-webui: neither
+    tools: ToolSettings | None = None  # --mcp and its flags: tools for the chat page's turns (None: none)
 
 
 def serve(request: ServeRequest) -> None:
@@ -107,6 +111,7 @@ def serve(request: ServeRequest) -> None:
         raise UsageError(f"--models: {Path(request.models_dir).expanduser()} is not a folder")
     budget = _budget(memory)
     metrics = Metrics() if request.metrics else None
+    servers = _servers(request)  # their start goes on beside the models' load
     pool = Pool([], queue=request.queue, budget=budget, keep_alive=keep_alive, metrics=metrics)
     try:
         for name in request.models:  # named: loaded now, served while the server runs
@@ -124,9 +129,38 @@ def serve(request: ServeRequest) -> None:
             pool.offers[loaded.name] = _offer(request, loaded.name, loaded)
             pool.preload(_served(loaded, request), _needs(loaded.plan, loaded.header))
             pool.scan = _scanner(request, dict(pool.offers))
-        _run(request, EngineBackend(pool), key, behind_front=bool(inner))
+        tools = _page_tools(request, servers)
+        _run(request, EngineBackend(pool), key, behind_front=bool(inner), tools=tools)
     finally:
         pool.close()
+        if servers is not None:
+            servers.close()
+
+
+def _servers(request: ServeRequest) -> Servers | None:
+    """--mcp's servers, started before the models load (a config that cannot be read is refused now)."""
+    if request.tools is None:
+        return None
+    from runner.commands.agent import Servers
+
+    request.tools.check()
+    if not request.webui:
+        raise UsageError("--mcp gives tools to the chat page's turns: it goes without --no-webui")
+    return Servers(request.tools, default=True)
+
+
+def _page_tools(request: ServeRequest, servers: Servers | None) -> PageTools | None:
+    """The started servers' tools, for the page (each server that failed said in one line)."""
+    if servers is None or request.tools is None:
+        return None
+    from runner.serve.webui.tools import PageTools
+
+    host = servers.ready()
+    if host is None:
+        return None
+    names = ", ".join(f"{s.name} ({len(s.tools)} tools)" for s in host.servers() if s.state == "ready")
+    ui.info(f"tools for the chat page's turns, each call asked in the page: {names or 'no server ready'}")
+    return PageTools(host, request.tools)
 
 
 def _within_memory(
@@ -164,7 +198,13 @@ def _scanner(request: ServeRequest, named: dict[str, Offer]) -> Callable[[], lis
     return scan
 
 
-def _run(request: ServeRequest, backend: EngineBackend, key: str | None, behind_front: bool = False) -> None:
+def _run(
+    request: ServeRequest,
+    backend: EngineBackend,
+    key: str | None,
+    behind_front: bool = False,
+    tools: PageTools | None = None,
+) -> None:
     import uvicorn
 
     from runner.serve.app import MAX_BODY, create_app
@@ -185,7 +225,10 @@ def _run(request: ServeRequest, backend: EngineBackend, key: str | None, behind_
         store=store,
         metrics=backend.pool.metrics,
         webui=chats,
+        page_tools=tools if chats is not None else None,
     )
+    if tools is not None and chats is None:
+        ui.warn("--mcp: the chat page is off, so no turn calls the tools")
     config = uvicorn.Config(
         app,
         host=request.host,
@@ -196,7 +239,7 @@ def _run(request: ServeRequest, backend: EngineBackend, key: str | None, behind_
         timeout_graceful_shutdown=5,
         server_header=False,
     )
-    server = _Server(config, backend)
+    server = _Server(config, backend, tools)
     host = f"[{request.host}]" if ":" in request.host else request.host
     for name in backend.loaded():
         ui.info(_started(backend, name))
@@ -430,15 +473,18 @@ def cache_ram_limit(given: str | None) -> int:
     return min(DEFAULT_CACHE_RAM, psutil.virtual_memory().available // 8)
 
 
-def _Server(config: Any, backend: EngineBackend) -> Any:
+def _Server(config: Any, backend: EngineBackend, tools: PageTools | None = None) -> Any:
     """uvicorn's Server with runner's signals (runner.serve.uvserver): the first ends every answer in
-    flight and stops accepting, a second Ctrl-C exits at once."""
+    flight (and every tool call the page's turns wait for or run) and stops accepting, a second
+    Ctrl-C exits at once."""
     from runner.serve.uvserver import make_server
 
     def stop(server: Any) -> None:
         if not server.should_exit:
             ui.info("stopping: the answers in progress end now")
         backend.stop()
+        if tools is not None:
+            tools.stop()
 
     return make_server(config, stop)
 

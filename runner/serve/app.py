@@ -12,6 +12,7 @@ import hmac
 import sys
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -30,6 +31,9 @@ from runner.serve.shared.http import PROBE, TRAFFIC, ApiError, Traffic, as_api_e
 from runner.serve.webui.conversations import Conversations
 from runner.serve.webui.site import WebUI, open_path
 
+if TYPE_CHECKING:
+    from runner.serve.webui.tools import PageTools
+
 MAX_BODY = 4 << 20  # a request's body: room for a long conversation, not for a flood
 
 
@@ -43,14 +47,16 @@ def create_app(
     store: ResponseStore | None = None,
     metrics: Metrics | None = None,
     webui: Conversations | None = None,
+    page_tools: PageTools | None = None,
 ) -> Starlette:
     """The server's ASGI app. api_key: required on every request but GET / and GET /health. cors: the
     one origin browsers may call from ("*": any); None, the default, sends no CORS headers at all.
     log: where the access lines go (stderr by default). store: where /v1/responses keeps responses
     (None: it keeps none). metrics: the registry GET /metrics shows, every request counted in it
     (None: no /metrics, nothing counted). webui: the store the chat page keeps conversations in (None:
-    no page; GET / answers as Ollama's clients expect either way, the page to a browser)."""
-    page = WebUI(backend, webui, max_body) if webui is not None else None
+    no page; GET / answers as Ollama's clients expect either way, the page to a browser). page_tools:
+    the MCP servers' tools the page's turns may call (runner serve --mcp), each call asked in the page."""
+    page = WebUI(backend, webui, max_body, page_tools) if webui is not None else None
 
     async def root(request: Request) -> Response:
         if page is not None and page.wanted(request):

@@ -81,3 +81,13 @@ class Change(BaseModel):
     system: Optional[StrictStr] = None
     settings: Optional[Settings] = None
     model: Optional[StrictStr] = None
+
+
+class Approval(BaseModel):
+    """POST /runner/v1/conversations/ID/approve: the page's answer to the tool call waiting there
+    (the `id` of its approval event): allow it, deny it, or always allow this tool in this chat."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: StrictStr = Field(max_length=64)
+    decision: Literal["allow", "deny", "always"]

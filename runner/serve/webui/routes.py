@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import AsyncGenerator
-from typing import Any
+from collections.abc import AsyncGenerator, Sequence
+from typing import TYPE_CHECKING, Any
 
 from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse, Response
@@ -26,10 +26,14 @@ from runner.serve.shared.answers import EventStream, submit
 from runner.serve.shared.body import read_json, resolve_model
 from runner.serve.shared.http import ApiError, ErrorShape, Traffic, guarded, json_line, traffic
 from runner.serve.webui.conversations import Conversations, as_json
-from runner.serve.webui.protocol import Change, Settings, TurnBody
+from runner.serve.webui.protocol import Approval, Change, Settings, TurnBody
+from runner.serve.webui.tools import ToolTurn
 from runner.serve.webui.turns import Turn, ask_messages, keep_image, read_images
 from runner.store import StoredConversation, StoredMessage
 from runner.store.file import to_json, transcript
+
+if TYPE_CHECKING:
+    from runner.serve.webui.tools import PageTools
 
 PREFIX = "/runner/v1"
 IMAGE_FOLDERS = ("page-images", "tool-images")  # of runner's data folder: the page's, a tool's (chat)
@@ -46,10 +50,13 @@ SHAPE = ErrorShape("runner", (PREFIX + "/",), _body, lambda err: json_line({"typ
 class Page:
     """The conversation API over one store and one backend; the turns in progress, by conversation."""
 
-    def __init__(self, backend: Backend, store: Conversations, max_body: int) -> None:
+    def __init__(
+        self, backend: Backend, store: Conversations, max_body: int, tools: PageTools | None = None
+    ) -> None:
         self.backend = backend
         self.store = store
         self.max_body = max_body
+        self.tools = tools  # runner serve --mcp: the page's turns may call them, each call asked first
         self.turns: dict[int, Turn] = {}
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -143,6 +150,21 @@ class Page:
             turn.stop()
         return JSONResponse({"stopped": turn is not None})
 
+    async def approve(self, request: Request) -> Response:
+        """The page's answer to the tool call waiting in a conversation's turn (its approval event)."""
+        _json_only(request)
+        number = _number(request)
+        body = Approval.model_validate(await read_json(request, self.max_body))
+        turn = self.turns.get(number)
+        question = turn.question if isinstance(turn, ToolTurn) else None
+        if question is None or question.id != body.id:
+            raise ApiError(
+                409, f"no tool call {body.id!r} waits for an answer in conversation {number}", param="id"
+            )
+        if not question.answer_with(body.decision):
+            raise ApiError(409, f"tool call {body.id!r} was answered already", param="id")
+        return JSONResponse({"ok": True})
+
     async def live(self, request: Request) -> Response:
         """The turn in progress on a conversation, followed from its first event (a page opened again)."""
         turn = self.turns.get(_number(request))
@@ -199,23 +221,47 @@ class Page:
             if new:
                 found.settings = (body.settings or Settings()).stored()
             keep, gone, user = _edited(found, body, images)
-            generation = await self._submit(found, keep, model, images)
+            pixels = await self._pixels(keep, model, images)
+            first = (
+                self.tools.settings.api_choice(0, [t["function"]["name"] for t in self.tools.defs()])
+                if self.tools
+                else None
+            )
+            generation = await submit(self.backend, self._ask(found, keep, model, pixels, first), "content")
         except BaseException:
             held.release()
             raise
         reference = self._reference(model)
-        turn = Turn(
-            number, generation, held, self.store, reference, lambda s: _apply(s, found, gone, user, reference)
-        )
+
+        def asked(store: Any) -> int | None:
+            return _apply(store, found, gone, user, reference)
+
+        if self.tools is None:
+            turn = Turn(number, generation, held, self.store, reference, asked)
+        else:
+
+            async def again(turns: Sequence[StoredMessage], choice: str | dict[str, Any]) -> Generation:
+                return await submit(
+                    self.backend, self._ask(found, list(turns), model, pixels, choice), "content"
+                )
+
+            turn = ToolTurn(
+                number,
+                generation,
+                held,
+                self.store,
+                reference,
+                asked,
+                tools=self.tools,
+                sent=keep,
+                again=again,
+            )
         return turn, as_json(user) if user is not None else None
 
-    async def _submit(
-        self,
-        found: StoredConversation,
-        turns: list[StoredMessage],
-        model: str,
-        fresh: list[tuple[ImageRef, Image]],
-    ) -> Generation:
+    async def _pixels(
+        self, turns: list[StoredMessage], model: str, fresh: list[tuple[ImageRef, Image]]
+    ) -> dict[str, Image]:
+        """The images the model is sent: the turn's, and the latest the earlier turns carried."""
         info = self.backend.info(model)
         pixels = {ref.sha256: image for ref, image in fresh}
         if info.max_images > 0:
@@ -223,17 +269,31 @@ class Page:
                 read_images, turns, info.max_images - len(pixels), info.max_image_bytes
             )
             pixels = older | pixels
+        return pixels
+
+    def _ask(
+        self,
+        found: StoredConversation,
+        turns: list[StoredMessage],
+        model: str,
+        pixels: dict[str, Image],
+        choice: str | dict[str, Any] | None,
+    ) -> Ask:
+        """What the backend is asked: the conversation as it stands, its settings, and with --mcp the
+        tools (`choice`: the step's tool_choice; None or "none": no tools)."""
         settings = found.settings
         think = settings.get("think")
-        ask = Ask(
+        tools = self.tools.defs() if self.tools is not None and choice not in (None, "none") else []
+        return Ask(
             model=model,
             messages=ask_messages(found, turns, pixels),
             sampling={k: settings[k] for k in SAMPLING if isinstance(settings.get(k), (int, float))},
             max_tokens=settings["max_tokens"] if isinstance(settings.get("max_tokens"), int) else None,
             think=think if isinstance(think, (bool, str)) else None,
+            tools=tools or None,
+            tool_choice=choice if tools else None,
             stream=True,
         )
-        return await submit(self.backend, ask, "content")
 
     async def _run(self, turn: Turn) -> None:
         self.turns[turn.conversation] = turn
@@ -323,13 +383,20 @@ def _apply(
 
 
 async def _lines(turn: Turn, note: Traffic | None = None) -> AsyncGenerator[str, None]:
-    """A turn's events, a JSON object a line; the access line says what its answer made."""
-    async for event in turn.follow():
-        if event["type"] == "done" and note is not None:
-            outcome = turn.generation.outcome
-            note.prompt_tokens, note.completion_tokens = outcome.prompt_tokens, outcome.completion_tokens
-            note.ttft_s, note.finish = outcome.ttft_s, outcome.finish_reason
-        yield json_line(event) + "\n"
+    """A turn's events, a JSON object a line; the access line says what its answer made. The pages
+    following a turn are counted (a tool call's question goes unanswered when none is left)."""
+    if isinstance(turn, ToolTurn):
+        turn.followers += 1
+    try:
+        async for event in turn.follow():
+            if event["type"] == "done" and note is not None:
+                outcome = turn.generation.outcome
+                note.prompt_tokens, note.completion_tokens = outcome.prompt_tokens, outcome.completion_tokens
+                note.ttft_s, note.finish = outcome.ttft_s, outcome.finish_reason
+            yield json_line(event) + "\n"
+    finally:
+        if isinstance(turn, ToolTurn):
+            turn.followers -= 1
 
 
 def _number(request: Request) -> int:
@@ -346,8 +413,10 @@ def _json_only(request: Request) -> None:
         raise ApiError(415, "the body must be JSON (Content-Type: application/json)")
 
 
-def routes(backend: Backend, store: Conversations, max_body: int) -> list[Route]:
-    page = Page(backend, store, max_body)
+def routes(
+    backend: Backend, store: Conversations, max_body: int, tools: PageTools | None = None
+) -> list[Route]:
+    page = Page(backend, store, max_body, tools)
     one = PREFIX + "/conversations/{id}"
     return [
         Route(PREFIX + "/conversations", guarded(page.listing, SHAPE), methods=["GET"]),
@@ -357,6 +426,7 @@ def routes(backend: Backend, store: Conversations, max_body: int) -> list[Route]
         Route(one + "/export", guarded(page.export, SHAPE), methods=["GET"]),
         Route(one + "/stop", guarded(page.stop, SHAPE), methods=["POST"]),
         Route(one + "/live", guarded(page.live, SHAPE), methods=["GET"]),
+        Route(one + "/approve", guarded(page.approve, SHAPE), methods=["POST"]),
         Route(PREFIX + "/turns", guarded(page.turn, SHAPE), methods=["POST"]),
         Route(PREFIX + "/images/{sha}", guarded(page.image, SHAPE), methods=["GET"]),
     ]

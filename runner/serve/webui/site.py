@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -11,13 +13,18 @@ from runner.serve.webui import routes as api
 from runner.serve.webui.conversations import Conversations
 from runner.serve.webui.page import STATIC, Assets, wants_page
 
+if TYPE_CHECKING:
+    from runner.serve.webui.tools import PageTools
+
 
 class WebUI:
     """The page over one backend and one store (runner.serve.app.create_app's `webui`)."""
 
-    def __init__(self, backend: Backend, store: Conversations, max_body: int) -> None:
+    def __init__(
+        self, backend: Backend, store: Conversations, max_body: int, tools: PageTools | None = None
+    ) -> None:
         self.assets = Assets()
-        self._routes = api.routes(backend, store, max_body)
+        self._routes = api.routes(backend, store, max_body, tools)
 
     def wanted(self, request: Request) -> bool:
         return wants_page(request)
