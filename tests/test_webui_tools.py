@@ -231,6 +231,53 @@ def test_always_runs_the_tool_without_asking_again_in_this_chat(served: tuple[Se
     other.ended()
 
 
+def test_the_page_asks_and_a_click_allows_the_call(served: tuple[Server, Path]) -> None:
+    """In a real browser (as tests/test_webui_browser.py: Debian's chromium through Playwright): the
+    call shown with its arguments, asked again after a reload, nothing run until Allow is clicked,
+    then the answer; the steps shown once each."""
+    import os
+    import shutil
+
+    chromium = (
+        os.environ.get("RUNNER_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
+    )
+    how = "apt-get install chromium (Debian) and pip install playwright, or RUNNER_CHROMIUM=/path/to/chrome"
+    if chromium is None:
+        pytest.skip(f"no Chromium for the browser tests: {how}")
+    sync_api = pytest.importorskip(
+        "playwright.sync_api", reason=f"no Playwright for the browser tests: {how}"
+    )
+    server, work = served
+    (work / "made.touched").unlink(missing_ok=True)
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
+        try:
+            tab = browser.new_page()
+            problems: list[str] = []
+            tab.on("pageerror", lambda exc: problems.append(str(exc)))
+            tab.goto(server.url)
+            tab.wait_for_selector("body[data-ready=true]")
+            tab.fill("#input", "Make the file.")
+            tab.keyboard.press("Enter")
+            ask = tab.wait_for_selector("#log .msg.approval", timeout=60_000)
+            assert "calc:touch" in ask.inner_text() and '"made"' in ask.inner_text()
+            assert not (work / "made.touched").exists()
+            tab.reload()  # the question waits for the page that comes back
+            tab.wait_for_selector("body[data-ready=true]")
+            tab.wait_for_selector("#log .msg.approval", timeout=60_000)
+            artifacts = os.environ.get("RUNNER_TEST_ARTIFACTS")
+            if artifacts:  # what the question looks like, kept with the run
+                tab.screenshot(path=str(Path(artifacts) / "webui-tool-approval.png"))
+            tab.get_by_role("button", name="Allow", exact=True).click()
+            tab.wait_for_selector("#send:not([hidden])", timeout=60_000)
+            assert (work / "made.touched").exists()
+            shown = tab.locator("#log").inner_text()
+            assert ANSWER in shown and shown.count("result of touch") == 1  # the stored steps, once
+            assert not problems, problems
+        finally:
+            browser.close()
+
+
 def test_bad_tool_flags_are_refused_before_anything_loads(tmp_path: Path) -> None:
     config = tmp_path / "mcp.json"
     config.write_text(json.dumps({"mcpServers": {}}))

@@ -167,6 +167,7 @@
 
   function message(m, lastUser, last) {
     const box = el("article", "msg " + m.role);
+    if (m.id) box.dataset.id = m.id;
     if (m.interrupted) box.classList.add("interrupted");
     const who = el("div", "who", m.role === "tool" ? `tool ${m.tool || ""}` : m.role === "user" ? "you" : (m.model || "assistant"));
     box.append(who);
@@ -267,7 +268,42 @@
     await stream(`${API}/conversations/${id}/live`, { method: "GET" }, null);
   }
 
-  // Reads a turn's JSON lines: start, reasoning and answer pieces, done (the stored answer), end.
+  // A tool call waiting for the person's answer (runner serve --mcp): the call, and Allow / Deny /
+  // Always; every tab following the turn shows it, and the first answer wins.
+  function approval(event, conversation) {
+    const box = el("article", "msg approval");
+    box.dataset.ask = event.id;
+    box.tabIndex = -1;
+    box.append(el("div", "who", `tool call: ${event.server}:${event.tool}`));
+    box.append(el("p", null, `The model wants to run ${event.tool} (server ${event.server}) with:`));
+    box.append(el("pre", null, event.arguments));
+    const row = el("div", "row");
+    const answer = async (decision) => {
+      for (const b of row.querySelectorAll("button")) b.disabled = true;
+      try {
+        await json(`${API}/conversations/${conversation}/approve`, {
+          method: "POST", body: JSON.stringify({ id: event.id, decision }),
+        });
+      } catch (e) { say(e.message); }
+    };
+    row.append(button("Allow", () => answer("allow")), button("Deny", () => answer("deny")),
+      button(`Always allow ${event.tool} in this chat`, () => answer("always")));
+    box.append(row);
+    const minutes = Math.round(event.wait_s / 60);
+    box.append(el("div", "muted", `Nothing runs until you answer (at most ${minutes} min; Stop ends the turn).`));
+    return box;
+  }
+
+  function approved(event) {
+    const box = document.querySelector(`[data-ask="${CSS.escape(event.id)}"]`);
+    if (!box) return;
+    const said = { allowed: "allowed: it ran", denied: "denied: it did not run", always: "allowed, and always in this chat" };
+    const row = box.querySelector(".row");
+    if (row) row.replaceWith(el("p", "decision", said[event.decision] || `not run: ${event.why}`));
+  }
+
+  // Reads a turn's JSON lines: start, reasoning and answer pieces, done (the stored answer), end;
+  // with tools, each call's approval and answer, and each stored step (message) as it is made.
   async function stream(path, init, body) {
     const controller = new AbortController();
     state.streaming = { controller, conversation: state.id };
@@ -315,6 +351,19 @@
           } else if (event.type === "answer") text += event.text;
           else if (event.type === "reasoning") thought += event.text;
           else if (event.type === "error") say(event.message || (event.error && event.error.message));
+          else if (event.type === "approval") {
+            const ask = approval(event, state.streaming.conversation);
+            $("log").insertBefore(ask, box);
+            ask.focus();
+            ask.scrollIntoView({ block: "nearest" });
+          } else if (event.type === "approved") approved(event);
+          else if (event.type === "message") { // a step kept: shown as stored; the next answer starts fresh
+            const id = event.message.id;
+            if (!id || !$("log").querySelector(`[data-id="${id}"]`)) $("log").insertBefore(message(event.message, false, false), box);
+            text = "";
+            thought = "";
+            paint();
+          }
           if ((event.type === "answer" || event.type === "reasoning") && !pending) {
             pending = true;
             if (!painted) { painted = true; paint(); } // the first piece at once: no frame's wait
