@@ -67,10 +67,10 @@ def launch(
 
     \b
     Examples:
-      runner launch claude qwen2.5-coder:7b
-      runner launch codex qwen2.5-coder:7b --ctx 32768 -- exec "Add a test"
-      runner launch opencode qwen2.5-coder:7b -- run "Explain main.py"
-      runner launch claude qwen2.5-coder:7b --print   # the commands, to start them yourself
+      runner launch claude qwen3:8b
+      runner launch codex qwen3:8b --ctx 32768 -- exec "Add a test"
+      runner launch opencode qwen3:8b -- run "Explain main.py"
+      runner launch claude qwen3:8b --print   # the commands, to start them yourself
     """
     from runner.commands.launch import LaunchRequest
     from runner.commands.launch import launch as run_launch
