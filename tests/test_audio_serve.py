@@ -275,3 +275,24 @@ def test_the_model_lists_say_it_takes_audio(server: Server) -> None:
     assert model["meta"]["audio"] is True and model["meta"]["vision"] is False
     shown = http.post("/api/show", json={"model": "smollm2"}).json()
     assert "audio" in shown["capabilities"] and "vision" not in shown["capabilities"]
+
+
+def test_responses_take_an_input_audio_part_as_chat_does(server: Server, files: dict[str, Path]) -> None:
+    wav = files["a.wav"].read_bytes()
+    client = openai_client(server)
+    heard: Any = [audio_part(wav), {"type": "input_text", "text": "Transcribe this."}]
+    said = client.responses.create(
+        model="smollm2", temperature=0, max_output_tokens=TOKENS, store=False,
+        input=[{"role": "user", "content": heard}],
+    )  # fmt: skip
+    asked: Any = [audio_part(wav), {"type": "text", "text": "Transcribe this."}]
+    chat = client.chat.completions.create(
+        model="smollm2", temperature=0, max_tokens=TOKENS, messages=[{"role": "user", "content": asked}]
+    )
+    assert said.output_text and said.output_text == chat.choices[0].message.content
+    assert said.usage.input_tokens == chat.usage.prompt_tokens
+    with pytest.raises(openai.BadRequestError, match="MP3"):
+        client.responses.create(
+            model="smollm2", max_output_tokens=2,
+            input=[{"role": "user", "content": [audio_part(b"ID3\x04" + bytes(200), "mp3")]}],
+        )  # fmt: skip

@@ -25,6 +25,7 @@ from pydantic import (
     field_validator,
 )
 
+from runner.serve.shared.audio import input_audio
 from runner.serve.shared.fields import Loose
 from runner.serve.shared.http import ApiError, loc_param
 from runner.serve.shared.images import ImageRef, Part
@@ -38,7 +39,7 @@ from runner.serve.shared.translate import (
 )
 
 M = TypeVar("M", bound=BaseModel)
-UNSERVED_PARTS = ("input_file", "input_audio")  # a 400 naming them: the models read text and images
+UNSERVED_PARTS = ("input_file",)  # a 400 naming them: the models read text, images and audio
 TEXT_PARTS = {"input_text": "text", "output_text": "text", "refusal": "refusal"}  # part type -> its text
 PARTS = "must be a string or a list of content parts"
 
@@ -53,8 +54,11 @@ def _refused(index: int, kind: Any) -> str:
     if kind == "input_image":
         return f"[{index}]: input_image parts go in user messages"
     if kind in UNSERVED_PARTS:
-        return f"[{index}]: {kind} parts are not supported (the served models read text and images)"
-    return f"[{index}]: only input_text, output_text and input_image parts are served (got {shown(kind, 60)})"
+        return f"[{index}]: {kind} parts are not supported (the served models read text, images and audio)"
+    return (
+        f"[{index}]: only input_text, output_text, input_image and input_audio parts are served "
+        f"(got {shown(kind, 60)})"
+    )
 
 
 def _image(part: dict[str, Any], index: int) -> ImageRef:
@@ -68,7 +72,7 @@ def _image(part: dict[str, Any], index: int) -> ImageRef:
     return ImageRef(f"content[{index}].image_url", url)
 
 
-IMAGES = {"input_image": _image}
+IMAGES = {"input_image": _image, "input_audio": input_audio}  # a clip: shared.audio
 
 
 class MessageItem(Loose):
@@ -100,7 +104,7 @@ class MessageItem(Loose):
 def _kept(part: dict[str, Any]) -> dict[str, Any]:
     """A part as the store keeps it: its type and the field that holds its text or image."""
     kind = part["type"]
-    field = TEXT_PARTS.get(kind, "image_url")
+    field = TEXT_PARTS.get(kind, "input_audio" if kind == "input_audio" else "image_url")
     return {"type": kind, field: part[field]}
 
 
