@@ -20,7 +20,7 @@ import httpx
 import pytest
 
 from runner.store import Store
-from runner.tools.loop import REFUSED_CALL, UNANSWERED_CALL, ToolSettings
+from runner.tools.loop import INTERRUPTED_CALL, REFUSED_CALL, UNANSWERED_CALL, ToolSettings
 from tests.conftest import run_cli
 from tests.serving import THREADS, Server, free_port, serving
 
@@ -46,31 +46,37 @@ def byte_level(text: str) -> str:
     return "".join(table[b] for b in text.encode())
 
 
-@pytest.fixture(scope="module")
-def served(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, Path]]:
-    """runner serve with the scripted model and the test tools: the server, and the folder `touch`
-    writes in (its data folder, the store, is beside it)."""
+def caller(smollm2_path: Path, path: Path, tool: str, arguments: dict[str, Any]) -> Path:
+    """A scripted model whose answer to a question is one call of `tool` (runner's generic call format:
+    the call's JSON) and to a tool's result ANSWER."""
     from tests.synth import write_scripted
 
-    folder = tmp_path_factory.mktemp("webui-tools")
-    call = json.dumps({"name": "touch", "arguments": {"name": "made"}})  # runner's generic call format
+    call = json.dumps({"name": tool, "arguments": arguments})
     edits = {CALL: byte_level(call), FINAL: byte_level(ANSWER)}
-    model = write_scripted(
-        folder / "caller.gguf",
-        smollm2_path,
-        [GO, CALL, END, DONE, FINAL, END],
-        edits=edits,
-        template=TEMPLATE,
+    return write_scripted(
+        path, smollm2_path, [GO, CALL, END, DONE, FINAL, END], edits=edits, template=TEMPLATE
     )
+
+
+def tools_config(folder: Path) -> Path:
+    """An mcpServers file naming the test tools' server, "calc"; `touch` writes in folder/work."""
     work = folder / "work"
-    work.mkdir()
-    env = {"MCP_TEST_ROOT": str(work)}
+    work.mkdir(exist_ok=True)
     config = folder / "mcp.json"
-    server = {"command": sys.executable, "args": [str(SERVERS), "tools"], "env": env}
+    server = {"command": sys.executable, "args": [str(SERVERS), "tools"], "env": {"MCP_TEST_ROOT": str(work)}}
     config.write_text(json.dumps({"mcpServers": {"calc": server}}))
-    args = [str(model), "--ctx", "4096", "--parallel", "1", "--mcp", str(config), "--allow-tools", "add"]
-    with serving([*args, *THREADS], folder / "stderr") as running:
-        yield running, work
+    return config
+
+
+@pytest.fixture(scope="module")
+def served(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, Path]]:
+    """runner serve with a model that calls `touch` and the test tools: the server, and the folder
+    `touch` writes in (its data folder, the store, is beside it)."""
+    folder = tmp_path_factory.mktemp("webui-tools")
+    model = caller(smollm2_path, folder / "caller.gguf", "touch", {"name": "made"})
+    args = [str(model), "--ctx", "4096", "--parallel", "1", "--mcp", str(tools_config(folder))]
+    with serving([*args, "--allow-tools", "add", *THREADS], folder / "stderr") as running:
+        yield running, folder / "work"
 
 
 class Turn:
@@ -116,8 +122,9 @@ def approve(server: Server, conversation: int, body: dict[str, Any], **kwargs: A
     )
 
 
-def stored(server: Server, conversation: int) -> list[tuple[str, str]]:
-    kept = Store.open(server.log.parent / "data" / "conversations.db").load(conversation)
+def stored(server: Server | None, conversation: int) -> list[tuple[str, str]]:
+    """A conversation's turns as the server stored them (None: a server in the test's own data folder)."""
+    kept = Store.open(server.log.parent / "data" / "conversations.db" if server else None).load(conversation)
     assert kept is not None
     return [(m.role, m.content) for m in kept.messages]
 
@@ -276,6 +283,31 @@ def test_the_page_asks_and_a_click_allows_the_call(served: tuple[Server, Path]) 
             assert not problems, problems
         finally:
             browser.close()
+
+
+def test_an_allowed_tool_runs_unasked_and_stop_cancels_it(smollm2_path: Path, tmp_path: Path) -> None:
+    """--allow-tools: no question; the stop button during the call cancels it (the tool `wait` takes
+    a minute), and the turn ends with its steps kept."""
+    model = caller(smollm2_path, tmp_path / "waiter.gguf", "wait", {})
+    args = [str(model), "--ctx", "4096", "--mcp", str(tools_config(tmp_path)), "--allow-tools", "calc:*"]
+    with serving([*args, *THREADS], tmp_path / "stderr") as server:
+        turn = Turn(server.url, {"content": "Wait."})
+        number = turn.first("start")["conversation"]
+        end = time.monotonic() + 30
+        while b"running calc:wait" not in server.log.read_bytes():
+            assert time.monotonic() < end, server.stderr()
+            time.sleep(0.1)
+        began = time.monotonic()
+        assert httpx.post(f"{server.url}{API}/conversations/{number}/stop", json={}).json() == {
+            "stopped": True
+        }
+        events = turn.ended()
+        assert time.monotonic() - began < 10  # cancelled, not waited out
+        assert not [e for e in events if e["type"] in ("approval", "approved")]
+        roles = stored(None, number)
+        assert [r for r, _ in roles] == ["user", "assistant", "tool", "assistant"]
+        assert roles[2] == ("tool", INTERRUPTED_CALL)
+        assert b"tool calc:wait (allowed): interrupted" in server.log.read_bytes()
 
 
 def test_bad_tool_flags_are_refused_before_anything_loads(tmp_path: Path) -> None:

@@ -1,7 +1,7 @@
 """The chat page's turns with tools (`runner serve --mcp FILE`): the agent loop the terminal runs
 (runner.tools.loop), with the person in the page asked before each call.
 
-A turn's loop runs on a worker thread, as the terminal's runs on its own: each answer is submitted
+A turn's loop runs on a thread of its own, as the terminal's runs on the main one: each answer is submitted
 to the server's one backend and streamed to the pages that follow the turn; each call the model makes
 is an `approval` event (server, tool, arguments bounded) and the loop waits for the page's answer
 (POST /runner/v1/conversations/ID/approve: allow, deny, or always for this tool in this chat). Deny
@@ -143,7 +143,7 @@ class ToolTurn(Turn):
         self._loop = asyncio.get_running_loop()
         asked = asyncio.ensure_future(self._store.call(self._asked))
         try:
-            result = await asyncio.to_thread(self._agent, asked)
+            result = await self._on_thread(asked)
             # the last answer, as the terminal keeps it: calls it made past --max-tool-steps (or that
             # no one answered) are not kept with it, nothing answers them
             await self._keep(Outcome(replace(result, tool_calls=())))
@@ -159,7 +159,21 @@ class ToolTurn(Turn):
             self.done = True
             self.emit({"type": "end"})
 
-    # -- on the loop's worker thread --------------------------------------------------------------
+    def _on_thread(self, asked: asyncio.Future[object]) -> asyncio.Future[Result]:
+        """The loop on a thread of its own: a turn may wait minutes for its question's answer, which
+        would hold one of the event loop's few default workers."""
+        done: Future[Result] = Future()
+
+        def work() -> None:
+            try:
+                done.set_result(self._agent(asked))
+            except BaseException as exc:  # handed to the event loop's side
+                done.set_exception(exc)
+
+        threading.Thread(target=work, name=f"tools-{self.conversation}", daemon=True).start()
+        return asyncio.wrap_future(done)
+
+    # -- on the turn's own thread -------------------------------------------------------------------
 
     def _agent(self, asked: asyncio.Future[object]) -> Result:
         """answer_with_tools, its answers asked of the backend, its steps stored and sent on."""
