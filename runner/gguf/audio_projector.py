@@ -6,11 +6,14 @@ audio projector aborts or crashes the process: a missing a.position_embd (a NULL
 than 1500 positions (GGML_ASSERT at the first clip), clip.audio.num_mel_bins of another GGUF type
 (gguf's getter aborts) or disagreeing with the first convolution's input channels, an epsilon that
 is not f32, a Q/V bias missing or a K bias present (whisper-enc.cpp asserts both), 1-D convolution
-biases, a transposed projection; and an encoder width that is a power of two with ultravox or
-voxtral, whose frame stacking then pads wrongly and aborts at the first clip (the real files are
-whisper-large's 1280 wide). So check_audio_projector compares the header with what clip.cpp reads
-for ultravox, voxtral and qwen2a (Qwen2-Audio's), refuses everything else in one line
-(InvalidModelFile, naming the file), and says what a clip costs (AudioProjectorInfo).
+biases, a transposed projection; and an ultravox or voxtral encoder whose width and stack factor
+make the frame stacking's padding come out one row off, which aborts at the first clip: build_stack
+(clip.cpp) rounds with GGML_PAD, a bit mask right only for a power-of-two stride, so the window's
+rows are checked as it computes them (stacked_rows). With ultravox's 8, widths 32, 48, 64, 96, 512,
+768 and 1024 abort (measured against llama-server for the small ones); whisper-large's 1280, the
+real files', and the test projectors' 40 do not. So check_audio_projector compares the header with
+what clip.cpp reads for ultravox, voxtral and qwen2a (Qwen2-Audio's), refuses everything else in one
+line (InvalidModelFile, naming the file), and says what a clip costs (AudioProjectorInfo).
 
 libmtmd cuts a clip into 30-second windows (3000 mel frames of 10 ms; a 30.0 s clip already takes
 two) and each window becomes one audio chunk of `window_tokens` embeddings: 3000 frames halved by
@@ -167,10 +170,11 @@ def check_audio_projector(
     if kind in STACKED:
         if not stack:
             c.fail(f"a {kind} projector needs clip.audio.projector.stack_factor")
-        if e & (e - 1) == 0:
+        rows, expected = stacked_rows(e, stack), -(-WINDOW_FRAMES // stack) // 2
+        if rows != expected:
             c.fail(
-                f"its encoder width {e} is a power of two, which libmtmd's {kind} frame stacking "
-                "pads wrongly (it aborts)"
+                f"its encoder width {e} with stack factor {stack} makes libmtmd's frame stacking give "
+                f"{rows} rows a window where it expects {expected} (it aborts at the first clip)"
             )
     elif stack:
         c.fail(f"clip.audio.projector.stack_factor is given, which a {kind} projector has none of")
@@ -193,6 +197,13 @@ def check_audio_projector(
         projection_width=out,
         weights_bytes=sum(t.nbytes for t in header.tensors),
     )
+
+
+def stacked_rows(width: int, stack: int) -> int:
+    """The rows build_stack (clip.cpp) makes of a window's 1500 positions: its padded length rounded
+    by GGML_PAD, `(x + n - 1) & ~(n - 1)`, which is only a multiple of n where n is a power of two."""
+    total, stride = N_POS * width, width * stack
+    return ((total + stride - 1) & ~(stride - 1)) // stride
 
 
 def window_tokens(kind: str, stack: int) -> int:
