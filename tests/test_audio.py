@@ -530,3 +530,11 @@ def test_the_encoder_compute_buffer_is_planned_within_5_percent(files: dict[str,
     info = _check(files["ultravox"])
     planned = window_compute_bytes(info, flash_attn=flash == "on")
     assert abs(planned - float(found[-1]) * 2**20) <= 0.05 * planned, (planned, found)
+
+
+def test_transcribe_bounds_a_clip_by_max_audio_seconds(files: dict[str, Path]) -> None:
+    done = run_cli("transcribe", "smollm2", str(files["a.wav"]), "--mmproj", str(files["ultravox"]),
+                   "--max-audio-seconds", "2", timeout=300)  # fmt: skip
+    err = done.stderr.decode()
+    assert done.returncode == 2 and "is 3.0 s long, over the 2.0 s a clip may be" in err, err
+    assert len(err.strip().splitlines()) == 1 and done.stdout == b""

@@ -28,6 +28,12 @@ Hint = Annotated[
         show_default=False,
     ),
 ]
+MaxSeconds = Annotated[
+    float,
+    typer.Option(
+        "--max-audio-seconds", min=0.01, max=86400.0, help="A clip's length at most, from its header."
+    ),
+]
 Greedy = Annotated[float, typer.Option("--temperature", min=0.0, max=2.0, help="Sampling temperature.")]
 
 
@@ -41,6 +47,7 @@ def transcribe(
     prompt: Hint = None,
     temperature: Greedy = 0.0,
     max_tokens: o.MaxTokens = None,
+    max_audio_seconds: MaxSeconds = 600.0,
     json: o.JsonObject = False,
     jsonl: o.Jsonl = False,
     ctx: o.Ctx = None,
@@ -69,6 +76,7 @@ def transcribe(
         prompt=prompt,
         temperature=temperature,
         max_tokens=max_tokens,
+        max_seconds=max_audio_seconds,
         as_json=json,
         jsonl=jsonl,
         settings=settings,

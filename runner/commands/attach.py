@@ -49,7 +49,9 @@ def read_attachments(args: Sequence[str]) -> list[tuple[Path, Image]]:
 MAX_CLIPS = 8  # audio clips in one prompt
 
 
-def read_clips(args: Sequence[str], stdin: Any, *, images: Sequence[str] = ()) -> list[Any]:
+def read_clips(
+    args: Sequence[str], stdin: Any, *, images: Sequence[str] = (), max_seconds: float | None = None
+) -> list[Any]:
     """`run --audio`'s clips (- : stdin), each read, decoded and bounded now (runner.audio: WAV; a bad
     one is an AudioError), before any model loads."""
     from runner.audio import read_audio_arg
@@ -58,7 +60,9 @@ def read_clips(args: Sequence[str], stdin: Any, *, images: Sequence[str] = ()) -
         raise UsageError(f"{len(args)} audio clips: at most {MAX_CLIPS} a prompt")
     if list(args).count("-") + list(images).count("-") > 1:
         raise UsageError("- reads stdin once: give one image or clip that way")
-    return [read_audio_arg(arg, stdin) for arg in args]
+    from runner.audio import MAX_AUDIO_SECONDS
+
+    return [read_audio_arg(arg, stdin, max_seconds=max_seconds or MAX_AUDIO_SECONDS) for arg in args]
 
 
 def row_clips(names: Any) -> list[Any]:

@@ -36,6 +36,7 @@ class TranscribeRequest:
     max_tokens: int | None = None  # None: until the model ends (a loop stops it), or the context is full
     as_json: bool = False
     jsonl: bool = False
+    max_seconds: float = 600.0  # a clip's length at most (--max-audio-seconds), from its header
     settings: LoadSettings = DEFAULTS
 
 
@@ -57,7 +58,7 @@ def transcribe(request: TranscribeRequest, *, stdin: Any, out: TextIO) -> int:
         raise UsageError("--json is one file's object: give one file, or --jsonl for several")
     if request.files.count("-") > 1:
         raise UsageError("- reads stdin once: give one clip that way")
-    clips = [read_clips((f,), stdin)[0] for f in request.files]
+    clips = [read_clips((f,), stdin, max_seconds=request.max_seconds)[0] for f in request.files]
     loaded = open_model(request.model, replace(request.settings, images=True))
     try:
         if loaded.engine.vision is None or not loaded.engine.vision.hears:
