@@ -538,3 +538,16 @@ def test_transcribe_bounds_a_clip_by_max_audio_seconds(files: dict[str, Path]) -
     err = done.stderr.decode()
     assert done.returncode == 2 and "is 3.0 s long, over the 2.0 s a clip may be" in err, err
     assert len(err.strip().splitlines()) == 1 and done.stdout == b""
+
+
+def test_a_clip_over_the_context_is_refused_with_the_numbers(files: dict[str, Path], tmp_path: Path) -> None:
+    """35 s is two 30-second windows (2 x 187 tokens): over a 256-token context, said before any of it
+    is evaluated."""
+    long = tmp_path / "long.wav"
+    long.write_bytes(tone(35.0))
+    done = run_cli("run", "smollm2", "Hi", "--audio", str(long), "--mmproj", str(files["ultravox"]),
+                   "--ctx", "256", "--max-tokens", "4", timeout=300)  # fmt: skip
+    err = done.stderr.decode()
+    assert done.returncode == 2 and done.stdout == b"", err
+    assert re.search(r"the prompt is (\d+) tokens but the context is 256", err), err
+    assert int(re.search(r"the prompt is (\d+)", err)[1]) > 2 * 187
