@@ -180,6 +180,45 @@ def test_launch_serves_the_agent_runs_it_then_stops_the_server(
         httpx.get(seen["url"].removesuffix("/v1") + "/health", timeout=2)
 
 
+def test_ctrl_c_is_the_agents_and_launch_then_stops_the_server(
+    tmp_path: Path, scripted_agent_model: Path
+) -> None:
+    """Ctrl-C on the terminal (SIGINT to the foreground group) ends the agent as it would end it in a
+    shell; launch exits as the agent did (130), and the server, in a session of its own, is stopped."""
+    import signal
+    import subprocess
+
+    import httpx
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    stand_in = bin_dir / "opencode"
+    stand_in.write_text(  # Python handles SIGINT unless it starts with it ignored: then it would sleep on
+        f"#!{sys.executable}\nimport sys, time\nprint('agent up', file=sys.stderr, flush=True)\n"
+        "try:\n    time.sleep(120)\nexcept KeyboardInterrupt:\n    sys.exit(130)\n"
+    )
+    stand_in.chmod(stand_in.stat().st_mode | stat.S_IEXEC)
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+    command = [sys.executable, "-m", "runner", "launch", "opencode", str(scripted_agent_model)]
+    proc = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, start_new_session=True)
+    assert proc.stderr is not None
+    said = b""
+    while b"agent up" not in said:
+        line = proc.stderr.readline()
+        assert line, said
+        said += line
+    url = said.decode().split(" · ")[-1].split()[0]  # "runner: opencode on M · context N a sequence · URL"
+    os.killpg(proc.pid, signal.SIGINT)
+    try:
+        assert proc.wait(timeout=60) == 130
+    finally:
+        if proc.poll() is None:  # SIGTERM: launch ends the agent and stops the server as it exits
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=60)
+    with pytest.raises(httpx.TransportError):  # launch waited for the server to end before it exited
+        httpx.get(f"{url}/health", timeout=2)
+
+
 @pytest.fixture(scope="module")
 def scripted_agent_model(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A one-layer scripted model on SmolLM2's tokenizer with a 32,768-token trained context: tiny KV

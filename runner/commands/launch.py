@@ -230,9 +230,12 @@ def run_agent(command: list[str], setup: Setup) -> int:
     (launch ignores it while the agent runs, then stops the server)."""
     env = {k: v for k, v in os.environ.items() if k not in setup.unset}
     env.update(setup.env)
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # a handler that does nothing, not SIG_IGN: an ignored signal stays ignored in the child, a
+    # handler is reset to the default at its exec, so the agent gets Ctrl-C as from any shell
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: None)
     try:
-        return subprocess.call(command, env=env)
+        code = subprocess.call(command, env=env)
+        return 128 - code if code < 0 else code  # ended by a signal: as a shell says it (Ctrl-C: 130)
     finally:
         signal.signal(signal.SIGINT, previous)
 
