@@ -54,6 +54,14 @@ def test_a_call_never_reaches_stdout_and_plain_text_streams_as_it_comes() -> Non
     assert streamed(["a < b and [TOOL"], answer("a < b and [TOOL")) == "a < b and [TOOL"
 
 
+def test_an_answer_asked_without_tools_is_written_whole_even_when_it_looks_like_a_call() -> None:
+    out = io.StringIO()
+    with HeldCalls(out) as writer:  # a chat with no tool server: nothing releases the answer
+        writer.write("answer", '{"x"')
+        writer.write("answer", ": 1}")
+    assert out.getvalue() == '{"x": 1}'
+
+
 def test_run_holds_every_answer_and_writes_only_the_final_one() -> None:
     assert streamed(["The sum ", "is 3."], answer("The sum is 3."), hold_all=True) == "The sum is 3."
     assert streamed(["Checking. ", "<tool_call>"], answer("Checking.", CALL), hold_all=True) == ""

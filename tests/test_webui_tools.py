@@ -156,12 +156,16 @@ def test_an_allowed_call_runs_and_every_step_is_kept(served: tuple[Server, Path]
         ("tool", "made made.touched"),
         ("assistant", ANSWER),
     ]
-    # the terminal continues it: the steps are what its template reads
-    history = run_cli(
-        "history", "show", str(number), env={"RUNNER_DATA_DIR": str(server.log.parent / "data")}
-    )
+    # the terminal shows it and continues it: the steps are what its template reads
+    data = {"RUNNER_DATA_DIR": str(server.log.parent / "data")}
+    history = run_cli("history", "show", str(number), env=data)
     assert history.returncode == 0, history.stderr
     assert b"touch" in history.stdout and ANSWER.encode() in history.stdout
+    more = run_cli("chat", "--resume", str(number), "--max-tokens", "8", input=b"And again?\n", env=data)
+    assert more.returncode == 0, more.stderr
+    again = stored(server, number)[4:]  # no --mcp here: the model's call is text, the answer
+    assert again == [("user", "And again?"), ("assistant", more.stdout.decode().strip())]
+    assert '"touch"' in again[1][1]
 
 
 def test_a_denied_call_does_not_run_and_bad_answers_are_refused(served: tuple[Server, Path]) -> None:

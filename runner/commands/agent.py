@@ -103,6 +103,14 @@ class HeldCalls(AnswerWriter):
             return
         self._emit(len(self.pending) - _marker_start(self.pending))
 
+    def __exit__(self, *exc: Any) -> None:
+        """An answer asked without tools is never released: what was held (it began with "{", a JSON
+        answer) is its text, written now, once it ended without an error."""
+        if exc[0] is None and self.pending:
+            self._emit(len(self.pending))
+        self.holding, self.begun = False, False
+        super().__exit__(*exc)
+
     def release(self, result: Result) -> None:
         """The answer read: what was held is written unless it was the answer's calls (with hold_all,
         the text that came with calls goes to stderr: it is not the final answer)."""
