@@ -327,6 +327,30 @@ def test_bad_tool_flags_are_refused_before_anything_loads(tmp_path: Path) -> Non
         assert done.returncode == 2 and why in done.stderr, (flags, done.stderr)
 
 
+@pytest.mark.fast
+def test_an_answer_needs_the_key(_own_data_dir: Path) -> None:
+    """In process, the real app over a stand-in backend: the approve route is under the key like
+    every /runner/v1 request."""
+    from starlette.testclient import TestClient
+
+    from runner.serve.app import create_app
+    from runner.serve.webui.conversations import Conversations
+    from tests.serving import StandIn
+
+    store = Conversations()
+    try:
+        app = create_app(StandIn(), webui=store, api_key="k3y", log=lambda line: None)
+        with TestClient(app) as http:
+            body = {"id": "ask_1", "decision": "allow"}
+            assert http.post(f"{API}/conversations/1/approve", json=body).status_code == 401
+            keyed = http.post(
+                f"{API}/conversations/1/approve", json=body, headers={"Authorization": "Bearer k3y"}
+            )
+            assert keyed.status_code == 409  # no turn waits there
+    finally:
+        store.close()
+
+
 def wait_for(
     answer: str | None, *, followers: int = 1, stopped: bool = False, **bounds: float
 ) -> tuple[str, str]:
