@@ -196,7 +196,9 @@ def test_stop_ends_the_answer_at_once_and_delete_asks_first(served: tuple[Any, P
     page.once("dialog", lambda dialog: dialog.accept())
     page.click("#delete")
     page.wait_for_function(f"() => !document.querySelector('#chats [data-id=\"{number}\"]')")
-    assert str(number) not in runner(data, "history").stdout.split()
+    assert httpx.get(f"{server.url}/runner/v1/conversations/{number}").status_code == 404
+    gone = runner(data, "history", "show", str(number))  # the store's own word, not a list's numbers
+    assert gone.returncode == 2 and f"no conversation {number}" in gone.stderr, gone.stderr
 
 
 @pytest.fixture(scope="module")
