@@ -356,6 +356,17 @@ def llama_server(fim_path: Path, tmp_path_factory: pytest.TempPathFactory) -> It
         proc.wait(timeout=30)
 
 
+@pytest.fixture(scope="module")
+def beside(fim_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[httpx.Client]:
+    """A runner serve of its own for the comparison: asked the same requests in the same order as
+    llama-server, its cache holds what llama-server's holds (a head kept from another request can
+    move a near tie)."""
+    log = tmp_path_factory.mktemp("infill-beside") / "serve.log"
+    args = [str(fim_path), "--ctx", str(CTX), "--parallel", "1", *THREADS]
+    with serving(args, log) as server, httpx.Client(base_url=server.url, timeout=600) as client:
+        yield client
+
+
 LONG = {  # past what llama-server keeps of each part: its prefix cut at the front, its suffix at the end
     "input_prefix": "".join(f"def f{i}(x):\n    return x * {i}\n" for i in range(130)),
     "input_suffix": "".join(f"# {i}: {i * 3}\n" for i in range(140)),
@@ -370,11 +381,11 @@ LONG = {  # past what llama-server keeps of each part: its prefix cut at the fro
     ids=["add", "long", "mixed"],
 )
 def test_the_prompt_and_greedy_answer_are_llama_servers(
-    body: dict[str, Any], llama_server: str, http: httpx.Client
+    body: dict[str, Any], llama_server: str, beside: httpx.Client
 ) -> None:
     asked = {**body, "n_predict": 8, "temperature": 0}
     theirs = httpx.post(f"{llama_server}/infill", json=asked, timeout=600).json()
-    ours = http.post("/infill", json=asked).json()
+    ours = beside.post("/infill", json=asked).json()
     assert ours["prompt"] == theirs["prompt"]
     assert ours["tokens_evaluated"] == theirs["tokens_evaluated"]
     assert ours["content"] == theirs["content"]
