@@ -115,6 +115,11 @@ def test_a_compaction_keeps_the_last_exchange_whole_and_with_it_a_tool_loops_tas
     assert split_at(engine, turns, 0, keep=0) == 6  # the task's exchange stays whole
     assert split_at(engine, turns, 0, keep=600) == 4  # and the exchange before it fits too
     assert split_at(engine, turns, 6, keep=0) == 6  # summarised up to the task already: nothing more
+    # a loop whose exchange alone outgrows the context: its steps are split points too, the last at most
+    assert split_at(engine, turns, 0, keep=0, inside=True) == 9
+    assert split_at(engine, turns, 0, keep=100, inside=True) == 9
+    assert split_at(engine, turns, 0, keep=500, inside=True) == 6
+    assert split_at(engine, turns, 9, keep=0, inside=True) == 9  # nothing more to summarise
 
 
 # -- chats driven past their context -------------------------------------------------------------
@@ -233,6 +238,46 @@ def test_a_resumed_session_sends_the_summary_and_the_turns_after_it(smollm2_path
         store.close()
     assert "Be brief." in text and "They named two fruits." in text and "plum" in text and "and now?" in text
     assert "apple" not in text and "pear" not in text
+
+
+@pytest.mark.model
+def test_a_summary_inside_a_tool_loop_is_followed_by_the_loops_task(smollm2_path: Path) -> None:
+    """A compaction of a tool loop's first steps: the model is sent the summary, the task (the user's
+    message, again) and the steps after it; not the steps the summary stands for."""
+    from runner.commands.session import ChatRequest, Session
+    from runner.loader import open_model
+    from runner.settings import DEFAULTS
+
+    call = {"id": "1", "name": "search", "arguments": {"q": "size"}}
+    store = Store.open()
+    try:
+        c = store.new_conversation(str(smollm2_path), None)
+        ids = [
+            store.add_message(c, message)
+            for message in (
+                StoredMessage("user", "Find the file notes.txt and tell me its size."),
+                StoredMessage("assistant", "", tool_calls=(call,)),
+                StoredMessage("tool", "result-one " * 50, call_id="1", tool="search"),
+                StoredMessage("assistant", "", tool_calls=(call,)),
+                StoredMessage("tool", "result-two: 4 KB", call_id="1", tool="search"),
+            )
+        ]
+        save_compaction(store, c, Compaction("The first search found nothing useful.", 3, through=ids[2]))
+        stored = store.load(c)
+        assert stored is not None
+        request = ChatRequest(settings=replace(DEFAULTS, ctx=512), prompt_cache=False)
+        loaded = open_model(str(smollm2_path), request.settings)
+        try:
+            session = Session(loaded, request, store, out=io.StringIO(), interactive=False)
+            session.adopt(stored, stored_here=True)
+            sent = session._fitted(session.turns, [])
+        finally:
+            loaded.close()
+    finally:
+        store.close()
+    text = sent.prompt.text
+    assert "Find the file notes.txt" in text and "found nothing useful" in text and "result-two" in text
+    assert "result-one" not in text and sent.first == 3
 
 
 @pytest.mark.timeout(300)

@@ -31,7 +31,7 @@ from runner.engine.prompt import render_prompt
 from runner.engine.promptcache import text_head
 from runner.engine.request import Request
 from runner.engine.text.template import Message
-from runner.errors import UsageError
+from runner.errors import PromptTooLong, UsageError
 from runner.store import (
     Compaction,
     Store,
@@ -103,31 +103,56 @@ def _current(session: Session, turns: list[StoredMessage]) -> Compaction | None:
 
 def fitted(session: Session, turns: list[StoredMessage], tools: list[dict[str, Any]] | None = None) -> Fitted:
     """What the model would be sent for these turns: the summary (if any) in the system message and
-    the turns after it, older exchanges dropped where they still do not fit (nothing changes here)."""
+    the turns after it, older exchanges dropped where they still do not fit (nothing changes here).
+    A summary that ends inside a tool loop's exchange is followed by the loop's task, sent again."""
     compaction = _current(session, turns)
     kept = compaction.turns if compaction is not None else 0
+    task = _task(turns, kept)
+    sent = [task, *turns[kept:]] if task is not None else turns[kept:]
+    offset = kept - (1 if task is not None else 0)  # a sent turn's index in `turns`, less its own
     result = fit(
         session.loaded.engine,
         session.loaded.header,
         system_with(session.system, compaction),
-        [template_message(t) for t in turns[kept:]],
-        first=max(session.first - kept, 0),
+        [template_message(t) for t in sent],
+        first=max(session.first - offset, 0) if session.first > kept else 0,
         max_tokens=session.max_tokens,
         enable_thinking=session.think,
-        images=session.attached.images_for(turns[kept:]),
+        images=session.attached.images_for(sent),
         tools=session.tool_defs() if tools is None else tools,
     )
-    return replace(result, first=result.first + kept) if kept else result
+    return replace(result, first=max(result.first + offset, kept)) if kept else result
+
+
+def _task(turns: list[StoredMessage], kept: int) -> StoredMessage | None:
+    """The user message whose exchange the first kept turn is part of, where that turn is not it (a
+    summary that ends inside a tool loop): what the model must still see to go on with its task."""
+    if not 0 < kept < len(turns) or turns[kept].role == "user":
+        return None
+    return next((t for t in reversed(turns[:kept]) if t.role == "user"), None)
 
 
 def fit_turns(
     session: Session, turns: list[StoredMessage], tools: list[dict[str, Any]] | None = None
 ) -> Fitted:
     """The prompt for the next answer. Where older turns would give way, they are compacted instead
-    (where that happens by itself: see the module), else dropped; either is said on stderr."""
-    result = fitted(session, turns, tools)
-    automatic = result.first > session.first and _automatic(session, tools is not None)
-    if automatic and compact(session, turns, why="the context is full"):
+    (where that happens by itself: see the module), else dropped; either is said on stderr. A tool
+    loop's step whose exchange alone outgrows the context compacts the loop's earlier steps."""
+    loop = tools is not None
+    try:
+        result = fitted(session, turns, tools)
+    except PromptTooLong:
+        if not (
+            loop
+            and _automatic(session, loop)
+            and compact(session, turns, why="the context is full", inside=True)
+        ):
+            raise
+        result = fitted(session, turns, tools)
+    n_ctx = session.loaded.engine.context.n_ctx
+    over = loop and len(result.prompt.tokens) + answer_room(n_ctx, session.max_tokens) > n_ctx
+    automatic = (result.first > session.first or over) and _automatic(session, loop)
+    if automatic and compact(session, turns, why="the context is full", inside=loop):
         result = fitted(session, turns, tools)
     if result.first > session.first:
         dropped = result.dropped_exchanges
@@ -195,7 +220,7 @@ def on_demand(session: Session) -> None:
         )
 
 
-def compact(session: Session, turns: list[StoredMessage], *, why: str) -> bool:
+def compact(session: Session, turns: list[StoredMessage], *, why: str, inside: bool = False) -> bool:
     """Summarise the turns before the recent ones into the session's compaction (stored, if the
     conversation is); False where there is nothing to summarise (all of them are recent).
     Interrupted: KeyboardInterrupt, and nothing changed."""
@@ -205,12 +230,15 @@ def compact(session: Session, turns: list[StoredMessage], *, why: str) -> bool:
     before = _current(session, turns)
     start = before.turns if before is not None else 0
     keep = settings.keep if settings.keep is not None else n_ctx // KEEP_SHARE
-    split = split_at(engine, turns, start, keep)
+    split = split_at(engine, turns, start, keep, inside=inside)
     if split <= start:
         return False
     exchanges = user_turns(turns[start:split])
+    older = (
+        ui.count(exchanges, "oldest exchange") if exchanges else f"tool loop's {split - start} first steps"
+    )
     ui.info(
-        f"{why}: compacting the {ui.count(exchanges, 'oldest exchange')} into a summary the model writes "
+        f"{why}: compacting the {older} into a summary the model writes "
         "(the turns stay stored; --compact off drops them instead)"
     )
     began = time.perf_counter()
@@ -232,11 +260,16 @@ def compact(session: Session, turns: list[StoredMessage], *, why: str) -> bool:
     return True
 
 
-def split_at(engine: Any, turns: list[StoredMessage], start: int, keep: int) -> int:
+def split_at(engine: Any, turns: list[StoredMessage], start: int, keep: int, *, inside: bool = False) -> int:
     """The first turn kept verbatim: the earliest user message after `start` from which the turns
     take at most `keep` tokens, and the last user message at the latest (a tool loop's task, and what
-    answers it so far, stay whole). `start` (nothing to compact) where the turns from it take no more."""
+    answers it so far, stay whole). `start` (nothing to compact) where the turns from it take no more.
+    `inside` (a tool loop whose exchange alone outgrows the context): its steps are split points too,
+    its last step at the latest (the task is sent again after the summary: `fitted`)."""
     starts = [i for i, t in enumerate(turns) if t.role == "user" and i >= start]
+    if inside:
+        last = max((i for i, t in enumerate(turns) if t.role == "user"), default=len(turns))
+        starts += [i for i in range(max(last + 1, start), len(turns)) if turns[i].tool_calls]
     if not starts:
         return start
     sizes = [len(engine.model.tokenize(_line(t), add_special=False)) for t in turns]
