@@ -186,13 +186,21 @@ def ahead(session: Session) -> None:
         return
     engine = session.loaded.engine
     n_ctx = engine.context.n_ctx
-    upcoming = fitted(session, [*session.turns, StoredMessage("user", "\x00")])
+    try:
+        upcoming = fitted(session, [*session.turns, StoredMessage("user", "\x00")])
+    except PromptTooLong:  # an answer that filled the context: the next turn compacts or says why not
+        return
     room = answer_room(n_ctx, session.max_tokens) + n_ctx // AHEAD_SHARE
     if upcoming.first == session.first and len(upcoming.prompt.tokens) + room <= n_ctx:
         return
     if not compact(session, session.turns, why="the context is nearly full"):
         return
-    warm(session)
+    try:
+        warm(session)
+    except (
+        PromptTooLong
+    ):  # the recent turns alone fill it (an answer that ran to the end): the next turn says so
+        return
 
 
 def warm(session: Session) -> None:
