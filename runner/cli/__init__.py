@@ -8,7 +8,7 @@ history comes after the commands whatever its place).
 
 from __future__ import annotations
 
-from runner.cli import generate, audio, models, measure, serve, launch, tokens, history  # noqa: F401  # isort: skip  (--help's order)
+from runner.cli import generate, pooling, audio, models, measure, serve, launch, tokens, history  # noqa: F401  # isort: skip  (--help's order)
 from runner.cli.app import main
 
 __all__ = ["main"]

@@ -22,12 +22,12 @@ from typing import TYPE_CHECKING, Any
 
 from runner import loader, ui
 from runner.commands.output import describe_load, describe_model, open_prompt_cache, sampling_for
-from runner.errors import ModelNotFound, UsageError
+from runner.commands.serve_limits import cache_ram_limit, image_limits, max_body, memory_budget, within_memory
+from runner.errors import UsageError
 from runner.hub.catalog import load_catalog
 from runner.hub.refs import HubRef, LocalRef, resolve
 from runner.limits import check_range, parse_duration, parse_size
 from runner.loader import DEFAULT_BATCH_CTX, SERVE_PARALLEL, LoadedModel, open_model, plan_for, serve_planning
-from runner.memory.plan import budgets
 from runner.projector import pulled_with
 from runner.settings import DEFAULTS, LoadSettings
 
@@ -38,17 +38,14 @@ if TYPE_CHECKING:
     from runner.memory.plan import Plan
     from runner.serve.backend import ModelInfo
     from runner.serve.engine_backend import Served
-    from runner.serve.pool import EngineBackend, Offer, Pool
+    from runner.serve.pool import EngineBackend, Offer
     from runner.serve.webui.tools import PageTools
     from runner.tools.loop import ToolSettings
 
 DEFAULT_PORT = 8080  # llama-server's; Ollama's 11434 is for OLLAMA_HOST=127.0.0.1:PORT users to pick
 DEFAULT_QUEUE = 64
 DEFAULT_KEEP_ALIVE = "5m"  # Ollama's
-DEFAULT_CACHE_RAM = 1 << 30
 API_KEY_ENV = "RUNNER_API_KEY"
-MAX_IMAGES_LIMIT = 64  # --max-images at most: each image is its positions in a sequence's context
-DATA_URL_HEAD = 64  # "data:image/png;base64," and the JSON around an image, with room to spare
 
 
 @dataclass(frozen=True)
@@ -109,7 +106,7 @@ def serve(request: ServeRequest) -> None:
 
     if request.models_dir is not None and not Path(request.models_dir).expanduser().is_dir():
         raise UsageError(f"--models: {Path(request.models_dir).expanduser()} is not a folder")
-    budget = _budget(memory)
+    budget = memory_budget(memory)
     metrics = Metrics() if request.metrics else None
     servers = _servers(request)  # their start goes on beside the models' load
     pool = Pool([], queue=request.queue, budget=budget, keep_alive=keep_alive, metrics=metrics)
@@ -120,7 +117,7 @@ def serve(request: ServeRequest) -> None:
             loaded.name = stem or loaded.name
             pool.offers[loaded.name] = _offer(request, loaded.name, loaded, reference=name)
             needs = _needs(loaded.plan, loaded.header)
-            _within_memory(request, memory, loaded.name, needs, pool)
+            within_memory(request, memory, loaded.name, needs, pool)
             pool.preload(_served(loaded, request, name), needs)
         if request.models_dir is not None or not request.models:
             pool.scan = _scanner(request, dict(pool.offers))
@@ -161,27 +158,6 @@ def _page_tools(request: ServeRequest, servers: Servers | None) -> PageTools | N
     names = ", ".join(f"{s.name} ({len(s.tools)} tools)" for s in host.servers() if s.state == "ready")
     ui.info(f"tools for the chat page's turns, each call asked in the page: {names or 'no server ready'}")
     return PageTools(host, request.tools)
-
-
-def _within_memory(
-    request: ServeRequest, memory: int | None, name: str, needs: dict[str, int], pool: Pool
-) -> None:
-    """A named model whose plan, with those loaded before it, is more than --memory: refused in one line
-    (the models on demand are held to it as they load)."""
-    if memory is None:
-        return
-    before = sum(m.needs.get("cpu", 0) for m in pool.loaded.values())
-    if before + needs.get("cpu", 0) > memory:
-        beside = f" beside the {_mb(before)} loaded before it" if before else ""
-        raise UsageError(
-            f"{name} needs {_mb(needs.get('cpu', 0))} of host memory (weights, KV cache, compute buffers, as "
-            f"runner fit plans them){beside}; --memory {request.memory} allows {_mb(memory)}: give more, "
-            "or fewer --parallel sequences or a smaller --ctx"
-        )
-
-
-def _mb(n: int) -> str:
-    return f"{n / 1e6:,.0f} MB"
 
 
 def _scanner(request: ServeRequest, named: dict[str, Offer]) -> Callable[[], list[Offer]]:
@@ -296,38 +272,6 @@ def _load(request: ServeRequest, name: str, *, offline: bool, mmproj: str | None
     return open_model(name, settings)
 
 
-def image_limits(request: ServeRequest) -> tuple[int, int]:
-    """(images a request may carry, an image's bytes at most) for the models that take images: the one
-    MODEL --mmproj goes with, and those pulled with a projector (runner.hub.projectors)."""
-    from runner.images import MAX_IMAGE_BYTES, MAX_IMAGES
-
-    if request.settings.mmproj is not None and len(request.models) != 1:
-        raise UsageError(
-            "--mmproj is one model's projector: name that model alone (runner serve MODEL --mmproj FILE)"
-        )
-    if request.settings.mmproj is not None:
-        try:  # a path that is not there, now; a Hub reference is fetched with the model
-            resolve(request.settings.mmproj, load_catalog())
-        except ModelNotFound:
-            raise UsageError(
-                f"--mmproj {request.settings.mmproj}: no such file, and not a Hub reference"
-            ) from None
-    images = MAX_IMAGES if request.max_images is None else request.max_images
-    check_range(images, "--max-images", 1, MAX_IMAGES_LIMIT)
-    size = request.max_image_bytes
-    max_bytes = MAX_IMAGE_BYTES if size is None else parse_size(size, "--max-image-bytes")
-    if max_bytes < 1:
-        raise UsageError("--max-image-bytes must be more than 0")
-    return images, max_bytes
-
-
-def max_body(images: int, image_bytes: int) -> int:
-    """A request's body at most: runner.serve.app's, and room for its images as base64 data URLs."""
-    from runner.serve.app import MAX_BODY
-
-    return MAX_BODY + images * (4 * -(-image_bytes // 3) + DATA_URL_HEAD)
-
-
 def _stem_if_path(name: str, taken: dict[str, Offer]) -> str | None:
     """The name a model given as a file is served under: the file's name without .gguf, as for the files
     of --models DIR (a client sends `model: "x"` for ./x.gguf, not the path). None for an alias or a
@@ -433,15 +377,6 @@ def _needs(plan: Plan, header: GGUFHeader) -> dict[str, int]:
     return loader.serve_needs(plan, header)
 
 
-def _budget(memory: int | None) -> dict[str, int]:
-    """What the served models may use together: this machine's as the plan sees it at the start
-    (or --memory of host memory)."""
-    have = budgets(loader.machine())
-    if memory is not None:
-        have["cpu"] = memory
-    return have
-
-
 def _served(loaded: LoadedModel, request: ServeRequest, reference: str | None = None) -> Served:
     from runner.serve.engine_backend import Served
 
@@ -458,19 +393,6 @@ def _served(loaded: LoadedModel, request: ServeRequest, reference: str | None = 
     limit = cache_ram_limit(request.cache_ram)
     disk = open_prompt_cache(True, None)  # heads `runner run` and `chat` stored: read, never written
     return Served(info, loaded, _sampling(loaded, request.sampling), limit, disk)
-
-
-def cache_ram_limit(given: str | None) -> int:
-    """The bytes of prompt states a model keeps (runner.engine.prefix.StateCache: the RAM tier of the
-    prefix store of runner.engine.loop's Loop, which runner.serve.engine_backend's ModelThread drives):
-    --cache-ram, else DEFAULT_CACHE_RAM or an eighth of the host memory free now (after the model's
-    load), the less. llama-server keeps up to 8 GiB by default; runner's plan promised the rest of the
-    memory to the models, so its default is smaller. The states are allocated as prompts are set aside."""
-    if given is not None:
-        return parse_size(given, "--cache-ram")
-    import psutil
-
-    return min(DEFAULT_CACHE_RAM, psutil.virtual_memory().available // 8)
 
 
 def _Server(config: Any, backend: EngineBackend, tools: PageTools | None = None) -> Any:
