@@ -370,6 +370,8 @@ def test_every_api_bounds_the_thinking_and_says_its_tokens(thinking_model: Path,
             model=name, input=question, max_output_tokens=60, temperature=0, reasoning={"effort": "none"}
         )
         assert response.output_text
+        thinking = client.responses.create(model=name, input=question, max_output_tokens=60, temperature=0)
+        assert thinking.usage is not None and thinking.usage.output_tokens_details.reasoning_tokens == 60
 
 
 def test_run_and_chat_take_a_think_level_and_a_budget(thinking_model: Path) -> None:
@@ -387,7 +389,18 @@ def test_run_and_chat_take_a_think_level_and_a_budget(thinking_model: Path) -> N
     assert not low["text"]  # low on this template: a budget of 256 tokens, more than these 60
     chat = run_cli(
         "chat", str(thinking_model), "--max-tokens", "60", "--temperature", "0", "--reasoning-budget", "8",
-        input=b"What is 2 + 2? Think step by step.\n/set think off\n/show\n",
+        input=b"What is 2 + 2? Think step by step.\n/set think off\n/show\n/think medium\n/show\n",
     )  # fmt: skip
     assert chat.returncode == 0 and chat.stdout.strip(), chat.stderr
-    assert b"think off" in chat.stderr
+    assert b"think off" in chat.stderr and b"think medium" in chat.stderr
+
+
+def test_thinking_asked_of_a_model_without_it_is_said_once_never_refused() -> None:
+    """SmolLM2's template has no thinking: --think high is said on stderr (once), and the answer comes;
+    --think off asks nothing it cannot do, and says nothing."""
+    asked = ("run", "smollm2", "Hi", "--max-tokens", "2", "--temperature", "0")
+    high = run_cli(*asked, "--think", "high")
+    assert high.returncode == 0 and high.stdout.strip(), high.stderr
+    assert high.stderr.count(b"does not think") == 1
+    off = run_cli(*asked, "--think", "off")
+    assert off.returncode == 0 and b"does not think" not in off.stderr

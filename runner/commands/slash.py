@@ -39,6 +39,7 @@ COMMANDS = {
         + ["frequency-penalty", "seed", "max-tokens", "system", "think LEVEL"]
         + ["format json|none", "schema S|none"]
     ),
+    "/think": "/think off|low|medium|high|on|default: how long the model thinks (as /set think)",
     "/show": "model, file, parameters and where they came from, template, context used",
     "/stats": "the last answer's timings and the tokens it evaluated",
     "/clear": "start a new conversation",
@@ -87,6 +88,7 @@ def command(session: Session, line: str, source: Any) -> bool:
     handlers = {
         "/help": lambda: ui.echo(_help()),
         "/set": lambda: _set(session, rest),
+        "/think": lambda: _set(session, f"think {rest}"),
         "/show": lambda: ui.echo(_show(session)),
         "/stats": lambda: ui.echo(_stats(session)),
         "/clear": session.clear,

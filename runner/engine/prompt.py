@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 from runner import ui
@@ -36,6 +37,17 @@ def read_prompt(argument: str | None, stdin: BinaryIO | None) -> str:
     if not prompt.strip():
         raise UsageError("the prompt is empty")
     return prompt
+
+
+_TOLD: set[str] = set()  # the models already said not to think, once a process each
+
+
+def _cannot_think(name: str, quiet: bool) -> None:
+    """Thinking asked of a model whose template has none (no <think>, no channels, no switch): said
+    once, never an error (a client's reasoning_effort, a script's --think stay valid)."""
+    if not quiet and name not in _TOLD:
+        _TOLD.add(name)
+        ui.warn(f"{name} does not think (its chat template has no thinking): asked to, it answers as ever")
 
 
 def render_prompt(
@@ -105,5 +117,7 @@ def render_prompt(
     if engine.model.adds_bos and engine.model.bos_text and text.startswith(engine.model.bos_text):
         text = text[len(engine.model.bos_text) :]  # tokenize adds it; a second BOS degrades answers
     style = style_of(source)
+    if enable_thinking not in (None, False, "off") and style is None and not switches:
+        _cannot_think(Path(str(header.source)).name, quiet)
     prompt = tokenized(text, style, style == "think" and opens_reasoning(text), format_of(source))
     return replace(prompt, think_budget=budget) if budget is not None and style is not None else prompt

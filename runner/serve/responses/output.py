@@ -137,7 +137,7 @@ def usage(outcome: Outcome) -> dict[str, Any]:
         "input_tokens": outcome.prompt_tokens,
         "input_tokens_details": {"cached_tokens": outcome.cached_tokens, "cache_write_tokens": 0},
         "output_tokens": outcome.completion_tokens,
-        "output_tokens_details": {"reasoning_tokens": 0},
+        "output_tokens_details": {"reasoning_tokens": outcome.reasoning_tokens},
         "total_tokens": outcome.prompt_tokens + outcome.completion_tokens,
     }
 
