@@ -391,3 +391,11 @@ def test_responses_truncation_auto_drops_the_oldest_turns_of_a_stored_chain(
         assert third.output_text and third.usage is not None
         with pytest.raises(openai.BadRequestError):  # the last message alone does not fit: still a 400
             client.responses.create(model="smollm2", input="x " * 600, truncation="auto", max_output_tokens=8)
+
+
+def test_compact_flags_on_one_answer_are_refused_not_ignored() -> None:
+    """One answer keeps no conversation: --compact there would do nothing, so it is said (exit 2)."""
+    one = run_cli("run", "smollm2", "Hi", "--compact", "auto")
+    assert one.returncode == 2 and b"--compact goes with a chat" in one.stderr
+    piped = run_cli("run", "smollm2", "--compact-keep", "100", input=b"Hi\n")
+    assert piped.returncode == 2 and b"--compact-keep goes with a chat" in piped.stderr

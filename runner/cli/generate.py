@@ -131,13 +131,20 @@ def _route(given: dict[str, Any]) -> None:
         raise UsageError(
             "--suffix goes with one prompt (PROMPT, or text piped in): the code before the cursor"
         )
+    chatting = given["continue_"] or (prompt is None and tty and not given["json"] and not given["raw"])
+    compacting = [f"--{name.replace('_', '-')}" for name in COMPACT_FLAGS if given[name] is not None]
+    if compacting and (batch or not chatting):
+        raise UsageError(
+            f"{compacting[0]} goes with a chat (runner chat, runner run -c): one answer keeps no "
+            "conversation to compact"
+        )
     if batch:
         if _tools(given, chat=False) is not None:
             raise UsageError(
                 "--mcp and the tool flags go with one prompt or a chat, not --each-line or --input"
             )
         raise typer.Exit(_batch(given, tty))
-    if given["continue_"] or (prompt is None and tty and not given["json"] and not given["raw"]):
+    if chatting:
         _chat_or_continue(given, tty)
         return
     _one(given, tty)
@@ -214,6 +221,7 @@ def _chat_or_continue(given: dict[str, Any], tty: bool) -> None:
         chat(request, stdin=sys.stdin, out=sys.stdout, interactive=True)
 
 
+COMPACT_FLAGS = ("compact", "compact_keep", "compact_prompt")  # a chat's (runner.commands.compact)
 # run's flags for one prompt's answer that a chat has no flag for (/set has format and schema)
 ONE_PROMPT_FLAGS = (
     ("--format", "format"),
