@@ -302,6 +302,15 @@ def test_a_model_without_fim_tokens_is_refused_in_each_apis_shape(
     assert refused.value.status_code == 400
 
 
+def test_a_token_id_the_model_lacks_is_a_400_never_a_crash(http: httpx.Client) -> None:
+    """A mixed prefix's ids go to llama.cpp's token_to_piece: one past the vocabulary is refused first."""
+    for bad in (99999999, -1, 2**40):
+        body = {"input_prefix": ["def f(", bad], "input_suffix": ")", "n_predict": 1}
+        got = http.post("/infill", json=body)
+        assert got.status_code == 400 and got.json()["error"]["param"] == "input_prefix", got.text
+    assert http.post("/infill", json={**ADD, "n_predict": 1}).status_code == 200  # still serving
+
+
 def test_a_grown_prefix_reuses_what_the_last_keystroke_evaluated(http: httpx.Client) -> None:
     prefix = "".join(f"x{i} = {i}\n" for i in range(60))
     asked = {"input_suffix": "print(x)\n", "n_predict": 2, "temperature": 0}

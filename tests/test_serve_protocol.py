@@ -566,6 +566,7 @@ def test_responses_bad_requests_are_refused_in_openais_shape_and_keep_nothing(
             for field, value in [
                 ("background", True),
                 ("include", ["message.output_text.logprobs"]),
+                ("include", [{}]),  # not a string: a 400, not a TypeError's 500
             ]:
                 assert refused(400, **{field: value})["param"] == field
             weather = {

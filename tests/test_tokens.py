@@ -143,6 +143,10 @@ def test_tokens_answer_from_the_vocabulary_alone(smollm2_path: Path) -> None:
         ("/tokenize", {"content": "x", "with_pieces": "yes"}, "with_pieces"),
         ("/apply-template", {"messages": []}, "messages"),
         ("/tokenize", {"content": "x", "model": "nope"}, "model"),
+        ("/tokenize", {"content": ["a", 99999999], "with_pieces": True}, "content"),  # never to llama.cpp
+        ("/tokenize", {"content": [-1]}, "content"),
+        ("/tokenize", {"content": [2**40]}, "content"),
+        ("/apply-template", {"messages": [{"role": "user", "content": "hi"}], "tools": [1]}, "tools"),
     ],
 )
 def test_bad_input_is_a_400_naming_the_field(
@@ -172,7 +176,16 @@ def test_the_cli_counts_a_chat_as_the_apis_do(http: httpx.Client) -> None:
     assert done.stdout.decode() == f"{counted['input_tokens']}\n"
 
 
-@pytest.mark.parametrize("given", ["not json", '{"messages": 3}', "[]", '[{"content": "no role"}]'])
+@pytest.mark.parametrize(
+    "given",
+    [
+        "not json",
+        '{"messages": 3}',
+        "[]",
+        '[{"content": "no role"}]',
+        '{"messages": [{"role": "user", "content": "hi"}], "tools": [1]}',
+    ],
+)
 def test_a_bad_chat_is_one_line_and_exit_2(given: str) -> None:
     done = run_cli("tokens", MODEL, given, "--template", "--offline")
     assert done.returncode == 2 and done.stdout == b""

@@ -260,6 +260,15 @@ BAD = [  # (method, path, body, content type, status, what the message says)
     ),
     ("POST", "/runner/v1/turns", json.dumps({"content": "x" * 5000}), "application/json", 400, "context"),
     ("GET", "/runner/v1/conversations/abc", None, None, 404, "no conversation"),
+    ("GET", "/runner/v1/conversations/%C2%B2", None, None, 404, "no conversation"),  # "²".isdigit()
+    (
+        "POST",
+        "/runner/v1/turns",
+        '{"content": "Hi", "conversation": 99999999999999999999}',
+        "application/json",
+        400,
+        "conversation",
+    ),
     ("GET", "/runner/v1/conversations/99999999999999999999999", None, None, 404, "no conversation"),
     ("GET", "/runner/v1/conversations/1/export?format=pdf", None, None, 404, "no conversation"),
     ("PATCH", "/runner/v1/conversations/1", '{"title": "x"}', "text/plain", 415, "must be JSON"),

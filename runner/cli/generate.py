@@ -131,6 +131,12 @@ def _route(given: dict[str, Any]) -> None:
         raise UsageError(
             "--suffix goes with one prompt (PROMPT, or text piped in): the code before the cursor"
         )
+    if given["suffix"] is not None and (
+        given["system"] is not None or image or given["audio"] or _tools(given, chat=False) is not None
+    ):  # before anything loads
+        raise UsageError(
+            "--suffix goes without --system, --image, --audio and the tool flags (the code alone)"
+        )
     chatting = given["continue_"] or (prompt is None and tty and not given["json"] and not given["raw"])
     compacting = [f"--{name.replace('_', '-')}" for name in COMPACT_FLAGS if given[name] is not None]
     if compacting and (batch or not chatting):

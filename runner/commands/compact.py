@@ -251,6 +251,9 @@ def compact(session: Session, turns: list[StoredMessage], *, why: str, inside: b
     )
     began = time.perf_counter()
     summary, stats = summarise(session, before.summary if before else None, turns[start:split], settings)
+    if not summary.strip():  # the model wrote nothing (all of it thinking, or an end at once)
+        ui.warn("the model wrote an empty summary: nothing is compacted or saved")
+        return False
     stats["seconds"] = round(time.perf_counter() - began, 3)
     record = Compaction(summary, split, session.loaded.name, stats=stats, through=turns[split - 1].id)
     session.compaction = record

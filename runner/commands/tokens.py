@@ -51,8 +51,8 @@ def chat_of(text: str) -> tuple[list[Any], list[dict[str, Any]] | None]:
             '--template takes a JSON list of messages ([{"role": "user", "content": "Hi"}]), '
             'or {"messages": [...], "tools": [...]}'
         )
-    if tools is not None and not isinstance(tools, list):
-        raise UsageError("--template: tools must be a list")
+    if tools is not None and not (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)):
+        raise UsageError("--template: tools must be a list of objects")
     extra = [{k: v for k, v in m.items() if k not in ("role", "content")} or None for m in value]
     return [Message(m["role"], m.get("content") or "", x) for m, x in zip(value, extra, strict=True)], tools
 

@@ -25,7 +25,7 @@ from runner.serve.shared.answers import Drained, EventStream, collect, sse, stre
 from runner.serve.shared.body import read_json, resolve_model
 from runner.serve.shared.fields import Loose, sampling, stops
 from runner.serve.shared.http import ApiError, guarded
-from runner.serve.tokens import Vocabularies, mixed
+from runner.serve.tokens import Vocab, Vocabularies, in_vocab, mixed
 
 MAX_STOPS = 16
 
@@ -90,7 +90,13 @@ class InfillApi:
         info = self.backend.info(model)
         check_generates(info)
         infill = req.infill()
-        tokens = await self.vocabularies.run(model, lambda vocab: vocab.infill(infill, info.context, model))
+
+        def laid_out(vocab: Vocab) -> list[int]:
+            for name in ("input_prefix", "input_suffix"):
+                in_vocab(getattr(infill, name.removeprefix("input_")), vocab.model.n_vocab, name)
+            return vocab.infill(infill, info.context, model)
+
+        tokens = await self.vocabularies.run(model, laid_out)
         prompt = await self.vocabularies.run(model, lambda vocab: vocab.text(tokens))
         if req.limit == 0:  # the prompt alone: what it is and how long, nothing generated
             return JSONResponse(final(model, "", Outcome(), prompt, len(tokens), []))

@@ -121,6 +121,16 @@ def mixed(value: Any, param: str) -> str | list[str | int]:
     raise ApiError(400, f"{param} must be a string or a list of strings and token ids", param=param)
 
 
+def in_vocab(content: str | list[str | int], n_vocab: int, param: str) -> None:
+    """A 400 naming the first token id of a mixed prompt (mixed) that the vocabulary does not have:
+    llama.cpp must never see one (its token_to_piece would throw across the C API)."""
+    for i, token in enumerate(content if isinstance(content, list) else []):
+        if not isinstance(token, str) and not 0 <= token < n_vocab:
+            raise ApiError(
+                400, f"{param}[{i}]: {token} is not a token of this model (0-{n_vocab - 1})", param=param
+            )
+
+
 def token_ids(value: Any, n_vocab: int, param: str) -> list[int]:
     """A list of token ids, each one the vocabulary has (a 400 naming the first that is not)."""
     if not isinstance(value, list) or not all(_token_id(v) for v in value):
@@ -182,6 +192,7 @@ class Tokens:
         content = mixed(body["content"], "content")
 
         def work(vocab: Vocab) -> list[Any]:
+            in_vocab(content, vocab.model.n_vocab, "content")
             tokens = _tokenize(vocab.model, content, add_special, parse_special)
             if not with_pieces:
                 return list(tokens)
@@ -210,8 +221,8 @@ class Tokens:
         if not all(isinstance(m, dict) and isinstance(m.get("role"), str) for m in messages):
             raise ApiError(400, "messages: each must be an object with a role", param="messages")
         tools = body.get("tools")
-        if tools is not None and not isinstance(tools, list):
-            raise ApiError(400, "tools must be a list", param="tools")
+        if tools is not None and not (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)):
+            raise ApiError(400, "tools must be a list of objects", param="tools")
         prompt = await self.vocabularies.run(name, lambda vocab: vocab.render(messages, tools or None))
         return JSONResponse({"prompt": prompt.text})
 

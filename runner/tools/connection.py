@@ -159,11 +159,18 @@ class Connection:
         failed, self._spawn_failed = self._spawn_failed, None
         if failed is not None:
             raise failed
-        if self._started is None:
+        if self._started is None:  # a restart: started now
             await self.spawn()
-            return await self._stdio(stack)
-        (process, log), self._started = self._started, None
-        stack.enter_context(log)
+            failed, self._spawn_failed = self._spawn_failed, None
+            if failed is not None:
+                raise failed
+        started, self._started = self._started, None
+        if started is not None:
+            process, log = started
+            stack.enter_context(log)
+        else:  # Windows: the SDK starts it
+            process, log = None, stack.enter_context(_open_log(self.log, config))
+            self._log_start = log.tell()
         from mcp import StdioServerParameters, stdio_client
 
         _hand_over()

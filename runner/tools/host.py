@@ -20,6 +20,7 @@ the connections (runner/tools/connection.py).
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, wait
@@ -55,6 +56,7 @@ class _Server:
         self.listing = Listing()
         self.enabled = True
         self.restarts = 0
+        self.lock = threading.Lock()  # its state: calls may come from several threads (the page's turns)
         self.ready_s: float | None = None  # launch() to its tools listed, its first start
 
 
@@ -270,7 +272,12 @@ class ToolHost:
         return result
 
     def _revive(self, server: _Server) -> str | None:
-        """None where the server can take a call (restarting it after its first crash); else why not."""
+        """None where the server can take a call (restarting it after its first crash); else why not.
+        One thread at a time: two calls meeting a crashed server restart it once."""
+        with server.lock:
+            return self._revive_held(server)
+
+    def _revive_held(self, server: _Server) -> str | None:
         name = server.config.name
         if server.status == "ready":
             return None
@@ -330,6 +337,10 @@ class ToolHost:
 
     def _lost(self, server: _Server, why: str) -> str:
         """The server's connection is gone: crashed (restarted at its next call), or down for good."""
+        with server.lock:
+            return self._lost_held(server, why)
+
+    def _lost_held(self, server: _Server, why: str) -> str:
         name = server.config.name
         self._portal.call(server.connection.stop)
         log = f"; its log: {server.connection.log}" if server.connection.log else ""

@@ -72,7 +72,7 @@ def functions(tools: list[dict[str, Any]]) -> Fns:
     """name -> OpenAI function definition ({"name", "description", "parameters"})."""
     out = {}
     for tool in tools:
-        fn = tool.get("function", tool)
+        fn = tool.get("function", tool) if isinstance(tool, dict) else None  # a client's: anything
         if isinstance(fn, dict) and isinstance(fn.get("name"), str):
             out[fn["name"]] = fn
     return out

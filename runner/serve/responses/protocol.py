@@ -84,7 +84,7 @@ class ResponsesRequest(Loose):
     @classmethod
     def _include(cls, value: list[Any] | None) -> list[Any] | None:
         for i, item in enumerate(value or ()):
-            if item not in NOTHING_TO_INCLUDE:  # message.output_text.logprobs, or not one of OpenAI's
+            if not isinstance(item, str) or item not in NOTHING_TO_INCLUDE:  # logprobs, or not OpenAI's
                 raise ValueError(f"[{i}]: {str(item)[:60]!r} is not supported")
         return value
 

@@ -28,6 +28,8 @@ from runner.serve.shared.body import read_json, resolve_model
 from runner.serve.shared.http import ApiError, guarded, quoted
 from runner.store import StoredResponse
 
+SAID_AT_MOST = 32  # the distinct left-out tools said on stderr (a client's names: bounded)
+
 
 class Responses:
     """The routes, over one backend and the store (None: nothing is kept)."""
@@ -39,7 +41,8 @@ class Responses:
         self.said: set[str] = set()  # the tools left out, each said once on stderr
 
     def _left_out(self, why: str) -> None:
-        if why not in self.said:
+        """Said once each, and a few dozen at most: the reasons carry a client's tool names."""
+        if why not in self.said and len(self.said) < SAID_AT_MOST:
             self.said.add(why)
             ui.warn(f"/v1/responses: {why} (said once)")
 

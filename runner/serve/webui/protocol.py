@@ -63,7 +63,7 @@ class TurnBody(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    conversation: Optional[StrictInt] = Field(default=None, ge=1)
+    conversation: Optional[StrictInt] = Field(default=None, ge=1, le=10**18 - 1)  # as a path's id
     model: Optional[StrictStr] = None
     action: Literal["send", "regenerate", "edit"] = "send"
     content: StrictStr = ""

@@ -141,7 +141,17 @@ class Page:
             turn.stop()
         if not await self.store.call(lambda s: s.remove(number)):
             raise ApiError(404, f"no conversation {number}", kind="not_found_error")
+        self._forget_always(number)
         return JSONResponse({"ok": True})
+
+    async def _exists(self, number: int) -> bool:
+        return await self.store.call(lambda s: s.load(number)) is not None
+
+    def _forget_always(self, number: int) -> None:
+        """The tools allowed "always" in conversation `number`: gone with it (the store may give its
+        id to the next new conversation)."""
+        if self.tools is not None:
+            self.tools.always.pop(number, None)
 
     async def stop(self, request: Request) -> Response:
         _json_only(request)
@@ -187,10 +197,13 @@ class Page:
         if body.action != "regenerate" and not body.content.strip() and not images:
             raise ApiError(400, "content: an empty message", param="content")
         number = body.conversation
+        if number is not None and not await self._exists(number):  # before any lock file is made
+            raise ApiError(404, f"no conversation {number}", kind="not_found_error")
         if number is None:
             settings = (body.settings or Settings()).stored()
             reference = self._reference(model)
             number = await self.store.call(lambda s: s.new_conversation(reference, body.system, settings))
+            self._forget_always(number)  # an id a deleted conversation had: its "always" is not this one's
         try:
             turn, user = await self._begin(number, body, model, images, body.conversation is None)
         except BaseException:
@@ -401,7 +414,7 @@ async def _lines(turn: Turn, note: Traffic | None = None) -> AsyncGenerator[str,
 
 def _number(request: Request) -> int:
     text = request.path_params["id"]
-    if not text.isdigit() or len(text) > 18:
+    if not (text.isascii() and text.isdigit()) or len(text) > 18:  # "²".isdigit(), and int() refuses it
         raise ApiError(404, f"no conversation {text[:40]!r}", kind="not_found_error")
     return int(text)
 
