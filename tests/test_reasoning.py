@@ -404,3 +404,16 @@ def test_thinking_asked_of_a_model_without_it_is_said_once_never_refused() -> No
     assert high.stderr.count(b"does not think") == 1
     off = run_cli(*asked, "--think", "off")
     assert off.returncode == 0 and b"does not think" not in off.stderr
+
+
+def test_a_budget_closes_a_harmony_models_analysis_and_its_final_answer_follows(harmony_model: Path) -> None:
+    """gpt-oss's style: a budget of 2 keeps two tokens of the analysis message (its header's
+    <|channel|>analysis<|message|> not counted), then the note and the switch to the final channel
+    are forced, and the scripted model answers there."""
+    args = ["run", str(harmony_model), "What is 2+2?", "--temperature", "0", "--max-tokens", "64", "--json"]
+    free = json.loads(run_cli(*args).stdout)
+    bounded = json.loads(run_cli(*args, "--reasoning-budget", "2").stdout)
+    assert (free["reasoning"], free["text"]) == (REASONED, ANSWERED)
+    assert bounded["text"] == ANSWERED and bounded["reasoning"].startswith("Two and\n\n")
+    assert "thinking budget" in bounded["reasoning"] and REASONED not in bounded["reasoning"]
+    assert free["timings"]["reasoning_tokens"] > 0 and bounded["timings"]["reasoning_tokens"] > 2

@@ -211,8 +211,12 @@ def logprobs_json(engine: Any, scored: Sequence[TokenLogprob]) -> list[dict[str,
 
 
 def to_json(model: str, result: Result) -> dict[str, Any]:
-    """run --json (and run -c --json): the model as typed, then the answer's one JSON form."""
-    return {"model": model, **result_json(result, RUN_TIMINGS)}
+    """run --json (and run -c --json): the model as typed, then the answer's one JSON form; where the
+    model thought, its timings count the reasoning's tokens apart."""
+    data = {"model": model, **result_json(result, RUN_TIMINGS)}
+    if result.timings.reasoning_tokens:
+        data["timings"]["reasoning_tokens"] = result.timings.reasoning_tokens
+    return data
 
 
 def open_prompt_cache(enabled: bool, size: str | None) -> PromptCache | None:

@@ -106,6 +106,11 @@ class Splitter:
         self._where = REASONING if self.start_in_reasoning else ANSWER
         self._fresh = self.calls and self.style == "channels"
 
+    def in_header(self) -> bool:
+        """Channels: inside a message's header (its channel's name), which is neither reasoning nor
+        answer: a reasoning budget does not count it."""
+        return self._header
+
     def answering(self, *, settled: bool = False) -> bool:
         """Whether text pushed now is the answer's (`settled`: and the blank lines after </think> are
         behind): a token is the answer's when this held before its text and, settled, after."""
