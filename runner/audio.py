@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from runner.errors import AudioError
+from runner.limits import read_at_most, size_text
 
 MAX_AUDIO_BYTES = 25_000_000  # a clip's encoded size, as OpenAI's transcription API takes
 MAX_AUDIO_SECONDS = 600.0  # a clip's duration, from its header
@@ -214,7 +215,8 @@ def load_audio(
 ) -> Audio:
     """Untrusted bytes -> a mono Audio clip, or an AudioError saying in one line why not."""
     if len(data) > max_bytes:
-        raise refuse(name, f"the clip is {_mb(len(data))}, over the {_mb(max_bytes)} a clip may be")
+        too_big = f"the clip is {size_text(len(data))}, over the {size_text(max_bytes)} a clip may be"
+        raise refuse(name, too_big)
     fmt = sniff(data, name)
     header = read_wav_header(data, name)
     seconds = header.seconds
@@ -262,10 +264,6 @@ def _decode(raw: bytes, h: WavHeader, name: str) -> bytes:
     return x.astype("<f4").tobytes()
 
 
-def _mb(n: int) -> str:
-    return f"{n / 1e6:.1f} MB" if n >= 100_000 else f"{n:,} bytes"
-
-
 def _duration(seconds: float) -> str:
     if seconds >= 120:
         return f"{seconds / 60:.1f} minutes"
@@ -306,15 +304,7 @@ def read_audio_arg(
 
 
 def _read_bounded(f: BinaryIO, max_bytes: int, name: str) -> bytes:
-    """The whole file, or a refusal as soon as it is larger than max_bytes (never all read)."""
-    chunks: list[bytes] = []
-    left = max_bytes + 1
-    while left > 0:
-        chunk = f.read(min(left, 1 << 20))
-        if not chunk:
-            break
-        chunks.append(chunk)
-        left -= len(chunk)
-    if left <= 0:
-        raise refuse(name, f"more than the {_mb(max_bytes)} a clip may be")
-    return b"".join(chunks)
+    data = read_at_most(f, max_bytes)
+    if data is None:
+        raise refuse(name, f"more than the {size_text(max_bytes)} a clip may be")
+    return data

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 from runner.errors import ImageError
+from runner.limits import read_at_most, size_text
 
 if TYPE_CHECKING:
     from PIL.Image import Image as PILImage
@@ -119,10 +120,6 @@ def load_image(
         name=name,
         warnings=notes,
     )
-
-
-def _mb(n: int) -> str:
-    return f"{n / 1e6:.1f} MB" if n >= 100_000 else f"{n:,} bytes"
 
 
 def sizes(n: int, bound: int, *more: int) -> tuple[str, ...]:
@@ -453,15 +450,7 @@ def read_image_arg(arg: str, stdin: BinaryIO, *, max_bytes: int = MAX_IMAGE_BYTE
 
 
 def _read_bounded(f: BinaryIO, max_bytes: int, name: str) -> bytes:
-    """The whole file, or a refusal as soon as it is larger than max_bytes (never all read)."""
-    chunks: list[bytes] = []
-    left = max_bytes + 1
-    while left > 0:
-        chunk = f.read(min(left, 1 << 20))
-        if not chunk:
-            break
-        chunks.append(chunk)
-        left -= len(chunk)
-    if left <= 0:
-        raise refuse(name, f"more than the {_mb(max_bytes)} an image may be")
-    return b"".join(chunks)
+    data = read_at_most(f, max_bytes)
+    if data is None:
+        raise refuse(name, f"more than the {size_text(max_bytes)} an image may be")
+    return data

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import re
+from typing import BinaryIO
 
 from runner.errors import InvalidSetting
 
@@ -130,3 +131,22 @@ def parse_size(text: str, flag: str) -> int:
     if not number >= 0 or number * scale > 1 << 50:
         raise InvalidSetting(f"{flag} must be a size such as 2G or 500M (got {text!r})")
     return int(number * scale)
+
+
+def read_at_most(f: BinaryIO, max_bytes: int) -> bytes | None:
+    """The whole stream, or None as soon as it is larger than max_bytes (never all read): an image's
+    or a clip's file or stdin, each refused in its own words."""
+    chunks: list[bytes] = []
+    left = max_bytes + 1
+    while left > 0:
+        chunk = f.read(min(left, 1 << 20))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        left -= len(chunk)
+    return None if left <= 0 else b"".join(chunks)
+
+
+def size_text(n: int) -> str:
+    """A byte count as refusals say it: MB from 0.1 MB on, else bytes."""
+    return f"{n / 1e6:.1f} MB" if n >= 100_000 else f"{n:,} bytes"
