@@ -25,10 +25,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, NoReturn
 
-from runner.errors import InvalidModelFile
 from runner.gguf.header import GGUFHeader, TensorInfo
+from runner.gguf.projector import Check
 
 AUDIO_SUPPORTED = ("ultravox", "voxtral", "qwen2a")
 STACKED = ("ultravox", "voxtral")  # clip.audio.projector.stack_factor required (clip.cpp 1803)
@@ -97,40 +96,25 @@ def is_audio_projector(header: GGUFHeader) -> bool:
     return meta.get("clip.has_audio_encoder") is True and meta.get("clip.has_vision_encoder") is not True
 
 
-class _Check:
+class _Check(Check):
+    """A projector's check (runner.gguf.projector) with the audio encoder's keys and bounds."""
+
+    what = "audio projector"
+
     def __init__(self, header: GGUFHeader, types: Mapping[str, str]) -> None:
-        self.header, self.types = header, types
-        self.by_name = {t.name: t for t in header.tensors}
+        super().__init__(header, types)
+        self.keys = AUDIO_KEYS
 
-    def fail(self, problem: str) -> NoReturn:
-        raise InvalidModelFile(f"{self.header.source} is not a usable audio projector: {problem}")
-
-    def key(self, key: str) -> Any:
-        want, required = AUDIO_KEYS[key]
-        if key not in self.header.metadata:
-            if required:
-                self.fail(f"it has no {key} ({want})")
-            return None
-        got = self.types.get(key)
-        if got != want:
-            self.fail(f"{key} is {got}, clip.cpp reads it as {want} and would abort")
-        value = self.header.metadata[key]
-        if want == "u32" and not 0 < value < 1 << 20:
+    def bound(self, key: str, value: int) -> None:
+        if not 0 < value < 1 << 20:
             self.fail(f"{key} is {value}, out of the range clip.cpp's graph can take")
-        return value
 
-    def tensor(self, name: str, shape: tuple[int, ...], types: frozenset[str]) -> TensorInfo:
-        t = self.by_name.get(name)
-        if t is None:
-            self.fail(f"it has no tensor {name}")
-        got = tuple(t.shape)
-        while len(got) > len(shape) and got[-1] == 1:
-            got = got[:-1]
-        if got != shape:
-            self.fail(f"tensor {name} has shape {list(t.shape)}, clip.cpp's graph needs {list(shape)}")
-        if t.type_name not in types:
-            self.fail(f"tensor {name} is {t.type_name}; this use of it takes {', '.join(sorted(types))}")
-        return t
+    def tensor(
+        self, name: str, shape: tuple[int, ...], types: frozenset[str], required: bool = True
+    ) -> TensorInfo:
+        found = super().tensor(name, shape, types)  # required: a missing one failed
+        assert found is not None
+        return found
 
     def absent(self, name: str, why: str) -> None:
         if name in self.by_name:

@@ -137,19 +137,22 @@ def read_key_types(source: str | os.PathLike[str] | RangeSource) -> dict[str, st
     return types
 
 
-class _Check:
+class Check:
     """One header against clip.cpp's expectations; every failure is one line naming the file."""
+
+    what = "projector"  # the kind of file a failure names
 
     def __init__(self, header: GGUFHeader, types: Mapping[str, str]) -> None:
         self.header = header
         self.types = types
         self.by_name = {t.name: t for t in header.tensors}
+        self.keys: Mapping[str, tuple[str, bool]] = KEYS
 
     def fail(self, problem: str) -> NoReturn:
-        raise InvalidModelFile(f"{self.header.source} is not a usable projector: {problem}")
+        raise InvalidModelFile(f"{self.header.source} is not a usable {self.what}: {problem}")
 
     def key(self, key: str) -> Any:
-        want, required = KEYS[key]
+        want, required = self.keys[key]
         if key not in self.header.metadata:
             if required:
                 self.fail(f"it has no {key} ({want})")
@@ -158,9 +161,13 @@ class _Check:
         if got != want:
             self.fail(f"{key} is {got}, clip.cpp reads it as {want} and would abort")
         value = self.header.metadata[key]
-        if want == "u32" and value > INT32_MAX:
-            self.fail(f"{key} is {value}, more than clip.cpp takes ({INT32_MAX})")
+        if want == "u32":
+            self.bound(key, value)
         return value
+
+    def bound(self, key: str, value: int) -> None:
+        if value > INT32_MAX:
+            self.fail(f"{key} is {value}, more than clip.cpp takes ({INT32_MAX})")
 
     def tensor(
         self, name: str, shape: tuple[int, ...], types: frozenset[str], required: bool = True
@@ -225,7 +232,7 @@ def check_projector(
     on the first problem. key_types defaults to read_key_types(header.source)."""
     header.check_complete()
     _check_is_projector(header)
-    c = _Check(header, read_key_types(header.source) if key_types is None else key_types)
+    c = Check(header, read_key_types(header.source) if key_types is None else key_types)
     kind = _check_kind(c)
     vit = _check_sizes(c, kind)
     _check_embeddings(c, vit)
@@ -254,7 +261,7 @@ def _check_is_projector(header: GGUFHeader) -> None:
         raise InvalidModelFile(f"{header.source} is not a projector: it has no clip.projector_type{model}")
 
 
-def _check_kind(c: _Check) -> str:
+def _check_kind(c: Check) -> str:
     """The projector type, one runner supports, of a vision-only file; every key's type checked."""
     kind = c.key("clip.projector_type") or c.key("clip.vision.projector_type")
     if kind not in SUPPORTED:
@@ -306,7 +313,7 @@ class _Vit:
         return (self.image or QWEN_WARMUP_SIDE * 2 * self.patch) if self.qwen else self.image
 
 
-def _check_sizes(c: _Check, kind: str) -> _Vit:
+def _check_sizes(c: Check, kind: str) -> _Vit:
     """The vision transformer's sizes and the image settings, as clip.cpp would take them."""
     meta = c.header.metadata
     e, n_head = meta["clip.vision.embedding_length"], meta["clip.vision.attention.head_count"]
@@ -341,7 +348,7 @@ def _check_sizes(c: _Check, kind: str) -> _Vit:
     return _Vit(kind, e, n_head, n_head_kv, d_head, n_ff, n_layer, image, patch, layers)
 
 
-def _check_embeddings(c: _Check, vit: _Vit) -> None:
+def _check_embeddings(c: Check, vit: _Vit) -> None:
     """The vision transformer's input: patch, class and position embeddings, and its outer norms
     (load_tensors 2253-2330; build_inp 572; llava.cpp and build_vit use them)."""
     e, patch, kind = vit.e, vit.patch, vit.kind
@@ -366,7 +373,7 @@ def _check_embeddings(c: _Check, vit: _Vit) -> None:
             c.tensor(f"v.{norm}.{part}", (e,), VECTOR, required=False)
 
 
-def _check_blocks(c: _Check, vit: _Vit) -> None:
+def _check_blocks(c: Check, vit: _Vit) -> None:
     """The vision transformer's blocks: attention, norms and feed-forward, each tensor as the graph
     uses it."""
     e, n_ff, qwen = vit.e, vit.n_ff, vit.qwen
@@ -402,7 +409,7 @@ def _check_blocks(c: _Check, vit: _Vit) -> None:
         c.tensor(f"{blk}.ffn_gate.bias", (n_ff,), VECTOR, required=False)
 
 
-def _check_gemma3_projection(c: _Check, vit: _Vit, text_n_embd: int | None) -> tuple[int, int]:
+def _check_gemma3_projection(c: Check, vit: _Vit, text_n_embd: int | None) -> tuple[int, int]:
     """gemma3's pooled, normed and projected patches: (tokens an image becomes, their width)."""
     e, n_side = vit.e, vit.n_side
     merge = c.header.metadata.get("clip.vision.projector.scale_factor", 4)  # 1638-1641
@@ -415,7 +422,7 @@ def _check_gemma3_projection(c: _Check, vit: _Vit, text_n_embd: int | None) -> t
     return vit.n_patches // (merge * merge), width  # clip_n_output_tokens 4213-4223
 
 
-def _check_idefics3_projection(c: _Check, vit: _Vit, text_n_embd: int | None) -> tuple[int, int]:
+def _check_idefics3_projection(c: Check, vit: _Vit, text_n_embd: int | None) -> tuple[int, int]:
     """idefics3's pixel shuffle and projection: (tokens a tile becomes, their width)."""
     meta, e, n_side = c.header.metadata, vit.e, vit.n_side
     # n_merge defaults to 1 (1511), which build_patch_merge_permute asserts against (902); a side
@@ -433,7 +440,7 @@ def _check_idefics3_projection(c: _Check, vit: _Vit, text_n_embd: int | None) ->
     return vit.n_patches // (merge * merge), width  # per tile (clip_n_output_tokens 4216)
 
 
-def _check_mlp_projection(c: _Check, vit: _Vit, text_n_embd: int | None) -> tuple[int, int]:
+def _check_mlp_projection(c: Check, vit: _Vit, text_n_embd: int | None) -> tuple[int, int]:
     """mm.0 -> GELU -> mm.2: LLaVA's projection, or Qwen's merger (required at 2499-2502): (tokens an
     image of vit.counted_side becomes, their width)."""
     e, qwen = vit.e, vit.qwen
@@ -456,7 +463,7 @@ def _check_mlp_projection(c: _Check, vit: _Vit, text_n_embd: int | None) -> tupl
     return tokens, width
 
 
-def _check_qwen_keys(c: _Check, kind: str, d_head: int) -> None:
+def _check_qwen_keys(c: Check, kind: str, d_head: int) -> None:
     """What qwen2vl_merger and qwen2.5vl_merger files must have beyond the common keys: what their
     graph (models/qwen2vl.cpp) and its inputs (clip.cpp 4833-5022) take for granted."""
     patch = c.header.metadata["clip.vision.patch_size"]
