@@ -8,45 +8,27 @@ runner.interrupt leaves the server's own signal handlers alone.
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TypeVar
 
 from runner import ui
-from runner.store import Store, StoredResponse, StoreError, saving_disabled
+from runner.serve.shared.storethread import StoreThread
+from runner.store import StoredResponse, StoreError, saving_disabled
 
-T = TypeVar("T")
 
-
-class ResponseStore:
+class ResponseStore(StoreThread):
     """The responses table of one open store; close() when the server is done."""
 
     def __init__(self, path: Path | None = None) -> None:
-        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="responses")
-        try:
-            self._store = self._thread.submit(Store.open, path).result()
-        except BaseException:
-            self._thread.shutdown()
-            raise
-        self.path = self._store.path
-
-    async def _call(self, work: Callable[[], T]) -> T:
-        return await asyncio.wrap_future(self._thread.submit(work))
+        super().__init__(path, "responses")
 
     async def save(self, stored: StoredResponse) -> None:
-        await self._call(lambda: self._store.save_response(stored))
+        await self.call(lambda s: s.save_response(stored))
 
     async def load(self, response_id: str) -> StoredResponse | None:
-        return await self._call(lambda: self._store.load_response(response_id))
+        return await self.call(lambda s: s.load_response(response_id))
 
     async def remove(self, response_id: str) -> bool:
-        return await self._call(lambda: self._store.remove_response(response_id))
-
-    def close(self) -> None:
-        self._thread.submit(self._store.close).result()
-        self._thread.shutdown()
+        return await self.call(lambda s: s.remove_response(response_id))
 
 
 def open_responses() -> ResponseStore | None:

@@ -10,33 +10,22 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
 from runner import ui
+from runner.serve.shared.storethread import StoreThread
 from runner.store import Store, StoredConversation, StoredMessage, StoreError, Summary, saving_disabled
 from runner.store.turns import holding
 
 T = TypeVar("T")
 
 
-class Conversations:
+class Conversations(StoreThread):
     """One open store, reached from the event loop; close() when the server is done."""
 
     def __init__(self, path: Path | None = None) -> None:
-        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="conversations")
-        try:
-            self._store = self._thread.submit(Store.open, path).result()
-        except BaseException:
-            self._thread.shutdown()
-            raise
-        self.path = self._store.path
-
-    async def call(self, work: Callable[[Store], T]) -> T:
-        """work(store) on the store's thread."""
-        return await asyncio.wrap_future(self._thread.submit(work, self._store))
+        super().__init__(path, "conversations")
 
     async def summaries(self) -> list[Summary]:
         return await self.call(lambda s: s.summaries())
@@ -56,10 +45,6 @@ class Conversations:
             held.release()  # the client left while it waited: given back as soon as it is taken
             raise
         return held
-
-    def close(self) -> None:
-        self._thread.submit(self._store.close).result()
-        self._thread.shutdown()
 
 
 class Held:
