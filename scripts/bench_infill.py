@@ -43,27 +43,10 @@ TYPED = "result = compute_total(values, scale=2)\n    return result\n"
 
 def fim_copy(source: Path, folder: Path) -> Path:
     """SmolLM2 with FIM tokens named (three of its unused control tokens), as the tests write it."""
-    from gguf import GGUFReader, GGUFValueType, GGUFWriter
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+    import synth
 
-    path = folder / "smollm2-fim.gguf"
-    reader = GGUFReader(source)
-    writer = GGUFWriter(str(path), str(reader.fields["general.architecture"].contents()))
-    for name, f in reader.fields.items():
-        if name.startswith("GGUF.") or name == "general.architecture":
-            continue
-        if f.types[0] == GGUFValueType.ARRAY:
-            writer.add_key_value(name, f.contents(), GGUFValueType.ARRAY, sub_type=f.types[-1])
-        else:
-            writer.add_key_value(name, f.contents(), f.types[0])
-    for key, token in FIM_IDS.items():
-        writer.add_uint32(f"tokenizer.ggml.{key}_token_id", token)
-    for tensor in reader.tensors:
-        writer.add_tensor(tensor.name, tensor.data, raw_dtype=tensor.tensor_type)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
+    return synth.with_fim(source, folder / "smollm2-fim.gguf", FIM_IDS)
 
 
 def texts(model: Path, prefix_tokens: int, suffix_tokens: int) -> tuple[str, str]:

@@ -454,11 +454,6 @@ def write_all(folder: str | Path, names: list[str] | None = None) -> dict[str, P
     return {n: write_model(folder / f"{n}.gguf", SPECS[n]) for n in (names or list(SPECS))}
 
 
-if __name__ == "__main__":
-    for name, p in write_all(sys.argv[1] if len(sys.argv) > 1 else "/tmp/synth").items():
-        print(name, p, p.stat().st_size)
-
-
 # -- an audio projector (mmproj) for a text model: a whisper-style encoder, random weights -------------
 
 AUDIO_KINDS = ("ultravox", "voxtral", "qwen2a")
@@ -546,3 +541,32 @@ def write_audio_projector(
     for name, data in tensors.items():
         w.add_tensor(name, data)
     return _finish(w, path)
+
+
+def with_fim(source: Path, path: Path, ids: dict[str, int]) -> Path:
+    """A copy of a GGUF with tokenizer.ggml.<key>_token_id set for each of `ids`, tensors as they are."""
+    from gguf import GGUFReader, GGUFValueType, GGUFWriter
+
+    reader = GGUFReader(source)
+    writer = GGUFWriter(str(path), str(reader.fields["general.architecture"].contents()))
+    for name, f in reader.fields.items():
+        if name.startswith("GGUF.") or name == "general.architecture":
+            continue
+        if f.types[0] == GGUFValueType.ARRAY:
+            writer.add_key_value(name, f.contents(), GGUFValueType.ARRAY, sub_type=f.types[-1])
+        else:
+            writer.add_key_value(name, f.contents(), f.types[0])
+    for key, token in ids.items():
+        writer.add_uint32(f"tokenizer.ggml.{key}_token_id", token)
+    for tensor in reader.tensors:
+        writer.add_tensor(tensor.name, tensor.data, raw_dtype=tensor.tensor_type)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+if __name__ == "__main__":
+    for name, p in write_all(sys.argv[1] if len(sys.argv) > 1 else "/tmp/synth").items():
+        print(name, p, p.stat().st_size)

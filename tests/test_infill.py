@@ -26,6 +26,7 @@ from serving import THREADS, free_port, serving
 from runner.engine.reuse import chunk_moves, reusable
 from runner.engine.text.fim import Chunk, FimTokens, Infill, infill_tokens
 from tests.conftest import run_cli
+from tests.synth import with_fim
 
 FIM_IDS = {"fim_pre": 8, "fim_suf": 9, "fim_mid": 10, "fim_pad": 16, "fim_rep": 3, "fim_sep": 5}
 LLAMA_SERVER = Path(os.environ.get("LLAMA_SERVER", "/tmp/peers/build/bin/llama-server"))
@@ -49,30 +50,6 @@ SERVER_BARE = {  # prefix "def add(a, b):\n    ", suffix "\n", nothing else
     "<issue_start>def add(a, b):\n    <issue_comment>\n<issue_closed>",
     "tokens_evaluated": 19,
 }
-
-
-def with_fim(source: Path, path: Path, ids: dict[str, int]) -> Path:
-    """A copy of a GGUF with tokenizer.ggml.<key>_token_id set for each of `ids`, tensors as they are."""
-    from gguf import GGUFReader, GGUFValueType, GGUFWriter
-
-    reader = GGUFReader(source)
-    writer = GGUFWriter(str(path), str(reader.fields["general.architecture"].contents()))
-    for name, f in reader.fields.items():
-        if name.startswith("GGUF.") or name == "general.architecture":
-            continue
-        if f.types[0] == GGUFValueType.ARRAY:
-            writer.add_key_value(name, f.contents(), GGUFValueType.ARRAY, sub_type=f.types[-1])
-        else:
-            writer.add_key_value(name, f.contents(), f.types[0])
-    for key, token in ids.items():
-        writer.add_uint32(f"tokenizer.ggml.{key}_token_id", token)
-    for tensor in reader.tensors:
-        writer.add_tensor(tensor.name, tensor.data, raw_dtype=tensor.tensor_type)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
 
 
 @pytest.fixture(scope="module")
