@@ -139,11 +139,11 @@ class Slot:
         self.n_out += 1
         self.history.append(token)
         answering = scored is not None and self.splitter.answering()
-        header = self.splitter.in_header()  # channels: a header's tokens (its last too) are no thinking
+        thinks = job.reasoning is not None
+        header = thinks and self.splitter.in_header()  # channels: a header's tokens are no thinking
         text, stopped = self.text.push(_piece(vocab, token, job))
         parts = self.splitter.push(text) if text else []
-        header = header or self.splitter.in_header()
-        if job.reasoning is not None and not (self.splitter.answering() or header):
+        if thinks and not (header or self.splitter.in_header() or self.splitter.answering()):
             self.reasoned += 1
             budget = job.reasoning_budget if job.grammar is None and job.guide is None else None
             if budget is not None and self.reasoned >= budget and self.closer:
