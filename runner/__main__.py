@@ -23,6 +23,10 @@ def main() -> None:
             interrupt.uninstall()
     except (KeyboardInterrupt, interrupt.Stopped):
         raise SystemExit(interrupt.exit_code()) from None
+    except RuntimeError as exc:  # a Ctrl-C that Python wrapped during an import (interrupt.wrapped)
+        if not interrupt.wrapped(exc):
+            raise
+        raise SystemExit(interrupt.exit_code()) from None
 
 
 if __name__ == "__main__":

@@ -64,6 +64,21 @@ class Stopped(BaseException):
         self.signum = signum
 
 
+def wrapped(error: BaseException) -> bool:
+    """Whether `error` is a Ctrl-C (or Stopped) that Python wrapped on its way up.
+
+    Python 3.11 turns any exception from a class body's `__set_name__` into "RuntimeError: Error
+    calling __set_name__", with the KeyboardInterrupt as its cause: a Ctrl-C that lands while a
+    module defines a dataclass came out as a RuntimeError and a traceback instead of exit 130."""
+    seen = 0
+    cause = error.__cause__
+    while cause is not None and seen < 8:
+        if isinstance(cause, (KeyboardInterrupt, Stopped)):
+            return True
+        cause, seen = cause.__cause__, seen + 1
+    return False
+
+
 def requested() -> bool:
     """Whether Ctrl-C (or SIGTERM, SIGHUP) came since the flag was last cleared."""
     return _flag.is_set()

@@ -150,6 +150,33 @@ def test_a_ctrl_c_python_cannot_raise_where_it_lands_is_kept_not_printed(
     assert "Exception ignored" not in capfd.readouterr().err
 
 
+def test_a_ctrl_c_python_wraps_during_an_import_still_exits_130(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Python 3.11 wraps whatever a class body's __set_name__ raises in a RuntimeError: a Ctrl-C while
+    a lazily imported module defines a dataclass came out as a traceback and exit 1 (seen in CI)."""
+    import runner.__main__ as entry
+    import runner.cli
+
+    class Lands:
+        def __set_name__(self, owner: type, name: str) -> None:
+            raise KeyboardInterrupt
+
+    def import_a_module() -> None:
+        type("Defined", (), {"field": Lands()})  # what a module's class statement runs
+
+    if sys.version_info < (3, 12):  # 3.12 lets the KeyboardInterrupt through unwrapped
+        with pytest.raises(RuntimeError) as caught:
+            import_a_module()
+        assert interrupt.wrapped(caught.value)
+    assert not interrupt.wrapped(RuntimeError("another error"))
+    monkeypatch.setattr(runner.cli, "main", import_a_module)
+    with pytest.raises(SystemExit) as ended:
+        entry.main()
+    assert ended.value.code == 130
+    monkeypatch.setattr(runner.cli, "main", lambda: (_ for _ in ()).throw(RuntimeError("a real bug")))
+    with pytest.raises(RuntimeError, match="a real bug"):
+        entry.main()
+
+
 @pytest.mark.timeout(300)
 def test_sigint_to_runner_run_never_hangs_nor_prints_a_traceback(smollm2_path: Path) -> None:
     args = ["run", "smollm2", PROMPTS[2], "--temperature", "0", "--max-tokens", "24", "--ctx", "2048"]

@@ -77,6 +77,11 @@ def edge(command: F) -> F:
         except BrokenPipeError:
             _silence_stdout()
             raise typer.Exit(EXIT_BROKEN_PIPE) from None
+        except RuntimeError as exc:  # a Ctrl-C that Python wrapped during a lazy import
+            if not interrupt.wrapped(exc):
+                raise
+            _flush_or_silence()
+            raise typer.Exit(interrupt.exit_code()) from None
 
     return wrapper  # type: ignore[return-value]
 
