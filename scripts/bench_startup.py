@@ -6,7 +6,8 @@
 --minimal adds the floor issue 56 measures against: a script that loads the model with
 llama-cpp-python's low-level API, tokenizes, decodes, samples one token greedily and prints it, as a
 process of its own (its wall time), interleaved with the installs; each install's one-token run
-against it (target: <= 1.1x).
+against it (target: <= 1.1x). The script evaluates the same prompt runner does (the model's template
+with its default system prompt, from `runner tokens --template --pieces`) on all the machine's cores.
 
 Each round runs, for every install in turn: `runner --help` (wall), `runner run --help` (wall), and
 `runner run MODEL hi --max-tokens 1 --json` (wall, and `timings.startup_s`: the process's start to its
@@ -22,19 +23,26 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import time
 from pathlib import Path
 
+# Python's bytecode is written and read as after a pip install (which precompiles it): a shell that
+# sets PYTHONDONTWRITEBYTECODE (this machine's does) recompiles an editable checkout's ~120 modules on
+# every start, ~0.09 s that no installed runner pays.
+ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+
 
 def wall(command: list[str]) -> tuple[float, str]:
     start = time.perf_counter()
-    done = subprocess.run(command, capture_output=True, text=True, check=True)
+    done = subprocess.run(command, capture_output=True, text=True, check=True, env=ENV)
     return time.perf_counter() - start, done.stdout
 
 
 MINIMAL = r"""
+import os
 import sys
 import llama_cpp as L
 import ctypes
@@ -44,11 +52,12 @@ L.llama_backend_init()
 model = L.llama_model_load_from_file(sys.argv[1].encode(), L.llama_model_default_params())
 params = L.llama_context_default_params()
 params.n_ctx, params.n_batch = 512, 512
+params.n_threads = params.n_threads_batch = os.cpu_count() or 1
 ctx = L.llama_init_from_model(model, params)
 vocab = L.llama_model_get_vocab(model)
-text = b"<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
-tokens = (L.llama_token * 64)()
-n = L.llama_tokenize(vocab, text, len(text), tokens, 64, True, True)
+text = sys.argv[2].encode()  # the prompt as runner renders "hi" with the model's own template
+tokens = (L.llama_token * 256)()
+n = L.llama_tokenize(vocab, text, len(text), tokens, 256, False, True)
 L.llama_decode(ctx, L.llama_batch_get_one(tokens, n))
 chain = L.llama_sampler_chain_init(L.llama_sampler_chain_default_params())
 L.llama_sampler_chain_add(chain, L.llama_sampler_init_greedy())
@@ -62,6 +71,21 @@ print(piece.raw[:size].decode("utf-8", "replace"))
 def model_file(model: str, exe: str) -> str:
     """The GGUF file `runner show` finds for MODEL (offline: nothing fetched)."""
     return str(json.loads(wall([exe, "show", model, "--offline", "--json"])[1])["file"])
+
+
+def rendered(model: str, exe: str) -> str:
+    """The text runner evaluates for the prompt "hi": the model's chat template, its default system
+    prompt included (SmolLM2's: 31 tokens), so that the script prefills what runner prefills."""
+    messages = json.dumps([{"role": "user", "content": "hi"}])
+    done = subprocess.run(
+        [exe, "tokens", model, "--template", "--pieces", "--offline"],
+        input=messages,
+        capture_output=True,
+        text=True,
+        check=True,
+        env=ENV,
+    )
+    return "".join(json.loads(line.split("\t", 1)[1]) for line in done.stdout.splitlines()[1:])
 
 
 def quartiles(values: list[float]) -> str:
@@ -86,10 +110,11 @@ def main() -> None:
         wall([exe, "run", args.model, "hi", "--max-tokens", "1", "--json"])
     floor: list[float] = []
     path = model_file(args.model, installs[0][1]) if args.minimal else ""
+    text = rendered(args.model, installs[0][1]) if args.minimal else ""
     python = str(Path(installs[0][1]).with_name("python"))
     for _ in range(args.rounds):
         if args.minimal:
-            floor.append(wall([python, "-c", MINIMAL, path])[0])
+            floor.append(wall([python, "-c", MINIMAL, path, text])[0])
         for label, exe in installs:
             f = figures[label]
             f["help"].append(wall([exe, "--help"])[0])
