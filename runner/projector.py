@@ -37,19 +37,21 @@ def attach(engine: Any, mmproj: str | Path, header: GGUFHeader) -> None:
 
 
 def check(path: str | Path, header: GGUFHeader | None) -> Any:
-    """The projector's facts (runner.gguf.projector.ProjectorInfo, or an audio projector's
-    runner.gguf.audio_projector.AudioProjectorInfo), or one line saying why not; its width checked
-    against the model's where its header is given."""
+    """The projector's facts (runner.gguf.projector.ProjectorInfo, an audio projector's
+    runner.gguf.audio_projector.AudioProjectorInfo, or both: OmniProjectorInfo), or one line saying
+    why not; its width checked against the model's where its header is given."""
     width = header.arch_get("embedding_length") if header is not None else None
     return _checked(read_header(path), width if isinstance(width, int) else None)
 
 
 def _checked(projector: GGUFHeader, width: int | None) -> Any:
-    from runner.gguf.audio_projector import check_audio_projector, is_audio_projector
+    from runner.gguf import audio_projector as audio
     from runner.gguf.projector import check_projector, read_key_types
 
-    if is_audio_projector(projector):
-        return check_audio_projector(projector, read_key_types(projector.source), text_n_embd=width)
+    if audio.is_audio_projector(projector):
+        return audio.check_audio_projector(projector, read_key_types(projector.source), text_n_embd=width)
+    if audio.is_omni_projector(projector):
+        return audio.check_omni_projector(projector, read_key_types(projector.source), text_n_embd=width)
     return check_projector(projector, text_n_embd=width)
 
 
@@ -57,8 +59,8 @@ def memory(mmproj: str | Path, header: GGUFHeader | None = None) -> Any:
     """What libmtmd will allocate for the projector at mmproj (a file, or the Hub URL of one not
     downloaded: its header read remotely), checked first (runner.memory.projector.ProjectorMemory:
     its weights and its encoder's compute buffer, either place the plan may put them)."""
-    from runner.gguf.audio_projector import AudioProjectorInfo
-    from runner.memory.audio_projector import estimate_audio_projector
+    from runner.gguf.audio_projector import AudioProjectorInfo, OmniProjectorInfo
+    from runner.memory.audio_projector import estimate_audio_projector, estimate_omni_projector
     from runner.memory.projector import estimate_projector
 
     remote = isinstance(mmproj, str) and mmproj.startswith(("http://", "https://"))
@@ -67,6 +69,8 @@ def memory(mmproj: str | Path, header: GGUFHeader | None = None) -> Any:
     info = _checked(projector, width if isinstance(width, int) else None)
     if isinstance(info, AudioProjectorInfo):
         return estimate_audio_projector(projector, info)
+    if isinstance(info, OmniProjectorInfo):
+        return estimate_omni_projector(projector, estimate_projector(projector, info.vision), info.audio)
     return estimate_projector(projector, info)
 
 

@@ -28,12 +28,16 @@ clip.cpp (tools/mtmd/clip.cpp in the pinned llama.cpp) takes for its projector t
   F32 vectors; about 300 KB for SmolLM2. They are made for a text model with M-RoPE positions: --mrope-out
   writes a qwen2vl-architecture copy of the text model (as_qwen2vl), with which libmtmd gives an
   image of nx x ny tokens max(nx, ny) positions (mtmd.cpp 2536).
+- qwen25o (clip.projector_type qwen2.5o, Qwen2.5-Omni's): one file with both encoders, which libmtmd
+  opens twice: the qwen25vl ViT above for images, and for audio a whisper encoder of width 40, 2 heads,
+  2 blocks over 128 mel bins and 1500 positions with Qwen2-Audio's one projection (mm.a.fc): 750
+  audio tokens a 30-second window (docs/audio.md). About 790 KB for SmolLM2.
 
 The projection's output width is the text model's embedding width, read from MODEL.gguf's header
 (runner's own bounded reader). Weights are random but deterministic: the same seed, the same bytes.
 
     python scripts/make_test_projector.py OUT.gguf --for MODEL.gguf [--seed N]
-        [--type mlp|gemma3|idefics3|qwen2vl|qwen25vl] [--vocab-out MODEL-idefics3.gguf]
+        [--type mlp|gemma3|idefics3|qwen2vl|qwen25vl|qwen25o] [--vocab-out MODEL-idefics3.gguf]
         [--mrope-out MODEL-qwen2vl.gguf]
 
 Tests build malformed variants from projector_spec's output (a key's type changed, a tensor
@@ -54,7 +58,9 @@ from gguf import GGUFValueType, GGUFWriter
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-KINDS = ("mlp", "gemma3", "idefics3", "qwen2vl", "qwen25vl")
+KINDS = ("mlp", "gemma3", "idefics3", "qwen2vl", "qwen25vl")  # vision
+AUDIO_KINDS = ("qwen25o",)  # an audio encoder (qwen25o: and the qwen25vl one); docs/audio.md
+AUDIO_WIDTH, AUDIO_MEL, AUDIO_POS = 40, 128, 1500  # an audio encoder's: not a power of two (docs/audio.md)
 QWEN = {"qwen2vl": "qwen2vl_merger", "qwen25vl": "qwen2.5vl_merger"}  # --type -> clip.projector_type
 # SmolVLM's tokens that libmtmd looks up for an idefics3 image (mtmd.cpp 750), in place of unused ones
 IDEFICS3_TOKENS = {"<repo_name>": "<fake_token_around_image>", "<reponame>": "<global-img>"}
@@ -88,10 +94,12 @@ def projector_spec(kind: str, text_n_embd: int, seed: int = 0) -> tuple[list[KV]
     """The metadata and tensors of a `kind` projector into a text model of width text_n_embd. Each
     array has numpy's shape, the reverse of ggml's: a matrix ggml reads as [n_in, n_out] is
     (n_out, n_in) here."""
-    if kind not in KINDS:
-        raise ValueError(f"unknown projector type {kind!r}: one of {', '.join(KINDS)}")
+    if kind not in KINDS + AUDIO_KINDS:
+        raise ValueError(f"unknown projector type {kind!r}: one of {', '.join(KINDS + AUDIO_KINDS)}")
     if kind in QWEN:
         return _qwen_spec(kind, text_n_embd, seed)
+    if kind == "qwen25o":
+        return _omni_spec(text_n_embd, seed)
     rng = np.random.default_rng(seed)
     gemma, siglip = kind == "gemma3", kind in ("gemma3", "idefics3")
     image, patch, blocks = (32, 8, 2) if siglip else (28, 14, 2)
@@ -211,6 +219,60 @@ def _qwen_spec(kind: str, text_n_embd: int, seed: int) -> tuple[list[KV], dict[s
     return kvs, {k: a.astype(np.float16) if a.ndim > 1 else a for k, a in tensors.items()}
 
 
+def _omni_spec(text_n_embd: int, seed: int) -> tuple[list[KV], dict[str, np.ndarray]]:
+    """projector_spec's qwen25o: Qwen2.5-Omni's one file with both encoders (conversion/qwenvl.py
+    Qwen25OmniModel), clip.projector_type qwen2.5o, which clip.cpp reads as qwen2.5vl_merger for the
+    vision encoder and qwen2a for the audio one: _qwen_spec's qwen25vl ViT beside a whisper encoder
+    of width 40 and Qwen2-Audio's one projection (mm.a.fc)."""
+    kvs, tensors = _qwen_spec("qwen25vl", text_n_embd, seed)
+    kvs = [KV(kv.key, "qwen2.5o", kv.vtype) if kv.key == "clip.projector_type" else kv for kv in kvs]
+    kvs[0] = KV("general.name", "runner test projector (qwen25o)", GGUFValueType.STRING)
+    rng = np.random.default_rng(seed + 2)  # seed 0: SmolLM2 answers a clip with words, not its end
+    e = AUDIO_WIDTH
+
+    def weight(*shape: int, scale: float = 0.05) -> np.ndarray:
+        return (rng.standard_normal(shape) * scale).astype(np.float32)
+
+    audio_kvs, audio = _whisper(weight, blocks=2)
+    audio["mm.a.fc.weight"], audio["mm.a.fc.bias"] = weight(text_n_embd, e), weight(text_n_embd)
+    kvs += [KV("clip.has_audio_encoder", True, GGUFValueType.BOOL), *audio_kvs,
+            _u32("clip.audio.projection_dim", text_n_embd)]  # fmt: skip
+    return kvs, {**tensors, **audio}
+
+
+def _whisper(weight: Any, blocks: int) -> tuple[list[KV], dict[str, np.ndarray]]:
+    """A whisper encoder's keys and tensors (models/whisper-enc.cpp) as the converter writes them
+    (Qwen25AudioModel): F16 convolutions, 2-D convolution biases, no K bias, ln_post."""
+    e, f, mel = AUDIO_WIDTH, 2 * AUDIO_WIDTH + 8, AUDIO_MEL  # ffn width unlike e (clip.cpp swaps)
+    kvs = [
+        _u32("clip.audio.num_mel_bins", mel),
+        _u32("clip.audio.embedding_length", e),
+        _u32("clip.audio.feed_forward_length", f),
+        _u32("clip.audio.block_count", blocks),
+        _u32("clip.audio.attention.head_count", HEADS),
+        KV("clip.audio.attention.layer_norm_epsilon", 1e-5, GGUFValueType.FLOAT32),
+    ]
+    tensors: dict[str, np.ndarray] = {
+        "a.conv1d.1.weight": weight(e, mel, 3).astype(np.float16),  # ggml [3, mel, E]
+        "a.conv1d.1.bias": weight(e, 1),  # ggml [1, E]
+        "a.conv1d.2.weight": weight(e, e, 3).astype(np.float16),
+        "a.conv1d.2.bias": weight(e, 1),
+        "a.position_embd.weight": weight(AUDIO_POS, e),
+    }
+    for i in range(blocks):
+        blk = f"a.blk.{i}"
+        for part in ("attn_q", "attn_k", "attn_v", "attn_out"):
+            tensors[f"{blk}.{part}.weight"] = weight(e, e)
+            if part != "attn_k":
+                tensors[f"{blk}.{part}.bias"] = weight(e)
+        for norm in ("ln1", "ln2"):
+            tensors[f"{blk}.{norm}.weight"], tensors[f"{blk}.{norm}.bias"] = np.ones(e, np.float32), weight(e)
+        tensors[f"{blk}.ffn_up.weight"], tensors[f"{blk}.ffn_up.bias"] = weight(f, e), weight(f)
+        tensors[f"{blk}.ffn_down.weight"], tensors[f"{blk}.ffn_down.bias"] = weight(e, f), weight(e)
+    tensors["a.post_ln.weight"], tensors["a.post_ln.bias"] = np.ones(e, np.float32), weight(e)
+    return kvs, tensors
+
+
 def write_projector(path: str | Path, kvs: list[KV], tensors: dict[str, np.ndarray]) -> Path:
     """Write the metadata and tensors as a GGUF file of architecture clip."""
     writer = GGUFWriter(str(path), arch="clip")
@@ -325,7 +387,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("out", type=Path, help="the projector GGUF to write")
     parser.add_argument("--for", dest="model", type=Path, required=True, help="the text model's GGUF")
-    parser.add_argument("--type", dest="kind", choices=KINDS, default="mlp")
+    parser.add_argument("--type", dest="kind", choices=KINDS + AUDIO_KINDS, default="mlp")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--vocab-out", type=Path, help="idefics3: also write the text model with its tokens")
     parser.add_argument("--mrope-out", type=Path, help="also write the text model as qwen2vl (M-RoPE)")

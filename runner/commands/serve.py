@@ -352,10 +352,12 @@ def _offer(
             return info
         images, image_bytes = image_limits(request)
         from runner.gguf import read_header
-        from runner.gguf.audio_projector import is_audio_projector
+        from runner.gguf.audio_projector import is_audio_projector, is_omni_projector
 
-        hears = is_audio_projector(read_header(projector))
-        return replace(info, max_images=images, max_image_bytes=image_bytes, sees=not hears, hears=hears)
+        head = read_header(projector)
+        sees = not is_audio_projector(head)
+        hears = not sees or is_omni_projector(head)
+        return replace(info, max_images=images, max_image_bytes=image_bytes, sees=sees, hears=hears)
 
     def needs() -> dict[str, int]:
         from runner.projector import memory

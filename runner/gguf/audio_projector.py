@@ -27,11 +27,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from runner.gguf.header import GGUFHeader, TensorInfo
-from runner.gguf.projector import Check
+from runner.gguf.projector import Check, ProjectorInfo, check_projector
 
-AUDIO_SUPPORTED = ("ultravox", "voxtral", "qwen2a")
+AUDIO_SUPPORTED = ("ultravox", "voxtral", "qwen2a", "qwen2.5o")
 STACKED = ("ultravox", "voxtral")  # clip.audio.projector.stack_factor required (clip.cpp 1803)
 POOLED = ("voxtral", "qwen2a")  # nn.AvgPool1d(2): half the positions (clip-model.h audio_has_avgpool)
+# Qwen2.5-Omni's one file with both encoders: clip.cpp reads its type as qwen2a for the audio one
+# and qwen2.5vl_merger for the vision one (load_hparams, clip.cpp 1292)
+OMNI = {"qwen2.5o": ("qwen2a", "qwen2.5vl_merger")}
 WINDOW_SECONDS = 30  # hparams.audio_chunk_len
 WINDOW_FRAMES = 3000  # mel frames of one window (hop 160 at 16 kHz)
 N_POS = WINDOW_FRAMES // 2  # positions after the stride-2 convolution: a.position_embd needs as many rows
@@ -43,7 +46,13 @@ CONV = frozenset({"F32", "F16"})
 # Every key clip.cpp reads for an audio projector of these types, with the GGUF type its getter asserts
 # fmt: off
 AUDIO_KEYS: dict[str, tuple[str, bool]] = {
+    "general.name":                            ("str", False),
+    "general.description":                     ("str", False),
     "clip.has_audio_encoder":                  ("bool", True),
+    "clip.has_gen_audio_encoder":              ("bool", False),
+    "clip.use_gelu":                           ("bool", False),  # read for every modality, then
+    "clip.use_silu":                           ("bool", False),  # overridden (GELU for these types)
+    "clip.vision.mm_patch_merge_type":         ("str", False),   # read for every modality too
     "clip.has_vision_encoder":                 ("bool", False),
     "clip.projector_type":                     ("str", False),
     "clip.audio.projector_type":               ("str", False),
@@ -96,6 +105,40 @@ def is_audio_projector(header: GGUFHeader) -> bool:
     return meta.get("clip.has_audio_encoder") is True and meta.get("clip.has_vision_encoder") is not True
 
 
+def is_omni_projector(header: GGUFHeader) -> bool:
+    """A projector with both encoders (Qwen2.5-Omni's): check_omni_projector's to check."""
+    meta = header.metadata
+    return meta.get("clip.has_audio_encoder") is True and meta.get("clip.has_vision_encoder") is True
+
+
+@dataclass(frozen=True)
+class OmniProjectorInfo:
+    """A file with both encoders: what an image costs through one, a clip through the other."""
+
+    vision: ProjectorInfo
+    audio: AudioProjectorInfo
+
+    @property
+    def projector_type(self) -> str:
+        return self.audio.projector_type
+
+
+def check_omni_projector(
+    header: GGUFHeader, types: Mapping[str, str], *, text_n_embd: int | None = None
+) -> OmniProjectorInfo:
+    """Both halves of a projector with both encoders, each against what clip.cpp reads for the type
+    it makes of the file's (OMNI): the audio encoder here, the vision one by runner.gguf.projector."""
+    kind = header.metadata.get("clip.projector_type")
+    if kind not in OMNI:
+        _Check(header, types).fail(
+            f"it has both an audio and a vision encoder, and its projector type {kind!r} is not one "
+            f"runner takes both through ({', '.join(OMNI)})"
+        )
+    audio = check_audio_projector(header, types, text_n_embd=text_n_embd)
+    vision = check_projector(header, text_n_embd, key_types=types, omni=True)
+    return OmniProjectorInfo(vision, audio)
+
+
 class _Check(Check):
     """A projector's check (runner.gguf.projector) with the audio encoder's keys and bounds."""
 
@@ -129,12 +172,15 @@ def check_audio_projector(
     c = _Check(header, types)
     if c.key("clip.has_audio_encoder") is not True:
         c.fail("clip.has_audio_encoder is not true: it has no audio encoder")
-    kind = c.key("clip.projector_type") or c.key("clip.audio.projector_type") or ""
-    if kind not in AUDIO_SUPPORTED:
+    for key in AUDIO_KEYS:
+        c.key(key)  # every type, before any value is used
+    named = c.key("clip.projector_type") or c.key("clip.audio.projector_type") or ""
+    if named not in AUDIO_SUPPORTED:
         c.fail(
-            f"its projector type {kind!r} is not one runner takes audio through "
+            f"its projector type {named!r} is not one runner takes audio through "
             f"({', '.join(AUDIO_SUPPORTED)})"
         )
+    kind = OMNI[named][0] if named in OMNI else named  # the graph clip.cpp builds
     mel, e, heads = (
         c.key("clip.audio.num_mel_bins"),
         c.key("clip.audio.embedding_length"),
@@ -170,7 +216,7 @@ def check_audio_projector(
             "is it this model's?"
         )
     return AudioProjectorInfo(
-        projector_type=kind,
+        projector_type=named,
         n_mel=mel,
         width=e,
         heads=heads,

@@ -225,15 +225,20 @@ def _f32(x: float) -> float:
 
 
 def check_projector(
-    header: GGUFHeader, text_n_embd: int | None = None, *, key_types: Mapping[str, str] | None = None
+    header: GGUFHeader,
+    text_n_embd: int | None = None,
+    *,
+    key_types: Mapping[str, str] | None = None,
+    omni: bool = False,
 ) -> ProjectorInfo:
     """Check a projector's header (from read_header) against what the pinned clip.cpp reads for its
     type, and against the text model's embedding width when given; raise InvalidModelFile in one line
-    on the first problem. key_types defaults to read_key_types(header.source)."""
+    on the first problem. key_types defaults to read_key_types(header.source). `omni`: the vision
+    half of a file with both encoders, whose audio half runner.gguf.audio_projector checks."""
     header.check_complete()
     _check_is_projector(header)
     c = Check(header, read_key_types(header.source) if key_types is None else key_types)
-    kind = _check_kind(c)
+    kind = _check_kind(c, omni)
     vit = _check_sizes(c, kind)
     _check_embeddings(c, vit)
     _check_blocks(c, vit)
@@ -261,15 +266,18 @@ def _check_is_projector(header: GGUFHeader) -> None:
         raise InvalidModelFile(f"{header.source} is not a projector: it has no clip.projector_type{model}")
 
 
-def _check_kind(c: Check) -> str:
-    """The projector type, one runner supports, of a vision-only file; every key's type checked."""
+def _check_kind(c: Check, omni: bool = False) -> str:
+    """The projector type, one runner supports, of a vision-only file (or the vision half of a
+    qwen2.5o one: qwen2.5vl_merger, clip.cpp 1292); every key's type checked."""
     kind = c.key("clip.projector_type") or c.key("clip.vision.projector_type")
+    if omni and kind == "qwen2.5o":
+        kind = "qwen2.5vl_merger"
     if kind not in SUPPORTED:
         names = f"{', '.join(SUPPORTED[:-1])} and {SUPPORTED[-1]}"
         c.fail(f"projector type {kind!r} is not supported (runner supports {names})")
     if c.key("clip.has_vision_encoder") is not True:
         c.fail("clip.has_vision_encoder is not true: it has no vision encoder")
-    if c.key("clip.has_audio_encoder") or c.key("clip.has_gen_audio_encoder"):
+    if (c.key("clip.has_audio_encoder") and not omni) or c.key("clip.has_gen_audio_encoder"):
         c.fail("it also has an audio encoder, which runner does not check")
     for key in KEYS:
         c.key(key)  # every type, before any value is used

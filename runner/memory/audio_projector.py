@@ -14,11 +14,13 @@ test projector (tests/test_audio.py: 3.66 MiB with flash attention, 18.08 MiB wi
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from runner.memory.graph import pad
 from runner.memory.kv import CPU_ALIGNMENT
 from runner.memory.projector import COMPUTE_META, HOST_FIXED, ProjectorMemory, weight_bytes
+from runner.memory.weights import cuda_size
 
 
 def window_compute_bytes(info: Any, flash_attn: bool) -> int:
@@ -50,4 +52,24 @@ def estimate_audio_projector(header: Any, info: Any) -> ProjectorMemory:
         compute_gpu=gpu,
         inputs_gpu_host=pad(mel, CPU_ALIGNMENT),
         host_bytes=host,
+    )
+
+
+def estimate_omni_projector(header: Any, vision: ProjectorMemory, info: Any) -> ProjectorMemory:
+    """A file with both encoders (qwen2.5o): libmtmd opens it twice, a clip context for each, and
+    each reserves its own compute buffer; `vision` is the vision half's ProjectorMemory (every tensor
+    counted once), to which the audio encoder's buffers and host memory are added, and the patch
+    kernels the audio context loads too (clip.cpp load_tensors takes v.patch_embd.* whatever the
+    modality)."""
+    audio = estimate_audio_projector(header, info)
+    twice = [t for t in header.tensors if t.name.startswith("v.patch_embd.")]
+    return replace(
+        vision,
+        projector_type=info.projector_type,  # qwen2.5o, whose images cost what the vision half says
+        weights_cpu=vision.weights_cpu + sum(pad(t.nbytes, CPU_ALIGNMENT) for t in twice),
+        weights_gpu=vision.weights_gpu + sum(cuda_size(t) for t in twice),
+        compute_cpu=vision.compute_cpu + audio.compute_cpu,
+        compute_gpu=vision.compute_gpu + audio.compute_gpu,
+        inputs_gpu_host=vision.inputs_gpu_host + audio.inputs_gpu_host,
+        host_bytes=vision.host_bytes + audio.host_bytes,
     )

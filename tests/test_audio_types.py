@@ -1,0 +1,173 @@
+"""Audio projector types beyond whisper's own (tests/test_audio.py: ultravox, voxtral, qwen2a):
+qwen2.5o, Qwen2.5-Omni's one file with a vision and an audio encoder, and qwen3a, Qwen3-ASR's. Each
+test projector (scripts/make_test_projector.py --type qwen25o|qwen3a, random weights) passes the
+header check, gives llama-server --mmproj's greedy answer token for token through `runner run --audio`,
+and its encoder's compute buffer is planned within 5% of libmtmd's; a malformed one is one line and
+exit 2, before libmtmd opens it."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from gguf import GGUFValueType
+
+from runner.errors import InvalidModelFile
+from runner.gguf import read_header
+from runner.gguf.audio_projector import AudioProjectorInfo, OmniProjectorInfo
+from runner.projector import check, memory
+from tests.conftest import run_cli
+from tests.helpers import load_script, random_png
+from tests.test_audio import LLAMA_SERVER, WIDTH, runner_answer, server_answers, tone
+
+mtp = load_script("make_test_projector")
+
+
+def _write(path: Path, kind: str, edit: Any = None) -> Path:
+    kvs, tensors = mtp.projector_spec(kind, WIDTH)
+    if edit is not None:
+        kvs, tensors = edit(kvs, tensors)
+    return mtp.write_projector(path, kvs, tensors)
+
+
+class _Smollm2:
+    """SmolLM2's header as runner.projector.check reads it: its embedding width."""
+
+    def arch_get(self, key: str) -> int | None:
+        return WIDTH if key == "embedding_length" else None
+
+
+def _checked(path: Path) -> Any:
+    return check(path, _Smollm2())  # type: ignore[arg-type]
+
+
+def _key(key: str, value: Any, vtype: GGUFValueType | None = None):
+    def edit(kvs: list, tensors: dict) -> tuple[list, dict]:
+        kept = [kv for kv in kvs if kv.key != key]
+        if value is not None:
+            kept.append(mtp.KV(key, value, vtype or GGUFValueType.UINT32))
+        return kept, tensors
+
+    return edit
+
+
+def _tensor(name: str, array: Any):
+    def edit(kvs: list, tensors: dict) -> tuple[list, dict]:
+        changed = dict(tensors)
+        if array is None:
+            changed.pop(name)
+        else:
+            changed[name] = array(tensors) if callable(array) else array
+        return kvs, changed
+
+    return edit
+
+
+# -- qwen2.5o: both encoders in one file ------------------------------------------------------------
+
+
+@pytest.mark.fast
+def test_an_omni_projector_is_checked_as_both_halves(tmp_path: Path) -> None:
+    info = _checked(_write(tmp_path / "omni.gguf", "qwen25o"))
+    assert isinstance(info, OmniProjectorInfo)
+    assert info.audio.projector_type == "qwen2.5o" and info.audio.window_tokens == 750  # pooled, as qwen2a
+    assert info.vision.projector_type == "qwen2.5vl_merger" and info.vision.mrope
+    assert info.audio.projection_width == info.vision.projection_width == WIDTH
+    from runner.memory.audio_projector import window_compute_bytes
+    from runner.memory.projector import estimate_projector
+
+    header = read_header(tmp_path / "omni.gguf")
+    planned, vision = memory(tmp_path / "omni.gguf"), estimate_projector(header, info.vision)
+    # an image's cost is the vision half's; both encoders' buffers are held, one clip context each
+    assert planned.image_tokens == vision.image_tokens == 4096 and planned.sized
+    assert planned.compute_cpu == vision.compute_cpu + window_compute_bytes(info.audio, flash_attn=True)
+    assert planned.weights_cpu > vision.weights_cpu  # the patch kernels, loaded by both contexts
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize(
+    ("edit", "problem"),
+    [
+        (_key("clip.vision.n_wa_pattern", None), "no clip.vision.n_wa_pattern"),  # the vision half
+        (_key("clip.use_silu", 1), "clip.use_silu is u32"),
+        (_tensor("a.position_embd.weight", None), "no tensor a.position_embd.weight"),  # the audio half
+        (_tensor("a.blk.0.attn_k.bias", np.zeros(40, np.float32)), "a.blk.0.attn_k.bias"),
+        (_tensor("mm.a.fc.weight", lambda t: t["mm.a.fc.weight"].T.copy()), "mm.a.fc.weight"),
+        (_key("clip.audio.num_mel_bins", None), "no clip.audio.num_mel_bins"),
+        (_key("clip.audio.num_mel_bins", 128.0, GGUFValueType.FLOAT32), "num_mel_bins is f32"),
+        (_key("clip.projector_type", "qwen2.5vl_merger", GGUFValueType.STRING), "takes both through"),
+        (_tensor("v.patch_embd.weight.1", None), "no tensor v.patch_embd.weight.1"),
+    ],
+)
+def test_a_malformed_omni_projector_is_one_line(tmp_path: Path, edit: Any, problem: str) -> None:
+    with pytest.raises(InvalidModelFile) as caught:
+        _checked(_write(tmp_path / "bad.gguf", "qwen25o", edit))
+    assert problem in str(caught.value) and "\n" not in str(caught.value), str(caught.value)
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    folder = tmp_path_factory.mktemp("audio-types")
+    made = {kind: _write(folder / f"{kind}.gguf", kind) for kind in mtp.AUDIO_KINDS}
+    made["a.wav"] = folder / "a.wav"
+    made["a.wav"].write_bytes(tone(3.0))
+    made["x.png"] = folder / "x.png"
+    made["x.png"].write_bytes(random_png(3))
+    return made
+
+
+@pytest.mark.skipif(not LLAMA_SERVER.exists(), reason="the pinned llama-server is not built here")
+@pytest.mark.parametrize("kind", ["qwen25o"])
+def test_run_audio_gives_llama_servers_answer(
+    files: dict[str, Path], smollm2_path: Path, tmp_path: Path, kind: str
+) -> None:
+    ours = runner_answer(files[kind], files["a.wav"])
+    chat, _ = server_answers(smollm2_path, files[kind], files["a.wav"], tmp_path)
+    theirs = chat["choices"][0]["logprobs"]["content"]
+    if chat["choices"][0]["finish_reason"] == "stop":
+        theirs = theirs[:-1]  # llama-server scores the end-of-generation token too; runner does not
+    assert [t["id"] for t in ours["logprobs"]] == [t["id"] for t in theirs]
+    assert len(theirs) >= 4  # words, not the end at once: a comparison that can fail
+    assert ours["usage"]["prompt_tokens"] == chat["usage"]["prompt_tokens"]
+
+
+def test_an_omni_projector_takes_an_image_and_a_clip_in_one_prompt(files: dict[str, Path]) -> None:
+    done = run_cli("run", "smollm2", "What is this?", "--image", str(files["x.png"]), "--audio",
+                   str(files["a.wav"]), "--mmproj", str(files["qwen25o"]), "--max-tokens", "2", "--json",
+                   timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    alone = runner_answer(files["qwen25o"], files["a.wav"], tokens=1)
+    both = json.loads(done.stdout)["usage"]["prompt_tokens"]
+    assert both >= alone["usage"]["prompt_tokens"] + 8  # the 40 x 30 image: 8 tokens at least
+
+
+def test_a_malformed_omni_projector_is_exit_2(files: dict[str, Path], tmp_path: Path) -> None:
+    bad = _write(tmp_path / "bad.gguf", "qwen25o", _tensor("a.position_embd.weight", None))
+    done = run_cli("run", "smollm2", "Hi", "--audio", str(files["a.wav"]), "--mmproj", str(bad),
+                   "--max-tokens", "2", timeout=300)  # fmt: skip
+    err = done.stderr.decode()
+    assert done.returncode == 2 and "no tensor a.position_embd.weight" in err, err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+
+
+@pytest.mark.parametrize("kind", ["qwen25o"])
+def test_the_audio_encoder_compute_buffer_is_planned_within_5_percent(
+    files: dict[str, Path], kind: str
+) -> None:
+    """runner.memory.audio_projector's window buffer against what libmtmd's log says it reserved for
+    the audio encoder (the vision one of an omni file is reserved at its first image)."""
+    from runner.memory.audio_projector import window_compute_bytes
+
+    done = run_cli("run", "smollm2", "Hi", "--audio", str(files["a.wav"]), "--mmproj", str(files[kind]),
+                   "--max-tokens", "1", "--debug", "--flash-attn", "off", timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    found = re.findall(rb"reserve_compute_meta: +CPU compute buffer size = +([\d.]+) MiB", done.stderr)
+    assert found, done.stderr[-2000:]
+    info = _checked(files[kind])
+    audio: AudioProjectorInfo = info.audio if isinstance(info, OmniProjectorInfo) else info
+    planned = window_compute_bytes(audio, flash_attn=False)
+    assert abs(planned - float(found[-1]) * 2**20) <= 0.05 * planned, (planned, found)
