@@ -32,12 +32,15 @@ clip.cpp (tools/mtmd/clip.cpp in the pinned llama.cpp) takes for its projector t
   opens twice: the qwen25vl ViT above for images, and for audio a whisper encoder of width 40, 2 heads,
   2 blocks over 128 mel bins and 1500 positions with Qwen2-Audio's one projection (mm.a.fc): 750
   audio tokens a 30-second window (docs/audio.md). About 790 KB for SmolLM2.
+- qwen3a (clip.audio.projector_type, Qwen3-ASR's): three stride-2 3 x 3 convolutions of 8 channels
+  over each 1-second chunk of 128 mel bins, a.conv_out into width 40, 2 heads, 2 blocks, then
+  mm.a.mlp.1 -> GELU -> mm.a.mlp.2: 13 audio tokens a started second. About 570 KB for SmolLM2.
 
 The projection's output width is the text model's embedding width, read from MODEL.gguf's header
 (runner's own bounded reader). Weights are random but deterministic: the same seed, the same bytes.
 
     python scripts/make_test_projector.py OUT.gguf --for MODEL.gguf [--seed N]
-        [--type mlp|gemma3|idefics3|qwen2vl|qwen25vl|qwen25o] [--vocab-out MODEL-idefics3.gguf]
+        [--type mlp|gemma3|idefics3|qwen2vl|qwen25vl|qwen25o|qwen3a] [--vocab-out MODEL-idefics3.gguf]
         [--mrope-out MODEL-qwen2vl.gguf]
 
 Tests build malformed variants from projector_spec's output (a key's type changed, a tensor
@@ -59,7 +62,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 KINDS = ("mlp", "gemma3", "idefics3", "qwen2vl", "qwen25vl")  # vision
-AUDIO_KINDS = ("qwen25o",)  # an audio encoder (qwen25o: and the qwen25vl one); docs/audio.md
+AUDIO_KINDS = ("qwen25o", "qwen3a")  # an audio encoder (qwen25o: and the qwen25vl one); docs/audio.md
+QWEN3A_CONV = 8  # qwen3a's convolution channels (Qwen3-ASR's: 480)
 AUDIO_WIDTH, AUDIO_MEL, AUDIO_POS = 40, 128, 1500  # an audio encoder's: not a power of two (docs/audio.md)
 QWEN = {"qwen2vl": "qwen2vl_merger", "qwen25vl": "qwen2.5vl_merger"}  # --type -> clip.projector_type
 # SmolVLM's tokens that libmtmd looks up for an idefics3 image (mtmd.cpp 750), in place of unused ones
@@ -100,6 +104,8 @@ def projector_spec(kind: str, text_n_embd: int, seed: int = 0) -> tuple[list[KV]
         return _qwen_spec(kind, text_n_embd, seed)
     if kind == "qwen25o":
         return _omni_spec(text_n_embd, seed)
+    if kind == "qwen3a":
+        return _qwen3a_spec(text_n_embd, seed)
     rng = np.random.default_rng(seed)
     gemma, siglip = kind == "gemma3", kind in ("gemma3", "idefics3")
     image, patch, blocks = (32, 8, 2) if siglip else (28, 14, 2)
@@ -243,15 +249,7 @@ def _omni_spec(text_n_embd: int, seed: int) -> tuple[list[KV], dict[str, np.ndar
 def _whisper(weight: Any, blocks: int) -> tuple[list[KV], dict[str, np.ndarray]]:
     """A whisper encoder's keys and tensors (models/whisper-enc.cpp) as the converter writes them
     (Qwen25AudioModel): F16 convolutions, 2-D convolution biases, no K bias, ln_post."""
-    e, f, mel = AUDIO_WIDTH, 2 * AUDIO_WIDTH + 8, AUDIO_MEL  # ffn width unlike e (clip.cpp swaps)
-    kvs = [
-        _u32("clip.audio.num_mel_bins", mel),
-        _u32("clip.audio.embedding_length", e),
-        _u32("clip.audio.feed_forward_length", f),
-        _u32("clip.audio.block_count", blocks),
-        _u32("clip.audio.attention.head_count", HEADS),
-        KV("clip.audio.attention.layer_norm_epsilon", 1e-5, GGUFValueType.FLOAT32),
-    ]
+    e, mel = AUDIO_WIDTH, AUDIO_MEL
     tensors: dict[str, np.ndarray] = {
         "a.conv1d.1.weight": weight(e, mel, 3).astype(np.float16),  # ggml [3, mel, E]
         "a.conv1d.1.bias": weight(e, 1),  # ggml [1, E]
@@ -259,6 +257,23 @@ def _whisper(weight: Any, blocks: int) -> tuple[list[KV], dict[str, np.ndarray]]
         "a.conv1d.2.bias": weight(e, 1),
         "a.position_embd.weight": weight(AUDIO_POS, e),
     }
+    kvs, layers = _audio_blocks(weight, blocks)
+    return kvs, {**tensors, **layers}
+
+
+def _audio_blocks(weight: Any, blocks: int) -> tuple[list[KV], dict[str, np.ndarray]]:
+    """An audio encoder's sizes (clip.audio.*) and its pre-norm transformer blocks (build_vit with
+    LayerNorms, no K bias, as Qwen's audio towers have), then ln_post."""
+    e, f = AUDIO_WIDTH, 2 * AUDIO_WIDTH + 8  # ffn width unlike e (clip.cpp swaps up and down then)
+    kvs = [
+        _u32("clip.audio.num_mel_bins", AUDIO_MEL),
+        _u32("clip.audio.embedding_length", e),
+        _u32("clip.audio.feed_forward_length", f),
+        _u32("clip.audio.block_count", blocks),
+        _u32("clip.audio.attention.head_count", HEADS),
+        KV("clip.audio.attention.layer_norm_epsilon", 1e-5, GGUFValueType.FLOAT32),
+    ]
+    tensors: dict[str, np.ndarray] = {}
     for i in range(blocks):
         blk = f"a.blk.{i}"
         for part in ("attn_q", "attn_k", "attn_v", "attn_out"):
@@ -270,6 +285,42 @@ def _whisper(weight: Any, blocks: int) -> tuple[list[KV], dict[str, np.ndarray]]
         tensors[f"{blk}.ffn_up.weight"], tensors[f"{blk}.ffn_up.bias"] = weight(f, e), weight(f)
         tensors[f"{blk}.ffn_down.weight"], tensors[f"{blk}.ffn_down.bias"] = weight(e, f), weight(e)
     tensors["a.post_ln.weight"], tensors["a.post_ln.bias"] = np.ones(e, np.float32), weight(e)
+    return kvs, tensors
+
+
+def _qwen3a_spec(text_n_embd: int, seed: int) -> tuple[list[KV], dict[str, np.ndarray]]:
+    """projector_spec's qwen3a (Qwen3-ASR's audio encoder, models/qwen3a.cpp; conversion/qwen3vl.py
+    Qwen3ASRMmprojModel): clip.audio.projector_type only, three stride-2 3 x 3 convolutions of
+    QWEN3A_CONV channels over each 100-frame chunk of the mel spectrogram (128 bins: 16 rows left),
+    a.conv_out into the encoder's width, 13 positions a chunk, the blocks, then mm.a.mlp.1 -> GELU
+    -> mm.a.mlp.2 into the text model's width. F16 convolutions as the converter writes them."""
+    rng = np.random.default_rng(seed + 3)
+    e, c, h = AUDIO_WIDTH, QWEN3A_CONV, 2 * AUDIO_WIDTH
+    rows = AUDIO_MEL
+    for _ in range(3):
+        rows = (rows - 1) // 2 + 1  # each convolution: kernel 3, stride 2, padding 1
+
+    def weight(*shape: int, scale: float = 0.05) -> np.ndarray:
+        return (rng.standard_normal(shape) * scale).astype(np.float32)
+
+    kvs, layers = _audio_blocks(weight, blocks=2)
+    kvs = [
+        KV("general.name", "runner test projector (qwen3a)", GGUFValueType.STRING),
+        KV("clip.has_vision_encoder", False, GGUFValueType.BOOL),
+        KV("clip.has_audio_encoder", True, GGUFValueType.BOOL),
+        KV("clip.audio.projector_type", "qwen3a", GGUFValueType.STRING),
+        *kvs,
+        _u32("clip.audio.projection_dim", text_n_embd),
+    ]
+    tensors: dict[str, np.ndarray] = {}
+    for i, c_in in ((1, 1), (2, c), (3, c)):
+        tensors[f"a.conv2d.{i}.weight"] = weight(c, c_in, 3, 3, scale=0.3).astype(np.float16)  # [3, 3, in, C]
+        tensors[f"a.conv2d.{i}.bias"] = weight(c, 1, 1)  # ggml [1, 1, C]
+    tensors["a.conv_out.weight"] = weight(e, rows * c, scale=0.1).astype(np.float16)  # ggml [rows C, E]
+    tensors["a.position_embd.weight"] = weight(AUDIO_POS, e)
+    tensors.update(layers)
+    tensors["mm.a.mlp.1.weight"], tensors["mm.a.mlp.1.bias"] = weight(h, e), weight(h)
+    tensors["mm.a.mlp.2.weight"], tensors["mm.a.mlp.2.bias"] = weight(text_n_embd, h), weight(text_n_embd)
     return kvs, tensors
 
 

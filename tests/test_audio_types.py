@@ -19,6 +19,7 @@ from gguf import GGUFValueType
 from runner.errors import InvalidModelFile
 from runner.gguf import read_header
 from runner.gguf.audio_projector import AudioProjectorInfo, OmniProjectorInfo
+from runner.memory.audio_projector import estimate_audio_projector
 from runner.projector import check, memory
 from tests.conftest import run_cli
 from tests.helpers import load_script, random_png
@@ -99,7 +100,7 @@ def test_an_omni_projector_is_checked_as_both_halves(tmp_path: Path) -> None:
         (_tensor("mm.a.fc.weight", lambda t: t["mm.a.fc.weight"].T.copy()), "mm.a.fc.weight"),
         (_key("clip.audio.num_mel_bins", None), "no clip.audio.num_mel_bins"),
         (_key("clip.audio.num_mel_bins", 128.0, GGUFValueType.FLOAT32), "num_mel_bins is f32"),
-        (_key("clip.projector_type", "qwen2.5vl_merger", GGUFValueType.STRING), "takes both through"),
+        (_key("clip.projector_type", "qwen2.5vl_merger", GGUFValueType.STRING), "both in one file only"),
         (_tensor("v.patch_embd.weight.1", None), "no tensor v.patch_embd.weight.1"),
     ],
 )
@@ -109,19 +110,114 @@ def test_a_malformed_omni_projector_is_one_line(tmp_path: Path, edit: Any, probl
     assert problem in str(caught.value) and "\n" not in str(caught.value), str(caught.value)
 
 
+# -- qwen3a: Qwen3-ASR's encoder ---------------------------------------------------------------------
+
+
+@pytest.mark.fast
+def test_a_qwen3a_projector_passes_and_costs_13_tokens_a_started_second(tmp_path: Path) -> None:
+    info = _checked(_write(tmp_path / "q3a.gguf", "qwen3a"))
+    assert isinstance(info, AudioProjectorInfo) and info.projector_type == "qwen3a"
+    # windows of 800 frames (8 s), each in chunks of 100 frames (1 s) of 13 tokens; frames: 1 per 10 ms + 1
+    assert info.window_tokens == 104 and info.windows(3.0) == 1 and info.windows(10.0) == 2
+    assert [info.clip_tokens(s) for s in (0.5, 3.0, 7.99, 8.0, 10.0, 60.0)] == [13, 52, 104, 117, 143, 793]
+    assert info.per_minute().startswith("793 audio tokens a minute")
+    assert memory(tmp_path / "q3a.gguf").image_tokens == 403  # what show and fit say 30 s cost
+
+
+def _conv2(t: dict) -> Any:
+    return t["a.conv2d.2.weight"][:, :4].copy()  # 4 input channels where the first gives 8
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize(
+    ("edit", "problem"),
+    [
+        (_tensor("a.conv2d.2.weight", _conv2), "a.conv2d.2.weight has shape"),  # ggml_conv_2d asserts
+        (_tensor("a.conv_out.weight", None), "no tensor a.conv_out.weight"),
+        (_key("clip.audio.num_mel_bins", 80), "a.conv_out.weight has shape"),  # 10 rows left, not 16
+        (_tensor("a.position_embd.weight", lambda t: t["a.position_embd.weight"][:12].copy()), "13 or more"),
+        # ggml-cpu's add takes no F16 beside F32: llama-server aborts at the first clip (measured)
+        (_tensor("a.position_embd.weight", lambda t: t["a.position_embd.weight"].astype(np.float16)), "F16"),
+        (_tensor("mm.a.mlp.2.bias", None), "no tensor mm.a.mlp.2.bias"),
+        (_tensor("mm.a.mlp.1.weight", lambda t: t["mm.a.mlp.1.weight"].T.copy()), "mm.a.mlp.1"),
+        (_tensor("a.conv2d.1.bias", lambda t: t["a.conv2d.1.bias"][:4].copy()), "a.conv2d.1.bias has shape"),
+        (_key("clip.audio.projector.stack_factor", 4), "stack_factor is given"),
+        (_key("clip.audio.projector_type", "qwen3-asr-of-my-own", GGUFValueType.STRING), "not one runner"),
+    ],
+)
+def test_a_malformed_qwen3a_projector_is_one_line(tmp_path: Path, edit: Any, problem: str) -> None:
+    with pytest.raises(InvalidModelFile) as caught:
+        _checked(_write(tmp_path / "bad.gguf", "qwen3a", edit))
+    assert problem in str(caught.value) and "\n" not in str(caught.value), str(caught.value)
+
+
+@pytest.mark.fast
+def test_a_qwen3a_projector_may_have_1_d_conv_biases_and_a_k_bias(tmp_path: Path) -> None:
+    """What libmtmd takes as well: a bias of [C] reshaped as [1, 1, C], an attn_k bias (build_vit's
+    biases are optional)."""
+
+    def edit(kvs: list, tensors: dict) -> tuple[list, dict]:
+        tensors = {**tensors, "a.blk.0.attn_k.bias": np.zeros(40, np.float32)}
+        tensors["a.conv2d.3.bias"] = tensors["a.conv2d.3.bias"].reshape(-1).copy()
+        return kvs, tensors
+
+    assert _checked(_write(tmp_path / "ok.gguf", "qwen3a", edit)).projector_type == "qwen3a"
+
+
+@pytest.mark.fast
+def test_gemma_4s_projector_is_refused_by_name(tmp_path: Path) -> None:
+    """Gemma 4's file (gemma4v and gemma4a, each named by its own key): not taken yet, said so."""
+
+    def edit(kvs: list, tensors: dict) -> tuple[list, dict]:
+        kept = [kv for kv in kvs if kv.key != "clip.projector_type"]
+        string = GGUFValueType.STRING
+        kept += [mtp.KV("clip.vision.projector_type", "gemma4v", string),
+                 mtp.KV("clip.audio.projector_type", "gemma4a", string)]  # fmt: skip
+        return kept, tensors
+
+    with pytest.raises(InvalidModelFile) as caught:
+        _checked(_write(tmp_path / "gemma4.gguf", "qwen25o", edit))
+    said = str(caught.value)
+    assert "'gemma4v' for vision and 'gemma4a' for audio" in said and "qwen2.5o" in said, said
+    audio_only = _write(
+        tmp_path / "gemma4a.gguf",
+        "qwen3a",
+        _key("clip.audio.projector_type", "gemma4a", GGUFValueType.STRING),
+    )
+    with pytest.raises(InvalidModelFile, match="'gemma4a' is not one runner takes audio through"):
+        _checked(audio_only)
+
+
+@pytest.mark.fast
+def test_whisper_position_embeddings_in_f16_are_refused(tmp_path: Path) -> None:
+    """An F16 a.position_embd aborts libmtmd at the first clip (ggml-cpu's add: f32 + f16 is
+    unsupported; measured with an ultravox file); the converter writes it F32."""
+
+    def edit(kvs: list, tensors: dict) -> tuple[list, dict]:
+        return kvs, {
+            **tensors,
+            "a.position_embd.weight": tensors["a.position_embd.weight"].astype(np.float16),
+        }
+
+    with pytest.raises(InvalidModelFile, match="a.position_embd.weight is F16; it takes F32"):
+        _checked(_write(tmp_path / "omni16.gguf", "qwen25o", edit))
+
+
 @pytest.fixture(scope="module")
 def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     folder = tmp_path_factory.mktemp("audio-types")
     made = {kind: _write(folder / f"{kind}.gguf", kind) for kind in mtp.AUDIO_KINDS}
     made["a.wav"] = folder / "a.wav"
     made["a.wav"].write_bytes(tone(3.0))
+    made["ten.wav"] = folder / "ten.wav"
+    made["ten.wav"].write_bytes(tone(10.0, seed=3))
     made["x.png"] = folder / "x.png"
     made["x.png"].write_bytes(random_png(3))
     return made
 
 
 @pytest.mark.skipif(not LLAMA_SERVER.exists(), reason="the pinned llama-server is not built here")
-@pytest.mark.parametrize("kind", ["qwen25o"])
+@pytest.mark.parametrize("kind", ["qwen25o", "qwen3a"])
 def test_run_audio_gives_llama_servers_answer(
     files: dict[str, Path], smollm2_path: Path, tmp_path: Path, kind: str
 ) -> None:
@@ -145,29 +241,44 @@ def test_an_omni_projector_takes_an_image_and_a_clip_in_one_prompt(files: dict[s
     assert both >= alone["usage"]["prompt_tokens"] + 8  # the 40 x 30 image: 8 tokens at least
 
 
-def test_a_malformed_omni_projector_is_exit_2(files: dict[str, Path], tmp_path: Path) -> None:
-    bad = _write(tmp_path / "bad.gguf", "qwen25o", _tensor("a.position_embd.weight", None))
+@pytest.mark.parametrize(
+    ("kind", "edit", "said"),
+    [
+        ("qwen25o", _tensor("a.position_embd.weight", None), "no tensor a.position_embd.weight"),  # segfault
+        # libmtmd aborts at the first clip (f32 + f16 add)
+        ("qwen3a", _tensor("a.position_embd.weight", lambda t: t["a.position_embd.weight"].astype("f2")),
+         "a.position_embd.weight is F16"),
+    ],
+)  # fmt: skip
+def test_a_malformed_projector_is_exit_2(
+    files: dict[str, Path], tmp_path: Path, kind: str, edit: Any, said: str
+) -> None:
+    bad = _write(tmp_path / "bad.gguf", kind, edit)
     done = run_cli("run", "smollm2", "Hi", "--audio", str(files["a.wav"]), "--mmproj", str(bad),
                    "--max-tokens", "2", timeout=300)  # fmt: skip
     err = done.stderr.decode()
-    assert done.returncode == 2 and "no tensor a.position_embd.weight" in err, err
+    assert done.returncode == 2 and said in err, err
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
 
 
-@pytest.mark.parametrize("kind", ["qwen25o"])
+@pytest.mark.parametrize("kind", ["qwen25o", "qwen3a"])
 def test_the_audio_encoder_compute_buffer_is_planned_within_5_percent(
     files: dict[str, Path], kind: str
 ) -> None:
-    """runner.memory.audio_projector's window buffer against what libmtmd's log says it reserved for
-    the audio encoder (the vision one of an omni file is reserved at its first image)."""
-    from runner.memory.audio_projector import window_compute_bytes
-
-    done = run_cli("run", "smollm2", "Hi", "--audio", str(files["a.wav"]), "--mmproj", str(files[kind]),
-                   "--max-tokens", "1", "--debug", "--flash-attn", "off", timeout=300)  # fmt: skip
+    """runner.memory.audio_projector's buffer against what libmtmd's log says it reserved for the
+    audio encoder (an omni file's vision one is reserved at its first image), for a 10-second clip:
+    qwen3a's first window is then its longest, 8 chunks (its buffer grows to the longest encoded)."""
+    done = run_cli("run", "smollm2", "Hi", "--audio", str(files["ten.wav"]), "--mmproj", str(files[kind]),
+                   "--max-tokens", "1", "--debug", "--flash-attn", "off", "--json", timeout=300)  # fmt: skip
     assert done.returncode == 0, done.stderr
     found = re.findall(rb"reserve_compute_meta: +CPU compute buffer size = +([\d.]+) MiB", done.stderr)
     assert found, done.stderr[-2000:]
     info = _checked(files[kind])
     audio: AudioProjectorInfo = info.audio if isinstance(info, OmniProjectorInfo) else info
-    planned = window_compute_bytes(audio, flash_attn=False)
+    planned = estimate_audio_projector(read_header(files[kind]), audio).compute_gpu  # flash attention off
     assert abs(planned - float(found[-1]) * 2**20) <= 0.05 * planned, (planned, found)
+    # what a clip costs, as counted before decoding it: the 10 s clip's prompt against a 3 s one's
+    short = run_cli("run", "smollm2", "Hi", "--audio", str(files["a.wav"]), "--mmproj", str(files[kind]),
+                    "--max-tokens", "1", "--json", timeout=300)  # fmt: skip
+    tokens = [json.loads(out.stdout)["usage"]["prompt_tokens"] for out in (done, short)]
+    assert tokens[0] - tokens[1] == audio.clip_tokens(10.0) - audio.clip_tokens(3.0), tokens
