@@ -16,14 +16,16 @@ PHASES = (
 )
 
 _marks: dict[str, float] = {}
+_ahead = False  # the weights were loaded beside the imports (runner.engine.preload)
 _began: tuple[float, float] | None = None  # perf_counter at the command's start, and the process's age
 
 
 def begin(age: float) -> None:
     """The command starts, `age` seconds after its process did (runner.engine.answer's
     since_process_start): what came before it is the interpreter's start and the imports."""
-    global _began
+    global _began, _ahead
     _marks.clear()
+    _ahead = False
     _began = (time.perf_counter(), age)
 
 
@@ -31,6 +33,12 @@ def mark(phase: str) -> None:
     """A phase ends (its first end only: a second load, a draft model's, is not start-up)."""
     if _began is not None:
         _marks.setdefault(phase, time.perf_counter())
+
+
+def loaded_ahead() -> None:
+    """The weights came from runner.engine.preload's load, begun as the command line was read."""
+    global _ahead
+    _ahead = True
 
 
 def describe(first_token_s: float) -> str:
@@ -41,7 +49,8 @@ def describe(first_token_s: float) -> str:
     parts = [f"interpreter and imports {age:.2f} s"]
     for phase, name in PHASES:
         if phase in _marks:
-            parts.append(f"{name} {_marks[phase] - at:.2f} s")
+            ahead = " (loaded beside the imports)" if phase == "load" and _ahead else ""
+            parts.append(f"{name} {_marks[phase] - at:.2f} s{ahead}")
             at = _marks[phase]
     parts.append(f"first token {first_token_s:.2f} s")
     return "start-up: " + " · ".join(parts)

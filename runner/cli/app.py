@@ -82,6 +82,9 @@ def edge(command: F) -> F:
                 raise
             _flush_or_silence()
             raise typer.Exit(interrupt.exit_code()) from None
+        finally:
+            if "runner.engine.preload" in sys.modules:  # weights loaded ahead that nobody took
+                sys.modules["runner.engine.preload"].finish()
 
     return wrapper  # type: ignore[return-value]
 

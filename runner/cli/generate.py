@@ -323,6 +323,10 @@ def _answer_fields(given: dict[str, Any]) -> dict[str, Any]:
 
 def _one(given: dict[str, Any], tty: bool) -> None:
     """run MODEL PROMPT: one answer (runner.commands.run)."""
+    if given["model"] and not (given["debug"] or given["rpc"]):  # the last such run's weights load
+        from runner.engine import preload  # while the rest of runner imports
+
+        preload.start(given["model"])
     from runner.commands.run import RunRequest, run_once
 
     grammar = given["grammar"]

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from runner import interrupt
+from runner.engine import preload
 from runner.engine.llamacpp import ANYWHERE, LLAMA_LOG, Placement, llama, model_params
 from runner.engine.text.fim import FIM_KEYS, FimTokens
 from runner.engine.text.sampling import SamplingConfig
@@ -41,10 +42,14 @@ class Model:
         mparams, self._no_devices = model_params(lib, self.n_gpu_layers, placement.use_gpu)
         mparams.vocab_only = vocab_only
         name = os.fsencode(self.path)
-        with LLAMA_LOG.muted() as muted:  # the load's ~1,200 log lines, without taking the GIL
-            self.handle = lib.llama_model_load_from_file(name, mparams)
-        if not self.handle and muted and not interrupt.requested():
-            self.handle = lib.llama_model_load_from_file(name, mparams)  # again, for llama.cpp's reason
+        self.handle = None if vocab_only else preload.take(self.path, mparams)  # loaded ahead
+        if not self.handle:
+            with LLAMA_LOG.muted() as muted:  # the load's ~1,200 log lines, without taking the GIL
+                self.handle = lib.llama_model_load_from_file(name, mparams)
+            if not self.handle and muted and not interrupt.requested():
+                self.handle = lib.llama_model_load_from_file(name, mparams)  # again, for llama.cpp's reason
+            if self.handle:
+                preload.loaded(self.path, mparams)
         if not self.handle:
             if interrupt.requested():  # the progress callback stopped it
                 return
