@@ -50,7 +50,8 @@ def _key(key: str, value: Any, vtype: GGUFValueType | None = None):
     def edit(kvs: list, tensors: dict) -> tuple[list, dict]:
         kept = [kv for kv in kvs if kv.key != key]
         if value is not None:
-            kept.append(mtp.KV(key, value, vtype or GGUFValueType.UINT32))
+            sub = GGUFValueType.INT32 if vtype == GGUFValueType.ARRAY else None
+            kept.append(mtp.KV(key, value, vtype or GGUFValueType.UINT32, sub))
         return kept, tensors
 
     return edit
@@ -101,6 +102,7 @@ def test_an_omni_projector_is_checked_as_both_halves(tmp_path: Path) -> None:
         (_key("clip.audio.num_mel_bins", None), "no clip.audio.num_mel_bins"),
         (_key("clip.audio.num_mel_bins", 128.0, GGUFValueType.FLOAT32), "num_mel_bins is f32"),
         (_key("clip.projector_type", "qwen2.5vl_merger", GGUFValueType.STRING), "both in one file only"),
+        (_key("clip.projector_type", [1, 2], GGUFValueType.ARRAY), "clip.projector_type is arr"),
         (_tensor("v.patch_embd.weight.1", None), "no tensor v.patch_embd.weight.1"),
     ],
 )

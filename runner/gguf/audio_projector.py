@@ -110,7 +110,9 @@ class AudioProjectorInfo:
 
     def per_minute(self) -> str:
         if self.projector_type == "qwen3a":
-            return f"{self.clip_tokens(60):,} audio tokens a minute of audio (13 a second, and 13 more)"
+            return (
+                f"{self.clip_tokens(60):,} audio tokens a minute of audio (13 for each second a clip starts)"
+            )
         return (
             f"{self.clip_tokens(59.9):,} audio tokens a minute of audio ({self.window_tokens:,} every 30 s)"
         )
@@ -150,13 +152,17 @@ def check_omni_projector(
 ) -> OmniProjectorInfo:
     """Both halves of a projector with both encoders, each against what clip.cpp reads for the type
     it makes of the file's (OMNI): the audio encoder here, the vision one by runner.gguf.projector."""
-    meta = header.metadata
-    kind = meta.get("clip.projector_type")
+    meta, c = header.metadata, _Check(header, types)
+    kind = c.key("clip.projector_type")  # a string, or absent: its type checked first
     if kind not in OMNI:
-        named = kind or " and ".join(
-            f"{meta.get(f'clip.{part}.projector_type')!r} for {part}" for part in ("vision", "audio")
+        named = (
+            repr(kind)
+            if kind
+            else " and ".join(
+                f"{meta.get(f'clip.{part}.projector_type')!r} for {part}" for part in ("vision", "audio")
+            )
         )
-        _Check(header, types).fail(
+        c.fail(
             f"it has both a vision and an audio encoder, its projector type {named}; runner takes "
             f"both in one file only as {', '.join(OMNI)} (Qwen2.5-Omni's)"
         )
