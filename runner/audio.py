@@ -5,22 +5,22 @@ Every clip a prompt carries (a path, stdin, base64 in a request) comes through `
 takes its steps in this order, each cheaper than the next:
 
 1. the size in bytes, against `max_bytes` (25 MB by default, OpenAI's limit), before anything is parsed;
-2. the magic bytes: RIFF/WAVE goes on; MP3 (ID3 or an MPEG frame sync), FLAC and Ogg are named and
-   refused (runner decodes WAV only: no decoder for them is among the libraries it may depend on),
-   as are images, video, text and empty input;
-3. the WAV header, walked chunk by chunk with the standard library: PCM (8, 16, 24 or 32 bits) or
-   IEEE float (32 or 64 bits), up to 8 channels; the duration it declares, against `max_seconds`
-   (10 minutes by default), before a sample is decoded; a data chunk shorter than it says is
-   truncated and refused, never padded;
-4. the samples, with numpy: scaled to [-1, 1) as miniaudio does (libmtmd's own decoder, so that a
-   WAV at the projector's rate gives llama-server's very samples), channels averaged to mono, and
-   NaN or infinite samples refused. Resampling to the projector's rate (`Audio.at`: 16 kHz for the
-   whisper family, libmtmd's mtmd_get_audio_sample_rate) is linear interpolation, done when the
+2. the magic bytes: RIFF/WAVE, MP3 (an ID3 tag followed by an MPEG frame sync, or the sync itself),
+   fLaC and Ogg Vorbis go on; Ogg Opus, AAC and M4A are named and refused, as are images, video, text
+   and empty input;
+3. the header: a WAV's chunks walked with the standard library; an MP3's, FLAC's or Ogg's read by
+   miniaudio (runner.audio_codecs); the duration it declares, against `max_seconds` (10 minutes by
+   default), before a sample is decoded; a clip shorter than its header says is truncated and
+   refused, never padded;
+4. the samples, mixed to mono: a WAV's with numpy, scaled to [-1, 1) as miniaudio does; the others
+   decoded by miniaudio as llama-server's libmtmd helper decodes them; NaN or infinite samples
+   refused. Resampling to the projector's rate (`Audio.at`: 16 kHz for the whisper family, libmtmd's
+   mtmd_get_audio_sample_rate) is miniaudio's linear resampler, llama-server's, done when the
    projector is known.
 
 libmtmd's own file loader is never handed these bytes (it guesses formats, and its video path may run
-ffmpeg). Every refusal is an `AudioError`: one line naming where the clip came from. numpy is imported
-inside the functions that decode, so nothing here loads unless audio is given.
+ffmpeg). Every refusal is an `AudioError`: one line naming where the clip came from. numpy and
+miniaudio are imported inside the functions that decode, so nothing here loads unless audio is given.
 """
 
 from __future__ import annotations
@@ -39,8 +39,9 @@ MAX_AUDIO_BYTES = 25_000_000  # a clip's encoded size, as OpenAI's transcription
 MAX_AUDIO_SECONDS = 600.0  # a clip's duration, from its header
 MIN_AUDIO_SECONDS = 0.01  # shorter is no clip (libmtmd asserts more than one sample)
 MAX_CHANNELS = 8
-ACCEPTED = "accepted: WAV (PCM 8/16/24/32-bit or float); convert others, e.g. ffmpeg -i IN -ar 16000 OUT.wav"
-CONVERT = "runner decodes WAV only: convert it, e.g. ffmpeg -i IN -ar 16000 -ac 1 OUT.wav"
+ACCEPTED = "accepted: WAV, MP3, FLAC, Ogg Vorbis; convert others, e.g. ffmpeg -i IN -ar 16000 OUT.wav"
+CONVERT = "runner does not decode: convert it, e.g. ffmpeg -i IN -ar 16000 -ac 1 OUT.wav"
+COMPRESSED = ("MP3", "FLAC", "Ogg Vorbis")  # decoded by miniaudio (runner.audio_codecs)
 AUDIO_SUFFIXES = frozenset({".wav", ".wave", ".mp3", ".flac", ".ogg", ".oga", ".opus", ".m4a"})
 
 PCM, IEEE_FLOAT, EXTENSIBLE = 1, 3, 0xFFFE  # WAVE format tags
@@ -54,7 +55,7 @@ class Audio:
     rate: int
     sha256: str  # hex, of the bytes as given (the same file is the same clip, whatever its name)
     size: int  # bytes as given
-    format: str  # "WAV"
+    format: str  # "WAV", "MP3", "FLAC" or "Ogg Vorbis"
     name: str  # where it came from, for messages: a path, "-" for stdin, an API field
     channels: int = 1  # as given (the samples are mixed to mono)
     warnings: tuple[str, ...] = ()
@@ -68,15 +69,13 @@ class Audio:
         return self.frames / self.rate
 
     def at(self, rate: int) -> bytes:
-        """The samples at `rate` Hz (the projector's): as they are, or linearly interpolated."""
+        """The samples at `rate` Hz (the projector's): as they are, or through miniaudio's resampler,
+        as llama-server's decoder resamples them."""
         if rate == self.rate:
             return self.samples
-        import numpy as np
+        from runner.audio_codecs import resample
 
-        x = np.frombuffer(self.samples, dtype="<f4")
-        n = max(2, int(round(len(x) * rate / self.rate)))
-        t = np.arange(n, dtype=np.float64) * (self.rate / rate)
-        return np.interp(t, np.arange(len(x)), x).astype("<f4").tobytes()
+        return resample(self.samples, self.rate, rate)
 
 
 def refuse(name: str, problem: str) -> AudioError:
@@ -86,28 +85,53 @@ def refuse(name: str, problem: str) -> AudioError:
 
 
 def sniff(data: bytes, name: str) -> str:
-    """The format of `data` ("WAV") by its magic bytes; any other audio is named and refused, and
-    anything else is said for what it looks like."""
+    """The format of `data` by its magic bytes: "WAV", "MP3", "FLAC" or "Ogg Vorbis"; any other audio
+    is named and refused, and anything else is said for what it looks like."""
     if data.startswith(b"RIFF") and data[8:12] == b"WAVE":
         return "WAV"
     if not data:
         raise refuse(name, f"is empty: no audio ({ACCEPTED})")
-    other = _other_audio(data)
-    if other is not None:
-        raise refuse(name, f"looks like {other}, which {CONVERT}")
+    if data.startswith(b"ID3"):
+        return _after_id3(data, name)
+    if _mpeg_sync(data):
+        if data[1] & 0x06 == 0:  # layer bits 00: ADTS, AAC's stream, not MPEG audio
+            raise refuse(name, f"looks like AAC audio (ADTS), which {CONVERT}")
+        return "MP3"
+    if data.startswith(b"fLaC"):
+        return "FLAC"
+    if data.startswith(b"OggS"):
+        return _ogg(data, name)
+    if data[4:8] == b"ftyp" and data[8:11] in (b"M4A", b"M4B"):
+        raise refuse(name, f"looks like M4A (AAC) audio, which {CONVERT}")
     raise refuse(name, f"{_looks_like(data)}, not audio runner reads ({ACCEPTED})")
 
 
-def _other_audio(data: bytes) -> str | None:
-    if data.startswith(b"ID3") or (len(data) >= 2 and data[0] == 0xFF and data[1] & 0xE0 == 0xE0):
-        return "MP3 (MPEG audio)"
-    if data.startswith(b"fLaC"):
-        return "FLAC audio"
-    if data.startswith(b"OggS"):
-        return "Ogg audio (Vorbis or Opus)"
-    if data[4:8] == b"ftyp" and data[8:11] in (b"M4A", b"M4B"):
-        return "M4A (AAC) audio"
-    return None
+def _mpeg_sync(data: bytes) -> bool:
+    return len(data) >= 2 and data[0] == 0xFF and data[1] & 0xE0 == 0xE0
+
+
+def _after_id3(data: bytes, name: str) -> str:
+    """An ID3v2 tag leads MP3 files (and some FLAC ones): what follows it says which."""
+    from runner.audio_codecs import id3_end
+
+    rest = data[id3_end(data) :]
+    if _mpeg_sync(rest) and rest[1] & 0x06:
+        return "MP3"
+    if rest.startswith(b"fLaC"):
+        return "FLAC"
+    if not rest:
+        raise refuse(name, "is an ID3 tag with no audio after it (a truncated MP3 file)")
+    raise refuse(name, f"is an ID3 tag followed by no MP3 frame ({ACCEPTED})")
+
+
+def _ogg(data: bytes, name: str) -> str:
+    """Ogg is a container: its first page names the codec."""
+    first = data[:512]
+    if b"\x01vorbis" in first:
+        return "Ogg Vorbis"
+    if b"OpusHead" in first:
+        raise refuse(name, f"looks like Ogg Opus audio, which {CONVERT}")
+    raise refuse(name, f"is an Ogg file whose stream is not Vorbis ({ACCEPTED})")
 
 
 _MAGIC = (
@@ -218,6 +242,8 @@ def load_audio(
         too_big = f"the clip is {size_text(len(data))}, over the {size_text(max_bytes)} a clip may be"
         raise refuse(name, too_big)
     fmt = sniff(data, name)
+    if fmt in COMPRESSED:
+        return _load_compressed(data, fmt, name, max_seconds)
     header = read_wav_header(data, name)
     seconds = header.seconds
     if seconds > max_seconds:
@@ -239,6 +265,59 @@ def load_audio(
         name=name,
         channels=header.channels,
     )
+
+
+def _load_compressed(data: bytes, fmt: str, name: str, max_seconds: float) -> Audio:
+    """An MP3, FLAC or Ogg Vorbis clip: its header's length bounded, then its frames decoded by
+    miniaudio at its own rate, mixed to mono (an Ogg in a child process: runner.audio_codecs.APART);
+    fewer frames than the header says, an MP3 whose last frame is cut or an Ogg whose last page is,
+    is a truncated file."""
+    from runner import audio_codecs as codecs
+
+    if fmt == "Ogg Vorbis" and codecs.ogg_cut(data):
+        raise refuse(name, "is a truncated Ogg file: its last page is cut short or missing")
+    samples = None
+    try:
+        if fmt in codecs.APART:
+            head, samples = codecs.read_apart(data, fmt, max_seconds)
+        else:
+            head = codecs.header(data, fmt)
+    except ValueError as exc:
+        raise refuse(name, str(exc)) from None
+    if not 1 <= head.channels <= MAX_CHANNELS:
+        raise refuse(name, f"is {fmt} of {head.channels} channels (1 to {MAX_CHANNELS} are taken)")
+    if not 1000 <= head.rate <= 384_000:
+        raise refuse(name, f"is {fmt} at {head.rate} Hz (1,000 to 384,000 are taken)")
+    seconds = head.frames / head.rate
+    if seconds > max_seconds:
+        raise refuse(name, f"is {_duration(seconds)} long, over the {_duration(max_seconds)} a clip may be")
+    if seconds < MIN_AUDIO_SECONDS:
+        raise refuse(name, f"holds no audio (a {fmt} file of less than 10 ms, or one that gives no length)")
+    if fmt == "MP3" and codecs.mp3_cut(data, codecs.id3_end(data), head.frames // 384 + 2):
+        raise refuse(name, "is a truncated MP3 file: its last frame is cut short")
+    try:
+        if samples is None:
+            slack = codecs.MP3_SLACK if fmt == "MP3" else 0
+            samples = codecs.decode(data, fmt, head.rate, head.frames, pad=slack)
+    except ValueError as exc:
+        raise refuse(name, str(exc)) from None
+    _check_finite(samples, name)
+    return Audio(
+        samples=samples,
+        rate=head.rate,
+        sha256=hashlib.sha256(data).hexdigest(),
+        size=len(data),
+        format=fmt,
+        name=name,
+        channels=head.channels,
+    )
+
+
+def _check_finite(samples: bytes, name: str) -> None:
+    import numpy as np
+
+    if not np.isfinite(np.frombuffer(samples, dtype="<f4")).all():
+        raise refuse(name, "holds samples that are not finite numbers (NaN or infinity)")
 
 
 def _decode(raw: bytes, h: WavHeader, name: str) -> bytes:

@@ -85,9 +85,9 @@ class ImageError(UsageError):
 
 
 class AudioError(UsageError):
-    """Audio runner will not read: not WAV (MP3, FLAC and Ogg are named and refused), too long or
-    too large, truncated, empty, or not finite. The message names where it came from (`name`, as
-    ImageError's); `problem` says what is wrong without naming it."""
+    """Audio runner will not read: not WAV, MP3, FLAC or Ogg Vorbis (Opus, AAC, images and the rest are
+    named and refused), too long or too large, truncated, empty, or not finite. The message names where
+    it came from (`name`, as ImageError's); `problem` says what is wrong without naming it."""
 
     def __init__(self, message: str, *, name: str, problem: str) -> None:
         super().__init__(message)

@@ -177,7 +177,11 @@ def test_bad_clips_are_400s_in_openais_shape(server: Server, files: dict[str, Pa
             None,
             "base64",
         ),
-        (chat_body([audio_part(wav, "flac")]), "messages[0].content", "format must be one of wav, mp3"),
+        (
+            chat_body([audio_part(wav, "aac")]),
+            "messages[0].content",
+            "format must be one of wav, mp3, flac, ogg",
+        ),
         (chat_body([audio_part(wav)], role="assistant"), "messages[0].content", "go in user messages"),
     ]
     for body, param, says in chats:

@@ -25,6 +25,7 @@ NOT_FOR_A_PLAIN_RUN = (
     "pydantic",
     "httpx",
     "PIL",  # images: --image
+    "miniaudio",  # audio: MP3, FLAC, Ogg, resampling (runner.audio_codecs)
     "llguidance",  # schemas: --schema, --format json
     "numpy",  # logprobs, --quality
     "jsonschema",

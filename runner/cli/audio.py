@@ -12,7 +12,10 @@ from runner.cli.app import app, edge
 
 AudioFiles = Annotated[
     list[str],
-    typer.Argument(help="WAV files to transcribe (- reads one from stdin).", show_default=False),
+    typer.Argument(
+        help="Audio files to transcribe: WAV, MP3, FLAC, Ogg Vorbis (- reads one from stdin).",
+        show_default=False,
+    ),
 ]
 Language = Annotated[
     Optional[str],
@@ -28,12 +31,6 @@ Hint = Annotated[
         show_default=False,
     ),
 ]
-MaxSeconds = Annotated[
-    float,
-    typer.Option(
-        "--max-audio-seconds", min=0.01, max=86400.0, help="A clip's length at most, from its header."
-    ),
-]
 Greedy = Annotated[float, typer.Option("--temperature", min=0.0, max=2.0, help="Sampling temperature.")]
 
 
@@ -47,16 +44,16 @@ def transcribe(
     prompt: Hint = None,
     temperature: Greedy = 0.0,
     max_tokens: o.MaxTokens = None,
-    max_audio_seconds: MaxSeconds = 600.0,
+    max_audio_seconds: o.MaxAudioSeconds = 600.0,
     json: o.JsonObject = False,
     jsonl: o.Jsonl = False,
     ctx: o.Ctx = None,
     threads: o.Threads = None,
     debug: o.Debug = False,
 ) -> None:
-    """Transcribe audio files (WAV); the text alone goes to stdout.
+    """Transcribe audio files; the text alone goes to stdout.
 
-    One file: its text. Several: path<TAB>text lines, or --jsonl.
+    WAV, MP3, FLAC or Ogg Vorbis. One file: its text. Several: path<TAB>text lines, or --jsonl.
 
     \b
     Examples:

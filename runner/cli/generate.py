@@ -95,6 +95,7 @@ def run(
     logprobs: o.Logprobs = None,
     image: o.Image = None,
     audio: o.AudioClip = None,
+    max_audio_seconds: o.MaxAudioSeconds = 600.0,
     mmproj: o.Mmproj = None,
     debug: o.Debug = False,
 ) -> None:
@@ -318,6 +319,7 @@ def _answer_fields(given: dict[str, Any]) -> dict[str, Any]:
         reasoning_budget=given["reasoning_budget"],
         hide_reasoning=given["hide_reasoning"],
         verbose=given["verbose"],
+        max_audio_seconds=given["max_audio_seconds"],
     )
 
 
@@ -393,6 +395,7 @@ def chat(
     tool_choice: to.ToolChoice = "auto",
     rpc: o.Rpc = None,
     mmproj: o.ChatMmproj = None,
+    max_audio_seconds: o.MaxAudioSeconds = 600.0,
     debug: o.Debug = False,
 ) -> None:
     """Chat in the terminal; every turn is kept (runner history).

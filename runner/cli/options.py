@@ -262,8 +262,15 @@ AudioClip = Annotated[
     typer.Option(
         "--audio",
         metavar="FILE",
-        help="An audio clip for a model with an audio projector (repeatable; - reads it from stdin): WAV.",
+        help="An audio clip for a model with an audio projector (repeatable; - reads it from stdin): "
+        "WAV, MP3, FLAC or Ogg Vorbis.",
         show_default=False,
+    ),
+]
+MaxAudioSeconds = Annotated[  # default: runner.audio.MAX_AUDIO_SECONDS
+    float,
+    typer.Option(
+        "--max-audio-seconds", min=0.01, max=86400.0, help="A clip's length at most, from its header."
     ),
 ]
 Mmproj = Annotated[

@@ -76,8 +76,9 @@ class Attachments:
     """The images attached to the next message, and those the conversation's messages carried, decoded
     (by sha256: the same bytes are the same image, whatever the file's name)."""
 
-    def __init__(self, engine: Any) -> None:
+    def __init__(self, engine: Any, max_audio_seconds: float = 600.0) -> None:
         self.engine = engine
+        self.max_audio_seconds = max_audio_seconds  # a clip's length at most (--max-audio-seconds)
         self.pending: list[ImageRef] = []
         self._decoded: dict[str, Any] = {}  # Image or Audio; None: gone or changed since it was attached
 
@@ -119,7 +120,7 @@ class Attachments:
                 f"{self.engine.vision.projector.name} takes no audio: start the chat with an audio --mmproj"
             )
         path = Path(arg).expanduser().absolute()
-        clip = read_audio_arg(str(path), None)
+        clip = read_audio_arg(str(path), None, max_seconds=self.max_audio_seconds)
         if any(r.sha256 == clip.sha256 for r in self.pending):
             ui.info(f"{path.name} is already attached; it goes once with your next message")
             return
@@ -208,7 +209,7 @@ class Attachments:
             if is_audio_file(ref.path):  # a clip: kept as an image is, read again by runner.audio
                 from runner.audio import read_audio_arg
 
-                image: Any = read_audio_arg(ref.path, None)
+                image: Any = read_audio_arg(ref.path, None, max_seconds=self.max_audio_seconds)
             else:
                 image = read_image_arg(ref.path, io.BytesIO())
         except (ImageError, AudioError) as exc:

@@ -63,6 +63,7 @@ class RunRequest:
     logprobs: int | None = None  # --logprobs N: each answer token's log-probability in --json
     images: tuple[str, ...] = ()  # --image FILE (- : stdin), in order; load.mmproj their projector
     audio: tuple[str, ...] = ()  # --audio FILE (- : stdin), in order, after the images (runner.audio)
+    max_audio_seconds: float = 600.0  # --max-audio-seconds: a clip's length at most, from its header
     tools: ToolSettings | None = None  # --mcp and the tool flags: the agent loop (runner.commands.agent)
     suffix: str | None = None  # --suffix: fill in the middle, the prompt as the prefix (runner.engine.infill)
 
@@ -82,7 +83,9 @@ def run_once(request: RunRequest, *, stdin: BinaryIO | None, out: TextIO) -> Res
     if request.audio:
         from runner.commands.attach import read_clips
 
-        images += read_clips(request.audio, stdin, images=request.images)
+        images += read_clips(
+            request.audio, stdin, images=request.images, max_seconds=request.max_audio_seconds
+        )
     piped = "-" in request.images or "-" in request.audio
     prompt = read_prompt(request.prompt, None if piped else stdin)
     mmproj = request.settings.mmproj if images or tools else None
@@ -149,7 +152,7 @@ def _answer_with_tools(
     prompt, images = asked
     sampling, _sources = sampling_for(loaded, request.sampling)
     system = request.system if request.system is not None else loaded.entry.system if loaded.entry else None
-    attached = Attachments(loaded.engine)  # a tool's images, for a vision model
+    attached = Attachments(loaded.engine, request.max_audio_seconds)  # a tool's images, for a vision model
     see = attached.tool_images if attached.vision else None
     turns = Turns([StoredMessage("user", prompt)], loaded.name, see=see)
     terminal = sys.stdin.isatty() and sys.stderr.isatty()

@@ -90,6 +90,7 @@ class ChatRequest:
     hide_reasoning: bool = False
     tools: ToolSettings | None = None  # --mcp and the tool flags (a chat reads mcp.json without them)
     compact: CompactSettings | None = None  # --compact, --compact-keep, --compact-prompt
+    max_audio_seconds: float = 600.0  # --max-audio-seconds: a clip's length at most, from its header
 
 
 class Session:
@@ -125,7 +126,8 @@ class Session:
         self.first = 0  # the first turn sent to the model (older exchanges dropped to fit)
         self.compaction: Compaction | None = None  # the summary sent for the first turns (compact.py)
         self.last: Result | None = None  # the last answer
-        self.attached = Attachments(loaded.engine)  # /image: for the next message; those the turns carried
+        # /image: for the next message; those the turns carried
+        self.attached = Attachments(loaded.engine, request.max_audio_seconds)
         self._held: ExitStack | None = None  # inside a turn: where a conversation created there is held
         self.answers = 0  # answers written in this chat (piped, a blank line goes between them)
         # the conversation's evaluated state is kept on disk at the end, loaded by --resume and -c

@@ -52,7 +52,7 @@ COMMANDS = {
     "/edit": "write the next message in $EDITOR",
     "/image": "/image PATH: attach an image to the next message (--mmproj); /image: what is attached; "
     "/image none: drop them",
-    "/audio": "/audio PATH: attach a WAV clip to the next message (an audio --mmproj)",
+    "/audio": "/audio PATH: attach an audio clip (WAV, MP3, FLAC, Ogg) to the next message (audio --mmproj)",
     "/tools": "the MCP servers, their tools and state; /tools off NAME|SERVER, /tools on NAME|SERVER",
     "/bye": "quit (also /exit, Ctrl-D)",
     "/exit": "quit",

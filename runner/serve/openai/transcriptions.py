@@ -1,12 +1,13 @@
 """POST /v1/audio/transcriptions: OpenAI's transcription API over a model with an audio projector, so
 `openai.audio.transcriptions.create(...)` works unchanged.
 
-The body is multipart (bounded as every body is): `file` (WAV: runner.audio, 25 MB and 10 minutes at
-most), `model`, `language`, `prompt`, `temperature`, `max_tokens`, `response_format` (json, text or
-verbose_json; srt and vtt are a 400: there are no timestamps) and `stream` (Server-Sent Events:
-`transcript.text.delta` for each piece, then `transcript.text.done`). The request becomes one chat
-turn as llama-server builds it (runner.commands.transcribe.asr_prompt: the ASR prompt or the hint,
-the language, then the clip), through the same Ask and engine loop as a chat completion.
+The body is multipart (bounded as every body is): `file` (WAV, MP3, FLAC or Ogg Vorbis: runner.audio,
+25 MB and 10 minutes at most), `model`, `language`, `prompt`, `temperature`, `max_tokens`,
+`response_format` (json, text or verbose_json; srt and vtt are a 400: there are no timestamps) and
+`stream` (Server-Sent Events: `transcript.text.delta` for each piece, then `transcript.text.done`).
+The request becomes one chat turn as llama-server builds it (runner.commands.transcribe.asr_prompt:
+the ASR prompt or the hint, the language, then the clip), through the same Ask and engine loop as a
+chat completion.
 """
 
 from __future__ import annotations

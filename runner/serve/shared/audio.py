@@ -1,7 +1,8 @@
 """Audio in a request: an OpenAI `input_audio` part (base64 `data` and its `format`) as an `AudioRef`,
 an ImageRef's kind, so a message's parts keep their order and count against --max-images as images
-do, and each clip is decoded off the event loop (shared.images.with_pixels) by runner.audio: WAV only,
-25 MB and 10 minutes at most, every refusal a 400 naming the field.
+do, and each clip is decoded off the event loop (shared.images.with_pixels) by runner.audio: WAV, MP3,
+FLAC or Ogg Vorbis by its magic bytes (`format` is OpenAI's hint, not trusted), 25 MB and 10 minutes at
+most, every refusal a 400 naming the field.
 """
 
 from __future__ import annotations
@@ -16,7 +17,12 @@ from runner.errors import AudioError
 from runner.serve.shared.http import ApiError
 from runner.serve.shared.images import ImageRef
 
-FORMATS = ("wav", "mp3")  # OpenAI's input_audio formats; runner decodes WAV (MP3 is refused by name)
+FORMATS = (
+    "wav",
+    "mp3",
+    "flac",
+    "ogg",
+)  # OpenAI's input_audio formats (wav, mp3), and what else runner decodes
 
 
 @dataclass(frozen=True)
