@@ -7,11 +7,15 @@ exit 2, before libmtmd opens it."""
 
 from __future__ import annotations
 
+import base64
 import json
 import re
+import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import numpy as np
 import pytest
 from gguf import GGUFValueType
@@ -23,7 +27,8 @@ from runner.memory.audio_projector import estimate_audio_projector
 from runner.projector import check, memory
 from tests.conftest import run_cli
 from tests.helpers import load_script, random_png
-from tests.test_audio import LLAMA_SERVER, WIDTH, runner_answer, server_answers, tone
+from tests.serving import free_port
+from tests.test_audio import GREEDY, LLAMA_SERVER, WIDTH, runner_answer, tone
 
 mtp = load_script("make_test_projector")
 
@@ -218,19 +223,63 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return made
 
 
+def _server_answers(model: Path, projector: Path, wav: Path, tmp: Path) -> tuple[dict, str]:
+    """tests/test_audio.py's server_answers with flash attention on, as `runner transcribe` has it
+    (it takes no --flash-attn): llama-server's chat answer to an input_audio part, and its
+    /v1/audio/transcriptions text."""
+    port = free_port()
+    with (tmp / "llama-server.log").open("wb") as log:
+        proc = subprocess.Popen(
+            [str(LLAMA_SERVER), "-m", str(model), "--mmproj", str(projector), "--port", str(port),
+             "-c", "4096", "-np", "1", "-fa", "on", "-t", "2", "--no-webui"],
+            stdout=log, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    try:
+        url = f"http://127.0.0.1:{port}"
+        end = time.monotonic() + 120
+        while time.monotonic() < end:
+            try:
+                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.3)
+        clip = base64.b64encode(wav.read_bytes()).decode()
+        content = [{"type": "input_audio", "input_audio": {"data": clip, "format": "wav"}},
+                   {"type": "text", "text": "Transcribe this."}]  # fmt: skip
+        body = {"messages": [{"role": "user", "content": content}], "max_tokens": 8, "temperature": 0,
+                "logprobs": True, "top_logprobs": 1, "cache_prompt": False}  # fmt: skip
+        chat = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=300).json()
+        heard = httpx.post(f"{url}/v1/audio/transcriptions", data={"temperature": "0", "max_tokens": "8"},
+                           files={"file": ("a.wav", wav.read_bytes())}, timeout=300).json()  # fmt: skip
+        return chat, heard["text"]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
 @pytest.mark.skipif(not LLAMA_SERVER.exists(), reason="the pinned llama-server is not built here")
 @pytest.mark.parametrize("kind", ["qwen25o", "qwen3a"])
-def test_run_audio_gives_llama_servers_answer(
+def test_run_audio_and_transcribe_give_llama_servers_answer(
     files: dict[str, Path], smollm2_path: Path, tmp_path: Path, kind: str
 ) -> None:
-    ours = runner_answer(files[kind], files["a.wav"])
-    chat, _ = server_answers(smollm2_path, files[kind], files["a.wav"], tmp_path)
+    """Flash attention on at both ends: it moves the logits (qwen3a's test projector answers
+    "universe" with it and "game" without, at a margin of 0.17), so both must have it alike."""
+    done = run_cli("run", "smollm2", "Transcribe this.", "--audio", str(files["a.wav"]), "--mmproj",
+                   str(files[kind]), *GREEDY, "--flash-attn", "on", "--max-tokens", "8", "--json",
+                   "--logprobs", "0", "--no-prompt-cache", timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    ours = json.loads(done.stdout)
+    chat, heard = _server_answers(smollm2_path, files[kind], files["a.wav"], tmp_path)
     theirs = chat["choices"][0]["logprobs"]["content"]
     if chat["choices"][0]["finish_reason"] == "stop":
         theirs = theirs[:-1]  # llama-server scores the end-of-generation token too; runner does not
     assert [t["id"] for t in ours["logprobs"]] == [t["id"] for t in theirs]
     assert len(theirs) >= 4  # words, not the end at once: a comparison that can fail
     assert ours["usage"]["prompt_tokens"] == chat["usage"]["prompt_tokens"]
+    done = run_cli("transcribe", "smollm2", str(files["a.wav"]), "--mmproj", str(files[kind]),
+                   "--max-tokens", "8", timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.decode().strip() == heard.strip()
 
 
 def test_an_omni_projector_takes_an_image_and_a_clip_in_one_prompt(files: dict[str, Path]) -> None:
