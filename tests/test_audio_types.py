@@ -1,9 +1,10 @@
 """Audio projector types beyond whisper's own (tests/test_audio.py: ultravox, voxtral, qwen2a):
 qwen2.5o, Qwen2.5-Omni's one file with a vision and an audio encoder, and qwen3a, Qwen3-ASR's. Each
 test projector (scripts/make_test_projector.py --type qwen25o|qwen3a, random weights) passes the
-header check, gives llama-server --mmproj's greedy answer token for token through `runner run --audio`,
-and its encoder's compute buffer is planned within 5% of libmtmd's; a malformed one is one line and
-exit 2, before libmtmd opens it."""
+header check, gives llama-server --mmproj's greedy answer token for token through `runner run --audio`
+(the omni one with an image too) and its transcription through `runner transcribe`, and its encoder's
+compute buffer is planned within 5% of libmtmd's; a malformed one is one line and exit 2, before
+libmtmd opens it."""
 
 from __future__ import annotations
 
@@ -223,10 +224,12 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return made
 
 
-def _server_answers(model: Path, projector: Path, wav: Path, tmp: Path) -> tuple[dict, str]:
+def _server_answers(
+    model: Path, projector: Path, wav: Path, tmp: Path, image: Path | None = None
+) -> tuple[dict, str]:
     """tests/test_audio.py's server_answers with flash attention on, as `runner transcribe` has it
-    (it takes no --flash-attn): llama-server's chat answer to an input_audio part, and its
-    /v1/audio/transcriptions text."""
+    (it takes no --flash-attn): llama-server's chat answer to an input_audio part (after an image
+    part, where given, as `run --image --audio` orders them), and its /v1/audio/transcriptions text."""
     port = free_port()
     with (tmp / "llama-server.log").open("wb") as log:
         proc = subprocess.Popen(
@@ -244,8 +247,11 @@ def _server_answers(model: Path, projector: Path, wav: Path, tmp: Path) -> tuple
             except httpx.TransportError:
                 time.sleep(0.3)
         clip = base64.b64encode(wav.read_bytes()).decode()
-        content = [{"type": "input_audio", "input_audio": {"data": clip, "format": "wav"}},
-                   {"type": "text", "text": "Transcribe this."}]  # fmt: skip
+        content: list[dict] = [{"type": "input_audio", "input_audio": {"data": clip, "format": "wav"}},
+                               {"type": "text", "text": "Transcribe this."}]  # fmt: skip
+        if image is not None:
+            picture = "data:image/png;base64," + base64.b64encode(image.read_bytes()).decode()
+            content.insert(0, {"type": "image_url", "image_url": {"url": picture}})
         body = {"messages": [{"role": "user", "content": content}], "max_tokens": 8, "temperature": 0,
                 "logprobs": True, "top_logprobs": 1, "cache_prompt": False}  # fmt: skip
         chat = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=300).json()
@@ -282,14 +288,26 @@ def test_run_audio_and_transcribe_give_llama_servers_answer(
     assert done.stdout.decode().strip() == heard.strip()
 
 
-def test_an_omni_projector_takes_an_image_and_a_clip_in_one_prompt(files: dict[str, Path]) -> None:
-    done = run_cli("run", "smollm2", "What is this?", "--image", str(files["x.png"]), "--audio",
-                   str(files["a.wav"]), "--mmproj", str(files["qwen25o"]), "--max-tokens", "2", "--json",
+@pytest.mark.skipif(not LLAMA_SERVER.exists(), reason="the pinned llama-server is not built here")
+def test_an_omni_projector_takes_an_image_and_a_clip_in_one_prompt(
+    files: dict[str, Path], smollm2_path: Path, tmp_path: Path
+) -> None:
+    done = run_cli("run", "smollm2", "Transcribe this.", "--image", str(files["x.png"]), "--audio",
+                   str(files["a.wav"]), "--mmproj", str(files["qwen25o"]), *GREEDY, "--flash-attn", "on",
+                   "--max-tokens", "8", "--json", "--logprobs", "0", "--no-prompt-cache",
                    timeout=300)  # fmt: skip
     assert done.returncode == 0, done.stderr
+    ours = json.loads(done.stdout)
+    chat, _ = _server_answers(smollm2_path, files["qwen25o"], files["a.wav"], tmp_path, image=files["x.png"])
+    theirs = chat["choices"][0]["logprobs"]["content"]
+    if chat["choices"][0]["finish_reason"] == "stop":
+        theirs = theirs[:-1]
+    assert [t["id"] for t in ours["logprobs"]] == [t["id"] for t in theirs] and len(theirs) >= 4
     alone = runner_answer(files["qwen25o"], files["a.wav"], tokens=1)
-    both = json.loads(done.stdout)["usage"]["prompt_tokens"]
-    assert both >= alone["usage"]["prompt_tokens"] + 8  # the 40 x 30 image: 8 tokens at least
+    both = ours["usage"]["prompt_tokens"]
+    assert (
+        both == chat["usage"]["prompt_tokens"] >= alone["usage"]["prompt_tokens"] + 8
+    )  # 40 x 30 px: 8 at least
 
 
 @pytest.mark.parametrize(
