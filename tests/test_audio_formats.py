@@ -330,7 +330,7 @@ def test_run_audio_gives_llama_servers_answer(
     assert ours["usage"]["prompt_tokens"] == prompt_tokens and len(ids) == TOKENS
     if name.endswith(".mp3"):
         same_unless_near_tie(ours["logprobs"], ids)
-    else:  # FLAC, and Ogg as miniaudio decodes it: llama-server's very samples
+    else:  # FLAC: llama-server's very samples; Ogg: it hears runner's, as a float WAV
         assert [t["id"] for t in ours["logprobs"]] == ids
 
 
@@ -362,6 +362,15 @@ def test_bad_clips_and_max_audio_seconds_are_one_line_and_exit_2(
         err = done.stderr.decode()
         assert done.returncode == 2 and done.stdout == b"", (args, err)
         assert said in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, (args, err)
+
+
+def test_input_rows_bound_their_clips_by_max_audio_seconds(files: dict[str, Path], tmp_path: Path) -> None:
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text(json.dumps({"prompt": "Transcribe this.", "audio": [str(files["a.mp3"])]}) + "\n")
+    done = run_cli("run", "smollm2", "--input", str(rows), "--mmproj", str(files["ultravox"]), "--jsonl",
+                   "--max-tokens", "2", "--max-audio-seconds", "2", timeout=300)  # fmt: skip
+    [row] = [json.loads(line) for line in done.stdout.decode().splitlines()]
+    assert "a.mp3: is 3.0 s long, over the 2.0 s a clip may be" in row["error"], row
 
 
 def test_chat_bounds_a_clip_by_max_audio_seconds(files: dict[str, Path]) -> None:

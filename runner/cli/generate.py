@@ -189,6 +189,7 @@ def _batch(given: dict[str, Any], tty: bool) -> int:
         settings=settings_of({**given, "draft": None}, spec=False),
         verbose=given["verbose"],
         logprobs=given["logprobs"],
+        max_audio_seconds=given["max_audio_seconds"],
     )
     return run_batch_command(request, stdin=None if tty else sys.stdin.buffer, out=sys.stdout)
 

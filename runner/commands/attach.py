@@ -65,11 +65,11 @@ def read_clips(
     return [read_audio_arg(arg, stdin, max_seconds=max_seconds or MAX_AUDIO_SECONDS) for arg in args]
 
 
-def row_clips(names: Any) -> list[Any]:
+def row_clips(names: Any, max_seconds: float | None = None) -> list[Any]:
     """An --input row's "audio": local WAV files (as --audio takes them, no stdin), decoded and bounded."""
     if not isinstance(names, list) or not all(isinstance(n, str) and n not in ("", "-") for n in names):
         raise UsageError('"audio" must be a list of audio file paths')
-    return read_clips(names, None)
+    return read_clips(names, None, max_seconds=max_seconds)
 
 
 class Attachments:

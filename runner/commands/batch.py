@@ -77,6 +77,7 @@ class BatchRequest:
     settings: LoadSettings = DEFAULTS  # how the model loads (--ctx, --threads, --mmproj for rows' images ...)
     verbose: bool = False
     logprobs: int | None = None  # --logprobs N: each row's answer tokens scored, in its --jsonl object
+    max_audio_seconds: float = 600.0  # --max-audio-seconds: a row's clip's length at most
 
 
 @dataclass
@@ -163,7 +164,7 @@ def _read_items(request: BatchRequest, raw: list[bytes], shared: Constraint | No
             items.append(item)
             continue
         if request.input_path is not None:
-            _from_json(item, text, n + 1)
+            _from_json(item, text, n + 1, request.max_audio_seconds)
         elif not text.strip():
             item.error = f"line {n + 1} is empty"
         else:
@@ -174,7 +175,7 @@ def _read_items(request: BatchRequest, raw: list[bytes], shared: Constraint | No
     return items
 
 
-def _from_json(item: Item, text: str, line: int) -> None:
+def _from_json(item: Item, text: str, line: int, max_audio_seconds: float) -> None:
     if not text.strip():
         item.error = f"line {line} is empty"
         return
@@ -214,7 +215,7 @@ def _from_json(item: Item, text: str, line: int) -> None:
         if "audio" in obj:  # clips after the images, as run --audio puts them
             from runner.commands.attach import row_clips
 
-            item.images = [*item.images, *row_clips(obj["audio"])]
+            item.images = [*item.images, *row_clips(obj["audio"], max_audio_seconds)]
     except RunnerError as exc:
         item.error = f"line {line}: {exc}"
 
