@@ -168,7 +168,7 @@ def find(
     try:
         check(found, None)
     except InvalidModelFile as exc:  # a file runner cannot use; a Hub that fails to answer is the error
-        ui.warn(f"{ref.display} takes no images in runner yet: {exc}")
+        ui.warn(f"{ref.display} takes no images or audio in runner yet: {exc}")
         return None
     return found
 

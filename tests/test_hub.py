@@ -292,7 +292,8 @@ def test_pull_prints_size_and_path_per_file_and_list_downloads_nothing(
         str(Path(lines[0].split("\t")[1]).parent.parent / "mmproj-big-f16.gguf"),
     ]
     assert b"Q8_0 at" in done.stderr
-    assert b"takes no images in runner yet: " in done.stderr  # its projector: random bytes, not a GGUF
+    # its projector: random bytes, not a GGUF
+    assert b"takes no images or audio in runner yet: " in done.stderr
     missing = _cli(fake_hub, "pull", "user/big-GGUF:Q3_K_S")
     assert missing.returncode == 2
     assert missing.stderr.decode().strip() == (

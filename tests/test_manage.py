@@ -329,8 +329,9 @@ def test_show_a_model_not_cached_reads_only_its_header_on_the_hub(
         == "runner: reading the header of user/tiny-GGUF/tiny-Q4_K_M.gguf on the Hub; nothing is downloaded"
     )
     url = f"{fake_hub.endpoint}/user/tiny-GGUF/resolve/{commit}/mmproj-tiny-F16.gguf"  # its header read too
-    assert projector == f"runner: warning: user/tiny-GGUF takes no images in runner yet: {url} is not a " + (
-        "projector: it has no clip.projector_type (general.architecture is llama: a text model?)"
+    assert projector == (
+        f"runner: warning: user/tiny-GGUF takes no images or audio in runner yet: {url} is not a projector: "
+        "it has no clip.projector_type (general.architecture is llama: a text model?)"
     )
     report = json.loads(done.stdout)
     assert report["file"] == f"{fake_hub.endpoint}/user/tiny-GGUF/resolve/{commit}/tiny-Q4_K_M.gguf"

@@ -32,7 +32,9 @@ def _run(model: Path, home: Path, *extra: str) -> subprocess.CompletedProcess[st
     )
 
 
-def test_the_second_same_run_takes_weights_loaded_beside_its_imports(model_copy: Path, tmp_path: Path) -> None:
+def test_the_second_same_run_takes_weights_loaded_beside_its_imports(
+    model_copy: Path, tmp_path: Path
+) -> None:
     home = tmp_path / "home"
     first = _run(model_copy, home)
     assert first.returncode == 0, first.stderr

@@ -337,3 +337,18 @@ def test_run_image_refuses_a_pair_that_will_not_fit_before_fetching_either(
     )  # fmt: skip
     assert other.returncode == 1 and "does not fit" in other.stderr.decode(), other.stderr
     assert Q8 not in {p.name for p in cached.rglob("*.gguf")}
+
+
+def test_a_pulled_audio_model_is_said_to_take_clips(
+    fake_hub: FakeHub, smollm2_path: Path, tmp_path: Path
+) -> None:
+    """The projector pulled with an audio model is named for what it takes, not called a vision one."""
+    projector = tmp_path / "mmproj-asr-F16.gguf"
+    command = [sys.executable, str(SCRIPT), str(projector), "--for", str(smollm2_path), "--type", "qwen3a"]
+    subprocess.run(command, check=True, capture_output=True)
+    fake_hub.add_repo("user/asr-GGUF", {"asr-Q4_K_M.gguf": smollm2_path, projector.name: projector})
+    done = cli(fake_hub, "pull", "user/asr-GGUF")
+    assert done.returncode == 0, done.stderr
+    said = done.stderr.decode()
+    assert "an audio model, its projector mmproj-asr-F16.gguf beside it (--audio takes clips)" in said, said
+    assert "vision" not in said

@@ -59,22 +59,29 @@ def pull_model(
     for file, path in zip(pulled.choice.files, pulled.paths, strict=True):
         out.write(f"{ui.human_bytes(file.size or path.stat().st_size)}\t{path}\n")
     picked = choose_projector(files, pulled.choice.primary.path, entry=ref.entry)
-    if picked is not None:  # a vision model: its projector with it, as llama.cpp's -hf fetches it
+    if picked is not None:  # a vision or audio model: its projector with it, as llama.cpp's -hf fetches it
         projector = pull_projector(ref, pulled.commit, picked, quiet=quiet)
         out.write(f"{ui.human_bytes(picked.size or projector.stat().st_size)}\t{projector}\n")
         _check_projector(projector, pulled.path, ref.display)
 
 
 def _check_projector(projector: Path, model: Path, name: str) -> None:
-    """Say now, not at the first image, when the pinned libmtmd cannot use the projector."""
+    """Say now, not at the first image or clip, when the pinned libmtmd cannot use the projector."""
     from runner.gguf import read_header
+    from runner.gguf.audio_projector import is_audio_projector, is_omni_projector
 
     try:
+        header = read_header(projector)
+        kind, takes = "a vision model", "--image takes images"
+        if is_omni_projector(header):
+            kind, takes = "a vision and audio model", "--image takes images, --audio takes clips"
+        elif is_audio_projector(header):
+            kind, takes = "an audio model", "--audio takes clips"
         vision.check(projector, read_header(model))
     except RunnerError as exc:
-        ui.warn(f"{name} takes no images in runner yet: {exc}")
+        ui.warn(f"{name} takes no images or audio in runner yet: {exc}")
         return
-    ui.info(f"{name}: a vision model, its projector {projector.name} beside it (--image takes images)")
+    ui.info(f"{name}: {kind}, its projector {projector.name} beside it ({takes})")
 
 
 def list_quants(model: str, *, out: TextIO) -> None:
