@@ -94,6 +94,7 @@ def test_an_omni_projector_is_checked_as_both_halves(tmp_path: Path) -> None:
     assert planned.image_tokens == vision.image_tokens == 4096 and planned.sized
     assert planned.compute_cpu == vision.compute_cpu + window_compute_bytes(info.audio, flash_attn=True)
     assert planned.weights_cpu > vision.weights_cpu  # the patch kernels, loaded by both contexts
+    assert planned.per_image() == f"{vision.per_image()}; 1,500 audio tokens a minute of audio"  # both
 
 
 @pytest.mark.fast
@@ -130,6 +131,7 @@ def test_a_qwen3a_projector_passes_and_costs_13_tokens_a_started_second(tmp_path
     assert [info.clip_tokens(s) for s in (0.5, 3.0, 7.99, 8.0, 10.0, 60.0)] == [13, 52, 104, 117, 143, 793]
     assert info.per_minute().startswith("793 audio tokens a minute")
     assert memory(tmp_path / "q3a.gguf").image_tokens == 403  # what show and fit say 30 s cost
+    assert memory(tmp_path / "q3a.gguf").per_image() == "403 audio tokens every 30 s of audio, 793 a minute"
 
 
 def _conv2(t: dict) -> Any:
@@ -351,3 +353,17 @@ def test_the_audio_encoder_compute_buffer_is_planned_within_5_percent(
                     "--max-tokens", "1", "--json", timeout=300)  # fmt: skip
     tokens = [json.loads(out.stdout)["usage"]["prompt_tokens"] for out in (done, short)]
     assert tokens[0] - tokens[1] == audio.clip_tokens(10.0) - audio.clip_tokens(3.0), tokens
+
+
+def test_show_says_what_an_omni_projector_and_a_minute_of_audio_cost(
+    smollm2_path: Path, tmp_path: Path
+) -> None:
+    omni, asr = _write(tmp_path / "omni.gguf", "qwen25o"), _write(tmp_path / "q3a.gguf", "qwen3a")
+    shown = run_cli("show", str(smollm2_path), "--mmproj", str(omni))
+    assert shown.returncode == 0, shown.stderr
+    lines = shown.stdout.decode().splitlines()
+    vision = next(line for line in lines if line.startswith("vision "))
+    assert "image tokens an image" in vision and "1,500 audio tokens a minute of audio" in vision
+    assert any(line.startswith("audio ") for line in lines)  # both encoders, one file
+    as_json = json.loads(run_cli("show", str(smollm2_path), "--mmproj", str(asr), "--json").stdout)
+    assert as_json["vision"]["audio_tokens"] == 403 and as_json["vision"]["audio_minute_tokens"] == 793

@@ -99,6 +99,8 @@ def _vision(projector: ProjectorMemory, path: str) -> dict[str, Any]:
         "tiles": projector.tiles,  # idefics3: the most tiles an image is cut into, besides the whole
         "sized": projector.sized,
         "most_image_tokens": projector.most_tokens,  # the most one image takes
+        "audio_tokens": projector.audio_tokens,  # an audio encoder's: what 30 s of audio cost (0: none)
+        "audio_minute_tokens": projector.minute_tokens,  # and a minute
         "weights_bytes": projector.weights_bytes,
         "compute_bytes": projector.compute_bytes,
     }
@@ -136,6 +138,11 @@ def _lines(s: dict[str, Any], model: str) -> list[tuple[str, str]]:
             if s["vision"]
             else []
         ),
+        *(
+            [("audio", "yes (the same projector's audio encoder)")]
+            if s["vision"] and s["vision"]["image_size"] and s["vision"]["audio_minute_tokens"]
+            else []
+        ),
         ("file", s["file"]),
     ]
 
@@ -158,9 +165,9 @@ def _size(s: dict[str, Any]) -> str:
 
 
 def _vision_line(v: dict[str, Any]) -> str:
-    from runner.memory.projector import per_image
+    from runner.memory.projector import costs
 
-    cost = per_image(v["image_tokens"], v["image_size"], v["tiles"], v["sized"])
+    cost = costs(v["image_tokens"], v["image_size"], v["tiles"], v["sized"], v["audio_minute_tokens"])
     return (
         f"yes (projector {v['type']}, {cost}; {ui.human_bytes(v['weights_bytes'])} of weights, "
         f"a {ui.human_bytes(v['compute_bytes'])} encoder compute buffer)"

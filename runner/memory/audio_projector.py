@@ -58,6 +58,8 @@ def estimate_audio_projector(header: Any, info: Any) -> ProjectorMemory:
     return ProjectorMemory(
         projector_type=info.projector_type,
         image_tokens=info.clip_tokens(30) if qwen3a else info.window_tokens,  # what 30 s cost
+        audio_tokens=info.clip_tokens(30) if qwen3a else info.window_tokens,
+        minute_tokens=info.clip_tokens(60) if qwen3a else info.clip_tokens(59.9),  # 59.9: two windows
         image_size=0,
         tensor_bytes=sum(t.nbytes for t in header.tensors),
         weights_cpu=weight_bytes(header, gpu=False),
@@ -86,6 +88,8 @@ def estimate_omni_projector(header: Any, vision: ProjectorMemory, info: Any) -> 
         compute_gpu=vision.compute_gpu + audio.compute_gpu,
         inputs_gpu_host=vision.inputs_gpu_host + audio.inputs_gpu_host,
         host_bytes=vision.host_bytes + audio.host_bytes,
+        audio_tokens=audio.audio_tokens,
+        minute_tokens=audio.minute_tokens,
     )
 
 

@@ -58,6 +58,8 @@ class ProjectorMemory:
     inputs_host: int = 0  # in no buffer until the inputs are set (Qwen2.5-VL's window mask)
     tiles: int = 0  # idefics3: the most tiles an image is cut into, each image_tokens, and the whole image
     sized: bool = False  # each image at its own size (Qwen's): image_size and image_tokens are the most
+    audio_tokens: int = 0  # an audio encoder's (an audio or omni projector): what 30 s of audio cost
+    minute_tokens: int = 0  # and what a minute costs (not always twice 30 s: qwen3a's 8 s windows)
 
     @property
     def most_tokens(self) -> int:
@@ -65,8 +67,9 @@ class ProjectorMemory:
         return self.image_tokens * (self.tiles + 1 if self.tiles else 1)
 
     def per_image(self) -> str:
-        """What one image costs in the text model's context, as fit and show say it."""
-        return per_image(self.image_tokens, self.image_size, self.tiles, self.sized)
+        """What one image (or, with no vision encoder, 30 s and a minute of audio) costs in the text
+        model's context, as fit and show say it; an omni projector's: both."""
+        return costs(self.image_tokens, self.image_size, self.tiles, self.sized, self.minute_tokens)
 
     def host(self, on_gpu: bool) -> int:
         """Host memory in no buffer: the work buffer only where the CPU runs the graph. inputs_host
@@ -93,11 +96,19 @@ class ProjectorMemory:
         return {"cpu": (0, self.inputs_gpu_host), "gpu": (self.weights_gpu, self.compute_gpu)}
 
 
-def per_image(image_tokens: int, image_size: int, tiles: int, sized: bool) -> str:
-    """ProjectorMemory.per_image from its numbers (show --json carries them); an audio projector's
-    (image_size 0, runner.memory.audio_projector): what a 30-second window and a minute cost."""
+def costs(image_tokens: int, image_size: int, tiles: int, sized: bool, minute_tokens: int = 0) -> str:
+    """ProjectorMemory.per_image from its numbers (show --json carries them): an image's cost; an
+    audio projector's (image_size 0: image_tokens are 30 s of audio, runner.memory.audio_projector)
+    what 30 s and a minute cost; an omni projector's both."""
     if image_size == 0:
-        return f"{image_tokens:,} audio tokens every 30 s of audio, {2 * image_tokens:,} a minute"
+        minute = minute_tokens or 2 * image_tokens
+        return f"{image_tokens:,} audio tokens every 30 s of audio, {minute:,} a minute"
+    image = per_image(image_tokens, image_size, tiles, sized)
+    return f"{image}; {minute_tokens:,} audio tokens a minute of audio" if minute_tokens else image
+
+
+def per_image(image_tokens: int, image_size: int, tiles: int, sized: bool) -> str:
+    """What one image costs through an image projector."""
     side = f"{image_size} x {image_size} px"
     if sized:
         return f"up to {image_tokens:,} image tokens an image (sized as it comes, up to {side})"
