@@ -49,8 +49,9 @@ def describe(first_token_s: float) -> str:
     parts = [f"interpreter and imports {age:.2f} s"]
     for phase, name in PHASES:
         if phase in _marks:
-            ahead = " (loaded beside the imports)" if phase == "load" and _ahead else ""
-            parts.append(f"{name} {_marks[phase] - at:.2f} s{ahead}")
+            if phase == "load" and _ahead:
+                name = "load, begun beside the imports"
+            parts.append(f"{name} {_marks[phase] - at:.2f} s")
             at = _marks[phase]
     parts.append(f"first token {first_token_s:.2f} s")
     return "start-up: " + " · ".join(parts)

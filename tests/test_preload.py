@@ -14,7 +14,7 @@ import pytest
 
 pytestmark = pytest.mark.slow
 
-AHEAD = "(loaded beside the imports)"
+AHEAD = "load, begun beside the imports"
 
 
 @pytest.fixture
