@@ -367,3 +367,5 @@ def test_show_says_what_an_omni_projector_and_a_minute_of_audio_cost(
     assert any(line.startswith("audio ") for line in lines)  # both encoders, one file
     as_json = json.loads(run_cli("show", str(smollm2_path), "--mmproj", str(asr), "--json").stdout)
     assert as_json["vision"]["audio_tokens"] == 403 and as_json["vision"]["audio_minute_tokens"] == 793
+    per_token = 30 * 2 * 3 * 64 * 2  # SmolLM2: 30 layers, K and V, 3 KV heads of 64, f16
+    assert as_json["vision"]["audio_minute_kv_bytes"] == 793 * per_token

@@ -48,11 +48,13 @@ def show_model(
         ui.warn(_cut_short(summary))
     projector = vision.find(mmproj, ref, paired=True, offline=offline, download=False)  # or pulled with it
     try:
-        summary["vision"] = _vision(vision.memory(projector, read.merged), projector) if projector else None
+        summary["vision"] = (
+            _vision(vision.memory(projector, read.merged), projector, read.merged) if projector else None
+        )
     except RunnerError as exc:  # the projector pulled with it, not for this model: said, shown without
         if mmproj is not None:
             raise
-        ui.warn(f"{ref.display} takes no images in runner: {exc}")
+        ui.warn(f"{ref.display} takes no images or audio in runner: {exc}")
     if template:
         text = summary["chat_template"]
         if text is None:
@@ -90,7 +92,12 @@ def summarize(header: GGUFHeader, *, display: str, file: str, size: int) -> dict
     }
 
 
-def _vision(projector: ProjectorMemory, path: str) -> dict[str, Any]:
+def _vision(projector: ProjectorMemory, path: str, header: GGUFHeader) -> dict[str, Any]:
+    minute_kv = 0
+    if projector.minute_tokens:  # the KV cache a minute's tokens take, f16 (per token, at 4,096 cells)
+        from runner.memory.kv import kv_cache_bytes
+
+        minute_kv = kv_cache_bytes(header, n_ctx=4096) * projector.minute_tokens // 4096
     return {
         "projector": path,
         "type": projector.projector_type,
@@ -101,6 +108,7 @@ def _vision(projector: ProjectorMemory, path: str) -> dict[str, Any]:
         "most_image_tokens": projector.most_tokens,  # the most one image takes
         "audio_tokens": projector.audio_tokens,  # an audio encoder's: what 30 s of audio cost (0: none)
         "audio_minute_tokens": projector.minute_tokens,  # and a minute
+        "audio_minute_kv_bytes": minute_kv,  # the KV cache (f16) those tokens take
         "weights_bytes": projector.weights_bytes,
         "compute_bytes": projector.compute_bytes,
     }
@@ -168,6 +176,8 @@ def _vision_line(v: dict[str, Any]) -> str:
     from runner.memory.projector import costs
 
     cost = costs(v["image_tokens"], v["image_size"], v["tiles"], v["sized"], v["audio_minute_tokens"])
+    if v["audio_minute_kv_bytes"]:
+        cost += f" ({ui.human_bytes(v['audio_minute_kv_bytes'])} of f16 KV cache)"
     return (
         f"yes (projector {v['type']}, {cost}; {ui.human_bytes(v['weights_bytes'])} of weights, "
         f"a {ui.human_bytes(v['compute_bytes'])} encoder compute buffer)"
