@@ -28,21 +28,11 @@ from hypothesis import strategies as st
 from runner import audio_codecs
 from runner.audio import load_audio
 from runner.errors import AudioError
+from tests.audio_clips import GREEDY, LLAMA_SERVER
 from tests.conftest import run_cli
 from tests.serving import NEAR_TIE, THREADS, Server, free_port, model_server, openai_client
 from tests.synth import write_audio_projector
 
-LLAMA_SERVER = Path("/tmp/peers/build/bin/llama-server")
-GREEDY = (
-    "--temperature",
-    "0",
-    "--repeat-penalty",
-    "1",
-    "--presence-penalty",
-    "0",
-    "--frequency-penalty",
-    "0",
-)
 SAMPLING = {"temperature": 0, "repeat_penalty": 1, "presence_penalty": 0, "frequency_penalty": 0}
 TOKENS = 8
 ENCODINGS = {"mp3": ("MP3", "MPEG_LAYER_III"), "flac": ("FLAC", "PCM_16"), "ogg": ("OGG", "VORBIS")}

@@ -26,10 +26,10 @@ from runner.gguf import read_header
 from runner.gguf.audio_projector import AudioProjectorInfo, OmniProjectorInfo
 from runner.memory.audio_projector import estimate_audio_projector
 from runner.projector import check, memory
+from tests.audio_clips import GREEDY, LLAMA_SERVER, WIDTH, runner_answer, tone
 from tests.conftest import run_cli
 from tests.helpers import load_script, random_png
 from tests.serving import free_port
-from tests.test_audio import GREEDY, LLAMA_SERVER, WIDTH, runner_answer, tone
 
 mtp = load_script("make_test_projector")
 

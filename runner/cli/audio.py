@@ -7,6 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from runner.cli import media_options as m
 from runner.cli import options as o
 from runner.cli.app import app, edge
 
@@ -39,12 +40,12 @@ Greedy = Annotated[float, typer.Option("--temperature", min=0.0, max=2.0, help="
 def transcribe(
     model: o.ModelArg,
     files: AudioFiles,
-    mmproj: o.Mmproj = None,
+    mmproj: m.Mmproj = None,
     language: Language = None,
     prompt: Hint = None,
     temperature: Greedy = 0.0,
     max_tokens: o.MaxTokens = None,
-    max_audio_seconds: o.MaxAudioSeconds = 600.0,
+    max_audio_seconds: m.MaxAudioSeconds = 600.0,
     json: o.JsonObject = False,
     jsonl: o.Jsonl = False,
     ctx: o.Ctx = None,

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
+from runner.cli import media_options as m
 from runner.cli import options as o
 from runner.cli import tool_options as to
 from runner.cli.app import app, edge
@@ -93,10 +94,10 @@ def run(
     no_save: o.NoSave = False,
     rpc: o.Rpc = None,
     logprobs: o.Logprobs = None,
-    image: o.Image = None,
-    audio: o.AudioClip = None,
-    max_audio_seconds: o.MaxAudioSeconds = 600.0,
-    mmproj: o.Mmproj = None,
+    image: m.Image = None,
+    audio: m.AudioClip = None,
+    max_audio_seconds: m.MaxAudioSeconds = 600.0,
+    mmproj: m.Mmproj = None,
     debug: o.Debug = False,
 ) -> None:
     """Answer one prompt; the answer alone goes to stdout.
@@ -395,8 +396,8 @@ def chat(
     tool_timeout: to.ToolTimeout = 60.0,
     tool_choice: to.ToolChoice = "auto",
     rpc: o.Rpc = None,
-    mmproj: o.ChatMmproj = None,
-    max_audio_seconds: o.MaxAudioSeconds = 600.0,
+    mmproj: m.ChatMmproj = None,
+    max_audio_seconds: m.MaxAudioSeconds = 600.0,
     debug: o.Debug = False,
 ) -> None:
     """Chat in the terminal; every turn is kept (runner history).

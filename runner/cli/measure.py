@@ -9,6 +9,7 @@ import sys
 
 import typer
 
+from runner.cli import media_options as m
 from runner.cli import options as o
 from runner.cli.app import app, edge
 from runner.errors import UsageError
@@ -68,7 +69,7 @@ def fit(
     offline: o.Offline = False,
     json: o.JsonObject = False,
     rpc: o.Rpc = None,
-    mmproj: o.Mmproj = None,
+    mmproj: m.Mmproj = None,
     debug: o.Debug = False,
 ) -> None:
     """Will it fit? Memory per device, the offload plan and a verdict.

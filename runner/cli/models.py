@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import sys
 
+from runner.cli import media_options as m
 from runner.cli import options as o
 from runner.cli.app import app, edge
 
@@ -65,7 +66,7 @@ def show(
     template: o.Template = False,
     offline: o.Offline = False,
     json: o.JsonObject = False,
-    mmproj: o.Mmproj = None,
+    mmproj: m.Mmproj = None,
     debug: o.Debug = False,
 ) -> None:
     """Describe a model from its GGUF header, cached or read on the Hub.
