@@ -295,16 +295,19 @@ def _load_compressed(data: bytes, fmt: str, name: str, max_seconds: float) -> Au
         raise refuse(name, f"holds no audio (a {fmt} file of less than 10 ms, or one that gives no length)")
     if fmt == "MP3" and codecs.mp3_cut(data, codecs.id3_end(data), head.frames // 384 + 2):
         raise refuse(name, "is a truncated MP3 file: its last frame is cut short")
+    rate, frames = codecs.decode_at(head)
     try:
         if samples is None:
-            slack = codecs.MP3_SLACK if fmt == "MP3" else 0
-            samples = codecs.decode(data, fmt, head.rate, head.frames, pad=slack)
+            slack = codecs.MP3_SLACK if fmt == "MP3" else 2 if rate != head.rate else 0  # resampled: +1
+            samples = codecs.decode(data, fmt, rate, frames, pad=slack)
     except ValueError as exc:
         raise refuse(name, str(exc)) from None
+    if len(samples) != frames * 4:  # the child judged its length otherwise (a bound at a float's edge)
+        raise refuse(name, f"is {fmt} whose decoder gave {len(samples) // 4:,} of its {frames:,} frames")
     _check_finite(samples, name)
     return Audio(
         samples=samples,
-        rate=head.rate,
+        rate=rate,
         sha256=hashlib.sha256(data).hexdigest(),
         size=len(data),
         format=fmt,

@@ -49,7 +49,7 @@ def header(data: bytes, fmt: str) -> Header:
     }
     try:
         info = read[fmt](data)
-    except miniaudio.DecodeError:
+    except (miniaudio.DecodeError, ArithmeticError, ValueError):  # dr_flac takes a rate of 0, then / 0
         raise ValueError(f"is not {fmt} runner can decode (its header does not read)") from None
     frames = int(info.num_frames)
     if fmt == "MP3" and frames >= 2**40:
@@ -66,8 +66,8 @@ def read_apart(data: bytes, fmt: str, max_seconds: float) -> tuple[Header, bytes
     import sys
 
     try:
-        done = subprocess.run(
-            [sys.executable, "-m", "runner.audio_codecs", fmt, repr(max_seconds)],
+        done = subprocess.run(  # not -m, which puts the working directory first on the child's path
+            [sys.executable, "-c", CHILD, fmt, repr(max_seconds)],
             input=data,
             capture_output=True,
             timeout=120,
@@ -83,6 +83,21 @@ def read_apart(data: bytes, fmt: str, max_seconds: float) -> tuple[Header, bytes
     return Header(*reply["header"]), samples
 
 
+CHILD = (  # the working directory off the path first: a json.py there is not imported
+    "import sys; del sys.path[0]; from runner.audio_codecs import _child; "
+    "_child(sys.argv[1], float(sys.argv[2]))"
+)
+DECODE_MOST_HZ = 48_000  # compressed clips above it decode at it: 10 minutes stay ~115 MB of float32
+
+
+def decode_at(head: Header) -> tuple[int, int]:
+    """(rate, frames) a clip is decoded at: its own, or at most DECODE_MOST_HZ (a 384 kHz FLAC of
+    silence is a few kB and would be 0.9 GB of samples at its own rate)."""
+    if head.rate <= DECODE_MOST_HZ:
+        return head.rate, head.frames
+    return DECODE_MOST_HZ, frames_at(DECODE_MOST_HZ, head.rate, head.frames)
+
+
 def _child(fmt: str, max_seconds: float) -> None:
     """`read_apart`'s other side: the clip on stdin; one JSON line, then the samples, on stdout."""
     import json
@@ -95,7 +110,8 @@ def _child(fmt: str, max_seconds: float) -> None:
         taken = 1 <= head.channels <= 8 and 1000 <= head.rate <= 384_000
         samples = b""
         if taken and 0 < head.frames <= max_seconds * head.rate:
-            samples = decode(data, fmt, head.rate, head.frames)
+            rate, frames = decode_at(head)
+            samples = decode(data, fmt, rate, frames, pad=2 if rate != head.rate else 0)
     except ValueError as exc:
         out.write(json.dumps({"error": str(exc)}).encode() + b"\n")
         return

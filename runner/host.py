@@ -19,8 +19,25 @@ CPU_DIR = "/sys/devices/system/cpu"
 _SIBLINGS = ("core_cpus_list", "thread_siblings_list")  # the newer name first, as psutil reads them
 
 
+_held: tuple[int, int] | None = None  # ram() as it was when hold() was called
+
+
+def hold() -> None:
+    """ram() answers as now until release(): weights loaded beside the plan (runner.engine.preload)
+    are not yet the plan's to see as taken, or it would count them twice."""
+    global _held
+    _held = ram()
+
+
+def release() -> None:
+    global _held
+    _held = None
+
+
 def ram() -> tuple[int, int]:
     """(total, available) bytes of host memory."""
+    if _held is not None:
+        return _held
     fields = _meminfo()
     if fields is not None:
         return fields

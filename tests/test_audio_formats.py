@@ -131,6 +131,26 @@ def test_an_mp3_without_a_xing_header_is_counted_frame_by_frame() -> None:
     assert 2.0 <= audio.seconds < 2.2  # the encoder's delay and padding are samples now
 
 
+def flac_at_0_hz() -> bytes:
+    """A FLAC whose STREAMINFO says 0 Hz, 1 channel, 16 bits, 1,000 samples (42 bytes)."""
+    packed = (0 << 44 | 0 << 41 | 15 << 36 | 1000).to_bytes(8, "big")
+    info = (4096).to_bytes(2, "big") * 2 + bytes(6) + packed + bytes(16)
+    return b"fLaC" + bytes([0x80, 0, 0, len(info)]) + info
+
+
+def test_a_96_khz_flac_decodes_at_48_khz_and_an_ogg_child_ignores_the_working_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A compressed clip's samples are bounded by a rate of 48 kHz (a FLAC of silence at 384 kHz is a
+    few kB and 0.9 GB at its own rate); the Ogg decoder's child does not import from the working
+    directory (a json.py there)."""
+    high = load_audio(clip("flac", seconds=1.0, rate=96000), name="hi.flac")
+    assert high.rate == 48000 and abs(len(high.samples) // 4 - 48000) <= 1  # miniaudio counts one more
+    (tmp_path / "json.py").write_text("raise SystemExit('the working directory was imported')\n")
+    monkeypatch.chdir(tmp_path)
+    assert load_audio(clip("ogg", seconds=1.0), name="c.ogg").rate == 16000
+
+
 BAD_CLIPS = [  # (the bytes from MP3, what the refusal says)
     (lambda mp3: mp3[: len(mp3) - 150], "is a truncated MP3 file: its last frame is cut short"),
     (lambda mp3: xing_says(mp3, 4_000_000), "is 2400.0 minutes long, over the 10.0 minutes"),
@@ -143,6 +163,7 @@ BAD_CLIPS = [  # (the bytes from MP3, what the refusal says)
     (lambda mp3: clip("ogg")[:-1500], "is a truncated Ogg file: its last page is cut short or missing"),
     (lambda mp3: clip("opus", rate=48000), "looks like Ogg Opus audio, which runner does not decode"),
     (lambda mp3: b"fLaC" + bytes(60), "is not FLAC runner can decode"),
+    (lambda mp3: flac_at_0_hz(), "is not FLAC runner can decode"),  # dr_flac takes it, then divides by 0
     (lambda mp3: crashing_ogg(), "is Ogg Vorbis whose decoder fails on it (a malformed stream)"),
     (lambda mp3: b"OggS" + bytes(60), "is an Ogg file whose stream is not Vorbis"),
 ]

@@ -66,3 +66,39 @@ def test_a_run_refused_after_the_load_began_frees_it_and_says_one_line(
     assert refused.stdout == ""
     assert "Traceback" not in refused.stderr and len(refused.stderr.strip().splitlines()) == 1, refused.stderr
     assert AHEAD in _run(model_copy, home).stderr  # the record is still good
+
+
+def test_a_load_begun_and_never_taken_is_stopped_and_freed(model_copy: Path, tmp_path: Path) -> None:
+    """In process: what start() begins, finish() stops and frees; a second model loaded after the one
+    taken (a draft model) leaves the record as it was; the plan meanwhile sees the memory as before."""
+    from runner import host
+    from runner.engine import preload
+    from runner.engine.model import Model
+
+    before = os.environ.get("RUNNER_HOME")
+    os.environ["RUNNER_HOME"] = str(tmp_path / "home")
+    try:
+        preload.start(str(model_copy))  # nothing known of it yet: nothing begins
+        assert preload._ahead is None
+        Model(model_copy).close()  # the whole path's load: remembered
+        [record] = (tmp_path / "home" / "cache" / "preload").glob("*.json")
+        kept = record.read_text()
+        preload.start(str(model_copy))
+        ahead = preload._ahead
+        assert ahead is not None and ahead.thread.ident is not None  # begun
+        assert host.ram() == host.ram() and host._held is not None  # the plan's view held still
+        preload.finish()
+        assert preload._ahead is None and not ahead.thread.is_alive() and host._held is None
+        preload.start(str(model_copy))
+        taken = Model(model_copy)  # takes what began
+        other = shutil.copyfile(model_copy, tmp_path / "draft.gguf")
+        draft = Model(other)  # another file loaded after it: not remembered under this name
+        assert record.read_text() == kept
+        taken.close()
+        draft.close()
+    finally:
+        preload.finish()
+        if before is None:
+            os.environ.pop("RUNNER_HOME", None)
+        else:
+            os.environ["RUNNER_HOME"] = before

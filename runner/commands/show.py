@@ -94,10 +94,11 @@ def summarize(header: GGUFHeader, *, display: str, file: str, size: int) -> dict
 
 def _vision(projector: ProjectorMemory, path: str, header: GGUFHeader) -> dict[str, Any]:
     minute_kv = 0
-    if projector.minute_tokens:  # the KV cache a minute's tokens take, f16 (per token, at 4,096 cells)
-        from runner.memory.kv import kv_cache_bytes
+    if projector.minute_tokens:  # the KV cache a minute's tokens add, f16: what 4,096 more cells take
+        from runner.memory.kv import kv_cache_bytes  # (a sliding window's or a recurrent state's: nothing)
 
-        minute_kv = kv_cache_bytes(header, n_ctx=4096) * projector.minute_tokens // 4096
+        more = kv_cache_bytes(header, n_ctx=8192) - kv_cache_bytes(header, n_ctx=4096)
+        minute_kv = more * projector.minute_tokens // 4096
     return {
         "projector": path,
         "type": projector.projector_type,

@@ -11,6 +11,7 @@ import ctypes
 import functools
 import os
 import re
+import threading
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -30,6 +31,8 @@ class _LlamaLog:
         self.recent: deque[str] = deque(maxlen=32)
         self.listeners: list[Any] = []  # callables(level, text), e.g. the memory benchmark
         self.callback: Any = None
+        self._muting = 0  # calls under muted() now, on any thread (a load ahead: runner.engine.preload)
+        self._unmuted = threading.Condition()
 
     def __call__(self, level: int, text: bytes, _user_data: Any) -> None:
         message = text.decode("utf-8", errors="replace")
@@ -54,11 +57,24 @@ class _LlamaLog:
             yield False
             return
         lib = llama()
-        lib.llama_log_set(_silent_callback(), ctypes.c_void_p(0))
+        with self._unmuted:
+            self._muting += 1
+            lib.llama_log_set(_silent_callback(), ctypes.c_void_p(0))
         try:
             yield True
         finally:
-            lib.llama_log_set(self.callback, ctypes.c_void_p(0))
+            with self._unmuted:
+                self._muting -= 1
+                if not self._muting:  # the last one heard again (muted on two threads at once)
+                    lib.llama_log_set(self.callback, ctypes.c_void_p(0))
+                    self._unmuted.notify_all()
+
+    def heard(self) -> None:
+        """Until no call has the log muted (another thread's load), for a caller that reads it; a
+        Ctrl-C meanwhile ends the wait (what it reads then says nothing)."""
+        with self._unmuted:
+            while self._muting and not interrupt.requested():
+                self._unmuted.wait(0.05)
 
     def last_error(self) -> str:
         lines = [line.strip() for line in "".join(self.recent).splitlines() if line.strip()]
@@ -419,6 +435,7 @@ def dry_run(
     "CUDA_Host"), without allocating them or reading any weight: the model and context created
     with no_alloc, as llama.cpp's own --fit does (common/fit.cpp). Sizes are the log's, to 0.01
     MiB. None when llama.cpp would not say (it could not create the model or the context)."""
+    LLAMA_LOG.heard()  # a load begun ahead (runner.engine.preload) mutes the log this reads
     lib = llama()
     mparams, keep = model_params(lib, placement.gpu_layers(), placement.use_gpu)
     mparams.no_alloc = True
@@ -444,4 +461,6 @@ def dry_run(
     if not ctx:
         return None
     found = COMPUTE_LINE.findall("".join(lines))
+    if not found:  # the log said nothing of them (muted): no figures, not figures of 0
+        return None
     return {name: round(float(mib) * (1 << 20)) for name, mib in found}

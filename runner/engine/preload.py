@@ -37,10 +37,11 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from runner import interrupt, phases
+from runner import host, interrupt, phases
 from runner.engine.llamacpp import LLAMA_LOG, llama, supports_gpu_offload, workers_in_use
 
 VERSION = 1
+MEMORY_ENV = "RUNNER_MEMORY"  # runner.memory.devices's cap on the memory a plan counts
 _MACHINES = ("x86_64", "amd64", "aarch64", "arm64")
 
 
@@ -61,7 +62,15 @@ class _Ahead:
 
     def stop(self) -> None:
         self.go[0] = b"\x00"
-        self.thread.join()
+        if self.thread.ident is not None:  # started (a Ctrl-C may come between the two)
+            self.thread.join()
+
+    def wait(self) -> None:
+        """Until the load ends; a Ctrl-C meanwhile (runner.interrupt's flag) stops it."""
+        while self.thread.is_alive():
+            self.thread.join(0.05)
+            if interrupt.requested():
+                self.stop()
 
 
 _wanted: str | None = None  # the key of the model argument start() was given
@@ -95,25 +104,16 @@ def _build() -> str:
     return f"{found}:{identity}"
 
 
-def _available() -> int | None:
-    try:
-        with open("/proc/meminfo", "rb") as f:
-            for line in f:
-                if line.startswith(b"MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
-
-
 def _signature(params: Any) -> list[Any] | None:
     """What of llama_model_params a record keeps and compares; None where it is not done ahead (a GPU
     offload, RPC workers, a vocabulary alone)."""
-    if workers_in_use() or params.vocab_only or (params.n_gpu_layers != 0 and supports_gpu_offload()):
+    if workers_in_use() or params.vocab_only:
         return None
     if params.tensor_buft_overrides or params.tensor_split or params.kv_overrides:
         return None
     devices = ctypes.cast(params.devices, ctypes.POINTER(ctypes.c_void_p)) if params.devices else None
+    if not (devices is not None and devices[0] is None) and supports_gpu_offload():
+        return None  # a build with a GPU backend: only a load told to use no device at all
     scalars = [
         [name, getattr(params, name)]
         for name, kind in params._fields_
@@ -128,42 +128,49 @@ def start(model: str) -> None:
     global _wanted, _ahead
     if os.name != "posix" or platform.machine().lower() not in _MACHINES or _ahead is not None:
         return
-    _wanted = _key(model)
     try:
-        record = json.loads(_record_path(_wanted).read_text())
-        path = record["path"]
-        if _identity(path) != record["identity"] or record["build"] != _build():
+        _wanted = _key(model)
+        ahead = _prepared(_wanted)
+        if ahead is None:
             return
-        room = _available()
-        if room is not None and record["identity"][2] * 2 > room:
-            return
-        from runner.engine.llamacpp import model_params
-
-        lib = llama()
-        params, keep = model_params(lib, 0, use_gpu=not record["params"][0])
-        if _signature(params) != record["params"]:
-            return
-        ahead = _Ahead(record, params, keep)
-        params.progress_callback = ctypes.cast(ctypes.CDLL(None).strlen, lib.llama_progress_callback)
-        params.progress_callback_user_data = ctypes.cast(ahead.go, ctypes.c_void_p)
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        host.hold()  # the plan sees the memory as it was before the weights below took any of it
+        _ahead = ahead
+        ahead.thread.start()
+    except Exception:  # a deleted working directory, a library that will not load: nothing ahead
         return
-    _ahead = ahead
-    ahead.thread.start()
+
+
+def _prepared(key: str) -> _Ahead | None:
+    record = json.loads(_record_path(key).read_text())
+    path = record["path"]
+    if _identity(path) != record["identity"] or record["build"] != _build():
+        return None
+    if os.environ.get(MEMORY_ENV):  # a cap on what plans may count: no load before the plan
+        return None
+    if record["identity"][2] * 2 > host.ram()[1]:
+        return None
+    from runner.engine.llamacpp import model_params
+
+    lib = llama()
+    params, keep = model_params(lib, 0, use_gpu=not record["params"][0])
+    if _signature(params) != record["params"]:
+        return None
+    ahead = _Ahead(record, params, keep)
+    params.progress_callback = ctypes.cast(ctypes.CDLL(None).strlen, lib.llama_progress_callback)
+    params.progress_callback_user_data = ctypes.cast(ahead.go, ctypes.c_void_p)
+    return ahead
 
 
 def take(path: Path, params: Any) -> Any:
     """The weights loaded ahead, where they are `path`'s with these parameters (then the caller owns
     them); otherwise None, and what was loaded ahead is freed."""
-    global _ahead
+    global _ahead, _wanted
     ahead = _ahead
     if ahead is None:
         return None
-    while ahead.thread.is_alive():  # a Ctrl-C meanwhile (runner.interrupt's flag) stops it
-        ahead.thread.join(0.05)
-        if interrupt.requested():
-            ahead.stop()
-    _ahead = None
+    ahead.wait()
+    _ahead, _wanted = None, None  # the record stands as it is (a draft model's load is not it)
+    host.release()
     same = os.path.realpath(path) == ahead.record["path"] and _signature(params) == ahead.record["params"]
     if ahead.handle and same:
         phases.loaded_ahead()
@@ -177,13 +184,15 @@ def loaded(path: Path, params: Any) -> None:
     """The engine loaded `path` with `params` through the whole path: remembered for the next start
     with the same model argument (the first load after start() only: a draft model's is not it)."""
     global _wanted
+    signature = _signature(params)
+    if signature is None:  # not one done ahead: the record waits for the load that is
+        return
     key, _wanted = _wanted, None
     if key is None:
         return
-    signature = _signature(params)
     real = os.path.realpath(path)
     identity = _identity(real)
-    if signature is None or identity is None:
+    if identity is None:
         return
     record = {"path": real, "identity": identity, "build": _build(), "params": signature}
     target = _record_path(key)
@@ -207,5 +216,6 @@ def finish() -> None:
     with interrupt.deferred():  # a Ctrl-C now waits for the stopped load: no llama.cpp thread outlives us
         ahead.stop()
         _ahead = None
+        host.release()
         if ahead.handle:
             llama().llama_model_free(ahead.handle)
