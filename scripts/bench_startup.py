@@ -7,7 +7,8 @@
 llama-cpp-python's low-level API, tokenizes, decodes, samples one token greedily and prints it, as a
 process of its own (its wall time), interleaved with the installs; each install's one-token run
 against it (target: <= 1.1x). The script evaluates the same prompt runner does (the model's template
-with its default system prompt, from `runner tokens --template --pieces`) on all the machine's cores.
+with its default system prompt, from `runner tokens --template --pieces`) on as many threads as runner
+starts with (the physical cores).
 
 Each round runs, for every install in turn: `runner --help` (wall), `runner run --help` (wall), and
 `runner run MODEL hi --max-tokens 1 --json` (wall, and `timings.startup_s`: the process's start to its
@@ -28,6 +29,8 @@ import statistics
 import subprocess
 import time
 from pathlib import Path
+
+from runner.host import physical_cores
 
 # Python's bytecode is written and read as after a pip install (which precompiles it): a shell that
 # sets PYTHONDONTWRITEBYTECODE (this machine's does) recompiles an editable checkout's ~120 modules on
@@ -52,7 +55,7 @@ L.llama_backend_init()
 model = L.llama_model_load_from_file(sys.argv[1].encode(), L.llama_model_default_params())
 params = L.llama_context_default_params()
 params.n_ctx, params.n_batch = 512, 512
-params.n_threads = params.n_threads_batch = os.cpu_count() or 1
+params.n_threads = params.n_threads_batch = int(sys.argv[3])  # runner's default: the physical cores
 ctx = L.llama_init_from_model(model, params)
 vocab = L.llama_model_get_vocab(model)
 text = sys.argv[2].encode()  # the prompt as runner renders "hi" with the model's own template
@@ -111,10 +114,11 @@ def main() -> None:
     floor: list[float] = []
     path = model_file(args.model, installs[0][1]) if args.minimal else ""
     text = rendered(args.model, installs[0][1]) if args.minimal else ""
+    cores = str(physical_cores() or os.cpu_count() or 1)
     python = str(Path(installs[0][1]).with_name("python"))
     for _ in range(args.rounds):
         if args.minimal:
-            floor.append(wall([python, "-c", MINIMAL, path, text])[0])
+            floor.append(wall([python, "-c", MINIMAL, path, text, cores])[0])
         for label, exe in installs:
             f = figures[label]
             f["help"].append(wall([exe, "--help"])[0])
