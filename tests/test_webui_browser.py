@@ -157,8 +157,12 @@ def test_a_chat_in_the_page_is_the_terminals(
     page.wait_for_selector("body[data-ready=true]")
     assert "Hello from a terminal" in page.locator("#chats").inner_text()
     page.locator("#chats button", has_text="Hello from a terminal").click()
-    page.wait_for_selector("#log article.user")
-    assert page.locator("#log article.user").first.inner_text().endswith("Hello from a terminal")
+    # the conversation shown before stays in the log until the one clicked has loaded: wait for it
+    page.wait_for_function(
+        "() => { const a = document.querySelector('#log article.user');"
+        " return a !== null && a.innerText.endsWith('Hello from a terminal'); }"
+    )
+    assert page.locator("#log article.user").count() == 1
 
     artifacts = Path(os.environ.get("RUNNER_TEST_ARTIFACTS", tmp_path))
     artifacts.mkdir(parents=True, exist_ok=True)
