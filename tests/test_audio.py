@@ -6,17 +6,13 @@ same tokens). Every bad input is one line and exit 2."""
 
 from __future__ import annotations
 
-import base64
 import io
 import json
 import re
 import struct
-import subprocess
-import time
 import wave
 from pathlib import Path
 
-import httpx
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -33,10 +29,9 @@ from runner.errors import AudioError, InvalidModelFile
 from runner.gguf import read_header
 from runner.gguf.audio_projector import check_audio_projector
 from runner.gguf.projector import read_key_types
-from tests.audio_clips import GREEDY, LLAMA_SERVER, WIDTH, runner_answer, tone
+from tests.audio_clips import GREEDY, LLAMA_SERVER, WIDTH, runner_answer, server_answers, tone
 from tests.conftest import run_cli
 from tests.helpers import random_png
-from tests.serving import free_port
 from tests.synth import audio_projector_spec, write_audio_projector
 
 
@@ -231,53 +226,13 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return made
 
 
-def server_answers(model: Path, projector: Path, wav: Path, tmp: Path, tokens: int = 8) -> tuple[dict, str]:
-    """llama-server's chat answer with an input_audio part, and its /v1/audio/transcriptions text."""
-    port = free_port()
-    with (tmp / "llama-server.log").open("wb") as log:
-        proc = subprocess.Popen(
-            [str(LLAMA_SERVER), "-m", str(model), "--mmproj", str(projector), "--port", str(port),
-             "-c", "4096", "-np", "1", "-fa", "off", "-t", "2", "--no-webui"],
-            stdout=log, stderr=subprocess.STDOUT,
-        )  # fmt: skip
-    try:
-        url = f"http://127.0.0.1:{port}"
-        end = time.monotonic() + 120
-        while time.monotonic() < end:
-            try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                time.sleep(0.3)
-        part = {
-            "type": "input_audio",
-            "input_audio": {"data": base64.b64encode(wav.read_bytes()).decode(), "format": "wav"},
-        }
-        content = [part, {"type": "text", "text": "Transcribe this."}]
-        body = {"messages": [{"role": "user", "content": content}], "max_tokens": tokens, "temperature": 0,
-                "logprobs": True, "top_logprobs": 1, "cache_prompt": False, "repeat_penalty": 1,
-                "presence_penalty": 0, "frequency_penalty": 0}  # fmt: skip
-        chat = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=300).json()
-        form = {"model": "x", "temperature": "0", "max_tokens": str(tokens)}
-        heard = httpx.post(
-            f"{url}/v1/audio/transcriptions",
-            data=form,
-            files={"file": ("a.wav", wav.read_bytes())},
-            timeout=300,
-        ).json()
-        return chat, heard["text"]
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
-
-
 @pytest.mark.skipif(not LLAMA_SERVER.exists(), reason="the pinned llama-server is not built here")
 @pytest.mark.parametrize("kind", ["ultravox", "voxtral"])
 def test_run_audio_and_transcribe_give_llama_servers_answer(
     files: dict[str, Path], smollm2_path: Path, tmp_path: Path, kind: str
 ) -> None:
     ours = runner_answer(files[kind], files["a.wav"])
-    chat, heard = server_answers(smollm2_path, files[kind], files["a.wav"], tmp_path)
+    chat, heard = server_answers(smollm2_path, files[kind], files["a.wav"], tmp_path / "llama-server.log")
     theirs = chat["choices"][0]["logprobs"]["content"]
     if chat["choices"][0]["finish_reason"] == "stop":
         theirs = theirs[:-1]  # llama-server scores the end-of-generation token too; runner does not

@@ -11,7 +11,6 @@ from __future__ import annotations
 import base64
 import io
 import json
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,9 +27,9 @@ from hypothesis import strategies as st
 from runner import audio_codecs
 from runner.audio import load_audio
 from runner.errors import AudioError
-from tests.audio_clips import GREEDY, LLAMA_SERVER
+from tests.audio_clips import GREEDY, LLAMA_SERVER, llama_server
 from tests.conftest import run_cli
-from tests.serving import NEAR_TIE, THREADS, Server, free_port, model_server, openai_client
+from tests.serving import NEAR_TIE, THREADS, Server, model_server, openai_client
 from tests.synth import write_audio_projector
 
 SAMPLING = {"temperature": 0, "repeat_penalty": 1, "presence_penalty": 0, "frequency_penalty": 0}
@@ -262,27 +261,11 @@ def peer(
 ) -> Iterator[str]:
     if not LLAMA_SERVER.exists():
         pytest.skip("the pinned llama-server is not built here")
-    port = free_port()
     log = tmp_path_factory.mktemp("peer") / "llama-server.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [str(LLAMA_SERVER), "-m", str(smollm2_path), "--mmproj", str(files["ultravox"]),
-             "--port", str(port), "-c", "4096", "-np", "1", "-fa", "off", "-t", "2", "--no-webui"],
-            stdout=out, stderr=subprocess.STDOUT,
-        )  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    try:
-        end = time.monotonic() + 120
-        while time.monotonic() < end:
-            try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                time.sleep(0.3)
+    args = ["-m", str(smollm2_path), "--mmproj", str(files["ultravox"]), "-c", "4096", "-np", "1",
+            "-fa", "off", "-t", "2", "--no-webui"]  # fmt: skip
+    with llama_server(args, log) as url:
         yield url
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
 
 
 def audio_part(data: bytes, fmt: str) -> dict[str, Any]:

@@ -12,7 +12,6 @@ import re
 import socket
 import subprocess
 import sys
-import time
 import wave
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,11 +24,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.audio_clips import LLAMA_SERVER, llama_server
 from tests.helpers import random_png
-from tests.serving import THREADS, Server, free_port, model_server, openai_client
+from tests.serving import THREADS, Server, model_server, openai_client
 from tests.synth import write_audio_projector
 
-LLAMA_SERVER = Path("/tmp/peers/build/bin/llama-server")
 GREEDY = {"temperature": 0, "repeat_penalty": 1, "presence_penalty": 0, "frequency_penalty": 0}
 TOKENS = 8
 
@@ -73,22 +72,9 @@ def server(files: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> 
 
 def peer_answers(model: Path, projector: Path, wav: bytes, log: Path) -> tuple[dict[str, Any], str]:
     """llama-server's chat answer to an input_audio part and its /v1/audio/transcriptions text."""
-    port = free_port()
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [str(LLAMA_SERVER), "-m", str(model), "--mmproj", str(projector), "--port", str(port),
-             "-c", "4096", "-np", "1", "-fa", "off", "-t", "1", "--no-webui"],
-            stdout=out, stderr=subprocess.STDOUT,
-        )  # fmt: skip
-    try:
-        url = f"http://127.0.0.1:{port}"
-        end = time.monotonic() + 120
-        while time.monotonic() < end:
-            try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                time.sleep(0.3)
+    args = ["-m", str(model), "--mmproj", str(projector), "-c", "4096", "-np", "1", "-fa", "off", "-t", "1",
+            "--no-webui"]  # fmt: skip
+    with llama_server(args, log) as url:
         body = {
             **chat_body([audio_part(wav), {"type": "text", "text": "Transcribe this."}]),
             "logprobs": True,
@@ -101,9 +87,6 @@ def peer_answers(model: Path, projector: Path, wav: bytes, log: Path) -> tuple[d
             f"{url}/v1/audio/transcriptions", data=form, files={"file": ("a.wav", wav)}, timeout=300
         )
         return chat, heard.json()["text"]
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
 
 
 @pytest.mark.skipif(not LLAMA_SERVER.exists(), reason="the pinned llama-server is not built here")

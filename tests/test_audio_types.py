@@ -8,15 +8,11 @@ libmtmd opens it."""
 
 from __future__ import annotations
 
-import base64
 import json
 import re
-import subprocess
-import time
 from pathlib import Path
 from typing import Any
 
-import httpx
 import numpy as np
 import pytest
 from gguf import GGUFValueType
@@ -26,10 +22,9 @@ from runner.gguf import read_header
 from runner.gguf.audio_projector import AudioProjectorInfo, OmniProjectorInfo
 from runner.memory.audio_projector import estimate_audio_projector
 from runner.projector import check, memory
-from tests.audio_clips import GREEDY, LLAMA_SERVER, WIDTH, runner_answer, tone
+from tests.audio_clips import GREEDY, LLAMA_SERVER, WIDTH, runner_answer, server_answers, tone
 from tests.conftest import run_cli
 from tests.helpers import load_script, random_png
-from tests.serving import free_port
 
 mtp = load_script("make_test_projector")
 
@@ -226,45 +221,6 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return made
 
 
-def _server_answers(
-    model: Path, projector: Path, wav: Path, tmp: Path, image: Path | None = None
-) -> tuple[dict, str]:
-    """tests/test_audio.py's server_answers with flash attention on, as `runner transcribe` has it
-    (it takes no --flash-attn): llama-server's chat answer to an input_audio part (after an image
-    part, where given, as `run --image --audio` orders them), and its /v1/audio/transcriptions text."""
-    port = free_port()
-    with (tmp / "llama-server.log").open("wb") as log:
-        proc = subprocess.Popen(
-            [str(LLAMA_SERVER), "-m", str(model), "--mmproj", str(projector), "--port", str(port),
-             "-c", "4096", "-np", "1", "-fa", "on", "-t", "2", "--no-webui"],
-            stdout=log, stderr=subprocess.STDOUT,
-        )  # fmt: skip
-    try:
-        url = f"http://127.0.0.1:{port}"
-        end = time.monotonic() + 120
-        while time.monotonic() < end:
-            try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                time.sleep(0.3)
-        clip = base64.b64encode(wav.read_bytes()).decode()
-        content: list[dict] = [{"type": "input_audio", "input_audio": {"data": clip, "format": "wav"}},
-                               {"type": "text", "text": "Transcribe this."}]  # fmt: skip
-        if image is not None:
-            picture = "data:image/png;base64," + base64.b64encode(image.read_bytes()).decode()
-            content.insert(0, {"type": "image_url", "image_url": {"url": picture}})
-        body = {"messages": [{"role": "user", "content": content}], "max_tokens": 8, "temperature": 0,
-                "logprobs": True, "top_logprobs": 1, "cache_prompt": False}  # fmt: skip
-        chat = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=300).json()
-        heard = httpx.post(f"{url}/v1/audio/transcriptions", data={"temperature": "0", "max_tokens": "8"},
-                           files={"file": ("a.wav", wav.read_bytes())}, timeout=300).json()  # fmt: skip
-        return chat, heard["text"]
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
-
-
 @pytest.mark.skipif(not LLAMA_SERVER.exists(), reason="the pinned llama-server is not built here")
 @pytest.mark.parametrize("kind", ["qwen25o", "qwen3a"])
 def test_run_audio_and_transcribe_give_llama_servers_answer(
@@ -277,7 +233,9 @@ def test_run_audio_and_transcribe_give_llama_servers_answer(
                    "--logprobs", "0", "--no-prompt-cache", timeout=300)  # fmt: skip
     assert done.returncode == 0, done.stderr
     ours = json.loads(done.stdout)
-    chat, heard = _server_answers(smollm2_path, files[kind], files["a.wav"], tmp_path)
+    chat, heard = server_answers(
+        smollm2_path, files[kind], files["a.wav"], tmp_path / "llama-server.log", flash_attn="on"
+    )
     theirs = chat["choices"][0]["logprobs"]["content"]
     if chat["choices"][0]["finish_reason"] == "stop":
         theirs = theirs[:-1]  # llama-server scores the end-of-generation token too; runner does not
@@ -300,7 +258,14 @@ def test_an_omni_projector_takes_an_image_and_a_clip_in_one_prompt(
                    timeout=300)  # fmt: skip
     assert done.returncode == 0, done.stderr
     ours = json.loads(done.stdout)
-    chat, _ = _server_answers(smollm2_path, files["qwen25o"], files["a.wav"], tmp_path, image=files["x.png"])
+    chat, _ = server_answers(
+        smollm2_path,
+        files["qwen25o"],
+        files["a.wav"],
+        tmp_path / "llama-server.log",
+        flash_attn="on",
+        image=files["x.png"],
+    )
     theirs = chat["choices"][0]["logprobs"]["content"]
     if chat["choices"][0]["finish_reason"] == "stop":
         theirs = theirs[:-1]
