@@ -282,22 +282,28 @@ def window_tokens(kind: str, stack: int) -> int:
     return tokens // 2 if kind in POOLED else tokens
 
 
+def _positions(c: _Check, e: int, least: int) -> None:
+    """a.position_embd.weight: [e, `least` or more], F32 (added to F32 activations, repeated first for
+    qwen3a: ggml-cpu aborts on F16 at the first clip); missing, the graph reads a null tensor."""
+    pos = c.by_name.get("a.position_embd.weight")
+    if pos is None:
+        c.fail("it has no tensor a.position_embd.weight")
+    if len(pos.shape) != 2 or pos.shape[0] != e or pos.shape[1] < least:
+        c.fail(
+            f"tensor a.position_embd.weight has shape {list(pos.shape)}, "
+            f"clip.cpp's graph needs [{e}, {least} or more]"
+        )
+    if pos.type_name not in VECTOR:
+        c.fail(f"tensor a.position_embd.weight is {pos.type_name}; it takes F32 (the converter's)")
+
+
 def _check_encoder(c: _Check, mel: int, e: int, ff: int, blocks: int) -> None:
     """The whisper encoder's convolutions, positions and blocks (models/whisper-enc.cpp)."""
     c.tensor("a.conv1d.1.weight", (3, mel, e), CONV)
     c.tensor("a.conv1d.1.bias", (1, e), VECTOR)
     c.tensor("a.conv1d.2.weight", (3, e, e), CONV)
     c.tensor("a.conv1d.2.bias", (1, e), VECTOR)
-    pos = c.by_name.get("a.position_embd.weight")
-    if pos is None:
-        c.fail("it has no tensor a.position_embd.weight")
-    if len(pos.shape) != 2 or pos.shape[0] != e or pos.shape[1] < N_POS:
-        c.fail(
-            f"tensor a.position_embd.weight has shape {list(pos.shape)}, "
-            f"clip.cpp's graph needs [{e}, {N_POS} or more]"
-        )
-    if pos.type_name not in VECTOR:  # added to F32 activations: ggml-cpu aborts on F16 at the first clip
-        c.fail(f"tensor a.position_embd.weight is {pos.type_name}; it takes F32 (the converter's)")
+    _positions(c, e, N_POS)
     _check_blocks(c, e, ff, blocks)
     if "a.post_ln.weight" in c.by_name:
         c.tensor("a.post_ln.weight", (e,), VECTOR)
@@ -371,16 +377,7 @@ def _check_qwen3a(c: _Check, mel: int, e: int, ff: int, blocks: int, want: int) 
         )
     c.tensor("a.conv_out.weight", (qwen3a_rows(mel) * channels, e), MATRIX)
     c.absent("a.conv_out.bias", "which clip.cpp never loads for qwen3a")
-    pos = c.by_name.get("a.position_embd.weight")
-    if pos is None:
-        c.fail("it has no tensor a.position_embd.weight")
-    if len(pos.shape) != 2 or pos.shape[0] != e or pos.shape[1] < QWEN3A_CHUNK_TOKENS:
-        c.fail(
-            f"tensor a.position_embd.weight has shape {list(pos.shape)}, "
-            f"clip.cpp's graph needs [{e}, {QWEN3A_CHUNK_TOKENS} or more]"
-        )
-    if pos.type_name not in VECTOR:  # repeated, then added to F32 activations (F16 aborts there)
-        c.fail(f"tensor a.position_embd.weight is {pos.type_name}; it takes F32 (the converter's)")
+    _positions(c, e, QWEN3A_CHUNK_TOKENS)
     for i in range(blocks):
         blk = f"a.blk.{i}"
         for part in ("attn_q", "attn_k", "attn_v", "attn_out"):
