@@ -68,19 +68,18 @@ def pull_model(
 def _check_projector(projector: Path, model: Path, name: str) -> None:
     """Say now, not at the first image or clip, when the pinned libmtmd cannot use the projector."""
     from runner.gguf import read_header
-    from runner.gguf.audio_projector import is_audio_projector, is_omni_projector
+    from runner.gguf.audio_projector import AudioProjectorInfo, OmniProjectorInfo
 
     try:
-        header = read_header(projector)
-        kind, takes = "a vision model", "--image takes images"
-        if is_omni_projector(header):
-            kind, takes = "a vision and audio model", "--image takes images, --audio takes clips"
-        elif is_audio_projector(header):
-            kind, takes = "an audio model", "--audio takes clips"
-        vision.check(projector, read_header(model))
+        info = vision.check(projector, read_header(model))
     except RunnerError as exc:
         ui.warn(f"{name} takes no images or audio in runner yet: {exc}")
         return
+    kind, takes = "a vision model", "--image takes images"
+    if isinstance(info, OmniProjectorInfo):
+        kind, takes = "a vision and audio model", "--image takes images, --audio takes clips"
+    elif isinstance(info, AudioProjectorInfo):
+        kind, takes = "an audio model", "--audio takes clips"
     ui.info(f"{name}: {kind}, its projector {projector.name} beside it ({takes})")
 
 
