@@ -21,10 +21,8 @@ def main() -> None:
             cli_main()
         finally:
             interrupt.uninstall()
-    except (KeyboardInterrupt, interrupt.Stopped):
-        raise SystemExit(interrupt.exit_code()) from None
-    except RuntimeError as exc:  # a Ctrl-C that Python wrapped during an import (interrupt.wrapped)
-        if not interrupt.wrapped(exc):
+    except (KeyboardInterrupt, interrupt.Stopped, RuntimeError) as exc:
+        if isinstance(exc, RuntimeError) and not interrupt.wrapped(exc):  # (a Ctrl-C wrapped in an import)
             raise
         raise SystemExit(interrupt.exit_code()) from None
 

@@ -71,17 +71,14 @@ def edge(command: F) -> F:
 
             ui.error(str(exc))
             raise typer.Exit(exit_code_for(exc)) from None
-        except (KeyboardInterrupt, interrupt.Stopped):  # Ctrl-C 130, SIGTERM 143, SIGHUP 129
+        except (KeyboardInterrupt, interrupt.Stopped, RuntimeError) as exc:  # Ctrl-C 130, SIGTERM 143...
+            if isinstance(exc, RuntimeError) and not interrupt.wrapped(exc):  # ...or a Ctrl-C in an import
+                raise
             _flush_or_silence()
             raise typer.Exit(interrupt.exit_code()) from None
         except BrokenPipeError:
             _silence_stdout()
             raise typer.Exit(EXIT_BROKEN_PIPE) from None
-        except RuntimeError as exc:  # a Ctrl-C that Python wrapped during a lazy import
-            if not interrupt.wrapped(exc):
-                raise
-            _flush_or_silence()
-            raise typer.Exit(interrupt.exit_code()) from None
         finally:
             if "runner.engine.preload" in sys.modules:  # weights loaded ahead that nobody took
                 sys.modules["runner.engine.preload"].finish()
