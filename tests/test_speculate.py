@@ -113,6 +113,27 @@ def test_unverified_drafts_are_scored_as_the_answer_goes_on() -> None:
 
 
 @pytest.mark.fast
+def test_a_first_match_is_verified_only_once_its_shadow_was_kept_where_batches_cost() -> None:
+    # free text repeats its short phrases by chance: on a CPU (a verify batch of one draft costs ~1.7
+    # steps, the prior shape) a first match costs nothing; its draft is scored as a shadow, and once
+    # its first token came the copy drafts, short (a chance that went on for a token costs little)
+    spec = Speculator(NgramDrafter())
+    spec.plain_step(0.010)
+    source = list(range(100, 140))
+    history = [*source, 1, 2, *source[:4]]  # a 4-token key: [100, 101, 102, 103]
+    assert spec.draft(history, 32) == []  # a shadow, not a verify batch
+    history.append(source[4])  # the shadow's first token came: a copy under way
+    drafts = spec.draft(history, 32)
+    assert drafts == source[5 : 5 + len(drafts)] and 1 <= len(drafts) <= 4
+    # where a batch is nearly free (a GPU, measured), the same first match drafts at once
+    gpu = Speculator(NgramDrafter())
+    gpu.plain_step(0.010)
+    for _ in range(6):
+        gpu.costs.verify_step(8, 0.0105)
+    assert gpu.draft([*source, 1, 2, *source[:4]], 32)[:2] == source[4:6]
+
+
+@pytest.mark.fast
 def test_ngram_falls_back_to_shorter_keys_and_never_matches_itself() -> None:
     d = NgramDrafter()
     assert d.candidates([10, 11, 12]) == (0, 0)  # the suffix alone is no earlier match
