@@ -1,6 +1,7 @@
 """Serving side by side: `runner serve` against llama.cpp's own llama-server, same model, same machine.
 
-    python scripts/bench_serve.py [--rounds 3] [--clients 1,8,32] [--only runner|llama-server] [--json]
+    python scripts/bench_serve.py [--rounds 3] [--clients 1,8,32] [--requests 1] [--only runner|llama-server]
+                                  [--json]
 
 Each server in turn (runner, llama-server, runner, ... interleaved in rounds) is started on a free
 port with the same slots, per-slot context and threads (`runner serve MODEL --parallel N --ctx C
@@ -9,8 +10,9 @@ with one request, measured, and stopped (SIGTERM to its process group, SIGKILL a
 Every request is a streaming POST /v1/chat/completions, greedy, seed 1; completion tokens are counted
 from the usage chunk (stream_options.include_usage), so a server that stops early shows in the mean.
   sequential    the prompts of the largest load one after another: aggregate completion tok/s
-  N clients     N concurrent clients, one distinct prompt each (the sequential run's first N; with
-                --fresh, prompts no server has seen, so no prompt cache holds them), --max-tokens
+  N clients     N concurrent clients, each sending --requests distinct prompts one after another (the
+                sequential run's first ones; with --fresh, prompts no server has seen, so no prompt
+                cache holds them; one client's figure wants many: --clients 1 --requests 16), --max-tokens
                 with ignore_eos: aggregate tok/s (tokens / first send to last end), TTFT p50 and
                 p99 (send to the first non-empty content delta), and the aggregate against the
                 sequential baseline
@@ -18,7 +20,9 @@ from the usage chunk (stream_options.include_usage), so a server that stops earl
                 turn: TTFT at turn 2 and turn 10 (prefix reuse keeps their ratio near 1), the
                 median of --conversations such chats, one after another; and the engine's limit
                 for that ratio: a raw llama_decode of the two turns' new tokens at their positions
-Medians across rounds, then three targets: aggregate tok/s at the most clients >= 1.0x llama-server's,
+Medians across rounds (and, beside the ratio of the medians, the median of each round's own ratio: a
+round runs the two servers back to back, so the machine's drift between rounds leaves it), then three
+targets on the medians: aggregate tok/s at the most clients >= 1.0x llama-server's,
 TTFT p50 at 8 clients <= 1.2x llama-server's, runner's turn-10 TTFT <= 1.2x its turn 2. With --json,
 stdout is one JSON object (settings, medians, every round) and the table goes to stderr with the
 progress. The servers' own output goes to log files in a temporary folder, named when one fails.
@@ -163,16 +167,20 @@ async def sequential(
 
 
 async def concurrent(
-    client: httpx.AsyncClient, model: str, n: int, max_tokens: int, first: int = 0
+    client: httpx.AsyncClient, model: str, n: int, max_tokens: int, first: int = 0, requests: int = 1
 ) -> dict[str, float]:
+    async def one_client(i: int) -> list[Reply]:  # its requests one after another, each prompt its own
+        return [await chat(client, model, prompt(first + i + k * n), max_tokens) for k in range(requests)]
+
     start = time.perf_counter()
-    replies = await asyncio.gather(*(chat(client, model, prompt(first + i), max_tokens) for i in range(n)))
+    replies = [r for each in await asyncio.gather(*(one_client(i) for i in range(n))) for r in each]
     wall = time.perf_counter() - start
     tokens = sum(r.tokens for r in replies)
     ttfts = [r.ttft for r in replies]
     return {
         "tok_s": tokens / wall, "ttft_p50_s": percentile(ttfts, 0.5), "ttft_p99_s": percentile(ttfts, 0.99),
-        "tokens_per_request": tokens / n, "wall_s": wall, "no_usage": sum(not r.usage for r in replies),
+        "tokens_per_request": tokens / len(replies), "wall_s": wall,
+        "no_usage": sum(not r.usage for r in replies),
     }  # fmt: skip
 
 
@@ -269,7 +277,8 @@ async def measure(kind: str, args: argparse.Namespace, log: Path) -> dict[str, A
             loads = {}
             for k, n in enumerate(args.clients):
                 first = (k + 1) * most if args.fresh else 0  # --fresh: prompts no server has seen
-                loads[str(n)] = load = await concurrent(client, model, n, args.max_tokens, first)
+                load = await concurrent(client, model, n, args.max_tokens, first, args.requests)
+                loads[str(n)] = load
                 load["vs_sequential"] = load["tok_s"] / seq["tok_s"]
                 progress(
                     f"  {kind}: {n} clients {load['tok_s']:.1f} tok/s, TTFT p50 {load['ttft_p50_s']:.3f} s"
@@ -331,11 +340,16 @@ def report(
         print(f"{key}: {value}", file=out)
     print(f"{args.rounds} rounds, medians", file=out)
     both = len(args.only) == 2
-    print(f"| figure | {' | '.join(args.only)} |" + (" runner / llama-server |" if both else ""), file=out)
-    print("|---|" + "---|" * (len(args.only) + both), file=out)
+    ratios = " runner / llama-server | each round's ratio, median |" if both else ""
+    print(f"| figure | {' | '.join(args.only)} |" + ratios, file=out)
+    print("|---|" + "---|" * (len(args.only) + 2 * both), file=out)
     for row in medians[args.only[0]]:
         cells = " | ".join(f"{medians[k][row]:.3f}" for k in args.only)
-        ratio = f" {medians['runner'][row] / medians['llama-server'][row]:.3f} |" if both else ""
+        ratio = ""
+        if both:  # a round's two servers ran back to back: their ratio leaves out the drift between rounds
+            pairs = zip(rounds["runner"], rounds["llama-server"], strict=True)
+            paired = statistics.median(flatten(a)[row] / flatten(b)[row] for a, b in pairs)
+            ratio = f" {medians['runner'][row] / medians['llama-server'][row]:.3f} | {paired:.3f} |"
         print(f"| {row} | {cells} |{ratio}", file=out)
     runner, peer = medians.get("runner"), medians.get("llama-server")
     top = f"{max(args.clients)} clients"
@@ -383,6 +397,9 @@ def main() -> None:
         action="store_true",
         help="each load's prompts unseen before (default: the sequential run's, as a server's prompt "
         "cache may hold them)",
+    )
+    parser.add_argument(
+        "--requests", type=int, default=1, help="requests each client sends one after another (default 1)"
     )
     parser.add_argument("--ready-timeout", type=float, default=180.0, help="seconds to wait for /health")
     parser.add_argument("--json", action="store_true", help="print medians and every round as JSON")
