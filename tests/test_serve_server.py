@@ -143,6 +143,15 @@ def test_access_line_of_a_cancelled_stream_counts_what_was_sent(server: Server, 
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="reads the server's mapped files")
+def test_the_server_streams_through_uvloop_and_httptools(server: Server, http: httpx.Client) -> None:
+    # a quarter of the event loop's CPU a streamed token, on cores llama.cpp decodes on (docs/speed.md)
+    answer = http.post("/v1/chat/completions", json={"model": MODEL, "messages": HI, "max_tokens": 2})
+    assert answer.status_code == 200
+    mapped = Path(f"/proc/{server.proc.pid}/maps").read_text()
+    assert "/uvloop/" in mapped and "/httptools/" in mapped
+
+
 def test_a_model_name_never_reads_or_fetches_anything(http: httpx.Client) -> None:
     """A model field that is a path or a Hub repo is only compared with the served names: 404 naming
     them, on every endpoint, and nothing is written under the runner home or the Hugging Face cache."""
