@@ -240,10 +240,11 @@ def test_each_agents_request_gets_an_answer_from_the_model(server: Any) -> None:
     events = list(oai.responses.create(**split(oai.responses.create, body), stream=True))
     kinds = [event.type for event in events]
     assert kinds[:2] == ["response.created", "response.in_progress"], kinds
-    assert (
-        kinds[-1] == "response.incomplete"
-        and events[-1].response.incomplete_details.reason == "max_output_tokens"
-    )
+    last = events[-1].response  # Codex sends no temperature: a sampled answer may end before its 4 tokens
+    if kinds[-1] == "response.completed":
+        assert last.usage is not None and last.usage.output_tokens < 4, last
+    else:
+        assert kinds[-1] == "response.incomplete" and last.incomplete_details.reason == "max_output_tokens"
     # (the SDK's responses.stream() helper ends only at response.completed, not at an incomplete)
 
     for name in ("opencode", "opencode-title"):
