@@ -10,8 +10,8 @@ with one request, measured, and stopped (SIGTERM to its process group, SIGKILL a
 Every request is a streaming POST /v1/chat/completions, greedy, seed 1; completion tokens are counted
 from the usage chunk (stream_options.include_usage), so a server that stops early shows in the mean.
   sequential    the prompts of the largest load one after another: aggregate completion tok/s
-  N clients     N concurrent clients, each sending --requests distinct prompts one after another (the
-                sequential run's first ones; with --fresh, prompts no server has seen, so no prompt
+  N clients     N concurrent clients, each sending --requests distinct prompts one after another (from
+                the sequential run's first on; with --fresh, prompts no server has seen, so no prompt
                 cache holds them; one client's figure wants many: --clients 1 --requests 16), --max-tokens
                 with ignore_eos: aggregate tok/s (tokens / first send to last end), TTFT p50 and
                 p99 (send to the first non-empty content delta), and the aggregate against the
@@ -276,7 +276,8 @@ async def measure(kind: str, args: argparse.Namespace, log: Path) -> dict[str, A
             progress(f"  {kind}: sequential {seq['tok_s']:.1f} tok/s")
             loads = {}
             for k, n in enumerate(args.clients):
-                first = (k + 1) * most if args.fresh else 0  # --fresh: prompts no server has seen
+                # --fresh: prompts no server has seen (each load's after the last one's)
+                first = (k + 1) * most * args.requests if args.fresh else 0
                 load = await concurrent(client, model, n, args.max_tokens, first, args.requests)
                 loads[str(n)] = load
                 load["vs_sequential"] = load["tok_s"] / seq["tok_s"]
