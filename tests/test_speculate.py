@@ -125,7 +125,7 @@ def test_a_first_match_is_verified_only_once_its_shadow_was_kept_where_batches_c
     history.append(source[4])  # the shadow's first token came: a copy under way
     drafts = spec.draft(history, 32)
     assert drafts == source[5 : 5 + len(drafts)] and 1 <= len(drafts) <= 4
-    # where a batch is nearly free (a GPU, measured), the same first match drafts at once
+    # once batches were measured nearly free (a GPU, after its first copy), the same first match drafts
     gpu = Speculator(NgramDrafter())
     gpu.plain_step(0.010)
     for _ in range(6):

@@ -228,12 +228,12 @@ class ModelDrafter:
 
 
 # Acceptance before anything is measured, by the kind of draft: (kept, missed) pseudo-counts. A key that
-# matches is as often chance as a copy (free text repeats its 2- to 4-token phrases): 1 in 2, so where a
-# verify batch costs more than a step (a CPU) its first drafts are shadows, scored for free as the answer
-# goes on, and it drafts once they were kept; where a batch is nearly free (a GPU) it drafts at once. A
-# shadow whose first token came is a copy under way (CONTINUING): 6 in 7, so its drafts start short (3 on
-# this CPU) and double while kept whole, and a chance match gone on for a token costs one short batch.
-# A draft model: 3 in 4.
+# matches is as often chance as a copy (free text repeats its 2- to 4-token phrases): 1 in 2. Where a
+# verify batch costs more than a step (a CPU), its first drafts are then shadows, scored for free as the
+# answer goes on; once batches were measured nearly free (a GPU, after its first copy), it drafts at
+# once. A shadow whose first token came is a copy under way (CONTINUING): 6 in 7, so its drafts start
+# short (3 on this CPU) and double while kept whole, and a chance match that went on for a token costs
+# one short batch. A draft model: 3 in 4.
 CONTINUING = 10
 COPY_ACCEPTANCE = 0.99  # the acceptance that bounds how far a copy's drafts grow
 ACCEPTANCE_PRIOR = {4: (1.0, 1.0), 3: (1.0, 1.0), 2: (1.0, 1.0), 1: (3.0, 1.0)}
