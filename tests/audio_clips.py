@@ -34,17 +34,23 @@ GREEDY = (
 WIDTH = 576  # SmolLM2's embeddings
 
 
-def tone(seconds: float, rate: int = 16000, channels: int = 1, seed: int = 1, width: int = 2) -> bytes:
-    """A seeded WAV: a 440 Hz tone and some noise, each channel its own."""
+def samples(seconds: float, rate: int = 16000, channels: int = 1, seed: int = 1) -> np.ndarray:
+    """Seeded samples (frames x channels, in [-1, 1]): a 440 Hz tone and some noise, each channel its
+    own (a channel c sounds 440 + 110 c Hz)."""
     rng = np.random.default_rng(seed)
     t = np.arange(int(seconds * rate)) / rate
-    x = np.stack(
+    return np.stack(
         [
             0.3 * np.sin(2 * np.pi * (440 + 110 * c) * t) + 0.05 * rng.standard_normal(t.size)
             for c in range(channels)
         ],
         1,
     )
+
+
+def tone(seconds: float, rate: int = 16000, channels: int = 1, seed: int = 1, width: int = 2) -> bytes:
+    """A seeded WAV of `samples`."""
+    x = samples(seconds, rate, channels, seed)
     out = io.BytesIO()
     with wave.open(out, "wb") as w:
         w.setnchannels(channels)

@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 from runner import audio_codecs
 from runner.audio import load_audio
 from runner.errors import AudioError
-from tests.audio_clips import GREEDY, LLAMA_SERVER, llama_server
+from tests.audio_clips import GREEDY, LLAMA_SERVER, llama_server, samples
 from tests.conftest import run_cli
 from tests.serving import NEAR_TIE, THREADS, Server, model_server, openai_client
 from tests.synth import write_audio_projector
@@ -39,15 +39,7 @@ ENCODINGS = {"mp3": ("MP3", "MPEG_LAYER_III"), "flac": ("FLAC", "PCM_16"), "ogg"
 
 def clip(ext: str, seconds: float = 3.0, rate: int = 16000, channels: int = 1, seed: int = 1) -> bytes:
     """A seeded clip in `ext`'s format: a tone and some noise, each channel its own."""
-    rng = np.random.default_rng(seed)
-    t = np.arange(int(seconds * rate)) / rate
-    x = np.stack(
-        [
-            0.3 * np.sin(2 * np.pi * (440 + 110 * c) * t) + 0.05 * rng.standard_normal(t.size)
-            for c in range(channels)
-        ],
-        1,
-    ).astype(np.float32)
+    x = samples(seconds, rate, channels, seed).astype(np.float32)
     out = io.BytesIO()
     fmt, subtype = ENCODINGS[ext] if ext != "opus" else ("OGG", "OPUS")
     soundfile.write(out, x, rate, format=fmt, subtype=subtype)
