@@ -24,7 +24,7 @@ from runner.engine.loop import Loop
 from runner.engine.prefix import PrefixStore
 from runner.engine.prompt import render_prompt
 from runner.engine.promptcache import MIN_HEAD, PromptCache
-from runner.engine.request import bare
+from runner.engine.request import Request, bare, to_job
 from runner.engine.sequence import Job, Slot
 from runner.engine.text.reasoning import ANSWER, REASONING
 from runner.engine.text.sampling import SamplingConfig
@@ -192,6 +192,41 @@ def test_a_stop_string_is_reported_by_the_engine_alone_and_in_a_batch(
         lambda r: done.__setitem__(r.index, r),
     )
     assert all((r.finish_reason, r.stop, r.text) == (FINISH_STOP, stop, alone.text) for r in done.values())
+
+
+def greedy_tokens(engine: Engine, request: Request, argmax: bool) -> tuple[list[int], set[bool]]:
+    """The tokens one loop samples for `request` from an empty context, and whether its slot took
+    the logits' argmax itself, at each step."""
+    engine.context.reset()
+    sampled: list[int] = []
+    took: set[bool] = set()
+    loop = Loop(engine, lambda result: None, parallel=1, argmax=argmax)
+    try:
+        loop.add(to_job(request, 0, on_token=sampled.append))
+        while loop.busy():
+            loop.step()
+            took |= {slot.argmax for slot in loop.active}
+    finally:
+        loop.close()
+    return sampled, took
+
+
+@pytest.mark.model
+def test_the_servers_argmax_picks_what_llama_cpps_greedy_sampler_picks(
+    engine: Engine, smollm2_path: Path
+) -> None:
+    """The server's loop takes a greedy token as the logits' argmax (no copy of the vocabulary into
+    llama.cpp's candidates): token for token what llama.cpp's greedy sampler picks. A chain that
+    does more than greedy (penalties) still samples through llama.cpp."""
+    tokens = chat_tokens(engine, smollm2_path, "Write two sentences about the sea.")
+    request = bare(tokens, GREEDY, max_tokens=48, ignore_end=True)
+    by_llama, took = greedy_tokens(engine, request, argmax=False)
+    assert took == {False}
+    by_argmax, took = greedy_tokens(engine, request, argmax=True)
+    assert took == {True}
+    assert len(by_llama) == 48 and by_argmax == by_llama
+    penalised = bare(tokens, SamplingConfig(temperature=0, repeat_penalty=1.3), max_tokens=8)
+    assert greedy_tokens(engine, penalised, argmax=True)[1] == {False}
 
 
 @pytest.mark.model

@@ -200,7 +200,7 @@ class Context:
     @property
     def n_ctx_seq(self) -> int:
         """The cells one sequence may fill (the whole n_ctx for a context that grows)."""
-        return self.n_ctx if self.growing else int(llama().llama_n_ctx_seq(self._ctx))
+        return self.n_ctx if self.growing else self._n_ctx_seq
 
     def _new_context(self, size: int) -> None:
         """(Re)create the llama.cpp context with room for `size` tokens."""
@@ -221,6 +221,7 @@ class Context:
             )
         self._on = self.threads.n  # the thread count set on this llama context
         self._allocated = int(lib.llama_n_ctx(self._ctx))
+        self._n_ctx_seq = int(lib.llama_n_ctx_seq(self._ctx))  # read each token: kept, not asked
         self.n_batch = int(lib.llama_n_batch(self._ctx))
         self._memory = lib.llama_get_memory(self._ctx)
 

@@ -72,7 +72,12 @@ class Loop:
         parallel: int | None = None,
         reuse: bool = True,
         store: PrefixStore | None = None,
+        argmax: bool = False,
     ) -> None:
+        """argmax: a greedy answer's token is the logits' argmax, read in numpy (~4 µs) rather than
+        through llama.cpp's sampler, which first copies the whole vocabulary into its candidates
+        (~35 µs at 49k tokens, every token, on the step's critical path). numpy is imported here
+        (~50 ms): for a long-lived loop, the server's."""
         context = engine.context
         parallel = parallel or context.n_seq
         if not 1 <= parallel <= context.n_seq:
@@ -93,6 +98,10 @@ class Loop:
         self.stats = LoopStats()
         self._speculators: dict[int, Speculator] = {}
         self._speculation: Any = None  # the engine's setting the speculators were made for
+        self.argmax = argmax
+        if argmax:
+            import numpy  # noqa: F401  # now, not at the first token
+
         context.threads.begin()
 
     @property
@@ -248,7 +257,13 @@ class Loop:
         guide = slot.guide
         if guide is not None:
             guide.mask(self.lib.llama_get_logits_ith(self.context.ctx, row))
-        token = int(self.lib.llama_sampler_sample(slot.sampler, self.context.ctx, row))
+        if slot.argmax:  # greedy alone: llama.cpp's pick (the first largest), without its copy of the row
+            logits = logprobs.row(self.context.ctx, row, self.model.n_vocab)
+            token = int(logits.argmax())
+            if logits[token] != logits[token]:  # NaN first: llama.cpp's greedy passes over NaN
+                token = int(self.lib.llama_sampler_sample(slot.sampler, self.context.ctx, row))
+        else:
+            token = int(self.lib.llama_sampler_sample(slot.sampler, self.context.ctx, row))
         if slot.job.logprobs is not None:
             slot.scored = self._score(slot, row, token)
         if guide is None or guide.take(token):
@@ -377,6 +392,7 @@ class Loop:
         self.used[seq] = time.perf_counter()
         speculator = self._speculator(seq) if job.media is None else None  # no drafts after images
         slot = Slot(seq, job, sampling[0], speculator, time.perf_counter(), sampling[1], cache_use=use)
+        slot.argmax = self.argmax and self.model.argmax_only(job.sampling, job.grammar)
         closing_text = closing(job.reasoning) if job.reasoning_budget is not None else None
         if closing_text is not None:  # tokenized once, forced when the budget is spent
             slot.closer = self.model.tokenize(closing_text, add_special=False, parse_special=True)

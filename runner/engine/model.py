@@ -176,6 +176,12 @@ class Model:
         add(chain, lib.llama_sampler_init_dist(seed))
         return chain
 
+    @staticmethod
+    def argmax_only(cfg: SamplingConfig, grammar: str | None) -> bool:
+        """Whether the chain sampler() builds for these is greedy alone (no grammar, no penalties):
+        its pick is then the first of the logits' largest, which a caller may take itself."""
+        return cfg.greedy and not cfg.penalties and grammar is None
+
     def check_grammar(self, grammar: str) -> None:
         """InvalidSetting where llama.cpp cannot parse the grammar; what the check built is freed."""
         llama().llama_sampler_free(self.sampler(SamplingConfig(temperature=0), (), grammar, window=0))

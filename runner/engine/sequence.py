@@ -96,6 +96,7 @@ class Slot:
     speculator: Speculator | None
     start: float  # when its sequence took it
     guide: Guide | None = None  # the job's schema, as a mask before each sample
+    argmax: bool = False  # greedy alone: the loop takes the logits' argmax (Loop's argmax)
     pos: int = 0  # the next token's position (the tokens its cells hold, less what images saved)
     fewer: int = 0  # positions fewer than cells: an M-RoPE model's images (runner.engine.positions)
     last: int = 0  # the token sampled last, not yet in the cells

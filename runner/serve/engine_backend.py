@@ -402,7 +402,8 @@ class ModelThread:
         self._loop = self._new_loop()
 
     def _new_loop(self) -> Loop:
-        return Loop(self.engine, self._done, parallel=self.engine.context.n_seq, store=self.store)
+        parallel = self.engine.context.n_seq
+        return Loop(self.engine, self._done, parallel=parallel, store=self.store, argmax=True)
 
     @staticmethod
     def _answered(future: asyncio.Future[None], error: BaseException | None) -> None:
