@@ -9,7 +9,14 @@ import pytest
 
 from runner.engine.engine import Engine
 from runner.engine.prompt import render_prompt
-from runner.engine.speculate import CONTINUING, NGRAM_KEYS, NgramDrafter, Speculator, draft_mismatch
+from runner.engine.speculate import (
+    CONTINUING,
+    NGRAM_KEYS,
+    NgramDrafter,
+    SpecCosts,
+    Speculator,
+    draft_mismatch,
+)
 from runner.engine.text.sampling import SamplingConfig
 from runner.engine.text.template import Message
 from runner.gguf import read_header
@@ -131,6 +138,43 @@ def test_a_first_match_is_verified_only_once_its_shadow_was_kept_where_batches_c
     for _ in range(6):
         gpu.costs.verify_step(8, 0.0105)
     assert gpu.draft([*source, 1, 2, *source[:4]], 32)[:2] == source[4:6]
+
+
+@pytest.mark.fast
+def test_what_a_kind_of_draft_earned_carries_to_the_next_answer() -> None:
+    """Free text repeats a phrase by chance: a match that misses at once, or whose first token came
+    and then its drafts missed. After two answers of each, the next chance match is no verify batch;
+    a real copy, scored as a shadow for free, drafts again within a few tokens. A fresh loop (its own
+    SpecCosts) drafts at once."""
+    costs = SpecCosts()
+    spec = Speculator(NgramDrafter(), costs=costs)
+    spec.plain_step(0.010)
+    source = list(range(100, 140))
+    start = [*source, 1, 2, *source[:4]]  # a 4-token key: [100, 101, 102, 103]
+
+    def chance_match(first_came: bool) -> list[int]:
+        spec.begin()
+        assert spec.draft(start, 32) == []  # a shadow
+        return spec.draft([*start, source[4] if first_came else 99], 32)
+
+    for _ in range(2):  # a match whose first token came and whose drafts missed; one that missed at once
+        drafts = chance_match(True)
+        assert drafts
+        spec.verified(len(drafts), 0, 0.010 * (1.2 + 0.48 * len(drafts)), 0.0)  # none kept
+        assert chance_match(False) == []
+    assert chance_match(True) == []
+    fresh = Speculator(NgramDrafter(), costs=SpecCosts())
+    fresh.plain_step(0.010)
+    assert fresh.draft(start, 32) == []  # a shadow ...
+    assert fresh.draft([*start, source[4]], 32)  # ... then drafts
+    spec.begin()
+    history = list(start)
+    for token in source[4:20]:  # a real copy: the shadow keeps matching
+        history.append(token)
+        if drafts := spec.draft(history, 32):
+            break
+    assert drafts and drafts == source[len(history) - len(start) + 4 :][: len(drafts)]
+    assert len(history) - len(start) <= 6, len(history) - len(start)
 
 
 @pytest.mark.fast

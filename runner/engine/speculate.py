@@ -13,15 +13,15 @@ This module proposes, and decides how many to propose:
                  the answer copies a proposal's source, it is followed at that place
   ModelDrafter   a small model with the same vocabulary, decoding greedily in its own context
   Speculator     one sequence's adaptive length: from the measured cost of a plain step, of the
-                 tokens drafts add to it, of drafting (SpecCosts, shared by every sequence of a loop),
-                 and this answer's measured acceptance, the draft length with the best expected
-                 tokens per second for the whole batch, or none (a copy kept whole at least doubles
-                 its next draft); speculation stops for the rest of an answer when the last verify
-                 batches, as measured, did not pay. With n sequences in a step, a sequence's drafts
-                 slow all n: it drafts only where (n + expected kept) / (step + drafts' cost) beats
-                 n / step, so a batch full enough that drafting costs more than it saves drafts
-                 nothing (on a CPU, whose step cost grows with its tokens, at a few sequences; on a
-                 GPU, whose step barely does, much later).
+                 tokens drafts add to it, of drafting, and the acceptance measured (SpecCosts: shared
+                 by every sequence of a loop, carried from answer to answer), the draft length with
+                 the best expected tokens per second for the whole batch, or none (a copy kept
+                 whole at least doubles its next draft); speculation stops for the rest of an
+                 answer when the last verify batches, as measured, did not pay. With n sequences in
+                 a step, a sequence's drafts slow all n: it drafts only where (n + expected kept) /
+                 (step + drafts' cost) beats n / step, so a batch full enough that drafting costs
+                 more than it saves drafts nothing (on a CPU, whose step cost grows with its
+                 tokens, at a few sequences; on a GPU, whose step barely does, much later).
 
 Where runner differs from llama.cpp's (common/speculative.cpp, pinned build):
   ngram-simple looks up a 12-token key and drafts up to 48 tokens whenever it matches; runner looks up
@@ -258,12 +258,16 @@ class _Acceptance:
 class SpecCosts:
     """What steps cost on this machine, measured as the loop runs and shared by every sequence's
     Speculator (it carries over from answer to answer): a plain step (every sequence's one token),
-    the extra a step's drafted tokens add, in plain steps, and drafting time per drafted token."""
+    the extra a step's drafted tokens add, in plain steps, and drafting time per drafted token. And
+    how each kind of draft fared (its acceptance): a server's answers, a chat's turns, tend to be
+    alike, so what the last answers taught (free text: a 1-token match is chance) is where the next
+    one starts; a shadow, scored for free, raises it again within a few tokens of a real copy."""
 
     def __init__(self) -> None:
         self.step_s: float | None = None
         self.batch_cost = _BatchCost()
         self.draft_s = 0.0
+        self.acceptance: dict[int, _Acceptance] = {}
 
     def plain_step(self, seconds: float) -> None:
         self.step_s = _ema(self.step_s, seconds)
@@ -276,8 +280,8 @@ class SpecCosts:
 
 class Speculator:
     """One sequence's speculation: what to draft at each step, and whether it still pays. The measured
-    costs (SpecCosts) carry over from answer to answer and are shared by a loop's sequences;
-    acceptance and the "does it pay" record are per answer."""
+    costs and each kind's acceptance (SpecCosts) carry over from answer to answer and are shared by
+    a loop's sequences; the "does it pay" record is per answer."""
 
     def __init__(self, drafter: Any, fixed: int | None = None, costs: SpecCosts | None = None) -> None:
         self.drafter = drafter
@@ -309,7 +313,6 @@ class Speculator:
         self.drafter.reset()
         self._kind = 0
         self._full_run = 0  # the last verify's draft length, when every draft of it was kept
-        self._acceptance: dict[int, _Acceptance] = {}
         self._recent: list[tuple[float, float]] = []  # (time a plain loop would take, time taken)
         self._shadow: tuple[int, list[int], int] | None = None  # an n-gram draft not verified
         self._sequences = 1  # how many shared the last step drafted for
@@ -370,9 +373,10 @@ class Speculator:
         return best_n
 
     def _accept(self, kind: int) -> _Acceptance:
-        if kind not in self._acceptance:
-            self._acceptance[kind] = _Acceptance(kind)
-        return self._acceptance[kind]
+        learned = self.costs.acceptance
+        if kind not in learned:
+            learned[kind] = _Acceptance(kind)
+        return learned[kind]
 
     def _check_shadow(self, history: Sequence[int]) -> None:
         """Score an n-gram draft that was not verified against the tokens that came instead, as they
