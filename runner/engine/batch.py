@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING
 
 from runner import interrupt
 from runner.engine.answer import Result
-from runner.engine.loop import Loop, LoopStats, shared_prefix
+from runner.engine.cells import shared_prefix
+from runner.engine.loop import Loop, LoopStats
 from runner.engine.prefix import PrefixStore
 from runner.engine.request import Request, finish, to_job
 

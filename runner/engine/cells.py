@@ -1,6 +1,7 @@
 """A KV cache's cells, in plain Python: the llama_batch a step fills (add_tokens), how many tokens two
-sequences share (common_prefix), and a sequence's saved state rewritten for a context of another
-number of streams (restream). No llama.cpp call: runner.engine.context does those.
+sequences share (common_prefix) and every prompt of a batch does (shared_prefix), and a sequence's
+saved state rewritten for a context of another number of streams (restream). No llama.cpp call:
+runner.engine.context does those.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 STATE_HEAD = 8  # llama_state_seq_get_data's magic and the sequence id, before the memory's state
+MIN_SHARED = 4  # a head held by another sequence shorter than this is not worth a copy
 
 
 def restream(data: bytes, n_stream: int) -> bytes:
@@ -62,3 +64,14 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
             break
         n += 1
     return n
+
+
+def shared_prefix(prompts: list[list[int]]) -> int:
+    """Tokens every prompt starts with, leaving each at least one of its own to evaluate."""
+    if len(prompts) < 2:
+        return 0
+    n = min(len(p) for p in prompts) - 1
+    for p in prompts[1:]:
+        n = min(n, common_prefix(prompts[0], p))
+    n = next((i for i, token in enumerate(prompts[0][:n]) if token < 0), n)  # text only: not an image
+    return n if n >= MIN_SHARED else 0

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from runner.engine import logprobs
 from runner.engine.answer import FINISH_ERROR, FINISH_INTERRUPTED, FINISH_LENGTH, Result
-from runner.engine.cells import add_tokens, common_prefix
+from runner.engine.cells import MIN_SHARED, add_tokens, common_prefix, shared_prefix
 from runner.engine.context import Interrupted
 from runner.engine.llamacpp import llama
 from runner.engine.prefix import Found, PrefixStore, copy_sequence
@@ -40,8 +40,6 @@ from runner.errors import EngineError, InvalidSetting
 if TYPE_CHECKING:
     from runner.engine.engine import Engine
     from runner.engine.guide import Guide
-
-MIN_SHARED = 4  # a head held by another sequence shorter than this is not worth a copy
 
 
 class LoopStats:
@@ -74,10 +72,8 @@ class Loop:
         store: PrefixStore | None = None,
         argmax: bool = False,
     ) -> None:
-        """argmax: a greedy answer's token is the logits' argmax, read in numpy (~4 µs) rather than
-        through llama.cpp's sampler, which first copies the whole vocabulary into its candidates
-        (~35 µs at 49k tokens, every token, on the step's critical path). numpy is imported here
-        (~50 ms): for a long-lived loop, the server's."""
+        """argmax: a greedy chain's token is the logits' argmax (runner.engine.logprobs.argmax), numpy
+        imported here (~50 ms): for a long-lived loop, the server's."""
         context = engine.context
         parallel = parallel or context.n_seq
         if not 1 <= parallel <= context.n_seq:
@@ -251,18 +247,14 @@ class Loop:
         chain, after its guide (a schema's) masked every token the schema cannot take there. -1
         where the guide refused the token (the answer has ended, its error said)."""
         if slot.forcing:  # the end of its reasoning, its budget spent: the chain sees it, nothing drawn
-            token = slot.forcing.pop(0)
-            self.lib.llama_sampler_accept(slot.sampler, token)
-            return token
+            forced = slot.forcing.pop(0)
+            self.lib.llama_sampler_accept(slot.sampler, forced)
+            return forced
         guide = slot.guide
         if guide is not None:
             guide.mask(self.lib.llama_get_logits_ith(self.context.ctx, row))
-        if slot.argmax:  # greedy alone: llama.cpp's pick (the first largest), without its copy of the row
-            logits = logprobs.row(self.context.ctx, row, self.model.n_vocab)
-            token = int(logits.argmax())
-            if logits[token] != logits[token]:  # NaN first: llama.cpp's greedy passes over NaN
-                token = int(self.lib.llama_sampler_sample(slot.sampler, self.context.ctx, row))
-        else:
+        token = logprobs.argmax(self.context.ctx, row, self.model.n_vocab) if slot.argmax else None
+        if token is None:
             token = int(self.lib.llama_sampler_sample(slot.sampler, self.context.ctx, row))
         if slot.job.logprobs is not None:
             slot.scored = self._score(slot, row, token)
@@ -499,14 +491,3 @@ class Loop:
         if job.sampler is not None:
             self.lib.llama_sampler_free(job.sampler)
             job.sampler = None
-
-
-def shared_prefix(prompts: list[list[int]]) -> int:
-    """Tokens every prompt starts with, leaving each at least one of its own to evaluate."""
-    if len(prompts) < 2:
-        return 0
-    n = min(len(p) for p in prompts) - 1
-    for p in prompts[1:]:
-        n = min(n, common_prefix(prompts[0], p))
-    n = next((i for i, token in enumerate(prompts[0][:n]) if token < 0), n)  # text only: not an image
-    return n if n >= MIN_SHARED else 0
