@@ -6,7 +6,7 @@ those are never listed as alternatives).
 Only the sequences that ask pay for it (runner.engine.loop reads a row for those alone); the prompt's
 own log-probabilities (`echo`) come from an evaluation with logits at every position, in chunks of
 at most ROWS rows so llama.cpp's output buffer stays within ROWS rows of logits (runner.memory counts
-it for a server).
+it for a server). The server's greedy pick reads the same row (argmax).
 """
 
 from __future__ import annotations
