@@ -12,6 +12,8 @@ from __future__ import annotations
 import contextlib
 import json
 import re
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -38,6 +40,7 @@ from tests.serving import (
     model_server,
     openai_client,
     same_unless_near_tie,
+    serve_env,
     start_server,
     stop_server,
 )
@@ -94,6 +97,31 @@ def test_openai_chat_whole_and_streamed_are_the_same_answer(client: openai.OpenA
     assert timings["cached_tokens"] > 0  # the same prompt again: all but its last token reused
     assert 0 < timings["ttft_s"] <= timings["total_s"]
     assert 1 <= timings["threads"] <= default_threads() and timings["thread_changes"] >= 0  # per answer
+
+
+@pytest.mark.timeout(300)
+def test_a_streams_pieces_are_joined_within_the_stream_interval(tmp_path: Path) -> None:
+    """--stream-interval 1000: the first piece comes alone and at once (the time to the first token is
+    the same), the next ones joined into fewer chunks than tokens, the text that of the whole answer;
+    --stream-interval is a bounded count of milliseconds (-1: exit 2, one line)."""
+    question = "Tell me about the sea."
+    with model_server(tmp_path, "--parallel", "1", "--ctx", "512", "--stream-interval", "1000") as slow:
+        client = openai_client(slow)
+        whole = ask(client, question, max_tokens=24, logprobs=True, extra_body={"ignore_eos": True})
+        chunks = list(ask(client, question, max_tokens=24, stream=True, extra_body={"ignore_eos": True}))
+    pieces = [c.choices[0].delta.content for c in chunks if c.choices and c.choices[0].delta.content]
+    assert "".join(pieces) == whole.choices[0].message.content
+    assert pieces[0] == whole.choices[0].logprobs.content[0].token  # the first token's text, alone
+    assert 2 <= len(pieces) < whole.usage.completion_tokens, pieces
+    done = subprocess.run(
+        [sys.executable, "-m", "runner", "serve", MODEL, "--stream-interval", "-1"],
+        capture_output=True,
+        text=True,
+        env=serve_env(tmp_path),
+        timeout=60,
+    )
+    assert done.returncode == 2 and "--stream-interval" in done.stderr, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr
 
 
 @pytest.mark.timeout(300)

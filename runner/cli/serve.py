@@ -47,6 +47,16 @@ Queue = Annotated[
         "--queue", help="Requests that may wait for a free sequence; past it, 429.", rich_help_panel=SERVER
     ),
 ]
+StreamInterval = Annotated[
+    int,
+    typer.Option(
+        "--stream-interval",
+        metavar="MS",
+        help="Join a streamed answer's next pieces into one chunk while the first waits at most MS "
+        "milliseconds (its first piece and its end go at once); 0: a chunk a token.",
+        rich_help_panel=SERVER,
+    ),
+]
 Cors = Annotated[
     Optional[str],
     typer.Option(
@@ -174,6 +184,7 @@ def serve(
     port: Port = 8080,
     api_key: ApiKey = None,
     queue: Queue = 64,
+    stream_interval: StreamInterval = 16,  # runner.serve.outbox.STREAM_INTERVAL_MS
     cors: Cors = None,
     parallel: ServeParallel = None,
     memory: Memory = None,
@@ -237,6 +248,7 @@ AS_GIVEN = (
     "port",
     "api_key",
     "queue",
+    "stream_interval",
     "cors",
     "parallel",
     "memory",

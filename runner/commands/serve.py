@@ -29,6 +29,7 @@ from runner.hub.refs import HubRef, LocalRef, resolve
 from runner.limits import check_range, parse_duration, parse_size
 from runner.loader import DEFAULT_BATCH_CTX, SERVE_PARALLEL, LoadedModel, open_model, plan_for, serve_planning
 from runner.projector import pulled_with
+from runner.serve.outbox import STREAM_INTERVAL_MS
 from runner.settings import DEFAULTS, LoadSettings
 
 if TYPE_CHECKING:
@@ -55,6 +56,7 @@ class ServeRequest:
     port: int = DEFAULT_PORT
     api_key: str | None = None
     queue: int = DEFAULT_QUEUE
+    stream_interval: int = STREAM_INTERVAL_MS  # --stream-interval: how long a streamed piece may wait
     cors: str | None = None
     parallel: int | None = None  # None: SERVE_PARALLEL, or fewer if the plan says so
     settings: LoadSettings = DEFAULTS  # --ctx (a sequence's), --spec, --draft, --mmproj ...
@@ -74,6 +76,7 @@ class ServeRequest:
 def serve(request: ServeRequest) -> None:
     check_range(request.port, "--port", 1, 65535)
     check_range(request.queue, "--queue", 0, 100_000)
+    check_range(request.stream_interval, "--stream-interval", 0, 1000)
     if request.parallel is not None:
         check_range(request.parallel, "--parallel", 1, 256)
     key = request.api_key or os.environ.get(API_KEY_ENV) or None
@@ -383,8 +386,9 @@ def _served(loaded: LoadedModel, request: ServeRequest, reference: str | None = 
     from runner.serve.engine_backend import Served
 
     info = _info(loaded, request, reference)
+    interval = request.stream_interval / 1000
     if info.cannot_generate is not None:  # a reranker, an encoder: no chat, so no template, no prompt states
-        return Served(info, loaded, _sampling(loaded, request.sampling))
+        return Served(info, loaded, _sampling(loaded, request.sampling), stream_interval=interval)
     template = loaded.header.get("tokenizer.chat_template")
     if not isinstance(template, str) or not template.strip():  # as `runner run` and `chat` warn
         ui.warn(
@@ -394,7 +398,7 @@ def _served(loaded: LoadedModel, request: ServeRequest, reference: str | None = 
 
     limit = cache_ram_limit(request.cache_ram)
     disk = open_prompt_cache(True, None)  # heads `runner run` and `chat` stored: read, never written
-    return Served(info, loaded, _sampling(loaded, request.sampling), limit, disk)
+    return Served(info, loaded, _sampling(loaded, request.sampling), limit, disk, interval)
 
 
 def _Server(config: Any, backend: EngineBackend, tools: PageTools | None = None) -> Any:

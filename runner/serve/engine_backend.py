@@ -5,7 +5,8 @@ chat template (each image's marker where it goes: the pixels came decoded, runne
 tokenizes (images through the projector's tokenizer), checks the prompt fits a sequence, builds the
 request's sampler chain (its grammar compiled once, here), and adds the job to runner.engine.loop's
 loop, the one every command runs; it then steps the loop while any job is active. Each answer's pieces
-come back to the event loop (runner.serve.generation) through call_soon_threadsafe. Nothing else calls
+come back to the event loop (runner.serve.generation) through call_soon_threadsafe, a step's at once,
+a stream's few next ones joined (runner.serve.outbox). Nothing else calls
 llama.cpp.
 An embedding request crosses as an EmbedRequest: the thread pools its texts (runner.serve.embed_queue)
 one llama_decode between two batch steps.
@@ -42,6 +43,7 @@ from runner.serve.backend import Ask, BadField, ModelInfo, QueueFull, TooLong, s
 from runner.serve.embed_queue import EmbedQueue, EmbedRequest
 from runner.serve.generation import QueuedGeneration
 from runner.serve.metrics import Metrics, ModelState
+from runner.serve.outbox import STREAM_INTERVAL_MS, Outbox
 
 
 @dataclass
@@ -53,6 +55,7 @@ class Served:
     sampling: Callable[[dict[str, Any]], SamplingConfig]  # a request's fields over the server's defaults
     cache_ram: int = 0  # bytes of prompt states kept past their sequence (runner.engine.prefix.StateCache)
     prompt_cache: PromptCache | None = None  # the prefix store's disk tier: heads other processes stored
+    stream_interval: float = STREAM_INTERVAL_MS / 1000  # seconds a streamed piece may wait (outbox)
 
 
 @dataclass
@@ -92,7 +95,7 @@ class ModelThread:
         self._wakeup = threading.Condition(self._lock)
         self._stopping = False
         self._events: asyncio.AbstractEventLoop | None = None  # the HTTP side's event loop
-        self._outbox: list[tuple[QueuedGeneration, Any]] = []  # parts for the event loop, sent once a step
+        self._outbox = Outbox(served.stream_interval)  # parts for the event loop, sent after a step
         states = StateCache(served.cache_ram) if served.cache_ram > 0 else None
         self.states = states
         self.store = PrefixStore(ram=states, disk=served.prompt_cache)
@@ -175,12 +178,12 @@ class ModelThread:
             raise _bad_field(exc, "sampling") from None
 
     def _post(self, generation: QueuedGeneration, item: Any) -> None:
-        self._outbox.append((generation, item))
+        self._outbox.post(generation, item)
 
-    def _flush(self) -> None:
-        """What the last step made, to the event loop in one call (one wake-up, not one per token)."""
-        if self._outbox and self._events is not None:
-            sent, self._outbox = self._outbox, []
+    def _flush(self, *, force: bool = False) -> None:
+        """What the last steps made, to the event loop in one call (one wake-up, not one per token),
+        unless a stream's pieces may wait for the next (runner.serve.outbox)."""
+        if self._events is not None and (sent := self._outbox.take(time.perf_counter(), force=force)):
             self._events.call_soon_threadsafe(_deliver, sent)
 
     def wake(self) -> None:
@@ -245,10 +248,13 @@ class ModelThread:
                     self._embed_intake(request, stopping)
                 else:
                     self._intake(request, stopping)
+            loop = self._loop
+            if self._embeds.waiting or loop.queue and loop.free:  # a step that may run long: nothing waits
+                self._flush(force=True)
             if self._embeds.waiting:
                 self._embed_step(stopping)
             if stopping and not self._loop.busy():
-                self._flush()
+                self._flush(force=True)
                 self._loop.close()
                 self._embeds.close()
                 return
