@@ -25,7 +25,9 @@ from __future__ import annotations
 import weakref
 from typing import Any
 
-JOINED = ("answer", "reasoning")  # the kinds of parts whose text is joined while held
+from runner.engine.text.reasoning import ANSWER, REASONING
+
+JOINED = (ANSWER, REASONING)  # the kinds of parts whose text is joined while held
 STREAM_INTERVAL_MS = 16  # the longest a piece is held for the ones after it: one frame at 60 Hz
 
 
