@@ -6,8 +6,7 @@ tokenizes (images through the projector's tokenizer), checks the prompt fits a s
 request's sampler chain (its grammar compiled once, here), and adds the job to runner.engine.loop's
 loop, the one every command runs; it then steps the loop while any job is active. Each answer's pieces
 come back to the event loop (runner.serve.generation) through call_soon_threadsafe, a step's at once,
-a stream's few next ones joined (runner.serve.outbox). Nothing else calls
-llama.cpp.
+a stream's few next ones joined (runner.serve.outbox). Nothing else calls llama.cpp.
 An embedding request crosses as an EmbedRequest: the thread pools its texts (runner.serve.embed_queue)
 one llama_decode between two batch steps.
 """
@@ -253,13 +252,13 @@ class ModelThread:
                 self._flush(force=True)
             if self._embeds.waiting:
                 self._embed_step(stopping)
-            if stopping and not self._loop.busy():
+            if stopping and not loop.busy():
                 self._flush(force=True)
-                self._loop.close()
+                loop.close()
                 self._embeds.close()
                 return
             try:
-                self._loop.step()
+                loop.step()
             except RunnerError as exc:  # llama_decode failed: every answer in it ends, the server goes on
                 ui.warn(f"{self.served.info.name}: {exc}; the answers in progress ended")
                 self._restart()
